@@ -1,0 +1,42 @@
+# The two set-up commands: `make demo` and `make test`. Both work as root on a fresh Debian 12 machine.
+SHELL := /bin/bash
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3.11
+STATE := $(CURDIR)/.devcluster
+export NURO_DEVCLUSTER_DIR := $(STATE)
+
+.PHONY: venv demo test unit integration lint bench up down clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+up: venv
+	$(VENV)/bin/nuro-admin devcluster up
+
+down:
+	test ! -x $(VENV)/bin/nuro-admin || $(VENV)/bin/nuro-admin devcluster down
+
+demo: venv
+	$(PY) examples/demo.py
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+unit: venv
+	$(PY) -m pytest tests/unit -q
+
+# The whole suite: lint, unit tests, then the integration tests on a real local cluster the tests bring up.
+test: venv lint
+	$(PY) -m pytest tests -q
+
+bench: venv
+	$(PY) bench/run_all.py
+
+clean: down
+	rm -rf $(VENV) $(STATE)

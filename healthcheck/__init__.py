@@ -1,0 +1,1 @@
+"""Node health: Slurm's HealthCheckProgram and the node agent. Import as nuro.healthcheck."""

@@ -1,0 +1,1 @@
+"""The local multi-node Slurm cluster (many ``slurmd -N`` on one machine) that demo, tests and benchmarks use."""

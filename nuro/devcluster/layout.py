@@ -1,0 +1,180 @@
+"""Where the dev cluster keeps everything, and the cluster description it runs.
+
+One state directory holds config, daemon state, sockets, logs and the run record, so ``down --purge`` removes all of
+it and two clusters with different state dirs and port bases can coexist.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from nuro.clusterdesc import ClusterDescription, NodeSpec, Paths, Ports, Timers, leaf_spine
+
+DEFAULT_NODES = 8
+DEFAULT_PORT_BASE = 16800
+GPUS_PER_NODE = 8
+LEAF_SIZE = 4
+CLUSTER_NAME = "nuro"
+DB_USER = "slurm"
+DB_PASSWORD = "nuro-devcluster"  # local loopback-only MariaDB of a throwaway cluster
+
+
+def default_state_dir() -> Path:
+    """``$NURO_DEVCLUSTER_DIR`` or ``./.devcluster``: per checkout, so parallel clones do not share a cluster."""
+    return Path(os.environ.get("NURO_DEVCLUSTER_DIR", ".devcluster")).absolute()
+
+
+def bin_dir() -> Path:
+    """The directory of nuro's console scripts (the venv's bin), used for Prolog/Epilog/HealthCheckProgram."""
+    return Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class PortPlan:
+    """Loopback ports, all derived from one base so a clash is fixed with one flag (``--port-base``)."""
+
+    base: int
+
+    @property
+    def mariadb(self) -> int:
+        return self.base + 6
+
+    @property
+    def slurmctld(self) -> int:
+        return self.base + 17
+
+    @property
+    def slurmdbd(self) -> int:
+        return self.base + 19
+
+    def slurmd(self, index: int) -> int:
+        return self.base + 1000 + index
+
+    def all(self, n_nodes: int) -> dict[str, int]:
+        ports = {"mariadb": self.mariadb, "slurmctld": self.slurmctld, "slurmdbd": self.slurmdbd}
+        ports.update({f"slurmd gpu{i + 1:03d}": self.slurmd(i) for i in range(n_nodes)})
+        return ports
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths inside the state dir."""
+
+    root: Path
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        return self.etc / "slurmdbd.conf"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.root / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.root / "munge.key"
+
+    @property
+    def mysql_data(self) -> Path:
+        return self.root / "mysql"
+
+    @property
+    def mysql_socket(self) -> Path:
+        return self.run / "mysqld.sock"
+
+    @property
+    def ctld_state(self) -> Path:
+        return self.root / "slurmctld"
+
+    @property
+    def slurmd_spool(self) -> Path:
+        return self.root / "slurmd"
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev"
+
+    @property
+    def record(self) -> Path:
+        """The run record: supervisor and daemon PIDs (JSON), written atomically by the supervisor."""
+        return self.run / "cluster.json"
+
+    @property
+    def env_sh(self) -> Path:
+        return self.root / "env.sh"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.log / "supervisor.log"
+
+
+def node_names(n_nodes: int) -> list[str]:
+    return [f"gpu{i + 1:03d}" for i in range(n_nodes)]
+
+
+def describe(layout: Layout, n_nodes: int, port_base: int) -> ClusterDescription:
+    """The dev cluster: N emulated nodes on 127.0.0.1, 8 fake GPUs each, leaves of 4 under a spine."""
+    if n_nodes < 1:
+        raise ValueError(f"--nodes must be at least 1, got {n_nodes}")
+    ports = PortPlan(port_base)
+    host = socket.gethostname()
+    names = node_names(n_nodes)
+    nodes = tuple(
+        NodeSpec(
+            name=name,
+            addr="127.0.0.1",
+            hostname=host,
+            port=ports.slurmd(i),
+            gpus=GPUS_PER_NODE,
+            gpu_files=f"{layout.dev}/nvidia[0-{GPUS_PER_NODE - 1}]",
+        )
+        for i, name in enumerate(names)
+    )
+    bins = bin_dir()
+    return ClusterDescription(
+        cluster_name=CLUSTER_NAME,
+        controller_host=host,
+        controller_addr="127.0.0.1",
+        nodes=nodes,
+        switches=leaf_spine(names, LEAF_SIZE),
+        timers=Timers.for_node_count(n_nodes),
+        paths=Paths(
+            etc_dir=str(layout.etc),
+            state_save=str(layout.ctld_state),
+            slurmd_spool=str(layout.slurmd_spool),
+            run_dir=str(layout.run),
+            log_dir=str(layout.log),
+            munge_socket=str(layout.munge_socket),
+            prolog=str(bins / "nuro-prolog"),
+            epilog=str(bins / "nuro-epilog"),
+            healthcheck=str(bins / "nuro-healthcheck"),
+        ),
+        ports=Ports(slurmctld=ports.slurmctld, slurmdbd=ports.slurmdbd, mariadb=ports.mariadb),
+        slurm_user="root",
+        db_user=DB_USER,
+        db_password=DB_PASSWORD,
+    )

@@ -1,0 +1,267 @@
+"""``devcluster up | down | status | env``: preflight, render, hand over to the supervisor, wait, report.
+
+Every refusal says what is wrong and what to do. Nothing here ever signals a process it did not start: stopping
+goes through the run record (PID + start time) and the supervisor.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import psutil
+
+from nuro.devcluster.install import ensure_packages
+from nuro.devcluster.layout import GPUS_PER_NODE, Layout, PortPlan, describe
+from nuro.devcluster.procs import stop_processes, wait_for
+from nuro.devcluster.record import Phase, RunRecord, read_record
+from nuro.slurmconf import render_gres_conf, render_slurm_conf, render_slurmdbd_conf, render_topology_conf
+
+log = logging.getLogger(__name__)
+
+
+class DevClusterError(RuntimeError):
+    """A refusal or failure with a message that says what to do."""
+
+
+@dataclass(frozen=True)
+class UpResult:
+    state_dir: Path
+    nodes: int
+    already_running: bool
+    installed: list[str]
+    seconds_to_daemons: float
+    seconds_to_idle: float
+
+
+def env_exports(layout: Layout) -> dict[str, str]:
+    """What a shell needs so plain sbatch/squeue/sinfo/sacctmgr talk to this cluster."""
+    return {"SLURM_CONF": str(layout.slurm_conf), "NURO_DEVCLUSTER_DIR": str(layout.root)}
+
+
+def render_env_sh(layout: Layout) -> str:
+    return "".join(f"export {k}={v}\n" for k, v in env_exports(layout).items())
+
+
+def slurm_env(layout: Layout) -> dict[str, str]:
+    return {**os.environ, **env_exports(layout)}
+
+
+def _port_owner(port: int) -> str:
+    try:
+        for conn in psutil.net_connections(kind="inet"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                try:
+                    return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
+                except psutil.NoSuchProcess:
+                    return f"pid {conn.pid}"
+    except psutil.AccessDenied:
+        pass
+    return "another process"
+
+
+def busy_ports(plan: PortPlan, n_nodes: int) -> list[tuple[str, int]]:
+    """Ports of the plan that cannot be bound on 127.0.0.1 right now."""
+    busy = []
+    for what, port in plan.all(n_nodes).items():
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError as exc:
+                if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                    busy.append((what, port))
+                else:
+                    raise
+    return busy
+
+
+def _check_previous(layout: Layout, n_nodes: int) -> RunRecord | None:
+    """Returns the record of a healthy running cluster of the same size, None if the dir is free; else refuses."""
+    record = read_record(layout.record)
+    if record is None:
+        return None
+    live = record.live_processes()
+    sup_alive = record.supervisor is not None and record.supervisor.is_alive()
+    if sup_alive and record.phase == Phase.RUNNING:
+        if record.nodes != n_nodes:
+            raise DevClusterError(
+                f"a dev cluster with {record.nodes} nodes already runs from {layout.root}. "
+                f"Run 'nuro-admin devcluster down --state-dir {layout.root}' first to start one with {n_nodes}."
+            )
+        return record
+    if live:
+        pids = ", ".join(f"{r.name}={r.pid}" for r in live)
+        raise DevClusterError(
+            f"an earlier dev cluster in {layout.root} is half-started or was left behind "
+            f"(phase {record.phase}, still running: {pids}). Run "
+            f"'nuro-admin devcluster down --state-dir {layout.root}' to stop exactly those processes, then 'up'."
+        )
+    return None  # stale record: nothing of it runs any more
+
+
+def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
+    """Directories, fake GPU device files, munge key and the rendered config files."""
+    desc = describe(layout, n_nodes, port_base)
+    for d in (layout.root, layout.etc, layout.run, layout.log, layout.dev, layout.ctld_state, layout.slurmd_spool):
+        d.mkdir(parents=True, exist_ok=True)
+        d.chmod(0o755)  # jobs run as team users: they read slurm.conf and reach the munge socket
+    layout.munge_dir.mkdir(exist_ok=True)
+    layout.munge_dir.chmod(0o711)
+    layout.mysql_data.mkdir(exist_ok=True)
+    for i in range(GPUS_PER_NODE):
+        dev = layout.dev / f"nvidia{i}"
+        if not dev.exists():
+            # Slurm drops file-less GPUs ("Removing file-less GPU"): a char device stands in for /dev/nvidiaN.
+            os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    if not layout.munge_key.exists():
+        fd = os.open(layout.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(os.urandom(1024))
+    files = {
+        layout.slurm_conf: render_slurm_conf(desc),
+        layout.etc / "topology.conf": render_topology_conf(desc),
+        layout.etc / "gres.conf": render_gres_conf(desc),
+    }
+    for path, text in files.items():
+        path.write_text(text)
+        path.chmod(0o644)
+    layout.slurmdbd_conf.write_text(
+        render_slurmdbd_conf(desc, str(layout.run / "slurmdbd.pid"), str(layout.log / "slurmdbd.log"))
+    )
+    layout.slurmdbd_conf.chmod(0o600)
+    lua = resources.files("nuro.slurm_plugins").joinpath("job_submit.lua").read_text()
+    (layout.etc / "job_submit.lua").write_text(lua)
+    layout.env_sh.write_text(render_env_sh(layout))
+
+
+def node_states(layout: Layout, timeout_s: float = 10.0) -> dict[str, str]:
+    """Node → state from sinfo, via the Slurm adapter (the one place Slurm output is parsed)."""
+    from nuro.slurm import CliBackend
+
+    backend = CliBackend(env=env_exports(layout), timeout_s=timeout_s)
+    return {n.name: n.state for n in backend.nodes()}
+
+
+def _all_idle(layout: Layout, n_nodes: int) -> bool:
+    try:
+        states = node_states(layout, timeout_s=5)
+    except Exception:  # controller still starting: keep waiting
+        return False
+    return len(states) == n_nodes and all(s.upper() == "IDLE" for s in states.values())
+
+
+def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -> UpResult:
+    if os.geteuid() != 0:
+        raise DevClusterError(
+            "devcluster up needs root: it installs Debian packages and starts slurmd, which runs jobs as other "
+            "users. Run it as root (e.g. sudo .venv/bin/nuro-admin devcluster up)."
+        )
+    t0 = time.monotonic()
+    running = _check_previous(layout, n_nodes)
+    if running is not None:
+        return UpResult(layout.root, n_nodes, True, [], 0.0, 0.0)
+    installed = ensure_packages()
+    busy = busy_ports(PortPlan(port_base), n_nodes)
+    if busy:
+        what = ", ".join(f"{port} ({name}, held by {_port_owner(port)})" for name, port in busy[:5])
+        raise DevClusterError(
+            f"ports in use: {what}{' …' if len(busy) > 5 else ''}. The dev cluster uses {port_base}+6, +17, +19 "
+            f"and {port_base + 1000}..{port_base + 999 + n_nodes}: choose free ones with --port-base "
+            "(e.g. --port-base 26800) or stop the process holding them."
+        )
+    _prepare(layout, n_nodes, port_base)
+    layout.record.unlink(missing_ok=True)
+    t_daemons = time.monotonic()
+    argv = [
+        sys.executable, "-m", "nuro.devcluster.supervisor",
+        "--state-dir", str(layout.root), "--nodes", str(n_nodes), "--port-base", str(port_base),
+    ]  # fmt: skip
+    with open(layout.supervisor_log, "ab") as out:
+        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+
+    def settled() -> bool:
+        rec = read_record(layout.record)
+        return rec is not None and rec.phase in (Phase.RUNNING, Phase.FAILED, Phase.STOPPED)
+
+    if not wait_for(settled, timeout_s, 0.1):
+        raise DevClusterError(
+            f"the supervisor did not finish starting within {timeout_s:.0f} s; see {layout.supervisor_log}. "
+            f"Stop what it started with 'nuro-admin devcluster down --state-dir {layout.root}'."
+        )
+    rec = read_record(layout.record)
+    assert rec is not None
+    if rec.phase != Phase.RUNNING:
+        raise DevClusterError(f"dev cluster failed to start: {rec.error or rec.phase}; see {layout.log}/")
+    seconds_to_daemons = time.monotonic() - t_daemons
+    if not wait_for(lambda: _all_idle(layout, n_nodes), timeout_s, 0.25):
+        raise DevClusterError(
+            f"not all {n_nodes} nodes became idle within {timeout_s:.0f} s "
+            f"(states: {node_states(layout)}); see {layout.log}/slurmctld.log and slurmd-*.log"
+        )
+    return UpResult(layout.root, n_nodes, False, installed, seconds_to_daemons, time.monotonic() - t0)
+
+
+def down(layout: Layout, purge: bool = False, timeout_s: float = 90.0) -> list[str]:
+    """Stop what ``up`` started, by recorded PID (+ start time). Returns the names of what was stopped."""
+    record = read_record(layout.record)
+    stopped: list[str] = []
+    if record is not None:
+        live = record.live_processes()
+        stopped = [r.name for r in live]
+        sup = record.supervisor.process() if record.supervisor else None
+        if sup is not None:
+            sup.terminate()
+            try:
+                sup.wait(timeout=timeout_s)
+            except psutil.TimeoutExpired as exc:
+                raise DevClusterError(
+                    f"the supervisor (pid {sup.pid}) did not stop within {timeout_s:.0f} s; "
+                    f"see {layout.supervisor_log}"
+                ) from exc
+        # Supervisor gone (crashed, killed, or just stopped): stop any recorded daemon still alive.
+        record = read_record(layout.record) or record
+        leftovers = [p for p in (r.process() for r in record.daemons) if p is not None]
+        if leftovers:
+            stop_processes(leftovers, 10, "daemon")
+        layout.record.unlink(missing_ok=True)
+    if purge and layout.root.exists():
+        shutil.rmtree(layout.root)
+    return stopped
+
+
+def status(layout: Layout) -> dict:
+    """What runs (PIDs) and node states, as a JSON-able dict."""
+    record = read_record(layout.record)
+    if record is None:
+        return {"state_dir": str(layout.root), "phase": "down", "processes": [], "nodes": {}}
+    procs = [
+        {"name": r.name, "pid": r.pid, "alive": r.is_alive()}
+        for r in ([record.supervisor] if record.supervisor else []) + record.daemons
+    ]
+    nodes: dict[str, str] = {}
+    error = record.error
+    if record.phase == Phase.RUNNING:
+        try:
+            nodes = node_states(layout)
+        except Exception as exc:  # report, do not crash: status is what you run when things are broken
+            error = f"could not read node states: {exc}"
+    return {
+        "state_dir": str(layout.root),
+        "phase": str(record.phase),
+        "nodes_configured": record.nodes,
+        "port_base": record.port_base,
+        "error": error,
+        "processes": procs,
+        "nodes": nodes,
+    }

@@ -1,0 +1,261 @@
+"""The dev cluster's supervisor: parent and reaper of every daemon it starts.
+
+PID 1 on these machines does not reap orphans, so daemonised slurmctld/slurmd/slurmstepd leave zombies. The
+supervisor marks itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), runs every daemon in the foreground
+as its own child, adopts the slurmstepd processes slurmd double-forks, and reaps them all. On SIGTERM it stops what
+it started in reverse order: slurmd, then whatever job processes it adopted, then slurmctld, slurmdbd, MariaDB and
+munge. Start order and readiness checks follow SLURM_FACTS (munge → MariaDB → slurmdbd → cluster row → slurmctld →
+slurmd). Run as ``python -m nuro.devcluster.supervisor``; ``nuro-admin devcluster up`` does that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from nuro.devcluster.layout import CLUSTER_NAME, DB_PASSWORD, DB_USER, Layout, PortPlan, node_names
+from nuro.devcluster.procs import ProcRef, stop_processes, wait_for
+from nuro.devcluster.record import Phase, RunRecord, write_record
+
+log = logging.getLogger("nuro.devcluster.supervisor")
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class StartError(RuntimeError):
+    """A daemon did not become ready; the message names it and its log file."""
+
+
+def set_child_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(err)}")
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def _quiet(argv: list[str], env: dict[str, str], timeout_s: float = 15.0) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+class Supervisor:
+    def __init__(self, layout: Layout, n_nodes: int, port_base: int) -> None:
+        self.layout = layout
+        self.ports = PortPlan(port_base)
+        self.nodes = node_names(n_nodes)
+        self.env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "SLURM_CONF": str(layout.slurm_conf),
+            "LANG": "C.UTF-8",
+        }
+        self.children: dict[int, subprocess.Popen] = {}
+        self.record = RunRecord(
+            state_dir=str(layout.root),
+            nodes=n_nodes,
+            port_base=port_base,
+            supervisor=ProcRef.of("supervisor", os.getpid()),
+            started_at=time.time(),
+        )
+        self.stopping = False
+
+    # -- bookkeeping ------------------------------------------------------------------------------------------
+    def _save(self) -> None:
+        write_record(self.layout.record, self.record)
+
+    def _spawn(self, name: str, argv: list[str], log_name: str) -> subprocess.Popen:
+        log.info("start %s: %s", name, " ".join(argv))
+        with open(self.layout.log / log_name, "ab") as out:
+            proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        self.children[proc.pid] = proc
+        self.record.daemons.append(ProcRef.of(name, proc.pid))
+        self._save()
+        return proc
+
+    def _ready(self, name: str, proc: subprocess.Popen, check, timeout_s: float, log_name: str) -> None:
+        def ok() -> bool:
+            if proc.poll() is not None:
+                raise StartError(
+                    f"{name} exited with status {proc.returncode} during start-up; "
+                    f"see {self.layout.log / log_name}"
+                )
+            return bool(check())
+
+        if not wait_for(ok, timeout_s):
+            raise StartError(f"{name} was not ready after {timeout_s:.0f} s; see {self.layout.log / log_name}")
+        log.info("%s ready", name)
+
+    # -- daemons ----------------------------------------------------------------------------------------------
+    def start_munge(self) -> None:
+        lay = self.layout
+        argv = [
+            "munged", "--foreground", "--force", f"--socket={lay.munge_socket}", f"--key-file={lay.munge_key}",
+            f"--log-file={lay.log / 'munged.log'}", f"--pid-file={lay.run / 'munged.pid'}",
+            f"--seed-file={lay.root / 'munged.seed'}", "--num-threads=4",
+        ]  # fmt: skip
+        proc = self._spawn("munged", argv, "munged.out")
+        check = ["munge", "-n", f"--socket={lay.munge_socket}"]
+        self._ready("munged", proc, lambda: _quiet(check, self.env, 5).returncode == 0, 15, "munged.log")
+        os.chmod(lay.munge_dir, 0o711)  # non-root clients must reach the socket
+
+    def start_mariadb(self) -> None:
+        lay = self.layout
+        if not (lay.mysql_data / "mysql").is_dir():
+            argv = [
+                "mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={lay.mysql_data}",
+                "--auth-root-authentication-method=normal", "--skip-test-db",
+            ]  # fmt: skip
+            log.info("initialise MariaDB: %s", " ".join(argv))
+            res = _quiet(argv, self.env, 120)
+            if res.returncode != 0:
+                raise StartError(f"mariadb-install-db failed: {res.stderr.strip()[-1500:]}")
+        argv = [
+            "mariadbd", "--no-defaults", "--user=root", f"--datadir={lay.mysql_data}",
+            f"--socket={lay.mysql_socket}", f"--port={self.ports.mariadb}", "--bind-address=127.0.0.1",
+            f"--pid-file={lay.run / 'mariadbd.pid'}", f"--log-error={lay.log / 'mariadbd.log'}",
+            "--skip-name-resolve", "--skip-log-bin", "--innodb-buffer-pool-size=128M",
+            "--innodb-flush-log-at-trx-commit=2", "--innodb-lock-wait-timeout=900",
+        ]  # fmt: skip
+        proc = self._spawn("mariadbd", argv, "mariadbd.out")
+        ping = ["mariadb-admin", "--no-defaults", f"--socket={lay.mysql_socket}", "-uroot", "ping"]
+        self._ready("mariadbd", proc, lambda: _quiet(ping, self.env, 5).returncode == 0, 60, "mariadbd.log")
+        sql = (
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';"
+            f"GRANT ALL ON *.* TO '{DB_USER}'@'127.0.0.1';FLUSH PRIVILEGES;"
+        )
+        res = _quiet(["mariadb", "--no-defaults", f"--socket={lay.mysql_socket}", "-uroot", "-e", sql], self.env)
+        if res.returncode != 0:
+            raise StartError(f"creating the slurmdbd database user failed: {res.stderr.strip()}")
+
+    def start_slurmdbd(self) -> None:
+        proc = self._spawn("slurmdbd", ["slurmdbd", "-D"], "slurmdbd.out")
+        self._ready("slurmdbd", proc, lambda: port_open(self.ports.slurmdbd), 60, "slurmdbd.log")
+        listed = _quiet(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], self.env, 30)
+        if CLUSTER_NAME not in listed.stdout.split():
+            res = _quiet(["sacctmgr", "-i", "add", "cluster", CLUSTER_NAME], self.env, 30)
+            if res.returncode != 0:
+                raise StartError(f"sacctmgr add cluster {CLUSTER_NAME} failed: {res.stderr.strip()}")
+
+    def start_slurmctld(self) -> None:
+        proc = self._spawn("slurmctld", ["slurmctld", "-D", "-i"], "slurmctld.out")
+        self._ready("slurmctld", proc, lambda: port_open(self.ports.slurmctld), 60, "slurmctld.log")
+
+    def start_slurmds(self) -> None:
+        for name in self.nodes:
+            (self.layout.slurmd_spool / name).mkdir(parents=True, exist_ok=True)
+        for name in self.nodes:
+            self._spawn(f"slurmd:{name}", ["slurmd", "-D", "-N", name], "slurmd.out")
+
+    def start(self) -> None:
+        self.start_munge()
+        self.start_mariadb()
+        self.start_slurmdbd()
+        self.start_slurmctld()
+        self.start_slurmds()
+        self.record.phase = Phase.RUNNING
+        self.record.running_at = time.time()
+        self._save()
+        log.info("all daemons started (%d slurmd)", len(self.nodes))
+
+    # -- run and stop -----------------------------------------------------------------------------------------
+    def reap(self) -> None:
+        """Collect every exited child, ours or adopted; log the daemons that died."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            proc = self.children.pop(pid, None)
+            if proc is not None:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                name = next((d.name for d in self.record.daemons if d.pid == pid), str(pid))
+                if not self.stopping:
+                    log.warning("%s pid=%d exited with %s", name, pid, proc.returncode)
+
+    def stop(self) -> None:
+        """Stop in reverse dependency order, then anything adopted (slurmstepd, job tasks). By PID only."""
+        self.stopping = True
+        self.record.phase = Phase.STOPPING
+        self._save()
+        me = psutil.Process()
+        by_name = {d.name: d for d in self.record.daemons}
+
+        def live(names: list[str]) -> list[psutil.Process]:
+            procs = [by_name[n].process() for n in names if n in by_name]
+            return [p for p in procs if p is not None]
+
+        slurmds = [n for n in by_name if n.startswith("slurmd:")]
+        stop_processes(live(slurmds), 10, "slurmd")
+        core = {d.pid for d in self.record.daemons}
+        adopted = [p for p in me.children(recursive=True) if p.pid not in core]
+        if adopted:
+            log.info("stopping %d adopted job processes: %s", len(adopted), [p.pid for p in adopted])
+            stop_processes(adopted, 5, "job process")
+        for name in ("slurmctld", "slurmdbd", "mariadbd", "munged"):
+            stop_processes(live([name]), 20, name)
+        leftovers = me.children(recursive=True)
+        if leftovers:
+            stop_processes(leftovers, 2, "leftover")
+        self.reap()
+        self.record.phase = Phase.STOPPED
+        self.record.daemons = []
+        self._save()
+        log.info("stopped")
+
+    def run(self) -> int:
+        def on_term(signum: int, _frame) -> None:
+            log.info("received signal %d: stopping", signum)
+            self.stopping = True
+
+        signal.signal(signal.SIGTERM, on_term)
+        signal.signal(signal.SIGINT, on_term)
+        self._save()
+        try:
+            self.start()
+        except Exception as exc:  # record why, then stop what was started: nothing is left half-up
+            log.error("start failed: %s", exc)
+            self.stop()
+            self.record.phase = Phase.FAILED
+            self.record.error = str(exc)
+            self._save()
+            return 1
+        while not self.stopping:
+            self.reap()
+            time.sleep(0.2)
+        self.stop()
+        return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nuro-devcluster-supervisor")
+    parser.add_argument("--state-dir", required=True, type=Path)
+    parser.add_argument("--nodes", required=True, type=int)
+    parser.add_argument("--port-base", required=True, type=int)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    set_child_subreaper()
+    return Supervisor(Layout(args.state_dir), args.nodes, args.port_base).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
