@@ -11,6 +11,7 @@ export NURO_DEVCLUSTER_DIR := $(STATE)
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml
+	command -v $(PYTHON) >/dev/null || (apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -e '.[test]'

@@ -1,0 +1,62 @@
+"""Shared bench plumbing: a throwaway cluster per benchmark, timing, and result files.
+
+Benchmarks measure; they never assert a speed. Each one runs its baseline (bare Slurm commands) side by side with
+nuro's path in the same run and reports the ratio, so a slow machine shifts both.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from nuro.devcluster import manager  # noqa: E402
+from nuro.devcluster.layout import Layout  # noqa: E402
+
+RESULTS = REPO / "bench" / "results"
+
+
+@contextmanager
+def cluster(nodes: int, port_base: int, name: str) -> Iterator[tuple[Layout, dict[str, str], manager.UpResult]]:
+    """A fresh cluster in its own state dir; stopped and purged afterwards."""
+    layout = Layout(REPO / ".devcluster-bench" / name)
+    manager.down(layout, purge=True)
+    res = manager.up(layout, nodes, port_base, timeout_s=300)
+    try:
+        yield layout, manager.env_exports(layout), res
+    finally:
+        manager.down(layout, purge=True)
+
+
+def timed(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_s(fn: Callable[[], object], repeat: int) -> float:
+    return statistics.median(timed(fn) for _ in range(repeat))
+
+
+def run(argv: list[str], env: dict[str, str], stdin: str | None = None) -> str:
+    import os
+
+    res = subprocess.run(
+        argv, input=stdin, env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=True
+    )
+    return res.stdout
+
+
+def save(name: str, result: dict) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    result = {"bench": name, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **result}
+    (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))

@@ -1,0 +1,13 @@
+"""Run every benchmark that needs no destructive set-up; results land in bench/results/*.json."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+for module in ("bench.bench_devcluster_up", "bench.bench_submit_burst", "bench.bench_snapshot"):
+    print(f"== {module}", flush=True)
+    subprocess.run([sys.executable, "-m", module], cwd=REPO, check=True)

@@ -1,0 +1,304 @@
+"""The Slurm adapter: an abstract ``Backend`` (read a snapshot, apply an action) and the default ``CliBackend``.
+
+Why this shape (STYLE S1): the abstract surface is small: ``read_snapshot`` and ``apply``, plus the two reads that
+do not fit a snapshot (``finished_jobs`` from accounting, ``version``). Parsing and rendering are shared pure
+functions (``nuro.slurm.parse``, ``nuro.slurm.actions``), so a backend is a short class.
+
+Fallbacks of ``CliBackend`` (STYLE T5), each logged when taken:
+
+* jobs: ``squeue --json`` (Slurm ≥ 21.08; 22.05 here). If squeue rejects ``--json`` as an unknown option (older
+  Slurm), the backend switches for good to ``squeue -h -a -t all -o <fixed format>`` (``parse_squeue_format``),
+  which lacks restart counts, requeue flags and exit codes.
+* switches: ``scontrol show topology``, read once per backend and cached (topology only changes with a slurmctld
+  restart; ``refresh_topology()`` forgets it). If it fails for a reason other than an unreachable controller,
+  nodes get ``switch=None`` and one warning is logged.
+* finished jobs: ``sacct --json -j a,b,...`` (one call for many jobs, STYLE S2).
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import os
+import shlex
+import subprocess
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+
+from nuro.slurm.actions import (
+    Action,
+    ActionResult,
+    Cancel,
+    DrainNode,
+    Hold,
+    Release,
+    Requeue,
+    ResumeNode,
+    Signal,
+    Submit,
+    UpdateQos,
+    UpdateSiteFactor,
+    render_argv,
+    render_stdin,
+)
+from nuro.slurm.errors import SlurmCommandNotFound, SlurmError, SlurmTimeout, SlurmUnavailable, classify_error
+from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, SlurmVersion
+from nuro.slurm.parse import (
+    SQUEUE_FALLBACK_FORMAT,
+    attach_switches,
+    parse_sacct_json,
+    parse_sbatch_parsable,
+    parse_scontrol_show_topology,
+    parse_sinfo_json,
+    parse_squeue_format,
+    parse_squeue_json,
+    parse_version,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Backend(abc.ABC):
+    """Reads cluster state and applies actions. Implementations: ``CliBackend`` (default), ``PyslurmBackend``.
+
+    ``apply`` never raises for a Slurm-side failure: it returns ``ActionResult(ok=False, error=...)`` so a
+    controller applying many actions can carry on; the convenience methods below raise instead (via
+    ``raise_for_error``). Nothing here retries a state-changing call: a retried sbatch would submit twice.
+    """
+
+    @abc.abstractmethod
+    def read_snapshot(self) -> ClusterSnapshot:
+        """Jobs, nodes (with switches) and partitions as of now. Raises ``SlurmError`` subclasses."""
+
+    @abc.abstractmethod
+    def apply(self, action: Action) -> ActionResult:
+        """Carry out one action; see the class docstring for the error contract."""
+
+    @abc.abstractmethod
+    def finished_jobs(self, job_ids: Iterable[int | str]) -> list[JobInfo]:
+        """Accounting records (sacct) for these jobs, one per job id, in one query. Unknown ids are absent."""
+
+    @abc.abstractmethod
+    def version(self) -> SlurmVersion:
+        """The running Slurm's version (parsed once per backend)."""
+
+    # Reads; backends may override with cheaper calls.
+    def jobs(self) -> list[JobInfo]:
+        """Jobs slurmctld knows now (pending, running, and finished within MinJobAge)."""
+        return list(self.read_snapshot().jobs)
+
+    def nodes(self) -> list[NodeInfo]:
+        """All nodes, with switches."""
+        return list(self.read_snapshot().nodes)
+
+    # Actions; each raises the classified SlurmError on failure.
+    def submit(self, script: str, *args: str, cwd: str | None = None) -> int:
+        """Submit ``script`` with sbatch options ``args``; returns the job id. Raises ``SubmissionRejected``."""
+        result = self.apply(Submit(script=script, extra_args=tuple(args), cwd=cwd)).raise_for_error()
+        if result.job_id is None:
+            raise SlurmError(f"sbatch succeeded but printed no job id: {result.message!r}", argv=result.argv)
+        return result.job_id
+
+    def cancel(self, job_id: int | str, signal: str | None = None) -> ActionResult:
+        """scancel the job (see ``Cancel`` for what ``signal`` means)."""
+        return self.apply(Cancel(job_id, signal)).raise_for_error()
+
+    def signal(self, job_id: int | str, signal: str, batch_only: bool = False, full: bool = False) -> ActionResult:
+        """Send ``signal`` without cancelling (see ``Signal`` for batch_only/full)."""
+        return self.apply(Signal(job_id, signal, batch_only=batch_only, full=full)).raise_for_error()
+
+    def requeue(self, job_id: int | str, hold: bool = False) -> ActionResult:
+        """Requeue (optionally held)."""
+        return self.apply(Requeue(job_id, hold)).raise_for_error()
+
+    def hold(self, job_id: int | str) -> ActionResult:
+        """Hold a pending job."""
+        return self.apply(Hold(job_id)).raise_for_error()
+
+    def release(self, job_id: int | str) -> ActionResult:
+        """Release a held job."""
+        return self.apply(Release(job_id)).raise_for_error()
+
+    def update_qos(self, job_id: int | str, qos: str) -> ActionResult:
+        """Move a (pending) job to another QOS."""
+        return self.apply(UpdateQos(job_id, qos)).raise_for_error()
+
+    def update_site_factor(self, job_id: int | str, value: int) -> ActionResult:
+        """Set the job's SiteFactor (admin only)."""
+        return self.apply(UpdateSiteFactor(job_id, value)).raise_for_error()
+
+    def drain(self, node: str, reason: str) -> ActionResult:
+        """Drain a node (or hostlist) with a reason."""
+        return self.apply(DrainNode(node, reason)).raise_for_error()
+
+    def resume(self, node: str) -> ActionResult:
+        """Resume a drained/down node. Raises ``InvalidState`` if it is neither."""
+        return self.apply(ResumeNode(node)).raise_for_error()
+
+
+def _is_unknown_option(exc: SlurmError, option: str) -> bool:
+    text = exc.slurm_message.lower()
+    return option in text and ("unrecognized option" in text or "invalid option" in text or "unknown option" in text)
+
+
+class CliBackend(Backend):
+    """Runs Slurm's client commands with argument lists (never a shell) and an explicit timeout.
+
+    Args:
+        env: variables added to ``os.environ`` for every command (e.g. {"SLURM_CONF": ...}); never logged.
+        timeout_s: wall-clock limit per command, in seconds; a hung command raises ``SlurmTimeout``.
+        bin_dir: directory holding squeue/sinfo/...; None means look them up on PATH.
+    """
+
+    name = "cli"
+
+    def __init__(
+        self, env: Mapping[str, str] | None = None, timeout_s: float = 30.0, bin_dir: str | None = None
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"CliBackend timeout_s must be > 0, got {timeout_s}")
+        self._env_overrides = dict(env or {})
+        self.timeout_s = timeout_s
+        self.bin_dir = bin_dir
+        self._topology: dict[str, str] | None = None
+        self._version: SlurmVersion | None = None
+        self._squeue_json: bool = True
+        self._calls = 0
+
+    # -- running -------------------------------------------------------------------------------------------
+    def _resolve(self, argv: Sequence[str]) -> list[str]:
+        full = list(argv)
+        if self.bin_dir:
+            full[0] = os.path.join(self.bin_dir, full[0])
+        return full
+
+    def run(
+        self, argv: Sequence[str], stdin: str | None = None, cwd: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run one Slurm command; return the completed process on rc 0, raise the classified error otherwise."""
+        full = self._resolve(argv)
+        self._calls += 1
+        log.debug("slurm call n=%d argv=%s", self._calls, shlex.join(full))
+        start = time.monotonic()
+        try:
+            proc = subprocess.run(
+                full,
+                input=stdin,
+                stdin=None if stdin is not None else subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                env={**os.environ, **self._env_overrides},
+                cwd=cwd,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except FileNotFoundError as exc:
+            if cwd is not None and not os.path.isdir(cwd):
+                raise SlurmError(f"working directory {cwd!r} does not exist", argv=full) from exc
+            raise SlurmCommandNotFound(f"{full[0]!r} not found", argv=full) from exc
+        except subprocess.TimeoutExpired as exc:
+            raise SlurmTimeout(f"no answer within timeout_s={self.timeout_s}", argv=full) from exc
+        duration_s = time.monotonic() - start
+        log.debug("slurm call n=%d rc=%d duration_s=%.3f", self._calls, proc.returncode, duration_s)
+        if proc.returncode != 0:
+            raise classify_error(full, proc.returncode, proc.stderr or proc.stdout)
+        return proc
+
+    # -- reads ---------------------------------------------------------------------------------------------
+    def jobs(self) -> list[JobInfo]:
+        """One ``squeue --json`` (or the ``-o`` fallback, see the module docstring)."""
+        if self._squeue_json:
+            try:
+                return parse_squeue_json(self.run(["squeue", "--json"]).stdout)
+            except SlurmError as exc:
+                if not _is_unknown_option(exc, "json"):
+                    raise
+                log.warning("squeue has no --json (Slurm < 21.08): using 'squeue -o' from now on; "
+                            "restart counts, requeue flags and exit codes will be missing")
+                self._squeue_json = False
+        log.debug("jobs path=squeue-format")
+        return parse_squeue_format(self.run(["squeue", "-h", "-a", "-t", "all", "-o", SQUEUE_FALLBACK_FORMAT]).stdout)
+
+    def topology(self) -> dict[str, str]:
+        """Node → leaf switch, read once from ``scontrol show topology`` and cached."""
+        if self._topology is None:
+            try:
+                self._topology = parse_scontrol_show_topology(self.run(["scontrol", "show", "topology"]).stdout)
+            except SlurmUnavailable:
+                raise
+            except SlurmError as exc:
+                log.warning("scontrol show topology failed: nodes will have switch=None error=%s", exc)
+                self._topology = {}
+        return self._topology
+
+    def refresh_topology(self) -> None:
+        """Forget the cached topology (after a slurmctld restart with a new topology.conf)."""
+        self._topology = None
+
+    def nodes(self) -> list[NodeInfo]:
+        """One ``sinfo --json``, with switches attached from the cached topology."""
+        nodes, _ = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
+        return attach_switches(nodes, self.topology())
+
+    def read_snapshot(self) -> ClusterSnapshot:
+        """One ``squeue --json`` + one ``sinfo --json`` (+ ``scontrol show topology`` the first time)."""
+        taken_at = datetime.now(UTC)
+        start = time.monotonic()
+        jobs = self.jobs()
+        nodes, partitions = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
+        nodes = attach_switches(nodes, self.topology())
+        log.debug(
+            "snapshot jobs=%d nodes=%d partitions=%d duration_s=%.3f",
+            len(jobs), len(nodes), len(partitions), time.monotonic() - start,
+        )
+        return ClusterSnapshot(
+            nodes=tuple(nodes), jobs=tuple(jobs), partitions=tuple(partitions), taken_at=taken_at, source=self.name
+        )
+
+    def finished_jobs(self, job_ids: Iterable[int | str]) -> list[JobInfo]:
+        """One ``sacct --json -j a,b,...``; the latest record per job id, in the order asked for."""
+        wanted = [str(j) for j in dict.fromkeys(str(j).strip() for j in job_ids) if str(j)]
+        if not wanted:
+            return []
+        records = parse_sacct_json(self.run(["sacct", "--json", "-j", ",".join(wanted)]).stdout)
+        latest = {str(r.job_id): r for r in records}
+        return [latest[j] for j in wanted if j in latest]
+
+    def version(self) -> SlurmVersion:
+        """``sinfo --version``, once per backend."""
+        if self._version is None:
+            self._version = parse_version(self.run(["sinfo", "--version"]).stdout)
+            log.debug("slurm version=%s", self._version)
+        return self._version
+
+    # -- actions -------------------------------------------------------------------------------------------
+    def apply(self, action: Action) -> ActionResult:
+        """Render ``action``, run it once, return the result (``ok=False`` with ``error`` on Slurm failure).
+
+        Raises:
+            ValueError / TypeError: the action is malformed (nothing ran).
+        """
+        argv = render_argv(action)
+        cwd = action.cwd if isinstance(action, Submit) else None
+        start = time.monotonic()
+        kind = type(action).__name__
+        try:
+            proc = self.run(argv, stdin=render_stdin(action), cwd=cwd)
+        except SlurmError as exc:
+            duration_s = time.monotonic() - start
+            log.warning("slurm action failed action=%s error=%s message=%s", kind, type(exc).__name__,
+                        exc.slurm_message or exc.message)
+            return ActionResult(action, ok=False, message=exc.slurm_message or exc.message,
+                                duration_s=duration_s, error=exc, argv=tuple(exc.argv or self._resolve(argv)))
+        duration_s = time.monotonic() - start
+        job_id = None
+        if isinstance(action, Submit):
+            try:
+                job_id = parse_sbatch_parsable(proc.stdout)
+            except SlurmError as exc:  # submitted, but the id is unreadable: report it, do not resubmit
+                log.error("sbatch succeeded but its job id is unreadable error=%s", exc)
+        message = "\n".join(s for s in (proc.stdout.strip(), proc.stderr.strip()) if s)
+        log.info("slurm action applied action=%s job_id=%s duration_s=%.3f", kind, job_id, duration_s)
+        return ActionResult(action, ok=True, job_id=job_id, message=message, duration_s=duration_s,
+                            argv=tuple(self._resolve(argv)))

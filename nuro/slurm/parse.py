@@ -1,0 +1,302 @@
+"""All parsing of Slurm JSON output (squeue, sinfo, sacct ``--json``) into nuro's models. Pure functions.
+
+Text outputs (scontrol -o, topology, sacctmgr -P, sbatch --parsable, versions, squeue -o) are parsed in
+``parse_text``; both are re-exported here, so ``nuro.slurm.parse`` is the one place to look.
+
+Shapes are Slurm 22.05's, which prints the REST API's v0.0.38 documents from the command line (squeue via
+``src/plugins/openapi/v0.0.38/jobs.c``, sinfo via ``nodes.c``/``partitions.c``, sacct via
+``src/plugins/openapi/dbv0.0.38``). Things to know about them, checked against that source:
+
+* times are integer epoch seconds, 0 when unset; squeue's ``exit_code`` is a raw wait(2) status (256 = exit 1);
+  sacct's is a dict ``{"status": "SUCCESS"|"ERROR"|"SIGNALED"|..., "return_code": n, "signal": {...}}``;
+* a node's ``state`` is the lower-case base state ("idle", "mixed") and its flags are separate
+  (``state_flags: ["DRAIN"]``); we compose Slurm's usual "IDLE+DRAIN";
+* GPUs per job are only in strings: ``tres_per_node`` ("gres:gpu:8"), ``tres_alloc_str`` ("...,gres/gpu=16");
+* 22.05's ``squeue --json`` ignores squeue's filters (-j, -u, -t) and lists every job slurmctld holds, including
+  ones finished within MinJobAge; filter client-side;
+* no topology switch is reported anywhere in JSON; it is attached from ``scontrol show topology``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from nuro.slurm import hostlist
+from nuro.slurm._fields import (
+    as_int,
+    as_str,
+    decode_wait_status,
+    epoch_to_dt,
+    gpu_count_from_gres,
+    gpus_from_tres,
+    node_state_text,
+)
+from nuro.slurm.errors import SlurmParseError
+from nuro.slurm.models import JobInfo, NodeInfo, PartitionInfo
+from nuro.slurm.parse_text import (
+    SQUEUE_FALLBACK_FORMAT,
+    attach_switches,
+    parse_sacctmgr_parsable,
+    parse_sbatch_parsable,
+    parse_scontrol_show_oneliner,
+    parse_scontrol_show_topology,
+    parse_squeue_format,
+    parse_version,
+)
+from nuro.slurm.states import to_phase
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "SQUEUE_FALLBACK_FORMAT",
+    "attach_switches",
+    "parse_sacct_json",
+    "parse_sacctmgr_parsable",
+    "parse_sbatch_parsable",
+    "parse_scontrol_show_oneliner",
+    "parse_scontrol_show_topology",
+    "parse_sinfo_json",
+    "parse_squeue_format",
+    "parse_squeue_json",
+    "parse_version",
+]
+
+_NOT_ARRAY = {0, 0xFFFFFFFE, 0xFFFFFFFF}
+
+
+def _load(text: str, what: str, key: str) -> dict[str, Any]:
+    """Decode a Slurm JSON document and check it has ``key``; Slurm's own ``errors`` are logged or raised."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SlurmParseError(f"{what}: output is not JSON ({exc}); first bytes: {text[:120]!r}") from exc
+    if not isinstance(doc, dict):
+        raise SlurmParseError(f"{what}: expected a JSON object, got {type(doc).__name__}")
+    errors = [e for e in doc.get("errors") or [] if e]
+    if key not in doc:
+        detail = f"; Slurm reported: {errors}" if errors else ""
+        raise SlurmParseError(f"{what}: no {key!r} in the document (keys: {sorted(doc)}){detail}")
+    if errors:
+        log.warning("%s reported errors=%s: results may be partial", what, errors)
+    return doc
+
+
+def _array_id(value: object) -> int | None:
+    number = as_int(value, default=0)
+    return None if number in _NOT_ARRAY else number
+
+
+def _job_from_squeue(d: Mapping[str, Any]) -> JobInfo:
+    """One entry of squeue's ``jobs`` list (v0.0.38 ``dump_job_info``)."""
+    state = as_str(d.get("job_state"))
+    phase = to_phase(state)
+    node_count = as_int(d.get("node_count"))
+    tres_per_node = as_str(d.get("tres_per_node"))
+    gpus_per_node = gpu_count_from_gres(tres_per_node)
+    gpus_total = gpus_from_tres(as_str(d.get("tres_alloc_str"))) or gpus_from_tres(as_str(d.get("tres_req_str")))
+    if not gpus_total:
+        gpus_total = gpus_per_node * max(node_count, 1) if gpus_per_node else gpu_count_from_gres(
+            as_str(d.get("tres_per_job"))
+        )
+    if not gpus_per_node and gpus_total and node_count:
+        gpus_per_node = gpus_total // node_count
+    exit_code, exit_signal = decode_wait_status(d.get("exit_code")) if phase.is_terminal else (None, None)
+    return JobInfo(
+        job_id=as_int(d.get("job_id")),
+        name=as_str(d.get("name")),
+        user=as_str(d.get("user_name")) or str(as_int(d.get("user_id"))),
+        state=state,
+        phase=phase,
+        reason=as_str(d.get("state_reason")),
+        account=as_str(d.get("account")),
+        qos=as_str(d.get("qos")),
+        partition=as_str(d.get("partition")),
+        priority=as_int(d.get("priority")),
+        nodes=tuple(hostlist.expand(as_str(d.get("nodes")))),
+        node_count=node_count,
+        gres_per_node=tres_per_node,
+        gpus_per_node=gpus_per_node,
+        gpus_total=gpus_total,
+        restart_count=as_int(d.get("restart_cnt")),
+        comment=as_str(d.get("comment")),
+        requeue=bool(d.get("requeue")),
+        submit_time=epoch_to_dt(d.get("submit_time")),
+        start_time=epoch_to_dt(d.get("start_time")),
+        end_time=epoch_to_dt(d.get("end_time")),
+        exit_code=exit_code,
+        exit_signal=exit_signal,
+        array_job_id=_array_id(d.get("array_job_id")),
+        array_task_id=_array_id(d.get("array_task_id")) if _array_id(d.get("array_job_id")) else None,
+    )
+
+
+def parse_squeue_json(text: str) -> list[JobInfo]:
+    """Parse ``squeue --json`` (22.05: the v0.0.38 jobs document) into jobs, in Slurm's order.
+
+    Raises:
+        SlurmParseError: not JSON, or no ``jobs`` list (e.g. slurmctld unreachable: Slurm's errors are quoted).
+    """
+    doc = _load(text, "squeue --json", "jobs")
+    return [_job_from_squeue(j) for j in doc["jobs"] or []]
+
+
+def _node_from_json(d: Mapping[str, Any]) -> NodeInfo:
+    """One entry of sinfo's ``nodes`` list (v0.0.38 ``_dump_node``)."""
+    raw_state = d.get("state")
+    if isinstance(raw_state, list):  # newer Slurm: ["IDLE", "DRAIN"]
+        base, flags = (raw_state[0] if raw_state else "UNKNOWN"), list(raw_state[1:])
+    else:
+        base, flags = as_str(raw_state) or "UNKNOWN", list(d.get("state_flags") or [])
+    state = node_state_text(base, flags)
+    gres = as_str(d.get("gres"))
+    tres_used = as_str(d.get("tres_used"))
+    gpus_alloc = gpus_from_tres(tres_used) if tres_used else gpu_count_from_gres(as_str(d.get("gres_used")))
+    return NodeInfo(
+        name=as_str(d.get("name")),
+        state=state,
+        flags=frozenset(state.split("+")),
+        reason=as_str(d.get("reason")) or None,
+        gres=gres,
+        gpus_total=gpu_count_from_gres(gres),
+        gpus_alloc=gpus_alloc,
+        cpus=as_int(d.get("cpus")),
+        cpus_alloc=as_int(d.get("alloc_cpus")),
+        partitions=tuple(d.get("partitions") or ()),
+        switch=None,
+    )
+
+
+def _partition_from_json(d: Mapping[str, Any]) -> PartitionInfo:
+    """One entry of a v0.0.38 ``partitions`` list (``_dump_part``)."""
+    flags = {str(f).lower() for f in d.get("flags") or ()}
+    state = d.get("state")
+    if isinstance(state, list):
+        state = state[0] if state else "UNKNOWN"
+    nodes = d.get("nodes")
+    if isinstance(nodes, dict):  # newer Slurm: {"configured": "gpu[001-008]", ...}
+        nodes = nodes.get("configured")
+    return PartitionInfo(
+        name=as_str(d.get("name")),
+        nodes=tuple(hostlist.expand(as_str(nodes))),
+        state=as_str(state).upper() or "UNKNOWN",
+        total_cpus=as_int(d.get("total_cpus")),
+        total_nodes=as_int(d.get("total_nodes")),
+        default="default" in flags,
+    )
+
+
+def _partitions_from_nodes(nodes: list[NodeInfo]) -> list[PartitionInfo]:
+    """Partitions as seen through the nodes' ``partitions`` lists (used when the document has none).
+
+    State and the default flag are not knowable from nodes: state is "UNKNOWN" and default False.
+    """
+    members: dict[str, list[NodeInfo]] = {}
+    for node in nodes:
+        for part in node.partitions:
+            members.setdefault(part, []).append(node)
+    return [
+        PartitionInfo(
+            name=name,
+            nodes=tuple(n.name for n in group),
+            total_cpus=sum(n.cpus for n in group),
+            total_nodes=len(group),
+        )
+        for name, group in members.items()
+    ]
+
+
+def parse_sinfo_json(text: str) -> tuple[list[NodeInfo], list[PartitionInfo]]:
+    """Parse ``sinfo --json`` into (nodes, partitions).
+
+    22.05 prints the v0.0.38 ``nodes`` document; when the document carries no ``partitions`` list, partitions are
+    derived from the nodes' memberships (with state "UNKNOWN" and default False, which only
+    ``scontrol show partition`` knows). Switches are None here; see ``attach_switches``.
+    """
+    doc = _load(text, "sinfo --json", "nodes")
+    nodes = [_node_from_json(n) for n in doc["nodes"] or []]
+    if "partitions" in doc:
+        partitions = [_partition_from_json(p) for p in doc["partitions"] or []]
+    else:
+        partitions = _partitions_from_nodes(nodes)
+    return nodes, partitions
+
+
+def _sacct_exit(value: object) -> tuple[int | None, int | None]:
+    """dbv0.0.38 exit code dict → (return code, signal)."""
+    if not isinstance(value, Mapping):
+        return decode_wait_status(value)
+    status = as_str(value.get("status")).upper()
+    if status in ("", "PENDING"):
+        return None, None
+    signal = value.get("signal") or {}
+    sig = as_int(signal.get("signal_id"), default=0) if isinstance(signal, Mapping) else 0
+    return as_int(value.get("return_code"), default=0), (sig or None)
+
+
+def _gpus_in_tres_list(items: object) -> int:
+    """GPU count in a dbv0.0.38 TRES list: [{"type": "gres", "name": "gpu", "count": 16}, ...]."""
+    total = typed = 0
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, Mapping) or as_str(item.get("type")) != "gres":
+            continue
+        name = as_str(item.get("name"))
+        if name == "gpu":
+            total += as_int(item.get("count"))
+        elif name.startswith("gpu:"):
+            typed += as_int(item.get("count"))
+    return total or typed
+
+
+def _job_from_sacct(d: Mapping[str, Any]) -> JobInfo:
+    """One entry of sacct's ``jobs`` list (dbv0.0.38 ``parse_job``)."""
+    state_obj = d.get("state") or {}
+    state = as_str(state_obj.get("current")) if isinstance(state_obj, Mapping) else as_str(state_obj)
+    if isinstance(state_obj, Mapping) and isinstance(state_obj.get("current"), list):
+        state = "+".join(state_obj["current"])  # newer Slurm
+    phase = to_phase(state)
+    times = d.get("time") or {}
+    tres = d.get("tres") or {}
+    node_count = as_int(d.get("allocation_nodes"))
+    gpus_total = _gpus_in_tres_list(tres.get("allocated")) or _gpus_in_tres_list(tres.get("requested"))
+    comment = d.get("comment") or {}
+    exit_code, exit_signal = _sacct_exit(d.get("exit_code")) if phase.is_terminal else (None, None)
+    array = d.get("array") or {}
+    qos = d.get("qos")
+    return JobInfo(
+        job_id=as_int(d.get("job_id")),
+        name=as_str(d.get("name")),
+        user=as_str(d.get("user")),
+        state=state,
+        phase=phase,
+        reason=as_str(state_obj.get("reason")) if isinstance(state_obj, Mapping) else "",
+        account=as_str(d.get("account")),
+        qos=as_str(qos.get("name") if isinstance(qos, Mapping) else qos),
+        partition=as_str(d.get("partition")),
+        priority=as_int(d.get("priority")),
+        nodes=tuple(hostlist.expand(as_str(d.get("nodes")))),
+        node_count=node_count,
+        gpus_per_node=gpus_total // node_count if node_count else 0,
+        gpus_total=gpus_total,
+        comment=as_str(comment.get("job")) if isinstance(comment, Mapping) else as_str(comment),
+        submit_time=epoch_to_dt(times.get("submission")),
+        start_time=epoch_to_dt(times.get("start")),
+        end_time=epoch_to_dt(times.get("end")),
+        exit_code=exit_code,
+        exit_signal=exit_signal,
+        array_job_id=_array_id(array.get("job_id")),
+        array_task_id=_array_id(array.get("task_id")) if _array_id(array.get("job_id")) else None,
+    )
+
+
+def parse_sacct_json(text: str) -> list[JobInfo]:
+    """Parse ``sacct --json`` (22.05: the dbv0.0.38 jobs document) into jobs.
+
+    sacct has no restart count nor requeue flag (both default), and its ``comment.job`` is only filled when
+    slurm.conf has ``AccountingStoreFlags=job_comment``. A requeued job may appear once per run when sacct is
+    called with ``--duplicates``; otherwise the latest run only.
+    """
+    doc = _load(text, "sacct --json", "jobs")
+    return [_job_from_sacct(j) for j in doc["jobs"] or []]

@@ -1,0 +1,191 @@
+"""Parsing of Slurm's text outputs: ``scontrol show -o``, topology, ``sacctmgr -P -n``, ``sbatch --parsable``,
+``--version`` lines and the ``squeue -o`` fallback. Pure functions; re-exported by ``nuro.slurm.parse``.
+
+Why text at all: in 22.05 ``scontrol`` and ``sacctmgr`` have no ``--json`` (it arrived in 23.02), and topology is
+only available from ``scontrol show topology``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from nuro.slurm import hostlist
+from nuro.slurm._fields import as_int, gpu_count_from_gres, text_to_dt
+from nuro.slurm.errors import SlurmParseError
+from nuro.slurm.models import JobInfo, NodeInfo, SlurmVersion
+from nuro.slurm.states import to_phase
+
+log = logging.getLogger(__name__)
+
+# A Slurm key: CamelCase starting upper-case; may hold '/', ':' and '_' ("CPUs/Task", "AllocNode:Sid",
+# "MCS_label", "ReqB:S:C:T").
+_KEY = re.compile(r"^([A-Z][A-Za-z0-9_/:.]*)=(.*)$", re.DOTALL)
+
+
+def _parse_record(line: str) -> dict[str, str]:
+    """One ``Key=value Key=value`` record whose values may contain spaces.
+
+    A space-separated token starts a new field only if it looks like ``Key=`` (upper-case first letter) and that
+    key has not been seen in this record; otherwise it belongs to the previous value. That keeps
+    ``Reason=nuro test [root@2024-05-01T10:00:00]``, ``OS=Linux 6.1.0 #1 SMP ...`` and
+    ``Comment={"run": "x"}`` whole. Limitation: a free-text value containing `` Word=`` where Word is a key not
+    yet seen in the record would be split; Slurm's own ``-o`` output has the same ambiguity.
+    """
+    record: dict[str, str] = {}
+    current: str | None = None
+    for token in line.split(" "):
+        match = _KEY.match(token)
+        if match and match.group(1) not in record:
+            current = match.group(1)
+            record[current] = match.group(2)
+        elif current is not None:
+            record[current] += " " + token
+        elif token:
+            log.debug("scontrol text: ignoring token before the first key token=%r", token)
+    return {k: v.rstrip() for k, v in record.items()}
+
+
+def parse_scontrol_show_oneliner(text: str) -> list[dict[str, str]]:
+    """Parse ``scontrol show -o node|job|partition|topology`` into one dict per record (values raw strings).
+
+    Also accepts the multi-line form (without ``-o``): an indented line continues the record above it.
+    Lines such as "No jobs in the system" are skipped.
+    """
+    logical: list[str] = []
+    for raw in text.splitlines():
+        if not raw.strip():
+            continue
+        if raw[:1].isspace() and logical:
+            logical[-1] += " " + raw.strip()
+        else:
+            logical.append(raw.strip())
+    records = []
+    for line in logical:
+        record = _parse_record(line)
+        if record:
+            records.append(record)
+    return records
+
+
+def parse_scontrol_show_topology(text: str) -> dict[str, str]:
+    """Map node name → its lowest-level switch from ``scontrol show topology`` (topology/tree).
+
+    Input lines look like ``SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=gpu[001-004] Switches=(null)``; a spine
+    also lists every node below it, so the switch with the lowest Level wins. Empty output (topology/none, or
+    "No topology information available") gives an empty map.
+    """
+    best: dict[str, tuple[int, str]] = {}
+    for rec in parse_scontrol_show_oneliner(text):
+        name = rec.get("SwitchName")
+        if not name:
+            continue
+        level = as_int(rec.get("Level"), default=0)
+        for node in hostlist.expand(rec.get("Nodes")):
+            if node not in best or level < best[node][0]:
+                best[node] = (level, name)
+    return {node: switch for node, (_, switch) in best.items()}
+
+
+def attach_switches(nodes: Iterable[NodeInfo], switch_of: dict[str, str]) -> list[NodeInfo]:
+    """Copies of ``nodes`` with ``switch`` set from a ``parse_scontrol_show_topology`` map (None if absent)."""
+    return [replace(n, switch=switch_of.get(n.name)) for n in nodes]
+
+
+def parse_sacctmgr_parsable(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
+    """Parse ``sacctmgr -P -n show ... format=<fields>`` ('|' separated, no header) into dicts keyed by ``fields``.
+
+    Also accepts ``-p`` output (a trailing '|'). Raises ``SlurmParseError`` when a line has a different number of
+    values than ``fields`` (which happens if the format= list and ``fields`` disagree).
+    """
+    names = [f.strip() for f in fields]
+    rows: list[dict[str, str]] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        values = line.split("|")
+        if len(values) == len(names) + 1 and values[-1] == "":
+            values = values[:-1]
+        if len(values) != len(names):
+            raise SlurmParseError(
+                f"sacctmgr line {lineno} has {len(values)} values for {len(names)} fields {names}: {line!r}; "
+                "make the format= list match the fields passed to parse_sacctmgr_parsable"
+            )
+        rows.append(dict(zip(names, values, strict=True)))
+    return rows
+
+
+def parse_sbatch_parsable(text: str) -> int:
+    """The job id from ``sbatch --parsable`` stdout: "123" or "123;cluster"."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    head = lines[-1].split(";", 1)[0] if lines else ""
+    if not head.isdigit():
+        raise SlurmParseError(f"sbatch --parsable printed no job id: {text[:200]!r}")
+    return int(head)
+
+
+_VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(text: str) -> SlurmVersion:
+    """"slurm 22.05.8" / "slurm-wlm 22.05.8" / "22.05.8" → SlurmVersion(22, 5, 8)."""
+    match = _VERSION.search(text or "")
+    if not match:
+        raise SlurmParseError(f"no Slurm version in {text[:120]!r}")
+    return SlurmVersion(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
+
+
+# Fallback for Slurm without ``squeue --json`` (before 21.08): fixed fields, separated by the ASCII unit separator
+# so no job name or comment can break the split; the comment goes last.
+_SEP = "\x1f"
+_FALLBACK_FIELDS = ("%A", "%j", "%u", "%T", "%r", "%a", "%q", "%P", "%Q", "%D", "%b", "%V", "%S", "%e", "%N", "%k")
+SQUEUE_FALLBACK_FORMAT = _SEP.join(_FALLBACK_FIELDS)
+
+
+def _none_if_na(value: str) -> str:
+    return "" if value.strip() in ("N/A", "(null)") else value.strip()
+
+
+def parse_squeue_format(text: str) -> list[JobInfo]:
+    """Parse ``squeue -h -o SQUEUE_FALLBACK_FORMAT`` output.
+
+    Less than the JSON path: no restart count, requeue flag or exit code (defaults), GPUs only from ``%b``, and
+    times are the client's local time converted to UTC.
+    """
+    jobs: list[JobInfo] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        parts = line.split(_SEP, len(_FALLBACK_FIELDS) - 1)
+        if len(parts) != len(_FALLBACK_FIELDS):
+            raise SlurmParseError(f"squeue -o line has {len(parts)} fields, expected {len(_FALLBACK_FIELDS)}")
+        jid, name, user, state, reason, acct, qos, part, prio, nnodes, gres, sub, start, end, nodes, comment = parts
+        node_count = as_int(nnodes)
+        gres = _none_if_na(gres)
+        per_node = gpu_count_from_gres(gres)
+        jobs.append(
+            JobInfo(
+                job_id=as_int(jid),
+                name=name,
+                user=user,
+                state=state,
+                phase=to_phase(state),
+                reason=reason,
+                account=acct,
+                qos=qos,
+                partition=part,
+                priority=as_int(prio),
+                nodes=tuple(hostlist.expand(_none_if_na(nodes))),
+                node_count=node_count,
+                gres_per_node=gres,
+                gpus_per_node=per_node,
+                gpus_total=per_node * node_count,
+                comment=_none_if_na(comment),
+                submit_time=text_to_dt(sub),
+                start_time=text_to_dt(start),
+                end_time=text_to_dt(end),
+            )
+        )
+    return jobs

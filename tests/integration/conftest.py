@@ -1,0 +1,93 @@
+"""One real Slurm cluster for the whole integration session (8 nodes × 8 fake GPUs, its own state dir and ports).
+
+It is brought up fresh (any earlier test cluster in the same state dir is stopped and purged first) so job ids,
+accounting and node states start clean, and stopped by PID at the end. Team members are real Unix users created
+here with useradd, with Slurm associations, because jobs run as them.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from nuro.devcluster import manager
+from nuro.devcluster.layout import Layout
+from nuro.slurm import CliBackend
+
+REPO = Path(__file__).resolve().parents[2]
+TEST_STATE_DIR = Path(os.environ.get("NURO_TEST_CLUSTER_DIR", REPO / ".devcluster-test"))
+TEST_PORT_BASE = int(os.environ.get("NURO_TEST_PORT_BASE", "26800"))
+TEST_NODES = 8
+TEST_ACCOUNT = "nurotest"
+TEST_USERS = ("nuro-alice", "nuro-bob")
+
+
+@dataclass
+class TestCluster:
+    layout: Layout
+    backend: CliBackend
+    env: dict[str, str]
+
+    def run(self, argv: list[str], user: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """Run a plain Slurm client command against the cluster, optionally as another Unix user."""
+        if user:
+            argv = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in self.env.items()), *argv]
+        return subprocess.run(
+            argv, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=60, check=check
+        )
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.25):
+    """Poll until ``predicate()`` is truthy; fail with ``what`` (what we waited for) on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def _ensure_users(cluster: TestCluster) -> None:
+    for user in TEST_USERS:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", user], check=True)
+    cluster.run(["sacctmgr", "-i", "add", "account", TEST_ACCOUNT, "Description=nuro tests", "Organization=nuro"])
+    cluster.run(["sacctmgr", "-i", "add", "user", *TEST_USERS, f"Account={TEST_ACCOUNT}"])
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[TestCluster]:
+    if os.geteuid() != 0:
+        pytest.fail("integration tests need root: they start a real Slurm cluster (run 'make test' as root)")
+    layout = Layout(TEST_STATE_DIR.absolute())
+    manager.down(layout, purge=True)
+    manager.up(layout, TEST_NODES, TEST_PORT_BASE)
+    env = manager.env_exports(layout)
+    tc = TestCluster(layout=layout, backend=CliBackend(env=env), env=env)
+    try:
+        _ensure_users(tc)
+        yield tc
+    finally:
+        manager.down(layout)
+
+
+@pytest.fixture
+def shared_tmp(tmp_path: Path) -> Path:
+    """A directory every job user can write (job output files land here)."""
+    tmp_path.chmod(0o777)
+    for parent in tmp_path.parents:
+        if parent == Path("/"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o011)  # traversable by the job users
+    return tmp_path
