@@ -2,7 +2,8 @@
 SHELL := /bin/bash
 VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
-PYTHON ?= python3.11
+# Debian's interpreter, not a per-user one (pyenv under /root): jobs and prolog run the venv as other users.
+PYTHON ?= /usr/bin/python3.11
 STATE := $(CURDIR)/.devcluster
 export NURO_DEVCLUSTER_DIR := $(STATE)
 
@@ -11,7 +12,8 @@ export NURO_DEVCLUSTER_DIR := $(STATE)
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: setup.cfg pyproject.toml
-	command -v $(PYTHON) >/dev/null || (apt-get update -qq && apt-get install -y -qq python3.11 python3.11-venv)
+	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11 python3.11-venv)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	$(PY) -m pip install -q -e '.[test]'

@@ -17,7 +17,7 @@ from rich.table import Table
 from nuro.devcluster import manager
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
 
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)
 
 state_dir_option = click.option(
     "--state-dir",
@@ -40,7 +40,9 @@ def _fail(exc: Exception) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Log debug detail (the exact argv of every Slurm call).")
 def main(verbose: bool) -> None:
     """nuro administration."""
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
 
 
 @main.group()

@@ -120,7 +120,7 @@ def gpu_count_from_gres(text: str | None, name: str = "gpu") -> int:
 
 
 def tres_to_dict(text: str | None) -> dict[str, str]:
-    """"cpu=32,mem=125G,node=2,billing=32,gres/gpu=16" → {"cpu": "32", ..., "gres/gpu": "16"}."""
+    """Parse "cpu=32,mem=125G,node=2,billing=32,gres/gpu=16" → {"cpu": "32", ..., "gres/gpu": "16"}."""
     out: dict[str, str] = {}
     for item in (text or "").split(","):
         key, sep, value = item.partition("=")

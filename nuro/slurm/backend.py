@@ -214,8 +214,10 @@ class CliBackend(Backend):
             except SlurmError as exc:
                 if not _is_unknown_option(exc, "json"):
                     raise
-                log.warning("squeue has no --json (Slurm < 21.08): using 'squeue -o' from now on; "
-                            "restart counts, requeue flags and exit codes will be missing")
+                log.warning(
+                    "squeue has no --json (Slurm < 21.08): using 'squeue -o' from now on; "
+                    "restart counts, requeue flags and exit codes will be missing"
+                )
                 self._squeue_json = False
         log.debug("jobs path=squeue-format")
         return parse_squeue_format(self.run(["squeue", "-h", "-a", "-t", "all", "-o", SQUEUE_FALLBACK_FORMAT]).stdout)
@@ -250,7 +252,10 @@ class CliBackend(Backend):
         nodes = attach_switches(nodes, self.topology())
         log.debug(
             "snapshot jobs=%d nodes=%d partitions=%d duration_s=%.3f",
-            len(jobs), len(nodes), len(partitions), time.monotonic() - start,
+            len(jobs),
+            len(nodes),
+            len(partitions),
+            time.monotonic() - start,
         )
         return ClusterSnapshot(
             nodes=tuple(nodes), jobs=tuple(jobs), partitions=tuple(partitions), taken_at=taken_at, source=self.name
@@ -287,10 +292,20 @@ class CliBackend(Backend):
             proc = self.run(argv, stdin=render_stdin(action), cwd=cwd)
         except SlurmError as exc:
             duration_s = time.monotonic() - start
-            log.warning("slurm action failed action=%s error=%s message=%s", kind, type(exc).__name__,
-                        exc.slurm_message or exc.message)
-            return ActionResult(action, ok=False, message=exc.slurm_message or exc.message,
-                                duration_s=duration_s, error=exc, argv=tuple(exc.argv or self._resolve(argv)))
+            log.warning(
+                "slurm action failed action=%s error=%s message=%s",
+                kind,
+                type(exc).__name__,
+                exc.slurm_message or exc.message,
+            )
+            return ActionResult(
+                action,
+                ok=False,
+                message=exc.slurm_message or exc.message,
+                duration_s=duration_s,
+                error=exc,
+                argv=tuple(exc.argv or self._resolve(argv)),
+            )
         duration_s = time.monotonic() - start
         job_id = None
         if isinstance(action, Submit):
@@ -300,5 +315,6 @@ class CliBackend(Backend):
                 log.error("sbatch succeeded but its job id is unreadable error=%s", exc)
         message = "\n".join(s for s in (proc.stdout.strip(), proc.stderr.strip()) if s)
         log.info("slurm action applied action=%s job_id=%s duration_s=%.3f", kind, job_id, duration_s)
-        return ActionResult(action, ok=True, job_id=job_id, message=message, duration_s=duration_s,
-                            argv=tuple(self._resolve(argv)))
+        return ActionResult(
+            action, ok=True, job_id=job_id, message=message, duration_s=duration_s, argv=tuple(self._resolve(argv))
+        )

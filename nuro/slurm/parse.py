@@ -98,8 +98,8 @@ def _job_from_squeue(d: Mapping[str, Any]) -> JobInfo:
     gpus_per_node = gpu_count_from_gres(tres_per_node)
     gpus_total = gpus_from_tres(as_str(d.get("tres_alloc_str"))) or gpus_from_tres(as_str(d.get("tres_req_str")))
     if not gpus_total:
-        gpus_total = gpus_per_node * max(node_count, 1) if gpus_per_node else gpu_count_from_gres(
-            as_str(d.get("tres_per_job"))
+        gpus_total = (
+            gpus_per_node * max(node_count, 1) if gpus_per_node else gpu_count_from_gres(as_str(d.get("tres_per_job")))
         )
     if not gpus_per_node and gpus_total and node_count:
         gpus_per_node = gpus_total // node_count

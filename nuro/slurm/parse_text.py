@@ -130,7 +130,7 @@ _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
 def parse_version(text: str) -> SlurmVersion:
-    """"slurm 22.05.8" / "slurm-wlm 22.05.8" / "22.05.8" → SlurmVersion(22, 5, 8)."""
+    """Parse "slurm 22.05.8" / "slurm-wlm 22.05.8" / "22.05.8" → SlurmVersion(22, 5, 8)."""
     match = _VERSION.search(text or "")
     if not match:
         raise SlurmParseError(f"no Slurm version in {text[:120]!r}")

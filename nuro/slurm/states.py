@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 
 log = logging.getLogger(__name__)
 
 
-class JobPhase(str, Enum):
+class JobPhase(StrEnum):
     """Where a Slurm job is in its life, as nuro reasons about it."""
 
     PENDING = "PENDING"
@@ -154,9 +154,7 @@ def to_phase(raw: str | None) -> JobPhase:
         first = key not in _warned
         _warned.add(key)
     if first:
-        log.warning(
-            "unknown slurm job state raw=%r: treated as UNKNOWN; add it to nuro.slurm.states.SLURM_STATES", raw
-        )
+        log.warning("unknown slurm job state raw=%r: treated as UNKNOWN; add it to nuro.slurm.states.SLURM_STATES", raw)
     return JobPhase.UNKNOWN
 
 

@@ -30,7 +30,7 @@ TEST_USERS = ("nuro-alice", "nuro-bob")
 
 
 @dataclass
-class TestCluster:
+class LiveCluster:
     layout: Layout
     backend: CliBackend
     env: dict[str, str]
@@ -56,7 +56,7 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, int
         time.sleep(interval_s)
 
 
-def _ensure_users(cluster: TestCluster) -> None:
+def _ensure_users(cluster: LiveCluster) -> None:
     for user in TEST_USERS:
         try:
             pwd.getpwnam(user)
@@ -67,14 +67,14 @@ def _ensure_users(cluster: TestCluster) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[TestCluster]:
+def cluster() -> Iterator[LiveCluster]:
     if os.geteuid() != 0:
         pytest.fail("integration tests need root: they start a real Slurm cluster (run 'make test' as root)")
     layout = Layout(TEST_STATE_DIR.absolute())
     manager.down(layout, purge=True)
     manager.up(layout, TEST_NODES, TEST_PORT_BASE)
     env = manager.env_exports(layout)
-    tc = TestCluster(layout=layout, backend=CliBackend(env=env), env=env)
+    tc = LiveCluster(layout=layout, backend=CliBackend(env=env), env=env)
     try:
         _ensure_users(tc)
         yield tc

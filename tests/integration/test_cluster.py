@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 
 from nuro.slurm import JobInfo, JobPhase, SlurmError
-from tests.integration.conftest import TEST_ACCOUNT, TestCluster, wait_until
+from tests.integration.conftest import TEST_ACCOUNT, LiveCluster, wait_until
 
 pytestmark = pytest.mark.slurm
 
 TERMINAL = {JobPhase.COMPLETED, JobPhase.FAILED, JobPhase.CANCELLED, JobPhase.TIMEOUT, JobPhase.NODE_FAIL}
 
 
-def _job(cluster: TestCluster, job_id: int) -> JobInfo | None:
+def _job(cluster: LiveCluster, job_id: int) -> JobInfo | None:
     return next((j for j in cluster.backend.jobs() if j.job_id == job_id), None)
 
 
-def _wait_phase(cluster: TestCluster, job_id: int, phases: set[JobPhase], timeout_s: float = 60) -> JobInfo:
+def _wait_phase(cluster: LiveCluster, job_id: int, phases: set[JobPhase], timeout_s: float = 60) -> JobInfo:
     def reached():
         job = _job(cluster, job_id)
         return job if job is not None and job.phase in phases else None
@@ -31,14 +31,14 @@ def _wait_phase(cluster: TestCluster, job_id: int, phases: set[JobPhase], timeou
     return wait_until(reached, timeout_s, f"job {job_id} to reach {sorted(p.value for p in phases)}")
 
 
-def _run_to_end(cluster: TestCluster, script: str, out: Path, *args: str) -> tuple[JobInfo, list[str]]:
+def _run_to_end(cluster: LiveCluster, script: str, out: Path, *args: str) -> tuple[JobInfo, list[str]]:
     job_id = cluster.backend.submit(script, f"--output={out}", *args)
     job = _wait_phase(cluster, job_id, TERMINAL)
     assert job.phase == JobPhase.COMPLETED, f"job {job_id} ended {job.state}: {out.read_text()}"
     return job, out.read_text().split("\n")
 
 
-def _cancel_quietly(cluster: TestCluster, job_id: int) -> None:
+def _cancel_quietly(cluster: LiveCluster, job_id: int) -> None:
     """Clean-up cancel: a job that already ended makes scancel complain, which is fine here."""
     with contextlib.suppress(SlurmError):
         cluster.backend.cancel(job_id)
@@ -48,7 +48,7 @@ def _task_lines(lines: list[str]) -> list[list[str]]:
     return [line.split() for line in lines if line.startswith("TASK ")]
 
 
-def test_four_node_gang_starts_together(cluster: TestCluster, shared_tmp: Path) -> None:
+def test_four_node_gang_starts_together(cluster: LiveCluster, shared_tmp: Path) -> None:
     script = (
         "#!/bin/bash\n#SBATCH --nodes=4 --ntasks-per-node=1 --job-name=gang4\n"
         "srun bash -c 'echo TASK $SLURMD_NODENAME $(date +%s.%N)'\n"
@@ -62,7 +62,7 @@ def test_four_node_gang_starts_together(cluster: TestCluster, shared_tmp: Path) 
     assert max(starts) - min(starts) < 1.0, f"tasks started {max(starts) - min(starts):.3f} s apart"
 
 
-def test_switches_one_lands_on_a_single_leaf(cluster: TestCluster, shared_tmp: Path) -> None:
+def test_switches_one_lands_on_a_single_leaf(cluster: LiveCluster, shared_tmp: Path) -> None:
     """With gpu001 busy, leaf01 has only 3 free nodes: a 4-node --switches=1 job must take leaf02 whole."""
     leaf_of = {n.name: n.switch for n in cluster.backend.nodes()}
     assert leaf_of["gpu001"] == "leaf01" and leaf_of["gpu008"] == "leaf02", leaf_of
@@ -79,7 +79,7 @@ def test_switches_one_lands_on_a_single_leaf(cluster: TestCluster, shared_tmp: P
         _cancel_quietly(cluster, blocker)
 
 
-def test_eight_gpus_visible_on_every_node(cluster: TestCluster, shared_tmp: Path) -> None:
+def test_eight_gpus_visible_on_every_node(cluster: LiveCluster, shared_tmp: Path) -> None:
     script = (
         "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --gpus-per-node=8\n"
         "srun bash -c 'echo TASK $SLURMD_NODENAME $SLURM_GPUS_ON_NODE $CUDA_VISIBLE_DEVICES'\n"
@@ -93,7 +93,7 @@ def test_eight_gpus_visible_on_every_node(cluster: TestCluster, shared_tmp: Path
     assert job.gpus_per_node == 8
 
 
-def test_drained_node_takes_no_job_until_resumed(cluster: TestCluster, shared_tmp: Path) -> None:
+def test_drained_node_takes_no_job_until_resumed(cluster: LiveCluster, shared_tmp: Path) -> None:
     backend = cluster.backend
     backend.drain("gpu008", "nuro test: drain")
     try:
@@ -115,7 +115,7 @@ def test_drained_node_takes_no_job_until_resumed(cluster: TestCluster, shared_tm
     assert not next(n for n in backend.nodes() if n.name == "gpu008").is_drained
 
 
-def test_adapter_reads_back_what_sbatch_set(cluster: TestCluster, shared_tmp: Path) -> None:
+def test_adapter_reads_back_what_sbatch_set(cluster: LiveCluster, shared_tmp: Path) -> None:
     """A job submitted by a team member with plain sbatch is read back field by field through the adapter."""
     comment = '{"nuro":1,"run":"r-123"}'
     res = cluster.run(

@@ -32,33 +32,38 @@ def _tree(pid: int) -> list[psutil.Process]:
     return [root, *root.children(recursive=True)]
 
 
+def _up_run_a_job_then_down(layout: Layout, tmp_path: Path) -> None:
+    manager.up(layout, 2, PORT_BASE)
+    record = read_record(layout.record)
+    assert record is not None and record.phase == Phase.RUNNING and record.supervisor is not None
+    supervisor_pid = record.supervisor.pid
+    backend = CliBackend(env=manager.env_exports(layout))
+    assert sorted(n.name for n in backend.nodes()) == ["gpu001", "gpu002"]
+    # A running job adds slurmstepd and job processes that slurmd double-forked: down must stop them too.
+    job_id = backend.submit("#!/bin/bash\nsrun sleep 600\n", "--nodes=2", f"--output={tmp_path}/j.out")
+    wait_until(
+        lambda: any(j.job_id == job_id and j.phase == JobPhase.RUNNING for j in backend.jobs()),
+        30,
+        "the sleep job to run",
+    )
+    wait_until(
+        lambda: sum("sleep" in " ".join(p.cmdline()) for p in _tree(supervisor_pid)[1:]) >= 2,
+        15,
+        "the job's sleep processes to exist on both nodes",
+    )
+    started = _tree(supervisor_pid)
+    assert len(started) >= 1 + 4 + 2 + 2  # supervisor, 4 core daemons, 2 slurmd, job processes
+    stopped = manager.down(layout)
+    assert "supervisor" in stopped and "slurmctld" in stopped
+    still = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not still, f"left behind: {[(p.pid, p.cmdline()) for p in still]}"
+    assert manager.status(layout)["phase"] == "down"
+
+
 def test_down_stops_everything_up_started_and_up_works_again(tmp_path: Path) -> None:
     layout = Layout(tmp_path / "cluster")
-    for _attempt in range(2):
-        manager.up(layout, 2, PORT_BASE)
-        record = read_record(layout.record)
-        assert record is not None and record.phase == Phase.RUNNING and record.supervisor is not None
-        backend = CliBackend(env=manager.env_exports(layout))
-        assert sorted(n.name for n in backend.nodes()) == ["gpu001", "gpu002"]
-        # A running job adds slurmstepd and job processes that slurmd double-forked: down must stop them too.
-        job_id = backend.submit("#!/bin/bash\nsrun sleep 600\n", "--nodes=2", f"--output={tmp_path}/j.out")
-        wait_until(
-            lambda: any(j.job_id == job_id and j.phase == JobPhase.RUNNING for j in backend.jobs()),
-            30,
-            "the sleep job to run",
-        )
-        wait_until(
-            lambda: any("sleep" in " ".join(p.cmdline()) for p in _tree(record.supervisor.pid)[1:]),
-            15,
-            "the job's sleep processes to exist",
-        )
-        started = _tree(record.supervisor.pid)
-        assert len(started) >= 2 + 5 + 2  # supervisor, 5 core daemons, 2 slurmd, + job processes
-        stopped = manager.down(layout)
-        assert "supervisor" in stopped and "slurmctld" in stopped
-        still = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-        assert not still, f"left behind: {[(p.pid, p.cmdline()) for p in still]}"
-        assert manager.status(layout)["phase"] == "down"
+    _up_run_a_job_then_down(layout, tmp_path)
+    _up_run_a_job_then_down(layout, tmp_path)  # a second up on the same state dir works
 
 
 def test_busy_port_is_refused_with_the_fix(tmp_path: Path) -> None:

@@ -1,0 +1,121 @@
+"""nuro's Slurm adapter: read cluster snapshots and apply actions through Slurm's own clients.
+
+Layers (each its own module):
+
+* ``models``, ``states``: frozen value types and the one job-state table;
+* ``hostlist``, ``parse``: pure parsing of everything Slurm prints;
+* ``actions``: frozen actions and their rendering to an exact argv (render is separate from execute);
+* ``errors``: exceptions classified from Slurm's own stderr;
+* ``backend`` (``CliBackend``, the default) and ``pyslurm_backend`` (optional, version-guarded) with
+  ``make_backend``.
+
+Example::
+
+    from nuro.slurm import make_backend
+    backend = make_backend(env={"SLURM_CONF": "/path/slurm.conf"})
+    snap = backend.read_snapshot()
+    job_id = backend.submit("#!/bin/bash\\nsrun hostname\\n", "-N2", "--gres=gpu:8")
+"""
+
+from nuro.slurm.actions import (
+    Action,
+    ActionResult,
+    Cancel,
+    DrainNode,
+    Hold,
+    Release,
+    Requeue,
+    ResumeNode,
+    Signal,
+    Submit,
+    UpdateQos,
+    UpdateSiteFactor,
+    render_argv,
+    render_stdin,
+)
+from nuro.slurm.backend import Backend, CliBackend
+from nuro.slurm.errors import (
+    InvalidJobId,
+    InvalidNodeName,
+    InvalidState,
+    PermissionDenied,
+    SlurmCommandNotFound,
+    SlurmError,
+    SlurmParseError,
+    SlurmTimeout,
+    SlurmUnavailable,
+    SubmissionRejected,
+    classify_error,
+)
+from nuro.slurm.hostlist import HostlistError
+from nuro.slurm.hostlist import compress as compress_hostlist
+from nuro.slurm.hostlist import expand as expand_hostlist
+from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
+from nuro.slurm.parse import (
+    attach_switches,
+    parse_sacct_json,
+    parse_sacctmgr_parsable,
+    parse_sbatch_parsable,
+    parse_scontrol_show_oneliner,
+    parse_scontrol_show_topology,
+    parse_sinfo_json,
+    parse_squeue_format,
+    parse_squeue_json,
+    parse_version,
+)
+from nuro.slurm.pyslurm_backend import BackendPreference, PyslurmBackend, make_backend
+from nuro.slurm.states import SLURM_STATES, JobPhase, to_phase
+
+__all__ = [
+    "Action",
+    "ActionResult",
+    "Backend",
+    "BackendPreference",
+    "Cancel",
+    "CliBackend",
+    "ClusterSnapshot",
+    "DrainNode",
+    "Hold",
+    "HostlistError",
+    "InvalidJobId",
+    "InvalidNodeName",
+    "InvalidState",
+    "JobInfo",
+    "JobPhase",
+    "NodeInfo",
+    "PartitionInfo",
+    "PermissionDenied",
+    "PyslurmBackend",
+    "Release",
+    "Requeue",
+    "ResumeNode",
+    "SLURM_STATES",
+    "Signal",
+    "SlurmCommandNotFound",
+    "SlurmError",
+    "SlurmParseError",
+    "SlurmTimeout",
+    "SlurmUnavailable",
+    "SlurmVersion",
+    "SubmissionRejected",
+    "Submit",
+    "UpdateQos",
+    "UpdateSiteFactor",
+    "attach_switches",
+    "classify_error",
+    "compress_hostlist",
+    "expand_hostlist",
+    "make_backend",
+    "parse_sacct_json",
+    "parse_sacctmgr_parsable",
+    "parse_sbatch_parsable",
+    "parse_scontrol_show_oneliner",
+    "parse_scontrol_show_topology",
+    "parse_sinfo_json",
+    "parse_squeue_format",
+    "parse_squeue_json",
+    "parse_version",
+    "render_argv",
+    "render_stdin",
+    "to_phase",
+]
