@@ -31,7 +31,7 @@ TERMINAL = {JobPhase.COMPLETED, JobPhase.FAILED, JobPhase.CANCELLED, JobPhase.TI
 
 
 def main() -> int:
-    out = Console()
+    out = Console(soft_wrap=True)
     layout = Layout(default_state_dir())
     out.print(f"[bold]1.[/] bringing up the local Slurm cluster in {layout.root} …")
     res = manager.up(layout, DEFAULT_NODES, DEFAULT_PORT_BASE)
@@ -64,13 +64,13 @@ def main() -> int:
     )
     first = min(float(t[3]) for t in tasks)
     table = Table(title=f"job {job_id}: {job.node_count} nodes, {job.gpus_per_node} GPUs per node, state {job.state}")
-    for col in ("rank", "node", "leaf switch", "started (UTC)", "+ms after first", "CUDA_VISIBLE_DEVICES"):
+    for col in ("rank", "node", "leaf", "started (UTC)", "+ms", "GPUs (CUDA_VISIBLE_DEVICES)"):
         table.add_column(col)
     for _, node, rank, ts, gpus in tasks:
         t = float(ts)
         table.add_row(
             rank, node, leaf.get(node) or "-", time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}",
-            f"{(t - first) * 1000:.1f}", gpus,
+            f"{(t - first) * 1000:.1f}", f"{len(gpus.split(','))} ({gpus})",
         )  # fmt: skip
     out.print("[bold]3.[/] result")
     out.print(table)

@@ -53,6 +53,13 @@ def _quiet(argv: list[str], env: dict[str, str], timeout_s: float = 15.0) -> sub
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
+def _children(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
 class Supervisor:
     def __init__(self, layout: Layout, n_nodes: int, port_base: int) -> None:
         self.layout = layout
@@ -202,8 +209,11 @@ class Supervisor:
 
         slurmds = [n for n in by_name if n.startswith("slurmd:")]
         stop_processes(live(slurmds), 10, "slurmd")
+        # Orphans re-parented to us (slurmstepd, which slurmd double-forks) and their job processes. Children of
+        # the core daemons (slurmctld's slurmscriptd) are left to the daemon that owns them.
         core = {d.pid for d in self.record.daemons}
-        adopted = [p for p in me.children(recursive=True) if p.pid not in core]
+        orphans = [p for p in me.children() if p.pid not in core]
+        adopted = orphans + [c for p in orphans for c in _children(p)]
         if adopted:
             log.info("stopping %d adopted job processes: %s", len(adopted), [p.pid for p in adopted])
             stop_processes(adopted, 5, "job process")
