@@ -53,9 +53,11 @@ from nuro.slurm.hostlist import expand as expand_hostlist
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
 from nuro.slurm.parse import (
     attach_switches,
+    parse_sacct_exitcodes,
     parse_sacct_json,
     parse_sacctmgr_parsable,
     parse_sbatch_parsable,
+    parse_scontrol_partitions,
     parse_scontrol_show_oneliner,
     parse_scontrol_show_topology,
     parse_sinfo_json,
@@ -106,9 +108,11 @@ __all__ = [
     "compress_hostlist",
     "expand_hostlist",
     "make_backend",
+    "parse_sacct_exitcodes",
     "parse_sacct_json",
     "parse_sacctmgr_parsable",
     "parse_sbatch_parsable",
+    "parse_scontrol_partitions",
     "parse_scontrol_show_oneliner",
     "parse_scontrol_show_topology",
     "parse_sinfo_json",

@@ -12,7 +12,9 @@ Fallbacks of ``CliBackend`` (STYLE T5), each logged when taken:
 * switches: ``scontrol show topology``, read once per backend and cached (topology only changes with a slurmctld
   restart; ``refresh_topology()`` forgets it). If it fails for a reason other than an unreachable controller,
   nodes get ``switch=None`` and one warning is logged.
-* finished jobs: ``sacct --json -j a,b,...`` (one call for many jobs, STYLE S2).
+* partitions: ``scontrol show -o partition`` (22.05's ``sinfo --json`` has none); on failure, derived from nodes.
+* finished jobs: ``sacct --json -j a,b,...`` (one call for many jobs, STYLE S2), plus one text ``sacct`` call
+  for exit codes when 22.05's JSON lost them.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from nuro.slurm.actions import (
@@ -43,17 +46,20 @@ from nuro.slurm.actions import (
     render_stdin,
 )
 from nuro.slurm.errors import SlurmCommandNotFound, SlurmError, SlurmTimeout, SlurmUnavailable, classify_error
-from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, SlurmVersion
+from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
 from nuro.slurm.parse import (
     SQUEUE_FALLBACK_FORMAT,
     attach_switches,
+    parse_sacct_exitcodes,
     parse_sacct_json,
     parse_sbatch_parsable,
+    parse_scontrol_partitions,
     parse_scontrol_show_topology,
     parse_sinfo_json,
     parse_squeue_format,
     parse_squeue_json,
     parse_version,
+    partitions_from_nodes,
 )
 
 log = logging.getLogger(__name__)
@@ -243,12 +249,27 @@ class CliBackend(Backend):
         nodes, _ = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
         return attach_switches(nodes, self.topology())
 
+    def partitions(self, nodes: list[NodeInfo]) -> list[PartitionInfo]:
+        """``scontrol show -o partition``; if that fails (other than an unreachable controller), the partitions
+        seen through the nodes' memberships (state "UNKNOWN", no default flag)."""
+        try:
+            return parse_scontrol_partitions(self.run(["scontrol", "show", "-o", "partition"]).stdout)
+        except SlurmUnavailable:
+            raise
+        except SlurmError as exc:
+            log.warning("scontrol show partition failed: partitions derived from nodes error=%s", exc)
+            return partitions_from_nodes(nodes)
+
     def read_snapshot(self) -> ClusterSnapshot:
-        """One ``squeue --json`` + one ``sinfo --json`` (+ ``scontrol show topology`` the first time)."""
+        """``squeue --json`` + ``sinfo --json`` + ``scontrol show -o partition`` (+ topology the first time).
+
+        The partition call exists because 22.05's ``sinfo --json`` prints nodes only, no partitions.
+        """
         taken_at = datetime.now(UTC)
         start = time.monotonic()
         jobs = self.jobs()
-        nodes, partitions = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
+        nodes, _ = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
+        partitions = self.partitions(nodes)
         nodes = attach_switches(nodes, self.topology())
         log.debug(
             "snapshot jobs=%d nodes=%d partitions=%d duration_s=%.3f",
@@ -262,12 +283,23 @@ class CliBackend(Backend):
         )
 
     def finished_jobs(self, job_ids: Iterable[int | str]) -> list[JobInfo]:
-        """One ``sacct --json -j a,b,...``; the latest record per job id, in the order asked for."""
-        wanted = [str(j) for j in dict.fromkeys(str(j).strip() for j in job_ids) if str(j)]
+        """One ``sacct --json -j a,b,...``: the latest record per job id, in the order asked for.
+
+        Because 22.05's sacct JSON loses non-zero exit codes (see ``parse._sacct_exit``), records that finished
+        without a known exit code get it from one more call, ``sacct -n -P -X -o JobIDRaw,ExitCode,State``.
+        """
+        wanted = list(dict.fromkeys(str(j).strip() for j in job_ids if str(j).strip()))
         if not wanted:
             return []
         records = parse_sacct_json(self.run(["sacct", "--json", "-j", ",".join(wanted)]).stdout)
         latest = {str(r.job_id): r for r in records}
+        unknown = [j for j, r in latest.items() if r.is_finished and r.exit_code is None and r.exit_signal is None]
+        if unknown:
+            argv = ["sacct", "-n", "-P", "-X", "-o", "JobIDRaw,ExitCode,State", "-j", ",".join(unknown)]
+            codes = parse_sacct_exitcodes(self.run(argv).stdout)
+            for j in unknown:
+                code, sig = codes.get(int(j), (None, None)) if j.isdigit() else (None, None)
+                latest[j] = replace(latest[j], exit_code=code, exit_signal=sig)
         return [latest[j] for j in wanted if j in latest]
 
     def version(self) -> SlurmVersion:

@@ -97,7 +97,11 @@ _RULES: tuple[tuple[re.Pattern[str], type[SlurmError]], ...] = (
         ),
         SlurmUnavailable,
     ),
-    (re.compile(r"Access/permission denied|Permission denied|Only admin|not authorized", re.I), PermissionDenied),
+    (
+        # "Invalid user id" is what 22.05 says when a non-operator updates a node or someone else's job.
+        re.compile(r"Access/permission denied|Permission denied|Only admin|not authorized|Invalid user id", re.I),
+        PermissionDenied,
+    ),
     (re.compile(r"Invalid job id|Invalid job_id|Invalid job array", re.I), InvalidJobId),
     (re.compile(r"Invalid node name", re.I), InvalidNodeName),
     (

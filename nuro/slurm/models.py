@@ -106,8 +106,11 @@ class JobInfo:
         gpus_total: GPUs allocated (running/finished) or requested (pending) for the whole job.
         comment: the job comment (nuro keeps its run metadata JSON here); sacct only has it when
             AccountingStoreFlags=job_comment is set.
-        start_time: for a PENDING job this is Slurm's backfill estimate or None; for a running one the real start.
-        end_time: for a RUNNING job Slurm's expected end (start + time limit); the real end once finished.
+        eligible_time: when the job may start (after a requeue: requeue time + cred_expire + 1 s).
+        start_time: None while PENDING (22.05 reports leftovers there); the real start once started.
+        end_time: None while PENDING; for a RUNNING job Slurm's expected end (start + time limit, a year for
+            UNLIMITED); the real end once finished. Right after a requeue the job is briefly COMPLETING with a
+            meaningless end_time.
         exit_code / exit_signal: the batch script's exit status and killing signal; None while not finished.
         requeue: whether Slurm may requeue the job (--requeue / JobRequeue); sacct does not report it (False).
     """
@@ -131,6 +134,7 @@ class JobInfo:
     comment: str = ""
     requeue: bool = False
     submit_time: datetime | None = None
+    eligible_time: datetime | None = None
     start_time: datetime | None = None
     end_time: datetime | None = None
     exit_code: int | None = None

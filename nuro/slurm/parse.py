@@ -7,13 +7,18 @@ Shapes are Slurm 22.05's, which prints the REST API's v0.0.38 documents from the
 ``src/plugins/openapi/v0.0.38/jobs.c``, sinfo via ``nodes.c``/``partitions.c``, sacct via
 ``src/plugins/openapi/dbv0.0.38``). Things to know about them, checked against that source:
 
-* times are integer epoch seconds, 0 when unset; squeue's ``exit_code`` is a raw wait(2) status (256 = exit 1);
-  sacct's is a dict ``{"status": "SUCCESS"|"ERROR"|"SIGNALED"|..., "return_code": n, "signal": {...}}``;
+* times are integer epoch seconds, 0 when unset; squeue's ``exit_code`` is a raw wait(2) status (768 = exit 3,
+  15 = killed by SIGTERM); sacct's is a dict ``{"status": ..., "return_code": n, "signal": {...}}`` that loses
+  non-zero exit codes (a 22.05 bug, see ``_sacct_exit``);
 * a node's ``state`` is the lower-case base state ("idle", "mixed") and its flags are separate
-  (``state_flags: ["DRAIN"]``); we compose Slurm's usual "IDLE+DRAIN";
-* GPUs per job are only in strings: ``tres_per_node`` ("gres:gpu:8"), ``tres_alloc_str`` ("...,gres/gpu=16");
+  (``state_flags: ["DRAIN"]``); we compose Slurm's usual "IDLE+DRAIN" / "MIXED+DRAIN" (draining);
+* ``sinfo --json`` has NO partitions in 22.05, only each node's partition names;
+* GPUs per job are only in strings: ``tres_per_node`` ("gres:gpu:8", also for --gpus-per-node),
+  ``tres_alloc_str`` ("...,gres/gpu=16");
 * 22.05's ``squeue --json`` ignores squeue's filters (-j, -u, -t) and lists every job slurmctld holds, including
   ones finished within MinJobAge; filter client-side;
+* with slurmctld unreachable, ``squeue --json``/``sinfo --json`` exit 0 with an empty list and an ``errors``
+  entry: every reported error raises here (``_reported_error``), so "no answer" never reads as "no jobs";
 * no topology switch is reported anywhere in JSON; it is attached from ``scontrol show topology``.
 """
 
@@ -34,53 +39,90 @@ from nuro.slurm._fields import (
     gpus_from_tres,
     node_state_text,
 )
-from nuro.slurm.errors import SlurmParseError
+from nuro.slurm.errors import SlurmError, SlurmParseError, SlurmUnavailable, classify_error
 from nuro.slurm.models import JobInfo, NodeInfo, PartitionInfo
 from nuro.slurm.parse_text import (
     SQUEUE_FALLBACK_FORMAT,
     attach_switches,
+    parse_sacct_exitcodes,
     parse_sacctmgr_parsable,
     parse_sbatch_parsable,
+    parse_scontrol_partitions,
     parse_scontrol_show_oneliner,
     parse_scontrol_show_topology,
     parse_squeue_format,
     parse_version,
 )
-from nuro.slurm.states import to_phase
+from nuro.slurm.states import JobPhase, to_phase
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "SQUEUE_FALLBACK_FORMAT",
     "attach_switches",
+    "parse_sacct_exitcodes",
     "parse_sacct_json",
     "parse_sacctmgr_parsable",
     "parse_sbatch_parsable",
+    "parse_scontrol_partitions",
     "parse_scontrol_show_oneliner",
     "parse_scontrol_show_topology",
     "parse_sinfo_json",
     "parse_squeue_format",
     "parse_squeue_json",
     "parse_version",
+    "partitions_from_nodes",
 ]
 
 _NOT_ARRAY = {0, 0xFFFFFFFE, 0xFFFFFFFF}
+_SACCT_NOTHING_FOUND = frozenset({9003})  # ESLURM_REST_EMPTY_RESULT: "Nothing found with query"
 
 
-def _load(text: str, what: str, key: str) -> dict[str, Any]:
-    """Decode a Slurm JSON document and check it has ``key``; Slurm's own ``errors`` are logged or raised."""
+def _reported_error(what: str, errors: list[Any]) -> SlurmError:
+    """The exception for Slurm errors carried inside a JSON document (the command itself exited 0).
+
+    22.05 quirk: with slurmctld unreachable, ``squeue --json`` and ``sinfo --json`` exit 0 and print an empty list
+    plus ``"errors": [{"error": "Unspecified error", "errno"/"error_number": -1, ...}]``. Reading that as "no jobs"
+    would be wrong, so any reported error raises. An unspecific -1 from a full listing (no filter can be invalid)
+    is a communication failure in practice: ``SlurmUnavailable``.
+    """
+    texts = []
+    for err in errors:
+        if isinstance(err, Mapping):
+            parts = [as_str(err.get(k)) for k in ("source", "description", "error") if err.get(k)]
+            texts.append(": ".join(parts))
+        else:
+            texts.append(str(err))
+    message = f"{what} reported: " + "; ".join(texts)
+    exc = classify_error((), 0, message)
+    if type(exc) is SlurmError and any(
+        isinstance(e, Mapping) and as_int(e.get("error_number", e.get("errno")), default=0) == -1 for e in errors
+    ):
+        exc = SlurmUnavailable(message + " (slurmctld unreachable?)", slurm_message=message)
+    return exc
+
+
+def _load(text: str, what: str, key: str, benign_errors: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """Decode a Slurm JSON document, check it has ``key`` and raise on Slurm's own ``errors``.
+
+    Errors whose number is in ``benign_errors`` (e.g. sacct's 9003 "Nothing found") mean an empty result.
+    """
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise SlurmParseError(f"{what}: output is not JSON ({exc}); first bytes: {text[:120]!r}") from exc
     if not isinstance(doc, dict):
         raise SlurmParseError(f"{what}: expected a JSON object, got {type(doc).__name__}")
-    errors = [e for e in doc.get("errors") or [] if e]
-    if key not in doc:
-        detail = f"; Slurm reported: {errors}" if errors else ""
-        raise SlurmParseError(f"{what}: no {key!r} in the document (keys: {sorted(doc)}){detail}")
+    errors = [
+        e
+        for e in doc.get("errors") or []
+        if e
+        and not (isinstance(e, Mapping) and as_int(e.get("error_number", e.get("errno")), default=0) in benign_errors)
+    ]
     if errors:
-        log.warning("%s reported errors=%s: results may be partial", what, errors)
+        raise _reported_error(what, errors)
+    if key not in doc:
+        raise SlurmParseError(f"{what}: no {key!r} in the document (keys: {sorted(doc)})")
     return doc
 
 
@@ -104,6 +146,9 @@ def _job_from_squeue(d: Mapping[str, Any]) -> JobInfo:
     if not gpus_per_node and gpus_total and node_count:
         gpus_per_node = gpus_total // node_count
     exit_code, exit_signal = decode_wait_status(d.get("exit_code")) if phase.is_terminal else (None, None)
+    # 22.05: a PENDING job carries leftovers here (a requeued job: the requeue time as start_time and an end_time
+    # in the 22nd century), so they are dropped; eligible_time is the meaningful "may start after" time.
+    pending = phase is JobPhase.PENDING
     return JobInfo(
         job_id=as_int(d.get("job_id")),
         name=as_str(d.get("name")),
@@ -124,8 +169,9 @@ def _job_from_squeue(d: Mapping[str, Any]) -> JobInfo:
         comment=as_str(d.get("comment")),
         requeue=bool(d.get("requeue")),
         submit_time=epoch_to_dt(d.get("submit_time")),
-        start_time=epoch_to_dt(d.get("start_time")),
-        end_time=epoch_to_dt(d.get("end_time")),
+        eligible_time=epoch_to_dt(d.get("eligible_time")),
+        start_time=None if pending else epoch_to_dt(d.get("start_time")),
+        end_time=None if pending else epoch_to_dt(d.get("end_time")),
         exit_code=exit_code,
         exit_signal=exit_signal,
         array_job_id=_array_id(d.get("array_job_id")),
@@ -188,7 +234,7 @@ def _partition_from_json(d: Mapping[str, Any]) -> PartitionInfo:
     )
 
 
-def _partitions_from_nodes(nodes: list[NodeInfo]) -> list[PartitionInfo]:
+def partitions_from_nodes(nodes: list[NodeInfo]) -> list[PartitionInfo]:
     """Partitions as seen through the nodes' ``partitions`` lists (used when the document has none).
 
     State and the default flag are not knowable from nodes: state is "UNKNOWN" and default False.
@@ -211,28 +257,38 @@ def _partitions_from_nodes(nodes: list[NodeInfo]) -> list[PartitionInfo]:
 def parse_sinfo_json(text: str) -> tuple[list[NodeInfo], list[PartitionInfo]]:
     """Parse ``sinfo --json`` into (nodes, partitions).
 
-    22.05 prints the v0.0.38 ``nodes`` document; when the document carries no ``partitions`` list, partitions are
-    derived from the nodes' memberships (with state "UNKNOWN" and default False, which only
-    ``scontrol show partition`` knows). Switches are None here; see ``attach_switches``.
+    22.05 prints the v0.0.38 ``nodes`` document only; without a ``partitions`` list (always, on 22.05) partitions
+    are derived from the nodes' memberships, with state "UNKNOWN" and default False: only
+    ``scontrol show -o partition`` (``parse_scontrol_partitions``) knows those. Switches are None here; see
+    ``attach_switches``.
     """
     doc = _load(text, "sinfo --json", "nodes")
     nodes = [_node_from_json(n) for n in doc["nodes"] or []]
     if "partitions" in doc:
         partitions = [_partition_from_json(p) for p in doc["partitions"] or []]
     else:
-        partitions = _partitions_from_nodes(nodes)
+        partitions = partitions_from_nodes(nodes)
     return nodes, partitions
 
 
-def _sacct_exit(value: object) -> tuple[int | None, int | None]:
-    """dbv0.0.38 exit code dict → (return code, signal)."""
+def _sacct_exit(value: object, phase: JobPhase) -> tuple[int | None, int | None]:
+    """dbv0.0.38 exit code dict → (return code, signal); None where 22.05 does not really know.
+
+    22.05 bug (``_dump_job_exit_code`` in src/plugins/openapi/dbv0.0.38/parse.c): every normal exit is dumped as
+    ``{"status": "SUCCESS", "return_code": 0}``, so ``exit 3`` reads as success. We trust "SUCCESS" only for a
+    COMPLETED job and otherwise return None; ``CliBackend.finished_jobs`` fills those from sacct's text output.
+    """
     if not isinstance(value, Mapping):
         return decode_wait_status(value)
     status = as_str(value.get("status")).upper()
-    if status in ("", "PENDING"):
-        return None, None
     signal = value.get("signal") or {}
     sig = as_int(signal.get("signal_id"), default=0) if isinstance(signal, Mapping) else 0
+    if status == "SIGNALED" and sig:
+        return None, sig
+    if status == "SUCCESS":
+        return (0, None) if phase is JobPhase.COMPLETED else (None, None)
+    if status in ("", "PENDING"):
+        return None, None
     return as_int(value.get("return_code"), default=0), (sig or None)
 
 
@@ -262,7 +318,7 @@ def _job_from_sacct(d: Mapping[str, Any]) -> JobInfo:
     node_count = as_int(d.get("allocation_nodes"))
     gpus_total = _gpus_in_tres_list(tres.get("allocated")) or _gpus_in_tres_list(tres.get("requested"))
     comment = d.get("comment") or {}
-    exit_code, exit_signal = _sacct_exit(d.get("exit_code")) if phase.is_terminal else (None, None)
+    exit_code, exit_signal = _sacct_exit(d.get("exit_code"), phase) if phase.is_terminal else (None, None)
     array = d.get("array") or {}
     qos = d.get("qos")
     return JobInfo(
@@ -282,6 +338,7 @@ def _job_from_sacct(d: Mapping[str, Any]) -> JobInfo:
         gpus_total=gpus_total,
         comment=as_str(comment.get("job")) if isinstance(comment, Mapping) else as_str(comment),
         submit_time=epoch_to_dt(times.get("submission")),
+        eligible_time=epoch_to_dt(times.get("eligible")),
         start_time=epoch_to_dt(times.get("start")),
         end_time=epoch_to_dt(times.get("end")),
         exit_code=exit_code,
@@ -298,5 +355,5 @@ def parse_sacct_json(text: str) -> list[JobInfo]:
     slurm.conf has ``AccountingStoreFlags=job_comment``. A requeued job may appear once per run when sacct is
     called with ``--duplicates``; otherwise the latest run only.
     """
-    doc = _load(text, "sacct --json", "jobs")
+    doc = _load(text, "sacct --json", "jobs", benign_errors=_SACCT_NOTHING_FOUND)
     return [_job_from_sacct(j) for j in doc["jobs"] or []]

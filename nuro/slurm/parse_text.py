@@ -13,9 +13,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
 from nuro.slurm import hostlist
-from nuro.slurm._fields import as_int, gpu_count_from_gres, text_to_dt
+from nuro.slurm._fields import as_int, decode_exit_pair, gpu_count_from_gres, text_to_dt
 from nuro.slurm.errors import SlurmParseError
-from nuro.slurm.models import JobInfo, NodeInfo, SlurmVersion
+from nuro.slurm.models import JobInfo, NodeInfo, PartitionInfo, SlurmVersion
 from nuro.slurm.states import to_phase
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,38 @@ def parse_scontrol_show_topology(text: str) -> dict[str, str]:
 def attach_switches(nodes: Iterable[NodeInfo], switch_of: dict[str, str]) -> list[NodeInfo]:
     """Copies of ``nodes`` with ``switch`` set from a ``parse_scontrol_show_topology`` map (None if absent)."""
     return [replace(n, switch=switch_of.get(n.name)) for n in nodes]
+
+
+def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
+    """Partitions from ``scontrol show -o partition`` (22.05's ``sinfo --json`` has no partition list)."""
+    parts = []
+    for rec in parse_scontrol_show_oneliner(text):
+        if "PartitionName" not in rec:
+            continue
+        parts.append(
+            PartitionInfo(
+                name=rec["PartitionName"],
+                nodes=tuple(hostlist.expand(rec.get("Nodes"))),
+                state=rec.get("State", "UNKNOWN").upper(),
+                total_cpus=as_int(rec.get("TotalCPUs")),
+                total_nodes=as_int(rec.get("TotalNodes")),
+                default=rec.get("Default", "NO").upper() == "YES",
+            )
+        )
+    return parts
+
+
+def parse_sacct_exitcodes(text: str) -> dict[int, tuple[int | None, int | None]]:
+    """``sacct -n -P -X -o JobIDRaw,ExitCode,State`` → {job id: (exit code, signal)}.
+
+    Why: 22.05's ``sacct --json`` reports every normal exit as success (see ``parse._sacct_exit``); the text
+    form "3:0" is right. Lines for steps ("123.batch") and array/het ids that are not plain integers are skipped.
+    """
+    out: dict[int, tuple[int | None, int | None]] = {}
+    for row in parse_sacctmgr_parsable(text, ("JobIDRaw", "ExitCode", "State")):
+        if row["JobIDRaw"].isdigit():
+            out[int(row["JobIDRaw"])] = decode_exit_pair(row["ExitCode"])
+    return out
 
 
 def parse_sacctmgr_parsable(text: str, fields: Sequence[str]) -> list[dict[str, str]]:

@@ -1,0 +1,224 @@
+"""CliBackend end to end against fake Slurm commands that replay output captured from the real cluster.
+
+The fake commands are real executables in a temp bin_dir, so the subprocess path (argv lists, env, stdin, cwd,
+timeouts, exit codes) is exercised for real; only slurmctld's answers are replayed from fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+
+from nuro.slurm import (
+    CliBackend,
+    InvalidState,
+    JobPhase,
+    SlurmCommandNotFound,
+    SlurmTimeout,
+    SlurmUnavailable,
+    SubmissionRejected,
+    Submit,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+ERRORS = {c["name"]: c for c in json.loads((FIXTURES / "slurm_errors.json").read_text())}
+COMMANDS = ("squeue", "sinfo", "scontrol", "sacct", "sbatch", "scancel")
+
+FAKE = """#!{python}
+import json, os, sys, time
+argv = [os.path.basename(sys.argv[0])] + sys.argv[1:]
+stdin = sys.stdin.read()
+with open(os.environ["FAKE_LOG"], "a") as log:
+    log.write(json.dumps({{"argv": argv, "stdin": stdin, "cwd": os.getcwd(),
+                          "slurm_conf": os.environ.get("SLURM_CONF")}}) + "\\n")
+key = " ".join(argv)
+for prefix, resp in json.load(open(os.environ["FAKE_TABLE"])):
+    if key.startswith(prefix):
+        time.sleep(resp.get("sleep", 0))
+        if resp.get("file"):
+            sys.stdout.write(open(os.path.join(os.environ["FAKE_FIXTURES"], resp["file"])).read())
+        sys.stdout.write(resp.get("stdout", ""))
+        sys.stderr.write(resp.get("stderr", ""))
+        sys.exit(resp.get("rc", 0))
+sys.stderr.write("fake slurm: no response for " + key + "\\n")
+sys.exit(99)
+"""
+
+
+class FakeSlurm:
+    """A bin_dir of fake Slurm commands answering from a prefix → response table."""
+
+    def __init__(self, root: Path) -> None:
+        self.bin = root / "bin"
+        self.bin.mkdir()
+        self.log = root / "calls.jsonl"
+        self.table_path = root / "table.json"
+        self.table: list[list[object]] = []
+        for name in COMMANDS:
+            path = self.bin / name
+            path.write_text(FAKE.format(python=sys.executable))
+            path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+    def on(self, prefix: str, **resp: object) -> FakeSlurm:
+        self.table.append([prefix, resp])
+        self.table_path.write_text(json.dumps(self.table))
+        return self
+
+    def backend(self, timeout_s: float = 10.0) -> CliBackend:
+        env = {
+            "FAKE_LOG": str(self.log),
+            "FAKE_TABLE": str(self.table_path),
+            "FAKE_FIXTURES": str(FIXTURES),
+            "SLURM_CONF": "/etc/nuro-test/slurm.conf",
+        }
+        return CliBackend(env=env, timeout_s=timeout_s, bin_dir=str(self.bin))
+
+    def calls(self) -> list[dict[str, object]]:
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def argvs(self) -> list[list[str]]:
+        return [c["argv"] for c in self.calls()]  # type: ignore[misc]
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> FakeSlurm:
+    return (
+        FakeSlurm(tmp_path)
+        .on("squeue --json", file="squeue_running_pending.json")
+        .on("sinfo --json", file="sinfo_8nodes.json")
+        .on("sinfo --version", file="sinfo_version.txt")
+        .on("scontrol show -o partition", file="scontrol_show_partition_oneliner.txt")
+        .on("scontrol show topology", file="scontrol_show_topology.txt")
+    )
+
+
+def test_snapshot_from_real_outputs(fake: FakeSlurm, caplog: pytest.LogCaptureFixture) -> None:
+    backend = fake.backend()
+    with caplog.at_level(logging.DEBUG, logger="nuro.slurm.backend"):
+        snap = backend.read_snapshot()
+        backend.read_snapshot()
+    gang = max((j for j in snap.jobs if j.name == "nuro-gang"), key=lambda j: j.job_id)
+    assert snap.job(gang.job_id) == gang and snap.job(str(gang.job_id)) == gang and snap.job(999999) is None
+    assert gang.phase is JobPhase.RUNNING
+    assert snap.node("gpu001").switch == "leaf01" and snap.node("gpu008").switch == "leaf02"
+    assert snap.node("gpu008").is_drained and snap.node("nope") is None
+    assert snap.partition("gpu").default and snap.partition("gpu").state == "UP"
+    assert snap.gpus_total == 64 and snap.taken_at.tzinfo is not None and snap.source == "cli"
+    # topology is read once per backend; squeue/sinfo/partitions once per snapshot; argv are lists, no shell
+    argvs = fake.argvs()
+    assert argvs.count(["scontrol", "show", "topology"]) == 1
+    assert argvs.count(["squeue", "--json"]) == 2 and argvs.count(["sinfo", "--json"]) == 2
+    assert all(c["slurm_conf"] == "/etc/nuro-test/slurm.conf" for c in fake.calls())
+    assert any("argv=" in r.getMessage() and "squeue --json" in r.getMessage() for r in caplog.records)
+    backend.refresh_topology()
+    backend.nodes()
+    assert fake.argvs().count(["scontrol", "show", "topology"]) == 2
+
+
+def test_snapshot_raises_when_controller_down(tmp_path: Path) -> None:
+    fake = FakeSlurm(tmp_path).on("squeue --json", file="squeue_controller_down.json")
+    with pytest.raises(SlurmUnavailable):
+        fake.backend().read_snapshot()
+
+
+def test_squeue_without_json_falls_back_to_format(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    fake = (
+        FakeSlurm(tmp_path)
+        .on("squeue --json", rc=1, stderr="squeue: unrecognized option '--json'\nTry \"squeue --help\"\n")
+        .on("squeue -h -a -t all -o", file="squeue_format_fallback.txt")
+    )
+    backend = fake.backend()
+    with caplog.at_level(logging.WARNING):
+        jobs = backend.jobs()
+        backend.jobs()
+    assert any(j.name == "nuro-gang" and j.phase is JobPhase.RUNNING for j in jobs)
+    assert fake.argvs().count(["squeue", "--json"]) == 1  # the fallback sticks
+    assert sum("no --json" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_submit_sends_script_on_stdin(fake: FakeSlurm, tmp_path: Path) -> None:
+    fake.on("sbatch --parsable", file="sbatch_parsable.txt")
+    backend = fake.backend()
+    script = "#!/bin/bash\nsrun hostname\n"
+    job_id = backend.submit(script, "-N2", "--gres=gpu:8", cwd=str(tmp_path))
+    assert job_id == int((FIXTURES / "sbatch_parsable.txt").read_text().split(";")[0])
+    call = fake.calls()[-1]
+    assert call["argv"] == ["sbatch", "--parsable", f"--chdir={tmp_path}", "-N2", "--gres=gpu:8"]
+    assert call["stdin"] == script and call["cwd"] == str(tmp_path)
+
+
+def test_rejected_submission(tmp_path: Path) -> None:
+    case = ERRORS["sbatch_bad_qos"]
+    fake = FakeSlurm(tmp_path).on("sbatch", rc=case["rc"], stderr=case["stderr"])
+    backend = fake.backend()
+    result = backend.apply(Submit("#!/bin/bash\ntrue\n", ("--qos=nosuchqos",)))
+    assert not result.ok and isinstance(result.error, SubmissionRejected)
+    assert result.message == case["stderr"].strip() and result.job_id is None and result.duration_s >= 0
+    with pytest.raises(SubmissionRejected, match="Invalid qos specification"):
+        backend.submit("#!/bin/bash\ntrue\n", "--qos=nosuchqos")
+
+
+def test_resume_of_a_node_that_is_not_drained(tmp_path: Path) -> None:
+    case = ERRORS["resume_not_drained"]
+    fake = FakeSlurm(tmp_path).on("scontrol update", rc=case["rc"], stderr=case["stderr"])
+    with pytest.raises(InvalidState, match="Invalid node state specified"):
+        fake.backend().resume("gpu001")
+    assert fake.argvs() == [["scontrol", "update", "nodename=gpu001", "state=resume"]]
+
+
+def test_finished_jobs_fills_exit_codes_lost_by_sacct_json(tmp_path: Path) -> None:
+    fake = (
+        FakeSlurm(tmp_path)
+        .on("sacct --json", file="sacct_finished.json")
+        .on("sacct -n -P -X", file="sacct_exitcodes.txt")
+    )
+    ids = [json.loads((FIXTURES / "sacct_finished.json").read_text())["jobs"][i]["job_id"] for i in (2, 0, 1)]
+    jobs = fake.backend().finished_jobs([*ids, ids[0]])
+    assert [j.job_id for j in jobs] == ids  # order asked for, duplicates dropped
+    by_name = {j.name: j for j in jobs}
+    assert by_name["nuro-fail"].exit_code == 3 and by_name["nuro-ok"].exit_code == 0
+    argvs = fake.argvs()
+    assert argvs[0] == ["sacct", "--json", "-j", ",".join(str(i) for i in ids)]
+    assert len(argvs) == 2 and argvs[1][:7] == ["sacct", "-n", "-P", "-X", "-o", "JobIDRaw,ExitCode,State", "-j"]
+    assert fake.backend().finished_jobs([]) == []
+
+
+def test_version_is_read_once(fake: FakeSlurm) -> None:
+    backend = fake.backend()
+    assert str(backend.version()) == "22.05.8" and str(backend.version()) == "22.05.8"
+    assert fake.argvs().count(["sinfo", "--version"]) == 1
+
+
+def test_topology_failure_leaves_switch_unknown(tmp_path: Path) -> None:
+    fake = (
+        FakeSlurm(tmp_path)
+        .on("sinfo --json", file="sinfo_8nodes.json")
+        .on("scontrol show topology", rc=1, stderr="scontrol: error: topology/none\n")
+    )
+    assert all(n.switch is None for n in fake.backend().nodes())
+
+
+def test_timeout(tmp_path: Path) -> None:
+    fake = FakeSlurm(tmp_path).on("squeue", sleep=5)
+    with pytest.raises(SlurmTimeout, match="timeout_s=0.5"):
+        fake.backend(timeout_s=0.5).jobs()
+
+
+def test_command_not_found(tmp_path: Path) -> None:
+    backend = CliBackend(bin_dir=str(tmp_path))
+    with pytest.raises(SlurmCommandNotFound, match="bin_dir"):
+        backend.version()
+    result = backend.apply(Submit("#!/bin/bash\ntrue\n"))
+    assert not result.ok and isinstance(result.error, SlurmCommandNotFound)
+
+
+def test_invalid_timeout_is_refused() -> None:
+    with pytest.raises(ValueError, match="timeout_s"):
+        CliBackend(timeout_s=0)

@@ -1,0 +1,140 @@
+"""squeue/sinfo/sacct --json parsing, on output captured from the real dev cluster (Slurm 22.05.8).
+
+The fixtures come from tests/fixtures/slurm/capture_fixtures.py. They hold jobs of more than one capture run
+(slurmctld remembers finished jobs for MinJobAge), so jobs are looked up by name, newest id first.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+from pathlib import Path
+
+import pytest
+
+from nuro.slurm import JobInfo, JobPhase, SlurmParseError, SlurmUnavailable
+from nuro.slurm.parse import parse_sacct_json, parse_sinfo_json, parse_squeue_json
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+def read(name: str) -> str:
+    return (FIXTURES / name).read_text()
+
+
+def newest(jobs: list[JobInfo], name: str) -> JobInfo:
+    matching = [j for j in jobs if j.name == name]
+    assert matching, f"no job named {name} in fixture"
+    return max(matching, key=lambda j: j.job_id)
+
+
+@pytest.fixture(scope="module")
+def squeue_jobs() -> list[JobInfo]:
+    return parse_squeue_json(read("squeue_running_pending.json"))
+
+
+def test_squeue_running_gang(squeue_jobs: list[JobInfo]) -> None:
+    gang = newest(squeue_jobs, "nuro-gang")
+    assert gang.phase is JobPhase.RUNNING and gang.state == "RUNNING"
+    assert gang.nodes == ("gpu001", "gpu002") and gang.node_count == 2
+    assert gang.gres_per_node == "gres:gpu:8"
+    assert (gang.gpus_per_node, gang.gpus_total) == (8, 16)
+    assert json.loads(gang.comment) == {"run": "x", "team": "vision"}
+    assert gang.requeue is True and gang.restart_count == 0
+    assert gang.user == "root" and gang.account == "root" and gang.qos == "normal" and gang.partition == "gpu"
+    assert gang.priority > 0
+    assert gang.start_time is not None and gang.start_time.tzinfo is UTC
+    assert gang.end_time is not None and gang.end_time > gang.start_time  # expected end: start + limit
+    assert gang.exit_code is None and not gang.is_finished
+
+
+def test_squeue_pending_jobs(squeue_jobs: list[JobInfo]) -> None:
+    big = newest(squeue_jobs, "nuro-big")
+    assert big.phase is JobPhase.PENDING and big.reason == "Resources"
+    assert big.nodes == () and big.node_count == 8
+    assert (big.gpus_per_node, big.gpus_total) == (8, 64)
+    assert big.start_time is None and big.end_time is None and big.submit_time is not None
+
+    held = newest(squeue_jobs, "nuro-held")
+    assert held.phase is JobPhase.PENDING and held.reason == "JobHeldUser" and held.priority == 0
+    assert held.gpus_per_node == 4  # --gpus-per-node=4 shows up as tres_per_node "gres:gpu:4"
+
+
+def test_squeue_finished_jobs_exit_codes(squeue_jobs: list[JobInfo]) -> None:
+    ok = newest(squeue_jobs, "nuro-ok")
+    assert ok.phase is JobPhase.COMPLETED and (ok.exit_code, ok.exit_signal) == (0, None)
+    assert json.loads(ok.comment) == {"run": "ok"} and ok.gpus_total == 0
+    fail = newest(squeue_jobs, "nuro-fail")
+    assert fail.phase is JobPhase.FAILED and fail.reason == "NonZeroExitCode"
+    assert (fail.exit_code, fail.exit_signal) == (3, None)  # raw wait status 768
+    cancel = newest(squeue_jobs, "nuro-cancel")
+    assert cancel.phase is JobPhase.CANCELLED and (cancel.exit_code, cancel.exit_signal) == (None, 15)
+
+
+def test_squeue_requeue_sequence() -> None:
+    # Right after `scontrol requeue` the job is COMPLETING with restart 1; later RUNNING again with restart 1.
+    requeued = newest(parse_squeue_json(read("squeue_requeued.json")), "nuro-small")
+    assert requeued.restart_count == 1 and requeued.phase is JobPhase.COMPLETING
+    restarted = newest(parse_squeue_json(read("squeue_restarted.json")), "nuro-small")
+    assert restarted.restart_count == 1 and restarted.phase is JobPhase.RUNNING
+    assert restarted.nodes and restarted.start_time is not None
+
+
+def test_squeue_controller_down_raises_instead_of_reporting_no_jobs() -> None:
+    # 22.05 exits 0 here and prints {"errors": [...], "jobs": []}.
+    with pytest.raises(SlurmUnavailable, match="Unspecified error"):
+        parse_squeue_json(read("squeue_controller_down.json"))
+
+
+def test_squeue_garbage_is_a_parse_error() -> None:
+    with pytest.raises(SlurmParseError, match="not JSON"):
+        parse_squeue_json("squeue: error: something\n")
+    with pytest.raises(SlurmParseError, match="no 'jobs'"):
+        parse_squeue_json('{"meta": {}, "errors": []}')
+
+
+def test_sinfo_nodes_and_derived_partitions() -> None:
+    nodes, partitions = parse_sinfo_json(read("sinfo_8nodes.json"))
+    by_name = {n.name: n for n in nodes}
+    assert sorted(by_name) == [f"gpu00{i}" for i in range(1, 9)]
+    gpu001 = by_name["gpu001"]
+    assert gpu001.state == "MIXED" and gpu001.flags == {"MIXED"}
+    assert (gpu001.gpus_total, gpu001.gpus_alloc, gpu001.gpus_free) == (8, 8, 0)
+    assert by_name["gpu003"].gpus_alloc == 2 and by_name["gpu003"].gpus_free == 6
+    assert by_name["gpu004"].state == "IDLE" and by_name["gpu004"].gpus_free == 8
+    gpu008 = by_name["gpu008"]
+    assert gpu008.state == "IDLE+DRAIN" and gpu008.reason == "nuro test"
+    assert gpu008.is_drained and not gpu008.is_schedulable and gpu008.gpus_free == 0
+    assert all(n.partitions == ("gpu",) and n.cpus == 16 and n.switch is None for n in nodes)
+    # 22.05's sinfo --json has no partition list: derived from the nodes.
+    assert [(p.name, p.total_nodes, p.total_cpus, p.state) for p in partitions] == [("gpu", 8, 128, "UNKNOWN")]
+
+
+def test_sinfo_draining_node() -> None:
+    nodes, _ = parse_sinfo_json(read("sinfo_draining.json"))
+    by_name = {n.name: n for n in nodes}
+    assert by_name["gpu007"].state == "MIXED+DRAIN" and by_name["gpu007"].gpus_alloc == 1
+    assert by_name["gpu007"].is_drained and by_name["gpu007"].reason == "nuro draining test"
+    assert by_name["gpu003"].state == "IDLE+COMPLETING"
+
+
+def test_sinfo_controller_down_raises() -> None:
+    with pytest.raises(SlurmUnavailable):
+        parse_sinfo_json(read("sinfo_controller_down.json"))
+
+
+def test_sacct_finished_jobs() -> None:
+    jobs = parse_sacct_json(read("sacct_finished.json"))
+    assert [j.name for j in jobs] == ["nuro-ok", "nuro-fail", "nuro-cancel"]
+    ok, fail, cancel = jobs
+    assert ok.phase is JobPhase.COMPLETED and ok.exit_code == 0 and ok.nodes == ("gpu005",)
+    assert ok.start_time is not None and ok.end_time is not None and ok.end_time.tzinfo is UTC
+    # 22.05 dumps "exit 3" as {"status": "SUCCESS", "return_code": 0}: unknown, not 0.
+    assert fail.phase is JobPhase.FAILED and fail.exit_code is None
+    assert cancel.phase is JobPhase.CANCELLED and cancel.gpus_total == 1 and cancel.gpus_per_node == 1
+    assert ok.comment == ""  # the comment only reaches slurmdbd with AccountingStoreFlags=job_comment
+    assert all(j.qos == "normal" and j.account == "root" and j.user == "root" for j in jobs)
+
+
+def test_sacct_nothing_found_is_empty() -> None:
+    assert parse_sacct_json(read("sacct_nothing_found.json")) == []
