@@ -85,6 +85,7 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
         f"AccountingStoragePass={p.munge_socket}",
         "AccountingStorageTRES=gres/gpu",
         "AccountingStorageEnforce=associations,limits,qos",
+        "AccountingStoreFlags=job_comment",  # nuro's run metadata rides in the comment: keep it in sacct too
         "JobAcctGatherType=jobacct_gather/none",
         "",
         "# Resources: whole-GPU gres, cons_tres so --gpus-per-node works",
@@ -108,6 +109,7 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
         "PreemptType=preempt/qos",
         "PreemptMode=REQUEUE",
         "JobRequeue=1",
+        "EnforcePartLimits=ALL",  # a job that can never fit is refused at sbatch time, not left pending forever
         f"SchedulerParameters=bf_interval={t.bf_interval_s},sched_interval={t.sched_interval_s}",
         "",
         "# nuro's hooks: admission bridge (job_submit.lua beside this file), prolog/epilog, node health",

@@ -63,8 +63,11 @@ class Submit:
 
 @dataclass(frozen=True)
 class Cancel:
-    """``scancel <id>``. With ``signal`` this is scancel's own meaning: the signal is sent to every step and the
-    job ends only if the signal ends it (prefer ``Signal`` for that)."""
+    """``scancel <id>``. Idempotent on 22.05: scancel of an unknown or finished job exits 0 without a message.
+
+    With ``signal`` this is scancel's own meaning: the signal is sent to the steps and the job ends only if the
+    signal ends it (prefer ``Signal`` for that).
+    """
 
     job_id: int | str
     signal: str | None = None

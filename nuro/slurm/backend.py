@@ -10,8 +10,8 @@ Fallbacks of ``CliBackend`` (STYLE T5), each logged when taken:
   Slurm), the backend switches for good to ``squeue -h -a -t all -o <fixed format>`` (``parse_squeue_format``),
   which lacks restart counts, requeue flags and exit codes.
 * switches: ``scontrol show topology``, read once per backend and cached (topology only changes with a slurmctld
-  restart; ``refresh_topology()`` forgets it). If it fails for a reason other than an unreachable controller,
-  nodes get ``switch=None`` and one warning is logged.
+  restart; ``refresh_topology()`` forgets it). If it fails for a reason other than an unreachable controller or
+  a timeout (e.g. topology/none), nodes get ``switch=None`` and one warning is logged.
 * partitions: ``scontrol show -o partition`` (22.05's ``sinfo --json`` has none); on failure, derived from nodes.
 * finished jobs: ``sacct --json -j a,b,...`` (one call for many jobs, STYLE S2), plus one text ``sacct`` call
   for exit codes when 22.05's JSON lost them.
@@ -233,8 +233,8 @@ class CliBackend(Backend):
         if self._topology is None:
             try:
                 self._topology = parse_scontrol_show_topology(self.run(["scontrol", "show", "topology"]).stdout)
-            except SlurmUnavailable:
-                raise
+            except (SlurmUnavailable, SlurmTimeout):
+                raise  # transient: do not cache an empty topology
             except SlurmError as exc:
                 log.warning("scontrol show topology failed: nodes will have switch=None error=%s", exc)
                 self._topology = {}
@@ -254,7 +254,7 @@ class CliBackend(Backend):
         seen through the nodes' memberships (state "UNKNOWN", no default flag)."""
         try:
             return parse_scontrol_partitions(self.run(["scontrol", "show", "-o", "partition"]).stdout)
-        except SlurmUnavailable:
+        except (SlurmUnavailable, SlurmTimeout):
             raise
         except SlurmError as exc:
             log.warning("scontrol show partition failed: partitions derived from nodes error=%s", exc)
@@ -279,7 +279,11 @@ class CliBackend(Backend):
             time.monotonic() - start,
         )
         return ClusterSnapshot(
-            nodes=tuple(nodes), jobs=tuple(jobs), partitions=tuple(partitions), taken_at=taken_at, source=self.name
+            nodes=tuple(nodes),
+            jobs=tuple(jobs),
+            partitions=tuple(partitions),
+            taken_at=taken_at,
+            source=self.name,
         )
 
     def finished_jobs(self, job_ids: Iterable[int | str]) -> list[JobInfo]:
@@ -348,5 +352,10 @@ class CliBackend(Backend):
         message = "\n".join(s for s in (proc.stdout.strip(), proc.stderr.strip()) if s)
         log.info("slurm action applied action=%s job_id=%s duration_s=%.3f", kind, job_id, duration_s)
         return ActionResult(
-            action, ok=True, job_id=job_id, message=message, duration_s=duration_s, argv=tuple(self._resolve(argv))
+            action,
+            ok=True,
+            job_id=job_id,
+            message=message,
+            duration_s=duration_s,
+            argv=tuple(self._resolve(argv)),
         )

@@ -172,7 +172,24 @@ def parse_version(text: str) -> SlurmVersion:
 # Fallback for Slurm without ``squeue --json`` (before 21.08): fixed fields, separated by the ASCII unit separator
 # so no job name or comment can break the split; the comment goes last.
 _SEP = "\x1f"
-_FALLBACK_FIELDS = ("%A", "%j", "%u", "%T", "%r", "%a", "%q", "%P", "%Q", "%D", "%b", "%V", "%S", "%e", "%N", "%k")
+_FALLBACK_FIELDS = (
+    "%A",
+    "%j",
+    "%u",
+    "%T",
+    "%r",
+    "%a",
+    "%q",
+    "%P",
+    "%Q",
+    "%D",
+    "%b",
+    "%V",
+    "%S",
+    "%e",
+    "%N",
+    "%k",
+)
 SQUEUE_FALLBACK_FORMAT = _SEP.join(_FALLBACK_FIELDS)
 
 
@@ -193,7 +210,24 @@ def parse_squeue_format(text: str) -> list[JobInfo]:
         parts = line.split(_SEP, len(_FALLBACK_FIELDS) - 1)
         if len(parts) != len(_FALLBACK_FIELDS):
             raise SlurmParseError(f"squeue -o line has {len(parts)} fields, expected {len(_FALLBACK_FIELDS)}")
-        jid, name, user, state, reason, acct, qos, part, prio, nnodes, gres, sub, start, end, nodes, comment = parts
+        (
+            jid,
+            name,
+            user,
+            state,
+            reason,
+            acct,
+            qos,
+            part,
+            prio,
+            nnodes,
+            gres,
+            sub,
+            start,
+            end,
+            nodes,
+            comment,
+        ) = parts
         node_count = as_int(nnodes)
         gres = _none_if_na(gres)
         per_node = gpu_count_from_gres(gres)

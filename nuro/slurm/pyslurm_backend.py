@@ -98,9 +98,9 @@ class PyslurmBackend(Backend):
         jobs = []
         for job in self.module.Jobs.load().values():
             state = as_str(_get(job, "state", "job_state"))
-            per_node = as_str(_get(job, "gres_per_node", "tres_per_node", default=""))
+            per_node = _gres_text(_get(job, "gres_per_node", "tres_per_node", default=""))
             node_count = as_int(_get(job, "num_nodes", "node_count"))
-            per_node_gpus = gpu_count_from_gres(_gres_text(per_node))
+            per_node_gpus = gpu_count_from_gres(per_node)
             jobs.append(
                 JobInfo(
                     job_id=as_int(_get(job, "id", "job_id")),
@@ -115,7 +115,7 @@ class PyslurmBackend(Backend):
                     priority=as_int(_get(job, "priority")),
                     nodes=tuple(hostlist.expand(as_str(_get(job, "nodes", default="")))),
                     node_count=node_count,
-                    gres_per_node=_gres_text(per_node),
+                    gres_per_node=per_node,
                     gpus_per_node=per_node_gpus,
                     gpus_total=per_node_gpus * node_count,
                     restart_count=as_int(_get(job, "requeue_count", "restart_cnt")),

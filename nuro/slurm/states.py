@@ -154,7 +154,10 @@ def to_phase(raw: str | None) -> JobPhase:
         first = key not in _warned
         _warned.add(key)
     if first:
-        log.warning("unknown slurm job state raw=%r: treated as UNKNOWN; add it to nuro.slurm.states.SLURM_STATES", raw)
+        log.warning(
+            "unknown slurm job state raw=%r: treated as UNKNOWN; add it to nuro.slurm.states.SLURM_STATES",
+            raw,
+        )
     return JobPhase.UNKNOWN
 
 

@@ -29,7 +29,7 @@ SCRIPT = "#!/bin/bash\nsrun hostname\n"
     [
         (Submit(SCRIPT), ["sbatch", "--parsable"]),
         (
-            Submit(SCRIPT, ("-N2", "--gres=gpu:8", "--comment={\"run\": \"x\"}"), cwd="/work/run1"),
+            Submit(SCRIPT, ("-N2", "--gres=gpu:8", '--comment={"run": "x"}'), cwd="/work/run1"),
             ["sbatch", "--parsable", "--chdir=/work/run1", "-N2", "--gres=gpu:8", '--comment={"run": "x"}'],
         ),
         (Cancel(42), ["scancel", "42"]),

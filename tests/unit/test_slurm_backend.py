@@ -186,7 +186,15 @@ def test_finished_jobs_fills_exit_codes_lost_by_sacct_json(tmp_path: Path) -> No
     assert by_name["nuro-fail"].exit_code == 3 and by_name["nuro-ok"].exit_code == 0
     argvs = fake.argvs()
     assert argvs[0] == ["sacct", "--json", "-j", ",".join(str(i) for i in ids)]
-    assert len(argvs) == 2 and argvs[1][:7] == ["sacct", "-n", "-P", "-X", "-o", "JobIDRaw,ExitCode,State", "-j"]
+    assert len(argvs) == 2 and argvs[1][:7] == [
+        "sacct",
+        "-n",
+        "-P",
+        "-X",
+        "-o",
+        "JobIDRaw,ExitCode,State",
+        "-j",
+    ]
     assert fake.backend().finished_jobs([]) == []
 
 

@@ -61,13 +61,16 @@ def test_scontrol_jobs_oneliner() -> None:
 
 def test_scontrol_value_with_key_like_words() -> None:
     # A free-text value may contain "x=y" as long as the key is not a new capitalised key.
-    (rec,) = parse_scontrol_show_oneliner('NodeName=n1 Reason=disk a=b full [root@2024-01-01T00:00:00] State=IDLE')
+    (rec,) = parse_scontrol_show_oneliner("NodeName=n1 Reason=disk a=b full [root@2024-01-01T00:00:00] State=IDLE")
     assert rec == {"NodeName": "n1", "Reason": "disk a=b full [root@2024-01-01T00:00:00]", "State": "IDLE"}
 
 
 def test_topology_maps_each_node_to_its_leaf() -> None:
     switch_of = parse_scontrol_show_topology(read("scontrol_show_topology.txt"))
-    assert switch_of == {**{f"gpu00{i}": "leaf01" for i in range(1, 5)}, **{f"gpu00{i}": "leaf02" for i in range(5, 9)}}
+    assert switch_of == {
+        **{f"gpu00{i}": "leaf01" for i in range(1, 5)},
+        **{f"gpu00{i}": "leaf02" for i in range(5, 9)},
+    }
     assert parse_scontrol_show_topology("") == {}
     assert parse_scontrol_show_topology("No topology information available\n") == {}
 

@@ -41,7 +41,15 @@ def test_to_phase(raw: str, want: JobPhase) -> None:
 
 def test_preempted_and_requeued_never_fail() -> None:
     failed_keys = {k for k, v in SLURM_STATES.items() if v is JobPhase.FAILED}
-    assert not failed_keys & {"PREEMPTED", "PR", "REQUEUED", "RQ", "REQUEUE_HOLD", "REQUEUE_FED", "SPECIAL_EXIT"}
+    assert not failed_keys & {
+        "PREEMPTED",
+        "PR",
+        "REQUEUED",
+        "RQ",
+        "REQUEUE_HOLD",
+        "REQUEUE_FED",
+        "SPECIAL_EXIT",
+    }
     assert not JobPhase.PREEMPTED.is_terminal
     assert not JobPhase.REQUEUED.is_terminal
 

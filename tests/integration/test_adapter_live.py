@@ -1,0 +1,93 @@
+"""The adapter (make_backend → CliBackend) against the session's real cluster (gpu[001-008], leaf01/leaf02).
+
+Changes nothing lasting: it submits one held job (never runs) and cancels it; the refused actions (unknown job,
+resume of a healthy node, unknown QOS) change nothing.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from nuro.slurm import (
+    Backend,
+    InvalidJobId,
+    InvalidState,
+    JobPhase,
+    SubmissionRejected,
+    make_backend,
+)
+from tests.integration.conftest import LiveCluster
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def backend(cluster: LiveCluster) -> Backend:
+    return make_backend(env=cluster.env, prefer="cli", timeout_s=30)
+
+
+def test_snapshot_of_the_dev_cluster(backend: Backend) -> None:
+    assert backend.version().major_minor == (22, 5)
+    snap = backend.read_snapshot()
+    assert {n.name for n in snap.nodes} >= {f"gpu00{i}" for i in range(1, 9)}
+    assert snap.node("gpu001").switch == "leaf01" and snap.node("gpu008").switch == "leaf02"
+    assert all(n.gpus_total == 8 for n in snap.nodes)
+    default = [p for p in snap.partitions if p.default]
+    assert len(default) == 1 and default[0].state == "UP"
+
+
+def test_submit_find_update_cancel_account(backend: Backend) -> None:
+    script = "#!/bin/bash\ntrue\n"
+    job_id = backend.submit(
+        script, "-H", "-N1", "--gres=gpu:8", "-J", "nuro-live-test", "-o", "/dev/null", "--comment", '{"run":"live"}'
+    )
+    try:
+        job = backend.read_snapshot().job(job_id)
+        assert job is not None and job.phase is JobPhase.PENDING and job.reason == "JobHeldUser"
+        assert job.gpus_per_node == 8 and job.comment == '{"run":"live"}' and job.start_time is None
+        backend.update_qos(job_id, job.qos)  # same QOS: accepted, no change
+    finally:
+        backend.cancel(job_id)
+    deadline = time.monotonic() + 20
+    records = []
+    while time.monotonic() < deadline:
+        records = backend.finished_jobs([job_id])
+        if records and records[0].is_finished:
+            break
+        time.sleep(1)
+    assert records and records[0].phase is JobPhase.CANCELLED
+
+
+def test_refusals_are_classified(backend: Backend) -> None:
+    with pytest.raises(InvalidJobId, match="Invalid job id specified"):
+        backend.update_qos(999999, "normal")
+    healthy = next(n for n in backend.nodes() if not n.is_drained and not n.is_down)
+    with pytest.raises(InvalidState, match="Invalid node state specified"):
+        backend.resume(healthy.name)
+    with pytest.raises(SubmissionRejected, match="Invalid qos specification"):
+        backend.submit("#!/bin/bash\ntrue\n", "--qos=nuro-no-such-qos", "-o", "/dev/null")
+    backend.cancel(999999)  # scancel of an unknown job exits 0 on 22.05: cancel is idempotent
+
+
+def test_a_job_that_can_never_fit_is_refused_at_submit(backend: Backend) -> None:
+    """EnforcePartLimits=ALL: Slurm's own reason reaches the caller instead of a job pending forever."""
+    with pytest.raises(SubmissionRejected, match="Node count specification invalid"):
+        backend.submit("#!/bin/bash\ntrue\n", "--nodes=99", "-o", "/dev/null")
+    with pytest.raises(SubmissionRejected, match="Requested node configuration is not available"):
+        backend.submit("#!/bin/bash\ntrue\n", "--gres=gpu:9", "-o", "/dev/null")
+
+
+def test_comment_survives_into_accounting(backend: Backend) -> None:
+    """AccountingStoreFlags=job_comment: nuro's run metadata is still readable from sacct after the job ends."""
+    comment = '{"nuro":1,"run":"acct"}'
+    job_id = backend.submit("#!/bin/bash\ntrue\n", "-o", "/dev/null", f"--comment={comment}")
+    deadline = time.monotonic() + 30
+    records = []
+    while time.monotonic() < deadline:
+        records = backend.finished_jobs([job_id])
+        if records and records[0].is_finished:
+            break
+        time.sleep(0.5)
+    assert records and records[0].phase is JobPhase.COMPLETED and records[0].comment == comment, records
