@@ -21,7 +21,7 @@ from nuro.devcluster.layout import Layout
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=8)
-    ap.add_argument("--port-base", type=int, default=46800)
+    ap.add_argument("--port-base", type=int, default=28800)
     ap.add_argument("--packages-absent", action="store_true")
     args = ap.parse_args()
     layout = Layout(REPO / ".devcluster-bench" / f"up{args.nodes}")

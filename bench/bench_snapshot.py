@@ -19,7 +19,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=[8, 500])
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=10)
-    ap.add_argument("--port-base", type=int, default=46800)
+    ap.add_argument("--port-base", type=int, default=28800)
     args = ap.parse_args()
     rows = []
     for n in args.nodes:

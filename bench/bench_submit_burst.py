@@ -21,7 +21,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--nodes", type=int, default=8)
-    ap.add_argument("--port-base", type=int, default=46800)
+    ap.add_argument("--port-base", type=int, default=28800)
     args = ap.parse_args()
     with cluster(args.nodes, args.port_base, "burst") as (_layout, env, _up):
         backend = CliBackend(env=env)

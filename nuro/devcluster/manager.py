@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 from nuro.devcluster.install import ensure_packages
-from nuro.devcluster.layout import GPUS_PER_NODE, Layout, PortPlan, describe
+from nuro.devcluster.layout import DEFAULT_PORT_BASE, GPUS_PER_NODE, Layout, PortPlan, describe
 from nuro.devcluster.procs import stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
 from nuro.slurmconf import render_gres_conf, render_slurm_conf, render_slurmdbd_conf, render_topology_conf
@@ -84,6 +84,29 @@ def busy_ports(plan: PortPlan, n_nodes: int) -> list[tuple[str, int]]:
                 else:
                     raise
     return busy
+
+
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (``net.ipv4.ip_local_port_range``)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux default
+
+
+def check_port_plan(plan: PortPlan, n_nodes: int) -> None:
+    """Refuse a plan that overlaps the ephemeral range: any outgoing connection could take one of its ports at
+    any moment, so ``up`` would fail at random (seen with 500 slurmd ports at base 46800)."""
+    low, high = ephemeral_range()
+    ports = plan.all(n_nodes).values()
+    if min(ports) <= high and max(ports) >= low:
+        top = low - 1 - 1000 - n_nodes
+        raise DevClusterError(
+            f"--port-base {plan.base} puts ports {min(ports)}..{max(ports)} inside the kernel's ephemeral range "
+            f"{low}-{high}, where outgoing connections take ports at random. Choose --port-base between 1024 and "
+            f"{top} (default {DEFAULT_PORT_BASE})."
+        )
 
 
 def _check_previous(layout: Layout, n_nodes: int) -> RunRecord | None:
@@ -171,6 +194,7 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
     running = _check_previous(layout, n_nodes)
     if running is not None:
         return UpResult(layout.root, n_nodes, True, [], 0.0, 0.0)
+    check_port_plan(PortPlan(port_base), n_nodes)
     installed = ensure_packages()
     busy = busy_ports(PortPlan(port_base), n_nodes)
     if busy:
@@ -178,7 +202,7 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
         raise DevClusterError(
             f"ports in use: {what}{' …' if len(busy) > 5 else ''}. The dev cluster uses {port_base}+6, +17, +19 "
             f"and {port_base + 1000}..{port_base + 999 + n_nodes}: choose free ones with --port-base "
-            "(e.g. --port-base 26800) or stop the process holding them."
+            "(e.g. --port-base 20800) or stop the process holding them."
         )
     _prepare(layout, n_nodes, port_base)
     layout.record.unlink(missing_ok=True)
@@ -200,9 +224,9 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
             f"Stop what it started with 'nuro-admin devcluster down --state-dir {layout.root}'."
         )
     rec = read_record(layout.record)
-    assert rec is not None
-    if rec.phase != Phase.RUNNING:
-        raise DevClusterError(f"dev cluster failed to start: {rec.error or rec.phase}; see {layout.log}/")
+    if rec is None or rec.phase != Phase.RUNNING:
+        why = (rec.error or rec.phase) if rec else "the run record vanished"
+        raise DevClusterError(f"dev cluster failed to start: {why}; see {layout.log}/")
     seconds_to_daemons = time.monotonic() - t_daemons
     if not wait_for(lambda: _all_idle(layout, n_nodes), timeout_s, 0.25):
         raise DevClusterError(

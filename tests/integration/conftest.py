@@ -23,7 +23,7 @@ from nuro.slurm import CliBackend
 
 REPO = Path(__file__).resolve().parents[2]
 TEST_STATE_DIR = Path(os.environ.get("NURO_TEST_CLUSTER_DIR", REPO / ".devcluster-test"))
-TEST_PORT_BASE = int(os.environ.get("NURO_TEST_PORT_BASE", "26800"))
+TEST_PORT_BASE = int(os.environ.get("NURO_TEST_PORT_BASE", "22800"))
 TEST_NODES = 8
 TEST_ACCOUNT = "nurotest"
 TEST_USERS = ("nuro-alice", "nuro-bob")

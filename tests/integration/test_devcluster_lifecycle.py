@@ -24,7 +24,7 @@ from tests.integration.conftest import wait_until
 
 pytestmark = pytest.mark.slurm
 
-PORT_BASE = int(os.environ.get("NURO_TEST_LIFECYCLE_PORT_BASE", "36800"))
+PORT_BASE = int(os.environ.get("NURO_TEST_LIFECYCLE_PORT_BASE", "24800"))
 
 
 def _tree(pid: int) -> list[psutil.Process]:

@@ -64,3 +64,12 @@ def test_cli_env_and_status_when_down(tmp_path: Path) -> None:
 def test_cli_rejects_bad_node_counts(tmp_path: Path) -> None:
     res = CliRunner().invoke(admin, ["devcluster", "up", "--nodes", "0", "--state-dir", str(tmp_path)])
     assert res.exit_code == 2 and "--nodes" in res.stderr
+
+
+def test_port_plans_inside_the_ephemeral_range_are_refused() -> None:
+    from nuro.devcluster.layout import PortPlan
+
+    low, high = manager.ephemeral_range()
+    manager.check_port_plan(PortPlan(16800), 500)  # the default leaves room for 500 nodes below 32768
+    with pytest.raises(manager.DevClusterError, match=f"ephemeral range {low}-{high}.*--port-base between 1024"):
+        manager.check_port_plan(PortPlan(low - 1000), 8)
