@@ -79,7 +79,7 @@ def main() -> int:
         f"all {len(tasks)} tasks started within {spread_ms:.1f} ms (gang allocation); "
         f"submit → last task start {max(float(t[3]) for t in tasks) - submitted:.1f} s"
     )
-    out.print("plain Slurm tools work too:  eval \"$(.venv/bin/nuro-admin devcluster env)\"; squeue; sinfo")
+    out.print('plain Slurm tools work too:  eval "$(.venv/bin/nuro-admin devcluster env)"; squeue; sinfo')
     out.print("stop the cluster with:  make down")
     return 0
 

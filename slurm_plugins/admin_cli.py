@@ -51,12 +51,29 @@ def devcluster() -> None:
 
 
 @devcluster.command()
-@click.option("--nodes", "-N", type=click.IntRange(1, 999), default=DEFAULT_NODES, show_default=True,
-              help="Emulated nodes, 8 fake GPUs each (gpu001..).")
-@click.option("--port-base", type=click.IntRange(1024, 60000), default=DEFAULT_PORT_BASE, show_default=True,
-              help="Loopback ports: base+6 MariaDB, +17 slurmctld, +19 slurmdbd, base+1000.. one per slurmd.")
-@click.option("--timeout", "timeout_s", type=float, default=180.0, show_default=True,
-              help="Seconds to wait for daemons, then for all nodes idle.")
+@click.option(
+    "--nodes",
+    "-N",
+    type=click.IntRange(1, 999),
+    default=DEFAULT_NODES,
+    show_default=True,
+    help="Emulated nodes, 8 fake GPUs each (gpu001..).",
+)
+@click.option(
+    "--port-base",
+    type=click.IntRange(1024, 60000),
+    default=DEFAULT_PORT_BASE,
+    show_default=True,
+    help="Loopback ports: base+6 MariaDB, +17 slurmctld, +19 slurmdbd, base+1000.. one per slurmd.",
+)
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=float,
+    default=180.0,
+    show_default=True,
+    help="Seconds to wait for daemons, then for all nodes idle.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @state_dir_option
 def up(nodes: int, port_base: int, timeout_s: float, as_json: bool, state_dir: Path | None) -> None:
@@ -82,7 +99,7 @@ def up(nodes: int, port_base: int, timeout_s: float, as_json: bool, state_dir: P
             f"dev cluster up: {res.nodes} nodes × 8 GPUs idle after {res.seconds_to_idle:.1f} s "
             f"(daemons started in {res.seconds_to_daemons:.1f} s); state in {res.state_dir}"
         )
-    click.echo(f"use it from a shell:  eval \"$({sys.argv[0]} devcluster env --state-dir {res.state_dir})\"")
+    click.echo(f'use it from a shell:  eval "$({sys.argv[0]} devcluster env --state-dir {res.state_dir})"')
 
 
 @devcluster.command()

@@ -40,9 +40,7 @@ def missing_packages(packages: list[str] | None = None) -> list[str]:
         timeout=30,
         check=False,
     )
-    installed = {
-        line.split()[0] for line in proc.stdout.splitlines() if line.endswith("install ok installed")
-    }
+    installed = {line.split()[0] for line in proc.stdout.splitlines() if line.endswith("install ok installed")}
     return [n for n in names if n not in installed]
 
 

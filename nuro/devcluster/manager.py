@@ -250,8 +250,7 @@ def down(layout: Layout, purge: bool = False, timeout_s: float = 90.0) -> list[s
                 sup.wait(timeout=timeout_s)
             except psutil.TimeoutExpired as exc:
                 raise DevClusterError(
-                    f"the supervisor (pid {sup.pid}) did not stop within {timeout_s:.0f} s; "
-                    f"see {layout.supervisor_log}"
+                    f"the supervisor (pid {sup.pid}) did not stop within {timeout_s:.0f} s; see {layout.supervisor_log}"
                 ) from exc
         # Supervisor gone (crashed, killed, or just stopped): stop any recorded daemon still alive.
         record = read_record(layout.record) or record

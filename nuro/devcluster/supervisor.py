@@ -99,8 +99,7 @@ class Supervisor:
         def ok() -> bool:
             if proc.poll() is not None:
                 raise StartError(
-                    f"{name} exited with status {proc.returncode} during start-up; "
-                    f"see {self.layout.log / log_name}"
+                    f"{name} exited with status {proc.returncode} during start-up; see {self.layout.log / log_name}"
                 )
             return bool(check())
 
