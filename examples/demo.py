@@ -16,7 +16,7 @@ from rich.table import Table
 
 from nuro.devcluster import manager
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
-from nuro.slurm import CliBackend, JobPhase
+from nuro.slurm import CliBackend, JobPhase, JobWaitTimeout
 
 SCRIPT = """#!/bin/bash
 #SBATCH --job-name=nuro-demo
@@ -26,8 +26,6 @@ SCRIPT = """#!/bin/bash
 #SBATCH --switches=1@0:10
 srun bash -c 'echo TASK $SLURMD_NODENAME $SLURM_PROCID $(date +%s.%N) $CUDA_VISIBLE_DEVICES'
 """
-
-TERMINAL = {JobPhase.COMPLETED, JobPhase.FAILED, JobPhase.CANCELLED, JobPhase.TIMEOUT, JobPhase.NODE_FAIL}
 
 
 def main() -> int:
@@ -48,15 +46,13 @@ def main() -> int:
     submitted = time.time()
     job_id = backend.submit(SCRIPT, f"--output={output}", f"--chdir={workdir}")
     out.print(f"   job {job_id} submitted")
-    deadline = time.monotonic() + 120
-    job = None
-    while time.monotonic() < deadline:
-        job = next((j for j in backend.jobs() if j.job_id == job_id), None)
-        if job is not None and job.phase in TERMINAL:
-            break
-        time.sleep(0.25)
-    if job is None or job.phase != JobPhase.COMPLETED:
-        out.print(f"[red]job {job_id} did not complete: {job.state if job else 'not found'}[/]")
+    try:
+        job = backend.wait_for_job(job_id, timeout_s=120)
+    except JobWaitTimeout as exc:
+        out.print(f"[red]{exc}[/]")
+        return 1
+    if job.phase != JobPhase.COMPLETED:
+        out.print(f"[red]job {job_id} ended {job.state}; its output is in {output}[/]")
         return 1
     tasks = sorted(
         (line.split() for line in output.read_text().splitlines() if line.startswith("TASK ")),

@@ -45,7 +45,14 @@ from nuro.slurm.actions import (
     render_argv,
     render_stdin,
 )
-from nuro.slurm.errors import SlurmCommandNotFound, SlurmError, SlurmTimeout, SlurmUnavailable, classify_error
+from nuro.slurm.errors import (
+    JobWaitTimeout,
+    SlurmCommandNotFound,
+    SlurmError,
+    SlurmTimeout,
+    SlurmUnavailable,
+    classify_error,
+)
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
 from nuro.slurm.parse import (
     SQUEUE_FALLBACK_FORMAT,
@@ -61,6 +68,7 @@ from nuro.slurm.parse import (
     parse_version,
     partitions_from_nodes,
 )
+from nuro.slurm.states import JobPhase
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +105,37 @@ class Backend(abc.ABC):
     def nodes(self) -> list[NodeInfo]:
         """All nodes, with switches."""
         return list(self.read_snapshot().nodes)
+
+    def wait_for_job(
+        self,
+        job_id: int,
+        phases: Iterable[JobPhase] | None = None,
+        timeout_s: float = 60.0,
+        poll_s: float = 0.25,
+    ) -> JobInfo:
+        """Poll until the job is in one of ``phases`` (default: any terminal phase) and return it.
+
+        squeue answers first (it remembers finished jobs for MinJobAge); a job it no longer lists is looked up in
+        accounting. Raises ``JobWaitTimeout`` with the last state seen when ``timeout_s`` passes.
+        """
+        wanted = frozenset(phases) if phases is not None else None
+        deadline = time.monotonic() + timeout_s
+        last: JobInfo | None = None
+        while True:
+            job = next((j for j in self.jobs() if j.job_id == job_id), None)
+            if job is None:
+                job = next(iter(self.finished_jobs([job_id])), None)
+            if job is not None:
+                last = job
+                if (job.phase in wanted) if wanted is not None else job.is_finished:
+                    return job
+            if time.monotonic() >= deadline:
+                want = sorted(p.value for p in wanted) if wanted is not None else "a terminal state"
+                raise JobWaitTimeout(
+                    f"job {job_id} did not reach {want} within {timeout_s:.0f} s "
+                    f"(last seen: {last.state if last else 'not found'}, reason {last.reason if last else '-'})"
+                )
+            time.sleep(poll_s)
 
     # Actions; each raises the classified SlurmError on failure.
     def submit(self, script: str, *args: str, cwd: str | None = None) -> int:

@@ -54,6 +54,10 @@ class SlurmTimeout(SlurmError):
     """The command did not finish within the backend's timeout_s; the process was killed."""
 
 
+class JobWaitTimeout(TimeoutError):
+    """A job did not reach the awaited state in time (Slurm answered; the job is just not there yet)."""
+
+
 class SlurmUnavailable(SlurmError):
     """slurmctld (or slurmdbd for sacct) could not be reached; the cluster state is unknown, not empty."""
 

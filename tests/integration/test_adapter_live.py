@@ -6,19 +6,18 @@ resume of a healthy node, unknown QOS) change nothing.
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from nuro.slurm import (
     Backend,
     InvalidJobId,
     InvalidState,
+    JobInfo,
     JobPhase,
     SubmissionRejected,
     make_backend,
 )
-from tests.integration.conftest import LiveCluster
+from tests.integration.conftest import LiveCluster, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -26,6 +25,16 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture(scope="module")
 def backend(cluster: LiveCluster) -> Backend:
     return make_backend(env=cluster.env, prefer="cli", timeout_s=30)
+
+
+def _accounting_record(backend: Backend, job_id: int) -> JobInfo:
+    """The job's finished record from sacct (slurmdbd), not squeue: what these tests prove is the accounting path."""
+
+    def finished() -> JobInfo | None:
+        records = backend.finished_jobs([job_id])
+        return records[0] if records and records[0].is_finished else None
+
+    return wait_until(finished, 30, f"an accounting record of finished job {job_id}", interval_s=0.5)
 
 
 def test_snapshot_of_the_dev_cluster(backend: Backend) -> None:
@@ -50,14 +59,7 @@ def test_submit_find_update_cancel_account(backend: Backend) -> None:
         backend.update_qos(job_id, job.qos)  # same QOS: accepted, no change
     finally:
         backend.cancel(job_id)
-    deadline = time.monotonic() + 20
-    records = []
-    while time.monotonic() < deadline:
-        records = backend.finished_jobs([job_id])
-        if records and records[0].is_finished:
-            break
-        time.sleep(1)
-    assert records and records[0].phase is JobPhase.CANCELLED
+    assert _accounting_record(backend, job_id).phase is JobPhase.CANCELLED
 
 
 def test_refusals_are_classified(backend: Backend) -> None:
@@ -83,11 +85,5 @@ def test_comment_survives_into_accounting(backend: Backend) -> None:
     """AccountingStoreFlags=job_comment: nuro's run metadata is still readable from sacct after the job ends."""
     comment = '{"nuro":1,"run":"acct"}'
     job_id = backend.submit("#!/bin/bash\ntrue\n", "-o", "/dev/null", f"--comment={comment}")
-    deadline = time.monotonic() + 30
-    records = []
-    while time.monotonic() < deadline:
-        records = backend.finished_jobs([job_id])
-        if records and records[0].is_finished:
-            break
-        time.sleep(0.5)
-    assert records and records[0].phase is JobPhase.COMPLETED and records[0].comment == comment, records
+    record = _accounting_record(backend, job_id)
+    assert record.phase is JobPhase.COMPLETED and record.comment == comment, record

@@ -16,24 +16,18 @@ from tests.integration.conftest import TEST_ACCOUNT, LiveCluster, wait_until
 
 pytestmark = pytest.mark.slurm
 
-TERMINAL = {JobPhase.COMPLETED, JobPhase.FAILED, JobPhase.CANCELLED, JobPhase.TIMEOUT, JobPhase.NODE_FAIL}
-
 
 def _job(cluster: LiveCluster, job_id: int) -> JobInfo | None:
     return next((j for j in cluster.backend.jobs() if j.job_id == job_id), None)
 
 
-def _wait_phase(cluster: LiveCluster, job_id: int, phases: set[JobPhase], timeout_s: float = 60) -> JobInfo:
-    def reached():
-        job = _job(cluster, job_id)
-        return job if job is not None and job.phase in phases else None
-
-    return wait_until(reached, timeout_s, f"job {job_id} to reach {sorted(p.value for p in phases)}")
+def _wait_phase(cluster: LiveCluster, job_id: int, phases: set[JobPhase] | None = None) -> JobInfo:
+    return cluster.backend.wait_for_job(job_id, phases, timeout_s=60)
 
 
 def _run_to_end(cluster: LiveCluster, script: str, out: Path, *args: str) -> tuple[JobInfo, list[str]]:
     job_id = cluster.backend.submit(script, f"--output={out}", *args)
-    job = _wait_phase(cluster, job_id, TERMINAL)
+    job = _wait_phase(cluster, job_id)
     assert job.phase == JobPhase.COMPLETED, f"job {job_id} ended {job.state}: {out.read_text()}"
     return job, out.read_text().split("\n")
 
@@ -110,7 +104,7 @@ def test_drained_node_takes_no_job_until_resumed(cluster: LiveCluster, shared_tm
         assert job is not None and job.phase == JobPhase.PENDING and job.reason in ("ReqNodeNotAvail", "Resources")
     finally:
         backend.resume("gpu008")
-    done = _wait_phase(cluster, job_id, TERMINAL, timeout_s=60)
+    done = _wait_phase(cluster, job_id)
     assert done.phase == JobPhase.COMPLETED and list(done.nodes) == ["gpu008"], done
     assert not next(n for n in backend.nodes() if n.name == "gpu008").is_drained
 
@@ -140,7 +134,7 @@ def test_adapter_reads_back_what_sbatch_set(cluster: LiveCluster, shared_tmp: Pa
         assert job.restart_count == 0
         assert job.submit_time is not None
         cluster.backend.release(job_id)
-        done = _wait_phase(cluster, job_id, TERMINAL)
+        done = _wait_phase(cluster, job_id)
         assert done.phase == JobPhase.COMPLETED and len(done.nodes) == 2 and done.start_time is not None
     finally:
         _cancel_quietly(cluster, job_id)
