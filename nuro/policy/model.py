@@ -1,0 +1,248 @@
+"""Team policy as code: the validated content of ``teams.yaml``.
+
+Admins describe teams once; everything downstream is derived from this one value: the sacctmgr state
+(``nuro-admin policy apply``), the job_submit.lua policy table, the controller's borrowing and reclaim decisions.
+
+Mapping onto Slurm (see ARCHITECTURE.md "Teams, quotas, borrowing on Slurm"):
+
+| policy | Slurm |
+|---|---|
+| team | account ``<team>`` with ``Fairshare=<fairshare>``; members are users with DefaultAccount ``<team>`` |
+| quota_gpus | QOS ``g-<team>`` ``GrpTRES=gres/gpu=<quota>``: hard, enforced by slurmctld even with nuro down |
+| borrow_limit_gpus | QOS ``b-<team>`` ``GrpTRES=gres/gpu=<limit>``: the most the team may hold above its quota |
+| lend_limit_gpus | controller only: the most of the team's idle quota others may borrow |
+| tier (e.g. urgent) | QOS ``<tier>`` with ``Priority=<priority>``, usable only by the listed accounts/users |
+| grace_s | how long a preempted job has to commit a checkpoint and acknowledge before it is requeued anyway |
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+NAME = r"^[a-z][a-z0-9_]{0,30}$"  # Slurm account/QOS names: lower case, no dashes (the QOS prefix adds one)
+USER = r"^[a-z_][a-z0-9_.-]{0,31}$"  # POSIX user names as useradd accepts them
+
+NonNegInt = Annotated[int, Field(ge=0, strict=True)]
+
+
+class PolicyError(ValueError):
+    """teams.yaml is invalid. ``problems`` lists every problem as 'where: what is wrong (how to fix)'."""
+
+    def __init__(self, source: str, problems: list[str]) -> None:
+        self.source = source
+        self.problems = problems
+        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Team(_Strict):
+    """One team = one Slurm account."""
+
+    name: str = Field(pattern=NAME)
+    members: tuple[Annotated[str, Field(pattern=USER)], ...] = ()
+    quota_gpus: NonNegInt
+    borrow_limit_gpus: NonNegInt = 0
+    lend_limit_gpus: NonNegInt = 0
+    #: Slurm fair-share shares; default: the quota (shares proportional to entitlement).
+    fairshare: Annotated[int, Field(ge=1, strict=True)] | None = None
+
+    @property
+    def shares(self) -> int:
+        return self.fairshare if self.fairshare is not None else max(1, self.quota_gpus)
+
+    @property
+    def guaranteed_qos(self) -> str:
+        return guaranteed_qos(self.name)
+
+    @property
+    def borrow_qos(self) -> str:
+        return borrow_qos(self.name)
+
+    @model_validator(mode="after")
+    def _lend_within_quota(self) -> Team:
+        if self.lend_limit_gpus > self.quota_gpus:
+            raise ValueError(
+                f"lend_limit_gpus={self.lend_limit_gpus} is above quota_gpus={self.quota_gpus}: a team can only "
+                "lend GPUs of its own quota; lower lend_limit_gpus"
+            )
+        return self
+
+
+class Tier(_Strict):
+    """A priority tier above the teams' guaranteed QOS, e.g. ``urgent`` for production retraining."""
+
+    name: str = Field(pattern=NAME)
+    priority: Annotated[int, Field(ge=1, strict=True)]
+    allowed_accounts: tuple[Annotated[str, Field(pattern=NAME)], ...] = ()
+    allowed_users: tuple[Annotated[str, Field(pattern=USER)], ...] = ()
+    #: Also preempt guaranteed (within-quota) jobs of other teams once no borrower is left to preempt.
+    preempts_guaranteed: bool = True
+
+
+class Policy(_Strict):
+    cluster_gpus: Annotated[int, Field(ge=1, strict=True)]
+    grace_s: Annotated[int, Field(ge=1, le=3600, strict=True)] = 60
+    teams: tuple[Team, ...]
+    tiers: tuple[Tier, ...] = ()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Policy:
+        problems: list[str] = []
+        names = [t.name for t in self.teams]
+        for dup in sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"teams: '{dup}' is defined twice")
+        tier_names = [t.name for t in self.tiers]
+        for clash in sorted(set(tier_names) & {"normal", *names}):
+            problems.append(f"tiers.{clash}: the name is taken (by a team or Slurm's 'normal' QOS); rename the tier")
+        total = sum(t.quota_gpus for t in self.teams)
+        if total > self.cluster_gpus:
+            problems.append(
+                f"teams: quotas add up to {total} GPUs but cluster_gpus is {self.cluster_gpus}; "
+                "lower quotas or raise cluster_gpus (guarantees cannot exceed the cluster)"
+            )
+        for team in self.teams:
+            if team.quota_gpus + team.borrow_limit_gpus > self.cluster_gpus:
+                problems.append(
+                    f"teams.{team.name}: quota_gpus + borrow_limit_gpus = "
+                    f"{team.quota_gpus + team.borrow_limit_gpus} exceeds cluster_gpus={self.cluster_gpus}"
+                )
+        seen: dict[str, str] = {}
+        for team in self.teams:
+            for user in team.members:
+                if user in seen and seen[user] != team.name:
+                    problems.append(
+                        f"teams.{team.name}.members: '{user}' is already a member of '{seen[user]}'; "
+                        "a user belongs to one team (their default account)"
+                    )
+                seen.setdefault(user, team.name)
+        for tier in self.tiers:
+            if not tier.allowed_accounts and not tier.allowed_users:
+                problems.append(
+                    f"tiers.{tier.name}: no one may use this tier; list allowed_accounts or allowed_users, "
+                    "or remove the tier"
+                )
+            for acct in tier.allowed_accounts:
+                if acct not in names:
+                    problems.append(f"tiers.{tier.name}.allowed_accounts: '{acct}' is not a team")
+            for user in tier.allowed_users:
+                if user not in seen:
+                    problems.append(
+                        f"tiers.{tier.name}.allowed_users: '{user}' is not a member of any team; add them to a team"
+                    )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    def team(self, name: str) -> Team:
+        for t in self.teams:
+            if t.name == name:
+                return t
+        raise KeyError(f"no team '{name}' in the policy (teams: {', '.join(t.name for t in self.teams)})")
+
+    def team_of_user(self, user: str) -> Team | None:
+        return next((t for t in self.teams if user in t.members), None)
+
+    def tier(self, name: str) -> Tier | None:
+        return next((t for t in self.tiers if t.name == name), None)
+
+
+def guaranteed_qos(team: str) -> str:
+    return f"g-{team}"
+
+
+def borrow_qos(team: str) -> str:
+    return f"b-{team}"
+
+
+def _where(loc: tuple, data: dict) -> str:
+    """'teams.perception.quota_gpus', not 'teams.0.quota_gpus': name list items as teams.yaml does."""
+    parts = [str(p) for p in loc]
+    if len(loc) >= 2 and loc[0] in ("teams", "tiers") and isinstance(loc[1], int):
+        items = data.get(loc[0])
+        if isinstance(items, list) and loc[1] < len(items) and isinstance(items[loc[1]], dict):
+            parts[1] = str(items[loc[1]].get("name", loc[1]))
+    return ".".join(parts) or "(top level)"
+
+
+def _format_errors(exc: ValidationError, data: dict) -> list[str]:
+    problems = []
+    for err in exc.errors():
+        where = _where(err["loc"], data)
+        if err["type"] == "extra_forbidden":
+            problems.append(f"{where}: unknown key; check the spelling (see examples/policy/teams.yaml)")
+        elif err["type"] == "value_error":
+            msg = str(err["ctx"]["error"]) if "ctx" in err else err["msg"]
+            problems.extend(f"{where + ': ' if err['loc'] else ''}{line}" for line in msg.splitlines())
+        else:
+            problems.append(f"{where}: {err['msg']} (got {err.get('input')!r})")
+    return problems
+
+
+def _teams_as_list(raw: dict) -> dict:
+    """teams.yaml writes teams (and tiers) as mappings keyed by name; the model wants lists with a name field."""
+    out = dict(raw)
+    for key in ("teams", "tiers"):
+        value = raw.get(key)
+        if isinstance(value, dict):
+            items = []
+            for name, body in value.items():
+                if not isinstance(body, dict):
+                    raise PolicyError("teams.yaml", [f"{key}.{name}: expected a mapping of settings, got {body!r}"])
+                if "name" in body:
+                    raise PolicyError("teams.yaml", [f"{key}.{name}.name: unknown key (the mapping key is the name)"])
+                items.append({"name": str(name), **body})
+            out[key] = items
+    return out
+
+
+def parse_policy(raw: object, source: str = "teams.yaml") -> Policy:
+    """Validate already-parsed YAML/JSON; raises PolicyError listing every problem."""
+    if not isinstance(raw, dict):
+        raise PolicyError(source, [f"expected a mapping at the top level, got {type(raw).__name__}"])
+    try:
+        data = _teams_as_list(raw)
+        return Policy.model_validate(data)
+    except PolicyError as exc:
+        raise PolicyError(source, exc.problems) from None
+    except ValidationError as exc:
+        raise PolicyError(source, _format_errors(exc, data)) from None
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a teams.yaml."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise PolicyError(str(path), ["file not found"]) from None
+    except yaml.YAMLError as exc:
+        raise PolicyError(str(path), [f"not valid YAML: {exc}"]) from None
+    return parse_policy(raw, str(path))
+
+
+def policy_to_yaml_dict(policy: Policy) -> dict:
+    """The inverse of the teams.yaml shape (teams/tiers keyed by name); used by ``policy show``."""
+    data = policy.model_dump(exclude_none=True)
+    data["teams"] = {t.pop("name"): t for t in data["teams"]}
+    data["tiers"] = {t.pop("name"): t for t in data["tiers"]}
+    return data
+
+
+__all__ = [
+    "Policy",
+    "PolicyError",
+    "Team",
+    "Tier",
+    "borrow_qos",
+    "guaranteed_qos",
+    "load_policy",
+    "parse_policy",
+    "policy_to_yaml_dict",
+]
