@@ -27,6 +27,8 @@ TEST_PORT_BASE = int(os.environ.get("NURO_TEST_PORT_BASE", "22800"))
 TEST_NODES = 8
 TEST_ACCOUNT = "nurotest"
 TEST_USERS = ("nuro-alice", "nuro-bob")
+#: Members named in examples/policy/teams.yaml: real Unix users, so jobs can run as them once a policy applies.
+POLICY_USERS = ("alice", "bob", "priya", "chen", "sam")
 
 
 @dataclass
@@ -56,13 +58,19 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, int
         time.sleep(interval_s)
 
 
-def _ensure_users(cluster: LiveCluster) -> None:
-    for user in TEST_USERS:
+def ensure_unix_users(users: tuple[str, ...]) -> None:
+    for user in users:
         try:
             pwd.getpwnam(user)
         except KeyError:
             subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", user], check=True)
-    cluster.run(["sacctmgr", "-i", "add", "account", TEST_ACCOUNT, "Description=nuro tests", "Organization=nuro"])
+
+
+def _ensure_users(cluster: LiveCluster) -> None:
+    ensure_unix_users(TEST_USERS + POLICY_USERS)
+    cluster.run(
+        ["sacctmgr", "-i", "add", "account", TEST_ACCOUNT, "Description=nuro test fixture", "Organization=nurotest"]
+    )
     cluster.run(["sacctmgr", "-i", "add", "user", *TEST_USERS, f"Account={TEST_ACCOUNT}"])
 
 
