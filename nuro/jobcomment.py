@@ -23,6 +23,10 @@ from typing import Any
 
 MAX_COMMENT_BYTES = 8192  # well below Slurm's limits; nuro metadata is small
 
+#: The signal the controller sends a preemption victim (``scancel --signal=USR1 --full``: the batch shell and every
+#: step). USR1 rather than TERM so a plain TERM (scancel, time limit) still means "stop", not "checkpoint".
+PREEMPT_SIGNAL = "USR1"
+
 
 @dataclass(frozen=True)
 class Mark:

@@ -132,6 +132,18 @@ class UpdateSiteFactor:
 
 
 @dataclass(frozen=True)
+class UpdateComment:
+    """``scontrol update jobid=<id> comment=<text>``: the job owner or an admin; carries nuro's job record."""
+
+    job_id: int | str
+    comment: str
+
+    def __post_init__(self) -> None:
+        if "\n" in self.comment or "\r" in self.comment:
+            raise ValueError(f"UpdateComment({self.job_id}): a job comment must be one line")
+
+
+@dataclass(frozen=True)
 class DrainNode:
     """``scontrol update nodename=<node> state=drain reason=<reason>``; running jobs finish, no new ones start."""
 
@@ -150,7 +162,19 @@ class ResumeNode:
     node: str
 
 
-Action = Submit | Cancel | Signal | Requeue | Hold | Release | UpdateQos | UpdateSiteFactor | DrainNode | ResumeNode
+Action = (
+    Submit
+    | Cancel
+    | Signal
+    | Requeue
+    | Hold
+    | Release
+    | UpdateQos
+    | UpdateSiteFactor
+    | UpdateComment
+    | DrainNode
+    | ResumeNode
+)
 
 
 def render_argv(action: Action) -> list[str]:
@@ -186,6 +210,8 @@ def render_argv(action: Action) -> list[str]:
             return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"qos={qos}"]
         case UpdateSiteFactor(job_id=jid, value=value):
             return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"sitefactor={int(value)}"]
+        case UpdateComment(job_id=jid, comment=comment):
+            return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"comment={comment}"]
         case DrainNode(node=node, reason=reason):
             return ["scontrol", "update", f"nodename={_check_node(node)}", "state=drain", f"reason={reason}"]
         case ResumeNode(node=node):

@@ -40,12 +40,14 @@ from nuro.slurm.actions import (
     ResumeNode,
     Signal,
     Submit,
+    UpdateComment,
     UpdateQos,
     UpdateSiteFactor,
     render_argv,
     render_stdin,
 )
 from nuro.slurm.errors import (
+    InvalidJobId,
     JobWaitTimeout,
     SlurmCommandNotFound,
     SlurmError,
@@ -61,6 +63,7 @@ from nuro.slurm.parse import (
     parse_sacct_json,
     parse_sbatch_parsable,
     parse_scontrol_partitions,
+    parse_scontrol_show_oneliner,
     parse_scontrol_show_topology,
     parse_sinfo_json,
     parse_squeue_format,
@@ -173,6 +176,10 @@ class Backend(abc.ABC):
         """Set the job's SiteFactor (admin only)."""
         return self.apply(UpdateSiteFactor(job_id, value)).raise_for_error()
 
+    def update_comment(self, job_id: int | str, comment: str) -> ActionResult:
+        """Replace the job's comment (nuro's job record; see nuro.jobcomment)."""
+        return self.apply(UpdateComment(job_id, comment)).raise_for_error()
+
     def drain(self, node: str, reason: str) -> ActionResult:
         """Drain a node (or hostlist) with a reason."""
         return self.apply(DrainNode(node, reason)).raise_for_error()
@@ -278,6 +285,14 @@ class CliBackend(Backend):
                 log.warning("scontrol show topology failed: nodes will have switch=None error=%s", exc)
                 self._topology = {}
         return self._topology
+
+    def job_comment(self, job_id: int | str) -> str:
+        """One job's current comment via ``scontrol show job -o`` (cheap, unlike a full squeue of the cluster)."""
+        rows = parse_scontrol_show_oneliner(self.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout)
+        if not rows:
+            raise InvalidJobId(f"scontrol show job {job_id} printed nothing", argv=["scontrol", "show", "job"])
+        comment = rows[0].get("Comment", "")
+        return "" if comment == "(null)" else comment
 
     def refresh_topology(self) -> None:
         """Forget the cached topology (after a slurmctld restart with a new topology.conf)."""

@@ -1,0 +1,70 @@
+"""Carry out the engine's decisions through the Slurm adapter, idempotently, one outcome per decision.
+
+The engine (``engine.decide``) only computes; this module is the only place the controller changes Slurm. Every
+decision was taken on a snapshot that may be a second old, so Slurm refusing one (the job started, ended, or was
+already moved) is an expected, logged outcome, never a crash; the next cycle decides again from fresh state.
+
+| decision | Slurm calls |
+|---|---|
+| Borrow / Return | ``scontrol update jobid=J qos=<b-team / g-team>`` (pending jobs only) |
+| Preempt | comment ``preempt={at, for, why}`` (a restarted controller finds it), then ``scancel -s USR1 --full J`` |
+| Requeue | comment ``preempt`` removed (the next run is not a victim), then ``scontrol requeue J`` |
+| SetSiteFactor | ``scontrol update jobid=J sitefactor=V`` |
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from nuro import jobcomment
+from nuro.slurm import Backend, SlurmError, SlurmUnavailable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    decision: object
+    applied: bool
+    message: str
+    duration_s: float
+
+
+def _kind(decision: object) -> str:
+    return type(decision).__name__
+
+
+def apply_decision(backend: Backend, decision: object, now: float, dry_run: bool = False) -> Outcome:
+    """Apply one decision. Raises only ``SlurmUnavailable`` (the controller then skips the rest of the cycle)."""
+    t0 = time.monotonic()
+    kind = _kind(decision)
+    job_id = int(decision.job_id)  # type: ignore[attr-defined]
+    if dry_run:
+        return Outcome(decision, False, "dry run", 0.0)
+    try:
+        if kind in ("Borrow", "Return"):
+            backend.update_qos(job_id, decision.to_qos)  # type: ignore[attr-defined]
+            msg = f"qos -> {decision.to_qos}"  # type: ignore[attr-defined]
+        elif kind == "Preempt":
+            mark = {"at": round(now, 3), "for": decision.for_job_id, "why": decision.reason}  # type: ignore[attr-defined]
+            backend.update_comment(job_id, jobcomment.merge(backend.job_comment(job_id), preempt=mark))
+            backend.signal(job_id, jobcomment.PREEMPT_SIGNAL, full=True)
+            msg = f"signalled {jobcomment.PREEMPT_SIGNAL}; waiting for its checkpoint ack"
+        elif kind == "Requeue":
+            backend.update_comment(job_id, jobcomment.merge(backend.job_comment(job_id), preempt=None))
+            backend.requeue(job_id)
+            msg = "requeued after ack" if decision.acked else "requeued at grace end without ack"  # type: ignore[attr-defined]
+        elif kind == "SetSiteFactor":
+            backend.update_site_factor(job_id, decision.value)  # type: ignore[attr-defined]
+            msg = f"sitefactor -> {decision.value}"  # type: ignore[attr-defined]
+        else:
+            raise TypeError(f"apply_decision: unknown decision {decision!r}")
+    except SlurmUnavailable:
+        raise
+    except SlurmError as exc:
+        # Expected when the snapshot is stale (job started, ended, moved): next cycle re-decides.
+        log.warning("decision=%s job=%d not applied: %s", kind, job_id, exc)
+        return Outcome(decision, False, str(exc), time.monotonic() - t0)
+    return Outcome(decision, True, msg, time.monotonic() - t0)

@@ -1,0 +1,274 @@
+"""nuro-controller on the real cluster: hard quotas without it, borrowing within lending limits, checkpoint-confirmed
+reclaim, urgent preemption, restart, and no team above its quota at any sampled moment.
+
+The policy is examples/policy/teams.yaml (64 GPUs: perception 24, prediction 16, controls 8, simulation 16) with a
+short grace so the no-ack case is quick. Every job takes one whole node (8 GPUs) so capacity is easy to reason about.
+The controller runs as the real daemon (``nuro-controller``), a child process stopped by PID.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nuro import jobcomment
+from nuro.policy import load_policy
+from nuro.slurm import JobInfo, JobPhase, SlurmError
+from tests.integration.conftest import REPO, LiveCluster, wait_until
+
+pytestmark = pytest.mark.slurm
+
+BIN = Path(sys.executable).parent
+GRACE_S = 15
+MEMBERS = {"perception": "alice", "prediction": "priya", "controls": "chen", "simulation": "sam"}
+
+# A job that records a checkpoint (when told to), acknowledges a preemption request, and otherwise sleeps.
+JOB = """#!/bin/bash
+#SBATCH --nodes=1 --gres=gpu:8 --exclusive
+NJ={bin}/nuro-job
+on_preempt() {{ [ "$ACK" = yes ] && $NJ ack --step 42; }}
+trap on_preempt USR1
+[ "$CKPT" = yes ] && $NJ ckpt --step 40
+for i in $(seq 900); do sleep 1; done
+"""
+
+
+@pytest.fixture(scope="module")
+def policy_file(cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    raw = yaml.safe_load((REPO / "examples" / "policy" / "teams.yaml").read_text())
+    raw["grace_s"] = GRACE_S
+    path = tmp_path_factory.mktemp("policy") / "teams.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(path)])
+    return path
+
+
+@pytest.fixture
+def clean(cluster: LiveCluster, policy_file: Path) -> Iterator[None]:
+    """Every test starts and ends with no job of the policy's members."""
+    users = ",".join(MEMBERS.values())
+    cluster.run(["scancel", "-u", users], check=False)
+    wait_until(lambda: not _live_jobs(cluster), 30, "the previous test's jobs to leave")
+    yield
+    cluster.run(["scancel", "-u", users], check=False)
+
+
+def _live_jobs(cluster: LiveCluster) -> list[JobInfo]:
+    return [
+        j
+        for j in cluster.backend.jobs()
+        if j.user in MEMBERS.values() and j.phase in (JobPhase.PENDING, JobPhase.RUNNING, JobPhase.COMPLETING)
+    ]
+
+
+def _submit(cluster: LiveCluster, team: str, *, qos: str | None = None, ckpt: bool = False, ack: bool = True) -> int:
+    args = ["sbatch", "--parsable", f"--account={team}", "--output=/dev/null", "--requeue"]
+    if qos:
+        args.append(f"--qos={qos}")
+    args.append(f"--export=ALL,CKPT={'yes' if ckpt else 'no'},ACK={'yes' if ack else 'no'}")
+    res = subprocess.run(
+        ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in cluster.env.items()), *args],
+        input=JOB.format(bin=BIN),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return int(res.stdout.strip().split(";")[0])
+
+
+def _job(cluster: LiveCluster, job_id: int) -> JobInfo:
+    return next(j for j in cluster.backend.jobs() if j.job_id == job_id)
+
+
+def _running(cluster: LiveCluster, *job_ids: int, timeout_s: float = 40) -> None:
+    for job_id in job_ids:
+        cluster.backend.wait_for_job(job_id, {JobPhase.RUNNING}, timeout_s=timeout_s)
+
+
+@contextlib.contextmanager
+def controller(cluster: LiveCluster, policy_file: Path, log_path: Path) -> Iterator[subprocess.Popen]:
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [str(BIN / "nuro-controller"), "--policy", str(policy_file), "--interval-s", "0.5"],
+            env=_env(cluster),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, log_path.read_text()[-3000:]
+
+
+def _env(cluster: LiveCluster) -> dict[str, str]:
+    return {**os.environ, **cluster.env}
+
+
+class QuotaSampler(threading.Thread):
+    """Samples guaranteed GPUs per team every 0.5 s for the whole test: no team may ever exceed its quota."""
+
+    def __init__(self, cluster: LiveCluster, quotas: dict[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.cluster, self.quotas = cluster, quotas
+        self.stop = threading.Event()
+        self.samples = 0
+        self.violations: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            with contextlib.suppress(SlurmError):
+                used: dict[str, int] = {}
+                for j in self.cluster.backend.jobs():
+                    if j.phase is JobPhase.RUNNING and j.qos == f"g-{j.account}":
+                        used[j.account] = used.get(j.account, 0) + j.gpus_total
+                for team, gpus in used.items():
+                    if gpus > self.quotas.get(team, 0):
+                        self.violations.append(f"{team} runs {gpus} guaranteed GPUs > quota {self.quotas[team]}")
+                self.samples += 1
+            self.stop.wait(0.5)
+
+
+@pytest.fixture
+def sampler(cluster: LiveCluster, policy_file: Path) -> Iterator[QuotaSampler]:
+    quotas = {t.name: t.quota_gpus for t in load_policy(policy_file).teams}
+    s = QuotaSampler(cluster, quotas)
+    s.start()
+    yield s
+    s.stop.set()
+    s.join()
+    assert s.samples > 0 and not s.violations, s.violations[:5]
+
+
+def test_hard_quota_holds_with_no_controller(cluster: LiveCluster, clean: None, sampler: QuotaSampler) -> None:
+    jobs = [_submit(cluster, "perception") for _ in range(4)]
+    _running(cluster, *jobs[:3])
+    blocked = wait_until(
+        lambda: (j := _job(cluster, jobs[3])).reason == "QOSGrpGRES" and j,
+        30,
+        "the 4th perception job (24 GPUs already running) to pend on its QOS limit",
+    )
+    assert blocked.phase is JobPhase.PENDING and blocked.qos == "g-perception"
+    time.sleep(2)
+    assert _job(cluster, jobs[3]).phase is JobPhase.PENDING
+
+
+def test_borrow_then_reclaim_with_checkpoint_ack(
+    cluster: LiveCluster, clean: None, sampler: QuotaSampler, policy_file: Path, tmp_path: Path
+) -> None:
+    """Perception borrows 2 idle nodes; prediction then needs one back: the borrower with the freshest checkpoint
+    is chosen, acknowledges, and is requeued right after its ack, well before the grace ends."""
+    with controller(cluster, policy_file, tmp_path / "controller.log"):
+        guaranteed = [_submit(cluster, "perception") for _ in range(3)]
+        stale = _submit(cluster, "perception", ckpt=False)
+        _running(cluster, *guaranteed)
+        _running(cluster, stale)  # borrowed: moved to b-perception by the controller
+        fresh = _submit(cluster, "perception", ckpt=True)
+        _running(cluster, fresh)
+        assert _job(cluster, stale).qos == _job(cluster, fresh).qos == "b-perception"
+        # Fill the rest with guaranteed work of others so nothing is free.
+        fillers = [_submit(cluster, "simulation"), _submit(cluster, "simulation"), _submit(cluster, "controls")]
+        _running(cluster, *fillers)
+        wait_until(lambda: jobcomment.parse(_job(cluster, fresh).comment).checkpoint, 20, "the fresh checkpoint mark")
+        claimant = _submit(cluster, "prediction")
+        victim = wait_until(
+            lambda: next(
+                (j for j in (_job(cluster, stale), _job(cluster, fresh)) if j.phase is not JobPhase.RUNNING), None
+            ),
+            40,
+            "a borrower to be requeued",
+        )
+        assert victim.job_id == fresh, f"expected the fresh-checkpoint borrower {fresh}, got {victim.job_id}"
+        _running(cluster, claimant)
+        marks = jobcomment.parse(cluster.backend.job_comment(fresh))
+        assert marks.ack is not None and marks.ack.step == 42
+        requeued = _job(cluster, fresh)
+        assert requeued.restart_count == 1 and _job(cluster, stale).phase is JobPhase.RUNNING
+        log = (tmp_path / "controller.log").read_text()
+        assert f"decision=Requeue job={fresh} applied=True" in log and "requeued after ack" in log, log[-3000:]
+
+
+def test_victim_without_ack_is_requeued_at_grace_end(
+    cluster: LiveCluster, clean: None, policy_file: Path, tmp_path: Path
+) -> None:
+    with controller(cluster, policy_file, tmp_path / "controller.log"):
+        for _ in range(3):
+            _submit(cluster, "perception")
+        borrower = _submit(cluster, "perception", ack=False)
+        _running(cluster, borrower)
+        fillers = [_submit(cluster, "simulation"), _submit(cluster, "simulation"), _submit(cluster, "controls")]
+        _running(cluster, *fillers)
+        claimant = _submit(cluster, "prediction")
+        signalled = wait_until(
+            lambda: jobcomment.parse(_job(cluster, borrower).comment).preempt, 30, "the borrower to be signalled"
+        )
+        cluster.backend.wait_for_job(borrower, {JobPhase.PENDING}, timeout_s=GRACE_S + 15)
+        waited = time.time() - signalled.at
+        assert waited >= GRACE_S - 1, f"requeued {waited:.1f} s after the signal, before the {GRACE_S} s grace"
+        _running(cluster, claimant)
+
+
+def test_urgent_preempts_a_borrower_before_guaranteed_work(
+    cluster: LiveCluster, clean: None, sampler: QuotaSampler, policy_file: Path, tmp_path: Path
+) -> None:
+    with controller(cluster, policy_file, tmp_path / "controller.log"):
+        guaranteed = [_submit(cluster, "perception") for _ in range(3)]
+        borrower = _submit(cluster, "perception")
+        others = [_submit(cluster, "simulation"), _submit(cluster, "simulation"), _submit(cluster, "controls")]
+        others.append(_submit(cluster, "prediction"))
+        _running(cluster, *guaranteed, borrower, *others[:3])
+        urgent = _submit(cluster, "prediction", qos="urgent")
+        _running(cluster, urgent, timeout_s=60)
+        assert _job(cluster, borrower).phase is not JobPhase.RUNNING
+        assert all(_job(cluster, j).phase is JobPhase.RUNNING for j in guaranteed + others[:3])
+
+
+def test_lending_limits_hold_even_with_free_gpus(
+    cluster: LiveCluster, clean: None, policy_file: Path, tmp_path: Path
+) -> None:
+    """Prediction and simulation use their whole quotas; controls is idle but lends at most 4 GPUs, so an 8-GPU
+    borrow by perception is refused although a node is free."""
+    with controller(cluster, policy_file, tmp_path / "controller.log"):
+        busy = [_submit(cluster, "prediction") for _ in range(2)] + [_submit(cluster, "simulation") for _ in range(2)]
+        guaranteed = [_submit(cluster, "perception") for _ in range(3)]
+        _running(cluster, *busy, *guaranteed)
+        hopeful = _submit(cluster, "perception")
+        time.sleep(5)  # ten controller cycles
+        job = _job(cluster, hopeful)
+        assert job.phase is JobPhase.PENDING and job.qos == "g-perception", job
+        free = [n for n in cluster.backend.nodes() if n.gpus_alloc == 0]
+        assert len(free) == 1
+
+
+def test_restarted_controller_rebuilds_in_flight_preemptions(
+    cluster: LiveCluster, clean: None, policy_file: Path, tmp_path: Path
+) -> None:
+    """Stop the controller right after it signalled a victim that acks late; a new controller finds the request in
+    the job's comment and requeues on the ack without signalling again."""
+    with controller(cluster, policy_file, tmp_path / "c1.log"):
+        for _ in range(3):
+            _submit(cluster, "perception")
+        borrower = _submit(cluster, "perception", ack=False)
+        _running(cluster, borrower)
+        fillers = [_submit(cluster, "simulation"), _submit(cluster, "simulation"), _submit(cluster, "controls")]
+        _running(cluster, *fillers)
+        _submit(cluster, "prediction")
+        wait_until(lambda: jobcomment.parse(_job(cluster, borrower).comment).preempt, 30, "the preempt mark")
+    # Controller down. The job acks now (as rank 0 would after its checkpoint commits).
+    cluster.run([str(BIN / "nuro-job"), "ack", "--step", "50", "--job-id", str(borrower)])
+    with controller(cluster, policy_file, tmp_path / "c2.log"):
+        cluster.backend.wait_for_job(borrower, {JobPhase.PENDING}, timeout_s=GRACE_S - 3)
+    log = (tmp_path / "c2.log").read_text()
+    assert "rebuilt in-flight preemptions" in log and f"decision=Preempt job={borrower}" not in log, log[-2000:]
+    assert f"decision=Requeue job={borrower} applied=True" in log and "requeued after ack" in log, log[-2000:]
