@@ -1,0 +1,105 @@
+"""The whole controller cycle (read snapshot → decide → apply) against the real dev cluster at 500 nodes.
+
+Set-up: `devcluster up --nodes 500` (4,000 GPUs), the example policy scaled to 4,000 GPUs, 1,000+ jobs queued across
+the four teams by their members (real users, real sbatch), a few hundred running. Baseline in the same run: the bare
+`squeue --json` + `sinfo --json` calls a cycle cannot avoid. Reports the first cycle (it sets SiteFactor on every
+pending job) and the steady state (median of the following cycles), each split into snapshot / decide / apply.
+
+    python -m bench.bench_controller_cycle [--nodes 500] [--jobs 1200] [--cycles 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from bench.common import REPO, cluster, median_s, run, save
+from nuro.policy import parse_policy
+from nuro.slurm import CliBackend
+from nuro.slurm_plugins.controller.daemon import Controller
+from tests.integration.conftest import POLICY_USERS, ensure_unix_users
+
+MEMBERS = {"perception": "alice", "prediction": "priya", "controls": "chen", "simulation": "sam"}
+SHARE = {"perception": 0.375, "prediction": 0.25, "controls": 0.125, "simulation": 0.25}
+
+
+def scaled_policy(gpus: int) -> dict:
+    raw = yaml.safe_load((REPO / "examples" / "policy" / "teams.yaml").read_text())
+    raw["cluster_gpus"] = gpus
+    for name, team in raw["teams"].items():
+        quota = int(gpus * SHARE[name])
+        team.update(quota_gpus=quota, borrow_limit_gpus=quota // 2, lend_limit_gpus=quota // 3)
+        team.pop("fairshare", None)
+    return raw
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=500)
+    ap.add_argument("--jobs", type=int, default=1200)
+    ap.add_argument("--cycles", type=int, default=10)
+    ap.add_argument("--port-base", type=int, default=28800)
+    args = ap.parse_args()
+    ensure_unix_users(POLICY_USERS)
+    with cluster(args.nodes, args.port_base, f"cycle{args.nodes}") as (layout, env, _up):
+        policy_raw = scaled_policy(args.nodes * 8)
+        policy_path = layout.root / "teams.yaml"
+        policy_path.write_text(yaml.safe_dump(policy_raw))
+        admin = Path(sys.executable).parent / "nuro-admin"
+        subprocess.run([str(admin), "policy", "apply", str(policy_path)], env={**os.environ, **env}, check=True,
+                       capture_output=True)  # fmt: skip
+        teams = list(MEMBERS)
+        for i in range(args.jobs):
+            team = teams[i % len(teams)]
+            nodes = 1 + (i % 4)
+            subprocess.run(
+                ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in env.items()),
+                 "sbatch", "--parsable", f"--account={team}", f"--nodes={nodes}", "--gres=gpu:8",
+                 "--output=/dev/null", "--wrap", "sleep 3600"],
+                check=True, capture_output=True, timeout=60,
+            )  # fmt: skip
+        backend = CliBackend(env=env, timeout_s=60)
+        controller = Controller(backend, parse_policy(policy_raw))
+        reports = [controller.cycle() for _ in range(args.cycles)]
+        snap = backend.read_snapshot()
+        bare = median_s(lambda: (run(["squeue", "--json"], env), run(["sinfo", "--json"], env)), 5)
+        steady = reports[1:] or reports
+
+        def med(attr: str) -> float:
+            return round(statistics.median(getattr(r, attr) for r in steady), 3)
+
+        first = reports[0]
+        save(
+            f"controller_cycle_{args.nodes}",
+            {
+                "nodes": args.nodes,
+                "gpus": args.nodes * 8,
+                "jobs": len(snap.jobs),
+                "running": sum(1 for j in snap.jobs if j.phase.value == "RUNNING"),
+                "pending": sum(1 for j in snap.jobs if j.phase.value == "PENDING"),
+                "first_cycle": {
+                    "snapshot_s": round(first.snapshot_s, 3),
+                    "decide_s": round(first.decide_s, 3),
+                    "apply_s": round(first.apply_s, 3),
+                    "decisions": len(first.outcomes),
+                },
+                "steady_cycle_median": {
+                    "snapshot_s": med("snapshot_s"),
+                    "decide_s": med("decide_s"),
+                    "apply_s": med("apply_s"),
+                    "decisions_per_cycle": statistics.median(len(r.outcomes) for r in steady),
+                },
+                "bare_squeue_sinfo_json_s": round(bare, 3),
+                "steady_cycle_over_bare_ratio": round((med("snapshot_s") + med("decide_s") + med("apply_s")) / bare, 2),
+            },
+        )
+
+
+if __name__ == "__main__":
+    main()

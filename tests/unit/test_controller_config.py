@@ -1,0 +1,56 @@
+"""nuro-controller's config: typos and inconsistent timeouts fail at start with every problem listed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nuro.slurm import ClusterSnapshot, JobInfo, JobPhase
+from nuro.slurm_plugins.controller.config import ConfigError, load_config
+
+
+def test_relative_policy_path_is_resolved_beside_the_config(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "controller.yaml"
+    cfg_file.write_text("policy: teams.yaml\ninterval_s: 0.5\nlog_format: json\n")
+    cfg = load_config(cfg_file)
+    assert cfg.policy == tmp_path / "teams.yaml" and cfg.interval_s == 0.5 and cfg.log_format == "json"
+
+
+def test_unknown_keys_and_bad_values_are_all_reported(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "controller.yaml"
+    cfg_file.write_text("policy: t.yaml\nintervall_s: 1\nlog_format: xml\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg_file)
+    msg = str(err.value)
+    assert "intervall_s: unknown key" in msg and "log_format" in msg and "valid keys: policy, slurm_conf" in msg
+
+
+def test_a_slurm_timeout_shorter_than_a_cycle_is_refused(tmp_path: Path) -> None:
+    cfg_file = tmp_path / "controller.yaml"
+    cfg_file.write_text("policy: t.yaml\ninterval_s: 10\nslurm_timeout_s: 2\n")
+    with pytest.raises(ConfigError, match="raise slurm_timeout_s"):
+        load_config(cfg_file)
+
+
+def test_missing_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_in_flight_preemptions_are_rebuilt_from_job_comments() -> None:
+    from nuro.slurm_plugins.controller.daemon import rebuild_state
+
+    def job(jid: int, state: str, comment: str) -> JobInfo:
+        return JobInfo(job_id=jid, name="j", user="u", state=state, phase=JobPhase(state), comment=comment)
+
+    snap = ClusterSnapshot(
+        nodes=(),
+        jobs=(
+            job(1, "RUNNING", '{"preempt":{"at":100.0,"for":9}}'),
+            job(2, "RUNNING", '{"ckpt":{"step":1,"at":5}}'),
+            job(3, "PENDING", '{"preempt":{"at":50.0}}'),  # requeued already: not in flight
+        ),
+        partitions=(),
+    )
+    assert dict(rebuild_state(snap).preempting) == {1: 100.0}
