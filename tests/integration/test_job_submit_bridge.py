@@ -1,0 +1,234 @@
+"""job_submit.lua on the real cluster: every shared vector through real sbatch, plus the modify hook and fail-open.
+
+The fixture sets up the Slurm side the vectors need with plain sacctmgr (team accounts, users with g-/b-/urgent QOS,
+QOS GrpTRES) -- `nuro-admin policy apply` will own that later -- and writes the current job_submit.lua and the
+generated table beside slurm.conf. Accepted jobs are submitted with --hold so they never run, read back with
+``scontrol show job -o`` and cancelled.
+
+slurmctld 22.05 re-reads job_submit.lua on a submission when its mtime (1 s resolution) is newer than the loaded
+copy's (src/lua/slurm_lua.c, slurm_lua_loadscript), and job_submit.lua dofile's the table on every submission, so no
+reconfigure is needed; the fixture only makes sure the copied script's mtime moves forward.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nuro.policy import load_policy
+from nuro.policy.admission import JobRequest, decide
+from nuro.policy.luatable import TABLE_FILE, render_lua_table
+from nuro.slurm.parse_text import parse_scontrol_show_oneliner
+from tests.integration.conftest import LiveCluster
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+VECTORS = json.loads((REPO / "tests/vectors/admission.json").read_text())
+POLICY = load_policy(REPO / VECTORS["policy"])
+#: What sbatch prints after "Batch job submission failed: " for each code the bridge returns (22.05 slurm_errtab).
+STRERROR = {
+    "ESLURM_ACCESS_DENIED": "Access/permission denied",
+    "ESLURM_ACCOUNTING_POLICY": "Job violates accounting/QOS policy",
+    "ESLURM_INVALID_ACCOUNT": "Invalid account or account/partition combination specified",
+}
+
+
+def _sacctmgr(cluster: LiveCluster, *args: str) -> None:
+    """Idempotent enough for a shared session: 'add' of an existing entity fails harmlessly, 'modify' re-applies."""
+    cluster.run(["sacctmgr", "-i", *args], check=False)
+
+
+def _setup_slurm_side(cluster: LiveCluster) -> None:
+    for tier in POLICY.tiers:
+        _sacctmgr(cluster, "add", "qos", tier.name, f"Priority={tier.priority}")
+    for team in POLICY.teams:
+        for qos, gpus in ((team.guaranteed_qos, team.quota_gpus), (team.borrow_qos, team.borrow_limit_gpus)):
+            _sacctmgr(cluster, "add", "qos", qos, f"GrpTRES=gres/gpu={gpus}")
+            _sacctmgr(cluster, "modify", "qos", qos, "set", f"GrpTRES=gres/gpu={gpus}")
+        _sacctmgr(cluster, "add", "account", team.name, f"Fairshare={team.shares}")
+        for user in team.members:
+            qos = [team.guaranteed_qos, team.borrow_qos]
+            qos += [t.name for t in POLICY.tiers if team.name in t.allowed_accounts or user in t.allowed_users]
+            _sacctmgr(cluster, "add", "user", user, f"Account={team.name}", f"DefaultAccount={team.name}")
+            _sacctmgr(
+                cluster, "modify", "user", user, "where", f"account={team.name}", "set",
+                f"QOS={','.join(qos)}", f"DefaultQOS={team.guaranteed_qos}",
+            )  # fmt: skip
+
+
+def _install(etc: Path, name: str, text: str) -> None:
+    """Atomic write; the mtime moves forward by at least 1 s so slurmctld reloads a changed script."""
+    path = etc / name
+    old_mtime = path.stat().st_mtime if path.exists() else 0.0
+    tmp = etc / f".{name}.tmp"
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    new_mtime = max(time.time(), old_mtime + 1.0)
+    os.utime(tmp, (new_mtime, new_mtime))
+    os.replace(tmp, path)
+
+
+@pytest.fixture(scope="module")
+def bridge(cluster: LiveCluster) -> Iterator[Path]:
+    """The team accounts/QOS, the current job_submit.lua and the policy table beside slurm.conf."""
+    etc = Path(cluster.env["SLURM_CONF"]).parent
+    _setup_slurm_side(cluster)
+    _install(etc, "job_submit.lua", (REPO / "slurm_plugins/job_submit.lua").read_text())
+    _install(etc, TABLE_FILE, render_lua_table(POLICY))
+    yield etc
+    (etc / TABLE_FILE).unlink(missing_ok=True)
+    cluster.run(["scancel", "--name=nuro-vec", "--name=nuro-mod", "--name=nuro-open"], check=False)
+
+
+def _sbatch(cluster: LiveCluster, user: str, args: list[str], name: str = "nuro-vec"):
+    argv = ["sbatch", "--parsable", "--hold", "-J", name, "-D", "/tmp", "-o", "/dev/null", *args, "--wrap", "true"]
+    return cluster.run(argv, user=None if user == "root" else user, check=False)
+
+
+def _job(cluster: LiveCluster, job_id: str) -> dict[str, str]:
+    [record] = parse_scontrol_show_oneliner(cluster.run(["scontrol", "show", "job", "-o", job_id]).stdout)
+    return record
+
+
+def _seconds(hms: str) -> int:
+    days, _, rest = hms.rpartition("-")
+    h, m, s = (int(p) for p in rest.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def _switches(record: dict[str, str]) -> tuple[int | None, int | None]:
+    if "Switches" not in record:
+        return None, None
+    count, _, wait = record["Switches"].partition("@")
+    return int(count), _seconds(wait) if wait else None
+
+
+@pytest.mark.parametrize("vector", VECTORS["vectors"], ids=[v["id"] for v in VECTORS["vectors"]])
+def test_vector_through_real_sbatch(cluster: LiveCluster, bridge: Path, vector: dict) -> None:
+    out = _sbatch(cluster, vector["user"], vector["args"])
+    want = vector["expect"]
+    if want["verdict"] == "reject":
+        assert out.returncode != 0, f"sbatch accepted job {out.stdout.strip()}; expected: {want['message']}"
+        assert f"sbatch: error: {want['message']}\n" in out.stderr, out.stderr
+        assert f"Batch job submission failed: {STRERROR[want['code']]}" in out.stderr, out.stderr
+        return
+    assert out.returncode == 0, out.stderr
+    job_id = out.stdout.strip().split(";")[0]
+    try:
+        record = _job(cluster, job_id)
+        switches, wait = _switches(record)
+        got = {
+            "qos": record["QOS"],
+            "account": record["Account"],
+            "requeue": record["Requeue"] == "1",
+            "switches": switches,
+            "switch_wait_s": wait,
+        }
+        expected = {k: want[k] for k in got if k in want}
+        assert {k: got[k] for k in expected} == expected, record
+    finally:
+        cluster.run(["scancel", job_id], check=False)
+
+
+def _ctld_log(cluster: LiveCluster) -> str:
+    return (cluster.layout.log / "slurmctld.log").read_text(errors="replace")
+
+
+def _held(cluster: LiveCluster, user: str, *args: str) -> str:
+    out = _sbatch(cluster, user, list(args), name="nuro-mod")
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def _update(cluster: LiveCluster, user: str | None, job_id: str, *settings: str):
+    return cluster.run(["scontrol", "update", f"jobid={job_id}", *settings], user=user, check=False)
+
+
+def test_modify_cannot_switch_to_another_teams_qos(cluster: LiveCluster, bridge: Path) -> None:
+    job = _held(cluster, "alice", "-N2", "--gpus-per-node=1")
+    out = _update(cluster, "alice", job, "qos=g-prediction")
+    assert out.returncode != 0 and "Access/permission denied" in out.stderr, out.stderr
+    assert _job(cluster, job)["QOS"] == "g-perception"
+    assert re.search(rf"nuro: reject job_id={job} uid=\d+ user=alice rule=qos_other_team", _ctld_log(cluster))
+
+
+def test_modify_cannot_switch_to_a_tier_not_allowed(cluster: LiveCluster, bridge: Path) -> None:
+    job = _held(cluster, "chen", "--gpus-per-node=1")
+    out = _update(cluster, "chen", job, "qos=urgent")
+    assert out.returncode != 0 and "Access/permission denied" in out.stderr, out.stderr
+    assert _job(cluster, job)["QOS"] == "g-controls"
+    assert re.search(rf"nuro: reject job_id={job} uid=\d+ user=chen rule=tier_denied", _ctld_log(cluster))
+
+
+def test_modify_cannot_raise_gpus_above_the_cap(cluster: LiveCluster, bridge: Path) -> None:
+    job = _held(cluster, "alice", "-N6", "--gpus-per-node=4")  # 24 of perception's 40
+    out = _update(cluster, "alice", job, "TresPerNode=gres:gpu:8")  # 48
+    assert out.returncode != 0 and STRERROR["ESLURM_ACCOUNTING_POLICY"] in out.stderr, out.stderr
+    assert _job(cluster, job)["TresPerNode"] == "gres:gpu:4"
+    assert f"nuro: reject job_id={job}" in _ctld_log(cluster)
+
+
+def test_modify_cannot_raise_nodes_above_the_cap(cluster: LiveCluster, bridge: Path) -> None:
+    job = _held(cluster, "bob", "-N2", "--gpus-per-node=8")  # 16 of perception's 40
+    out = _update(cluster, "bob", job, "NumNodes=6")  # 48
+    assert out.returncode != 0 and STRERROR["ESLURM_ACCOUNTING_POLICY"] in out.stderr, out.stderr
+    assert re.search(rf"nuro: reject job_id={job} uid=\d+ user=bob rule=gpu_cap", _ctld_log(cluster))
+
+
+def test_modify_requeue_off_is_forced_back_on(cluster: LiveCluster, bridge: Path) -> None:
+    job = _held(cluster, "bob", "--gpus-per-node=1")
+    out = _update(cluster, "bob", job, "requeue=0")
+    assert out.returncode == 0, out.stderr
+    assert _job(cluster, job)["Requeue"] == "1"
+
+
+def test_root_may_move_a_job_to_the_borrow_qos(cluster: LiveCluster, bridge: Path) -> None:
+    """The controller (root) moves pending jobs to b-<team>; and root is never judged by the bridge."""
+    job = _held(cluster, "alice", "-N2", "--gpus-per-node=8")
+    out = _update(cluster, None, job, "qos=b-perception")
+    assert out.returncode == 0, out.stderr
+    assert _job(cluster, job)["QOS"] == "b-perception"
+
+
+def test_python_preview_agrees_on_a_modified_policy(cluster: LiveCluster, bridge: Path) -> None:
+    """Principle 5 with a table that is not the example: shrink perception's cap, both sides follow the table."""
+    small = POLICY.model_copy(
+        update={"teams": tuple(t.model_copy(update={"borrow_limit_gpus": 0}) for t in POLICY.teams)}
+    )
+    preview = decide(JobRequest(user="alice", nodes=4, max_nodes=4, gpus_per_node=8), small)
+    assert not preview.accepted
+    _install(bridge, TABLE_FILE, render_lua_table(small))
+    try:
+        out = _sbatch(cluster, "alice", ["-N4", "--gpus-per-node=8"])
+        assert out.returncode != 0
+        assert f"sbatch: error: {preview.message}\n" in out.stderr, out.stderr
+    finally:
+        _install(bridge, TABLE_FILE, render_lua_table(POLICY))
+
+
+def test_without_a_table_jobs_pass_unchanged(cluster: LiveCluster, bridge: Path) -> None:
+    """Fail operational: no table -> no nuro rule, an error in slurmctld's log, Slurm's own limits still apply."""
+    table = bridge / TABLE_FILE
+    saved = table.read_text()
+    table.unlink()
+    try:
+        out = _sbatch(cluster, "alice", ["-N6", "--gpus-per-node=8", "--no-requeue"], name="nuro-open")
+        assert out.returncode == 0, out.stderr
+        record = _job(cluster, out.stdout.strip().split(";")[0])
+        assert (record["QOS"], record["Requeue"], "Switches" in record) == ("g-perception", "0", False)
+        assert "no usable policy table" in _ctld_log(cluster)
+    finally:
+        _install(bridge, TABLE_FILE, saved)
+
+
+def test_bridge_on_the_cluster_is_this_checkout(cluster: LiveCluster, bridge: Path) -> None:
+    assert (bridge / "job_submit.lua").read_text() == (REPO / "slurm_plugins/job_submit.lua").read_text()
+    assert shutil.which("sbatch")

@@ -1,0 +1,273 @@
+"""Admission rules: the Python preview against the shared vectors, the Lua bridge under a stub ``slurm`` against the
+same vectors (when lua5.1 is installed), and the generated policy table (golden, escaping, determinism).
+
+The real check of the Lua is tests/integration/test_job_submit_bridge.py (real sbatch); the stub run here only gives
+fast feedback and pins the job_desc shapes measured on 22.05.8 (NO_VAL markers, "gres:gpu:N" strings).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nuro.policy import load_policy, parse_policy
+from nuro.policy.admission import JobRequest, Reason, decide, gpu_count, parse_sbatch_args
+from nuro.policy.luatable import RULES, TABLE_FILE, lua_string, policy_table, render_lua_table
+
+REPO = Path(__file__).resolve().parents[2]
+VECTORS = json.loads((REPO / "tests/vectors/admission.json").read_text())
+POLICY = load_policy(REPO / VECTORS["policy"])
+LUA = shutil.which("lua5.1")
+NO_VAL, NO_VAL16 = 4294967294, 65534
+
+
+def _ids(vectors: list[dict]) -> list[str]:
+    return [v["id"] for v in vectors]
+
+
+@pytest.mark.parametrize("vector", VECTORS["vectors"], ids=_ids(VECTORS["vectors"]))
+def test_python_decide_matches_vector(vector: dict) -> None:
+    got = decide(parse_sbatch_args(vector["user"], vector["args"]), POLICY)
+    want = vector["expect"]
+    if want["verdict"] == "reject":
+        assert not got.accepted, f"accepted, expected: {want['message']}"
+        assert got.message == want["message"]
+        assert got.code == want["code"]
+        return
+    assert got.accepted, got.message
+    for key in ("qos", "account", "requeue", "switches", "switch_wait_s"):
+        if key not in want:
+            continue
+        expected = None if key in vector.get("slurm_defaults", ()) else want[key]
+        assert getattr(got, key) == expected, f"{key}: {getattr(got, key)!r} != {expected!r}"
+
+
+def test_vectors_cover_every_rule_and_both_verdicts() -> None:
+    reasons = set()
+    for v in VECTORS["vectors"]:
+        got = decide(parse_sbatch_args(v["user"], v["args"]), POLICY)
+        if got.reason:
+            reasons.add(got.reason)
+    assert reasons == set(Reason)
+    assert {v["expect"]["verdict"] for v in VECTORS["vectors"]} == {"accept", "reject"}
+    assert len(VECTORS["vectors"]) >= 20
+
+
+def test_golden_policy_table(golden) -> None:
+    golden("nuro_policy.lua", render_lua_table(POLICY))
+
+
+def test_table_is_deterministic_regardless_of_yaml_order() -> None:
+    raw = {
+        "cluster_gpus": 16,
+        "teams": {
+            "b": {"members": ["y", "x"], "quota_gpus": 8},
+            "a": {"members": ["z"], "quota_gpus": 8, "borrow_limit_gpus": 4},
+        },
+        "tiers": {"urgent": {"priority": 10, "allowed_users": ["y", "x"], "allowed_accounts": ["b", "a"]}},
+    }
+    reordered = {
+        "tiers": raw["tiers"],
+        "teams": {"a": raw["teams"]["a"], "b": {"members": ["x", "y"], "quota_gpus": 8}},
+        "cluster_gpus": 16,
+    }
+    one, two = render_lua_table(parse_policy(raw)), render_lua_table(parse_policy(reordered))
+    assert one == two
+    assert 'who = "accounts a, b and users x, y"' in one
+
+
+def test_digest_changes_with_the_policy() -> None:
+    base = policy_table(POLICY)
+    assert base["digest"].startswith("sha256:") and len(base["digest"]) == 7 + 64
+    assert policy_table(POLICY, leaf_size=8)["digest"] != base["digest"]
+    assert policy_table(POLICY)["digest"] == base["digest"]
+
+
+def test_rule_templates_format_the_same_in_both_languages() -> None:
+    for name, (code, message) in RULES.items():
+        assert code.startswith("ESLURM_"), name
+        assert message.startswith("nuro: ") and "%" not in message.replace("%s", "").replace("%d", ""), name
+
+
+@pytest.mark.parametrize(
+    ("spec", "gpus"),
+    [
+        (None, 0),
+        ("", 0),
+        ("gres:gpu:8", 8),
+        ("gpu:8", 8),
+        ("gres:gpu:a100:2", 2),
+        ("gres/gpu=4", 4),
+        ("gres:gpu", 1),
+        ("gres:gpu:2,gres:mps:100", 2),
+        ("gres:mps:100", 0),
+        ("gres:gpu:2,gres:gpu:a100:1", 3),
+    ],
+)
+def test_gpu_count(spec: str | None, gpus: int) -> None:
+    assert gpu_count(spec) == gpus
+
+
+def test_sbatch_args_forms() -> None:
+    req = parse_sbatch_args("alice", ["-N", "2-6", "-n8", "--gpus-per-node", "4", "-Aperception", "--qos=urgent"])
+    assert (req.nodes, req.max_nodes, req.tasks, req.gpus_per_node) == (2, 6, 8, 4)
+    assert (req.account, req.qos, req.node_count) == ("perception", "urgent", 6)
+    assert parse_sbatch_args("a", ["--switches=1@1-2:03:04"]).switch_wait_s == 86400 + 2 * 3600 + 3 * 60 + 4
+    assert parse_sbatch_args("a", ["--switches=1@7"]).switch_wait_s == 420
+    with pytest.raises(ValueError, match="--exclusive"):
+        parse_sbatch_args("a", ["--exclusive"])
+
+
+def test_decide_reads_a_prebuilt_table() -> None:
+    table = policy_table(POLICY)
+    got = decide(JobRequest(user="alice", nodes=6, max_nodes=6, gpus_per_node=8), table)
+    assert got.reason is Reason.GPU_CAP and got.gpus == 48 and got.team == "perception"
+    ok = decide(JobRequest(user="alice", nodes=2, max_nodes=2), table)
+    assert ok.changes == ("qos=g-perception", "account=perception", "requeue=1", "switches=1@60s")
+
+
+# --- the Lua bridge under a stub `slurm` ------------------------------------------------------------------------
+
+needs_lua = pytest.mark.skipif(LUA is None, reason="lua5.1 not installed (apt-get install lua5.1)")
+
+_STUB = r"""
+local CODES = { ESLURM_ACCESS_DENIED = 2002, ESLURM_ACCOUNTING_POLICY = 2050, ESLURM_INVALID_ACCOUNT = 2045 }
+slurm = { SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294, NO_VAL16 = 65534, INFINITE = 4294967295 }
+for k, v in pairs(CODES) do slurm[k] = v end
+local user_msg, errors = {}, {}
+slurm.log_user = function(fmt, ...) table.insert(user_msg, string.format(fmt, ...)) end
+slurm.log_info = function() end
+slurm.log_debug = function() end
+slurm.log_error = function(fmt, ...) table.insert(errors, string.format(fmt, ...)) end
+assert(dofile(arg[1]) == slurm.SUCCESS)
+local function s(v) if v == nil then return "" end return tostring(v) end
+for _, case in ipairs(dofile(arg[2])) do
+  user_msg, errors = {}, {}
+  local d = case.desc
+  local rc = slurm_job_submit(d, {}, case.uid)
+  local name = "SUCCESS"
+  for k, v in pairs(CODES) do if v == rc then name = k end end
+  print(table.concat({case.id, name, s(d.qos), s(d.account), s(d.requeue), s(d.req_switch), s(d.wait4switch),
+    table.concat(user_msg, "\n"), table.concat(errors, "\n")}, "\t"))
+end
+"""
+
+
+def _job_desc(user: str, req: JobRequest) -> dict:
+    """The job_desc fields slurmctld 22.05.8 hands job_submit.lua for these sbatch options (measured; see docs)."""
+
+    def tres(n: int) -> str | None:
+        return f"gres:gpu:{n}" if n else None
+
+    return {
+        "user_name": user,
+        "user_id": 0 if user == "root" else 1000,
+        "name": "wrap",
+        "account": req.account,
+        "qos": req.qos,
+        "min_nodes": req.nodes if req.nodes is not None else NO_VAL,
+        "max_nodes": req.max_nodes if req.max_nodes is not None else NO_VAL,
+        "num_tasks": req.tasks if req.tasks is not None else NO_VAL,
+        "ntasks_per_node": req.tasks_per_node if req.tasks_per_node is not None else NO_VAL16,
+        "sockets_per_node": req.sockets_per_node if req.sockets_per_node is not None else NO_VAL16,
+        "tres_per_node": tres(req.gpus_per_node),
+        "tres_per_job": tres(req.gpus_per_job),
+        "tres_per_task": tres(req.gpus_per_task),
+        "tres_per_socket": tres(req.gpus_per_socket),
+        "requeue": NO_VAL16 if req.requeue is None else int(req.requeue),
+        "req_switch": req.switches if req.switches is not None else NO_VAL,
+        "wait4switch": req.switch_wait_s if req.switch_wait_s is not None else NO_VAL,
+    }
+
+
+def _lua_value(value: object) -> str:
+    if value is None:
+        return "nil"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return lua_string(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"[{lua_string(k)}] = {_lua_value(v)}" for k, v in value.items() if v is not None) + "}"
+    raise TypeError(value)
+
+
+def _run_lua(tmp_path: Path, cases: list[dict], table_text: str | None) -> dict[str, list[str]]:
+    bridge = tmp_path / "job_submit.lua"
+    shutil.copy(REPO / "slurm_plugins/job_submit.lua", bridge)
+    if table_text is not None:
+        (tmp_path / TABLE_FILE).write_text(table_text)
+    cases_file = tmp_path / "cases.lua"
+    cases_file.write_text("return {\n" + ",\n".join(_lua_value(c) for c in cases) + "\n}\n")
+    stub = tmp_path / "stub.lua"
+    stub.write_text(_STUB)
+    out = subprocess.run([LUA, str(stub), str(bridge), str(cases_file)], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split("\t") for line in out.stdout.splitlines()]
+    return {row[0]: row[1:] for row in rows}
+
+
+@needs_lua
+def test_lua_bridge_matches_vectors(tmp_path: Path) -> None:
+    cases = []
+    for v in VECTORS["vectors"]:
+        req = parse_sbatch_args(v["user"], v["args"])
+        cases.append({"id": v["id"], "uid": 0 if v["user"] == "root" else 1000, "desc": _job_desc(v["user"], req)})
+    got = _run_lua(tmp_path, cases, render_lua_table(POLICY))
+    problems = []
+    for v in VECTORS["vectors"]:
+        code, qos, account, requeue, switch, wait, msg, errors = got[v["id"]]
+        want = v["expect"]
+        if errors:
+            problems.append(f"{v['id']}: logged errors: {errors}")
+        if want["verdict"] == "reject":
+            if (code, msg) != (want["code"], want["message"]):
+                problems.append(f"{v['id']}: got {code} {msg!r}, want {want['code']} {want['message']!r}")
+            continue
+        defaults = v.get("slurm_defaults", ())
+        final = {
+            "code": code,
+            "qos": qos or None,
+            "account": account or None,
+            "requeue": None if requeue == str(NO_VAL16) else requeue == "1",
+            "switches": None if switch == str(NO_VAL) else int(switch),
+            "switch_wait_s": None if wait == str(NO_VAL) else int(wait),
+        }
+        expected = {"code": "SUCCESS"}
+        for key in ("qos", "account", "requeue", "switches", "switch_wait_s"):
+            if key in want:
+                expected[key] = None if key in defaults else want[key]
+        if {k: final[k] for k in expected} != expected:
+            problems.append(f"{v['id']}: got {final}, want {expected}")
+    assert not problems, "\n".join(problems)
+
+
+@needs_lua
+@pytest.mark.parametrize(
+    "table_text", [None, "return {", "return { format = 99 }"], ids=["missing", "broken", "format"]
+)
+def test_lua_bridge_without_usable_table_lets_jobs_through(tmp_path: Path, table_text: str | None) -> None:
+    req = parse_sbatch_args("alice", ["-N6", "--gpus-per-node=8", "--qos=g-prediction", "--no-requeue"])
+    got = _run_lua(tmp_path, [{"id": "x", "uid": 1000, "desc": _job_desc("alice", req)}], table_text)
+    code, qos, account, requeue, switch, _wait, msg, errors = got["x"]
+    assert (code, qos, account, requeue, switch, msg) == ("SUCCESS", "g-prediction", "", "0", str(NO_VAL), "")
+    assert "no usable policy table" in errors and "job passes unchanged" in errors
+
+
+@needs_lua
+def test_lua_string_escaping_round_trips(tmp_path: Path) -> None:
+    texts = ["plain", 'quote " and \\ backslash', "new\nline\ttab\r", "ünï 💡", "\x00\x01 then 7", "]]--[["]
+    script = tmp_path / "s.lua"
+    script.write_text(
+        "local t = {" + ", ".join(lua_string(t) for t in texts) + "}\n"
+        "for _, s in ipairs(t) do io.write((s:gsub('.', function(c) return string.format('%02x', c:byte()) end)), "
+        "'\\n') end\n"
+    )
+    out = subprocess.run([LUA, str(script)], capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.split() == [t.encode().hex() for t in texts]
