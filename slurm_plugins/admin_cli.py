@@ -16,6 +16,7 @@ from rich.table import Table
 
 from nuro.devcluster import manager
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
+from nuro.slurm_plugins.policy_cli import policy
 
 err = Console(stderr=True, soft_wrap=True)
 
@@ -148,6 +149,8 @@ def env(state_dir: Path | None) -> None:
     """Print shell exports so plain sbatch/squeue/sinfo/sacctmgr use this cluster: eval "$(... env)"."""
     click.echo(manager.render_env_sh(_layout(state_dir)), nl=False)
 
+
+main.add_command(policy)
 
 if __name__ == "__main__":
     main()

@@ -149,6 +149,25 @@ def parse_sacctmgr_parsable(text: str, fields: Sequence[str]) -> list[dict[str, 
     return rows
 
 
+_DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
+
+
+def parse_slurm_duration_s(text: str) -> int | None:
+    """A Slurm duration as printed by ``sacctmgr``/``scontrol`` ("00:01:00", "1-02:03:04", "05:00") → seconds.
+
+    Why here: ``sacctmgr show qos format=GraceTime`` prints ``[D-]HH:MM:SS`` even though ``GraceTime=`` is set in
+    seconds, and 22.05 has no raw form. "", "UNLIMITED", "INVALID" and "Partition_Limit" give None.
+    """
+    value = (text or "").strip()
+    if value.upper() in ("", "UNLIMITED", "INVALID", "PARTITION_LIMIT", "N/A"):
+        return None
+    match = _DURATION.match(value)
+    if not match:
+        raise SlurmParseError(f"not a Slurm duration: {value!r} (expected [D-]HH:MM:SS or MM:SS)")
+    days, hours, minutes, seconds = (int(g) if g else 0 for g in match.groups())
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
 def parse_sbatch_parsable(text: str) -> int:
     """The job id from ``sbatch --parsable`` stdout: "123" or "123;cluster"."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
