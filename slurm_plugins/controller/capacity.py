@@ -1,0 +1,150 @@
+"""Where a gang could start: per-node free and being-freed GPUs, as a scratch copy for one cycle (STYLE K2).
+
+Placement is Slurm's all-or-nothing gang rule for a GPU job: ``node_count`` schedulable nodes, each with at least
+``gpus_per_node`` free GPUs. Topology (leaf switches) is not required: topology/tree prefers one leaf but places
+across leaves when it must, unless the job asked for ``--switches`` (a hint, bounded by its wait time). Partitions
+are not modelled: nuro's clusters run one GPU partition.
+
+Why buckets: a pending job asks "are there k nodes with ≥ g free GPUs?" thousands of times per cycle; nodes are kept
+in one set per free-GPU count, so the answer costs O(GPUs per node), not O(nodes), and best-fit picks are cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from nuro.slurm.models import JobInfo, NodeInfo
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A gang request: ``nodes`` nodes with ``gpus_per_node`` GPUs each."""
+
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def job_shape(job: JobInfo) -> Shape:
+    """The gang a pending job asks for. ``--gpus=N`` without a per-node count is spread evenly (rounded up)."""
+    nodes = max(1, job.node_count)
+    per_node = job.gpus_per_node
+    if per_node <= 0 and job.gpus_total > 0:
+        per_node = -(-job.gpus_total // nodes)
+    return Shape(nodes, max(0, per_node))
+
+
+def gpus_on_nodes(job: JobInfo) -> tuple[tuple[str, int], ...]:
+    """(node, GPUs) a running job holds on each of its nodes; without a per-node count the total is split evenly."""
+    if not job.nodes:
+        return ()
+    if job.gpus_per_node > 0:
+        return tuple((n, job.gpus_per_node) for n in job.nodes)
+    base, extra = divmod(max(0, job.gpus_total), len(job.nodes))
+    return tuple((n, base + (1 if i < extra else 0)) for i, n in enumerate(job.nodes))
+
+
+class Capacity:
+    """Free and being-freed GPUs per schedulable node, indexed by node number (nodes sorted by name).
+
+    ``free[n]``: idle GPUs now. ``freeing[n]``: GPUs that preemption victims (in flight or chosen this cycle) will
+    release on node n. Reservations made for a pending job take from ``free`` first, then from ``freeing``.
+    """
+
+    def __init__(self, nodes: Sequence[NodeInfo]) -> None:
+        ordered = sorted(nodes, key=lambda n: n.name)
+        self.names: list[str] = [n.name for n in ordered]
+        self.number: dict[str, int] = {name: i for i, name in enumerate(self.names)}
+        self.schedulable: list[bool] = [n.is_schedulable for n in ordered]
+        self.free: list[int] = [n.gpus_free for n in ordered]
+        self.freeing: list[int] = [0] * len(ordered)
+        self.max_gpus: int = max((n.gpus_total for n in ordered), default=0)
+        self.max_gpus = max(self.max_gpus, max(self.free, default=0))
+        self._buckets: list[set[int]] = [set() for _ in range(self.max_gpus + 1)]
+        for i, f in enumerate(self.free):
+            self._buckets[f].add(i)
+        self._freeing_nodes: set[int] = set()
+
+    # -- queries -------------------------------------------------------------------------------------------------
+    def count_free_at_least(self, gpus: int) -> int:
+        """Nodes with ≥ ``gpus`` idle GPUs now (being-freed GPUs not counted)."""
+        if gpus > self.max_gpus:
+            return 0
+        return sum(len(b) for b in self._buckets[max(gpus, 0) :])
+
+    def fits_free(self, shape: Shape) -> bool:
+        """The gang could start on idle GPUs now."""
+        return self.count_free_at_least(shape.gpus_per_node) >= shape.nodes
+
+    def avail(self, n: int) -> int:
+        return self.free[n] + self.freeing[n]
+
+    def nodes_avail_at_least(self, gpus: int) -> set[int]:
+        """Nodes with ≥ ``gpus`` idle or being-freed GPUs."""
+        out: set[int] = set()
+        if gpus <= self.max_gpus:
+            for b in self._buckets[max(gpus, 0) :]:
+                out |= b
+        for n in self._freeing_nodes:
+            if self.free[n] + self.freeing[n] >= gpus:
+                out.add(n)
+        return out
+
+    # -- scratch updates -----------------------------------------------------------------------------------------
+    def _set_free(self, n: int, value: int) -> None:
+        self._buckets[self.free[n]].discard(n)
+        self.free[n] = value
+        self._buckets[value].add(n)
+
+    def take_free(self, shape: Shape) -> list[int] | None:
+        """Reserve a gang on idle GPUs, best fit (fullest nodes first, then node order); None when it does not fit.
+
+        Best fit mirrors Slurm's select/cons_tres preference for the least free node that fits, and keeps whole
+        nodes free for multi-node gangs.
+        """
+        if not self.fits_free(shape):
+            return None
+        g, chosen = shape.gpus_per_node, []
+        for f in range(max(g, 0), self.max_gpus + 1):
+            bucket = self._buckets[f]
+            while bucket and len(chosen) < shape.nodes:
+                n = min(bucket)
+                chosen.append(n)
+                self._set_free(n, f - g)
+            if len(chosen) == shape.nodes:
+                break
+        return chosen
+
+    def reserve(self, nodes: Iterable[int], gpus_per_node: int) -> None:
+        """Hold ``gpus_per_node`` on each node for a pending job: idle GPUs first, then being-freed ones."""
+        for n in nodes:
+            from_free = min(self.free[n], gpus_per_node)
+            self._set_free(n, self.free[n] - from_free)
+            rest = gpus_per_node - from_free
+            if rest:
+                self.freeing[n] = max(0, self.freeing[n] - rest)
+
+    def add_freeing(self, node: str, gpus: int) -> None:
+        """A victim will release ``gpus`` on ``node`` (ignored when the node cannot take jobs)."""
+        n = self.number.get(node)
+        if n is None or not self.schedulable[n] or gpus <= 0:
+            return
+        self.freeing[n] += gpus
+        self._freeing_nodes.add(n)
+
+    def pick_for(self, shape: Shape, usable: set[int]) -> list[int]:
+        """The nodes a job will take among ``usable`` (each has room): idle-only nodes first, then the least
+        leftover, then node order; deterministic."""
+        g = shape.gpus_per_node
+
+        def key(n: int) -> tuple[int, int, int]:
+            return (0 if self.free[n] >= g else 1, self.avail(n) - g, n)
+
+        return sorted(usable, key=key)[: shape.nodes]
+
+
+__all__ = ["Capacity", "Shape", "gpus_on_nodes", "job_shape"]

@@ -1,0 +1,83 @@
+"""The controller's soft state between cycles, and the scratch of one cycle.
+
+``ControllerState`` is all the daemon keeps, and it can be rebuilt from Slurm (ARCHITECTURE principle 1): every
+victim carries its ``preempt`` record in its job comment, and site factors are re-derived each cycle. ``Cycle`` is
+the what-if copy one ``decide`` call works on (STYLE K2): the snapshot is frozen, everything that changes as
+decisions are taken (free GPUs, team usage, chosen victims) lives here and is thrown away afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from nuro import jobcomment
+from nuro.jobcomment import JobComment
+from nuro.policy.model import Policy
+from nuro.slurm.models import ClusterSnapshot, JobInfo
+from nuro.slurm_plugins.controller.capacity import Capacity
+from nuro.slurm_plugins.controller.classify import CycleView, PolicyIndex
+from nuro.slurm_plugins.controller.decisions import Borrow, Preempt, Requeue, Return, SetSiteFactor, Wait
+from nuro.slurm_plugins.controller.victims import Candidate, VictimPool
+
+_EMPTY: Mapping = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """Soft state the daemon keeps between cycles; losing it costs nothing that Slurm cannot give back.
+
+    Attributes:
+        preempting: victim job id → Unix time it was signalled (also in its comment ``preempt``; ``decide`` reads
+            both, so a daemon restart loses no in-flight preemption).
+        site_factors: the SiteFactor last set per pending job, so the same value is not set again every cycle.
+    """
+
+    preempting: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
+    site_factors: Mapping[int, int] = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass
+class Cycle:
+    """Scratch of one ``decide`` call. Phases read the frozen inputs and append decisions here."""
+
+    snapshot: ClusterSnapshot
+    policy: Policy
+    state: ControllerState
+    now: float
+    index: PolicyIndex
+    view: CycleView
+    cap: Capacity
+    taken: set[int] = field(default_factory=set)  # victims in flight or chosen this cycle
+    in_flight: dict[int, float] = field(default_factory=dict)  # victim id → signalled at, still running
+    reclaimed_teams: set[str] = field(default_factory=set)  # teams whose borrowed jobs are being preempted
+    requeues: list[Requeue] = field(default_factory=list)
+    preempts: list[Preempt] = field(default_factory=list)
+    returns: list[Return] = field(default_factory=list)
+    borrows: list[Borrow] = field(default_factory=list)
+    site_factors: list[SetSiteFactor] = field(default_factory=list)
+    waits: list[Wait] = field(default_factory=list)
+    _comments: dict[int, JobComment] = field(default_factory=dict)
+    _pools: dict[str, VictimPool] = field(default_factory=dict)
+    candidates: dict[int, Candidate | None] = field(default_factory=dict)  # victim view per running job, lazily
+
+    def comment(self, job: JobInfo) -> JobComment:
+        """The job's parsed comment, parsed at most once per cycle."""
+        c = self._comments.get(job.job_id)
+        if c is None:
+            c = self._comments[job.job_id] = jobcomment.parse(job.comment)
+        return c
+
+    def pool(self, name: str) -> VictimPool | None:
+        return self._pools.get(name)
+
+    def set_pool(self, name: str, pool: VictimPool) -> VictimPool:
+        self._pools[name] = pool
+        return pool
+
+    def wait(self, job_id: int, code: str, reason: str) -> None:
+        self.waits.append(Wait(job_id, reason, code))
+
+
+__all__ = ["ControllerState", "Cycle"]

@@ -1,0 +1,271 @@
+"""Phases 2–4: finish in-flight preemptions, make room for tier jobs, reclaim quota from borrowers.
+
+Checkpoint-confirmed preemption (ARCHITECTURE): the controller signals a victim (``Preempt``), the job commits a
+checkpoint and acknowledges in its comment, and the controller requeues it at once on the ack, or at grace end
+without one (``Requeue``). Slurm's own GraceTime stays the backstop when the controller is down.
+
+Capacity is shared within a cycle in this order: tier jobs first (highest tier first, the order Slurm's priority
+gives them), then guaranteed jobs by Slurm priority. Each pending job that gets room reserves its nodes in the
+scratch capacity, so later jobs (and borrowing, phase 5) never count the same GPUs twice.
+"""
+
+from __future__ import annotations
+
+import math
+
+from nuro.slurm.models import JobInfo
+from nuro.slurm.states import JobPhase
+from nuro.slurm_plugins.controller.capacity import Shape, gpus_on_nodes, job_shape
+from nuro.slurm_plugins.controller.classify import WAITING_REASONS, JobClass, Kind, job_gpus, timestamp
+from nuro.slurm_plugins.controller.cycle import Cycle
+from nuro.slurm_plugins.controller.decisions import Code, Preempt, Requeue
+from nuro.slurm_plugins.controller.victims import (
+    RANK_BORROWED,
+    RANK_GUARANTEED,
+    RANK_TIER,
+    Candidate,
+    Eligible,
+    VictimPool,
+    choose_victims,
+    work_lost_gpu_s,
+)
+
+_PREEMPT_MARK = '"preempt"'
+
+
+def finish_in_flight(cy: Cycle) -> None:
+    """Phase 2: requeue victims that acknowledged or whose grace is over; keep counting the rest as being freed.
+
+    In flight = ``state.preempting`` plus running jobs whose comment carries a ``preempt`` record written during
+    their current run (the state's signal time wins when both exist). A victim that ended, or started again after
+    the signal (it was requeued and restarted), is forgotten.
+    """
+    signalled: dict[int, float] = {}
+    for job in cy.view.running:
+        if _PREEMPT_MARK in job.comment:
+            req = cy.comment(job).preempt
+            if req is not None:
+                signalled[job.job_id] = req.at
+    signalled.update(cy.state.preempting)
+    grace_s = cy.policy.grace_s
+    for job_id in sorted(signalled):
+        at = signalled[job_id]
+        job = cy.snapshot.job(job_id)
+        if job is None or not job.phase.holds_resources or timestamp(job.start_time, -math.inf) > at:
+            continue
+        cy.in_flight[job_id] = at
+        cy.taken.add(job_id)
+        for node, gpus in gpus_on_nodes(job):
+            cy.cap.add_freeing(node, gpus)
+        c = cy.view.cls(job)
+        if c.is_borrowed and c.team is not None:
+            cy.reclaimed_teams.add(c.team)
+        if job.phase != JobPhase.RUNNING:
+            continue  # completing or suspended: on its way out, nothing to requeue
+        comment = cy.comment(job)
+        if comment.acked_since(at):
+            ack = comment.ack
+            step = f" at step {ack.step}" if ack is not None and ack.step is not None else ""
+            after = f"{ack.at - at:.0f}" if ack is not None else "?"
+            cy.requeues.append(
+                Requeue(
+                    job_id,
+                    acked=True,
+                    reason=f"job {job_id} acknowledged its committed checkpoint{step} {after} s after the signal; "
+                    "requeue now rather than at grace end",
+                    code=Code.REQUEUE_ACKED,
+                )
+            )
+        elif cy.now >= at + grace_s:
+            cy.requeues.append(
+                Requeue(
+                    job_id,
+                    acked=False,
+                    reason=f"job {job_id} did not acknowledge a checkpoint within the {grace_s} s grace after the "
+                    "signal; requeue without it (it resumes from its last committed checkpoint)",
+                    code=Code.REQUEUE_GRACE_OVER,
+                )
+            )
+        else:
+            cy.wait(
+                job_id,
+                Code.WAIT_ACK,
+                f"signalled {cy.now - at:.0f} s ago; waiting for its checkpoint ack (grace {grace_s} s)",
+            )
+
+
+def make_room_for_tiers(cy: Cycle) -> None:
+    """Phase 3: pending tier jobs, highest tier first, get room from borrowers first, then (when the tier
+    preempts guaranteed jobs) from other teams' guaranteed jobs and lower tiers."""
+    jobs = [j for j in cy.view.pending_of(Kind.TIER) if j.reason in WAITING_REASONS]
+    jobs.sort(key=lambda j: (-cy.view.cls(j).tier_priority, *_queue_key(j)))
+    for job in jobs:
+        c = cy.view.cls(job)
+        if c.preempts_guaranteed:
+            pool, eligible = _pool_all(cy), _tier_eligible(c)
+        else:
+            pool, eligible = _pool_borrowed(cy), _any
+        _make_room(cy, job, pool, eligible, Code.PREEMPT_TIER, f"{c.kind} job")
+
+
+def reclaim(cy: Cycle) -> None:
+    """Phase 4: a pending guaranteed job within its team's quota that cannot start on idle GPUs gets room from
+    borrowed jobs (of any team). Jobs of a team are counted against its quota in priority order within the cycle,
+    so two jobs cannot both claim the same last GPUs of a quota."""
+    jobs = [j for j in cy.view.pending_of(Kind.GUARANTEED) if j.reason in WAITING_REASONS and job_gpus(j) > 0]
+    jobs.sort(key=_queue_key)
+    committed = {name: u.g_running for name, u in cy.view.usage.items()}
+    for job in jobs:
+        team = cy.view.cls(job).team
+        if team is None:  # classify gives every guaranteed job its team; kept for type narrowing
+            continue
+        quota = cy.index.teams[team].quota_gpus
+        gpus = job_gpus(job)
+        if committed[team] + gpus > quota:
+            cy.wait(
+                job.job_id,
+                Code.WAIT_OVER_QUOTA,
+                f"team {team} has {committed[team]}/{quota} guaranteed GPUs running or being made room for; "
+                f"this job's {gpus} would exceed the quota (it may borrow once Slurm reports QOSGrpGRES)",
+            )
+            continue
+        if _make_room(cy, job, _pool_borrowed(cy), _any, Code.PREEMPT_RECLAIM, f"{team}'s guaranteed job"):
+            committed[team] += gpus
+
+
+def _make_room(cy: Cycle, job: JobInfo, pool: VictimPool, eligible: Eligible, code: Code, what: str) -> bool:
+    """Reserve room for ``job``: on idle GPUs, else on GPUs being freed, else by choosing new victims.
+
+    Returns whether the job has room now or once its victims are gone (its GPUs are then reserved)."""
+    shape = job_shape(job)
+    if shape.gpus_per_node <= 0:
+        return False
+    if cy.cap.take_free(shape) is not None:
+        cy.wait(job.job_id, Code.WAIT_FITS_NOW, f"fits on idle GPUs ({_shape(shape)}); Slurm starts it")
+        return True
+    victims = choose_victims(cy.cap, shape, pool, eligible)
+    if victims is None:
+        cy.wait(
+            job.job_id,
+            Code.WAIT_NO_VICTIMS,
+            f"needs {_shape(shape)}; idle GPUs, GPUs being freed and the jobs it may preempt cannot free such a block",
+        )
+        return False
+    if not victims:
+        cy.wait(job.job_id, Code.WAIT_IN_FLIGHT, f"needs {_shape(shape)}; GPUs being freed by earlier preemptions")
+    for v in victims:
+        cy.taken.add(v.job_id)
+        for n, gpus in v.on_nodes:
+            cy.cap.add_freeing(cy.cap.names[n], gpus)
+        if v.rank == RANK_BORROWED and v.team is not None:
+            cy.reclaimed_teams.add(v.team)
+        cy.preempts.append(
+            Preempt(
+                v.job_id,
+                v.team,
+                v.gpus,
+                round(v.work_lost_gpu_s, 1),
+                job.job_id,
+                reason=f"{what} {job.job_id} needs {_shape(shape)}; {_victim_text(v, cy.now)}",
+                code=code,
+            )
+        )
+    usable = cy.cap.nodes_avail_at_least(shape.gpus_per_node)
+    cy.cap.reserve(cy.cap.pick_for(shape, usable), shape.gpus_per_node)
+    return True
+
+
+def _victim_text(v: Candidate, now: float) -> str:
+    kind = {RANK_BORROWED: "borrowed", RANK_GUARANTEED: "guaranteed"}.get(v.rank, "lower-tier")
+    ckpt = f"checkpoint {now - v.last_checkpoint_at:.0f} s old" if v.last_checkpoint_at is not None else "no checkpoint"
+    return (
+        f"preempting {kind} job {v.job_id} of {v.team or 'no team'} ({v.gpus} GPUs, {ckpt}) "
+        f"loses {v.work_lost_gpu_s:.0f} GPU·s, the least among victims that free a placeable block"
+    )
+
+
+def _shape(shape: Shape) -> str:
+    return f"{shape.nodes} node(s) × {shape.gpus_per_node} GPUs"
+
+
+def _queue_key(job: JobInfo) -> tuple[int, float, int]:
+    """Slurm's order among pending jobs: higher priority, then older submission, then job id."""
+    return (-job.priority, timestamp(job.submit_time), job.job_id)
+
+
+def _any(_: Candidate) -> bool:
+    return True
+
+
+def _tier_eligible(c: JobClass) -> Eligible:
+    """Borrowers of any team; guaranteed jobs of other teams; tier jobs of a strictly lower tier."""
+
+    def eligible(v: Candidate) -> bool:
+        if v.rank == RANK_BORROWED:
+            return True
+        if v.rank == RANK_GUARANTEED:
+            return c.team is None or v.team != c.team
+        return v.tier_priority < c.tier_priority
+
+    return eligible
+
+
+def _candidate(cy: Cycle, job: JobInfo, c: JobClass, rank: int) -> Candidate | None:
+    """The victim view of a running job, built once per cycle (its comment is parsed for the checkpoint time)."""
+    if job.job_id in cy.candidates:
+        return cy.candidates[job.job_id]
+    cand = cy.candidates[job.job_id] = _new_candidate(cy, job, c, rank)
+    return cand
+
+
+def _new_candidate(cy: Cycle, job: JobInfo, c: JobClass, rank: int) -> Candidate | None:
+    on_nodes = tuple(
+        (cy.cap.number[node], gpus)
+        for node, gpus in gpus_on_nodes(job)
+        if node in cy.cap.number and cy.cap.schedulable[cy.cap.number[node]] and gpus > 0
+    )
+    if not on_nodes:
+        return None  # frees nothing a pending job could use
+    lost, ckpt_at = work_lost_gpu_s(job, cy.comment(job), cy.now)
+    return Candidate(
+        job.job_id,
+        c.team,
+        rank,
+        c.tier_priority if rank == RANK_TIER else 0,
+        job_gpus(job),
+        lost,
+        timestamp(job.start_time, cy.now),
+        on_nodes,
+        ckpt_at,
+    )
+
+
+def _build_pool(cy: Cycle, ranks: dict[str, int]) -> VictimPool:
+    pool = VictimPool(taken=cy.taken)
+    cands = []
+    for job in cy.view.running:
+        if job.phase != JobPhase.RUNNING:
+            continue
+        c = cy.view.cls(job)
+        rank = ranks.get(c.base)
+        if rank is None:
+            continue
+        cand = _candidate(cy, job, c, rank)
+        if cand is not None:
+            cands.append(cand)
+    pool.add(cands)
+    return pool
+
+
+def _pool_borrowed(cy: Cycle) -> VictimPool:
+    """Running borrowed jobs, built on first use (comments are parsed only when someone needs room)."""
+    return cy.pool("borrowed") or cy.set_pool("borrowed", _build_pool(cy, {Kind.BORROWED: RANK_BORROWED}))
+
+
+def _pool_all(cy: Cycle) -> VictimPool:
+    """Running borrowed, guaranteed and tier jobs (for tiers that may preempt guaranteed jobs)."""
+    ranks = {Kind.BORROWED: RANK_BORROWED, Kind.GUARANTEED: RANK_GUARANTEED, Kind.TIER: RANK_TIER}
+    return cy.pool("all") or cy.set_pool("all", _build_pool(cy, ranks))
+
+
+__all__ = ["finish_in_flight", "make_room_for_tiers", "reclaim"]

@@ -1,0 +1,190 @@
+"""Victim choice: the one comparator (STYLE K3) and the search for a small, cheap set of victims that frees a
+placeable block for a pending gang.
+
+The search is node-first because placement is per node: a 2-node × 8-GPU job needs two nodes with 8 GPUs each, and
+16 GPUs scattered over eight nodes do not help. It is a greedy approximation of a set-cover problem:
+
+1. nodes that already have room (idle + being-freed GPUs) count as they are;
+2. for every other node, take its eligible victims in comparator order until the node has room, then drop the
+   ones that turned out redundant on that node; the node's cost is (worst class used, work lost, the victims'
+   comparator keys, node number);
+3. take the cheapest nodes until the gang fits;
+4. prune the union: try to drop each victim, most expensive first, and keep the drop when the gang still fits
+   (a victim spanning several chosen nodes often makes others redundant).
+
+The result is minimal (no victim can be dropped) but not always the cheapest possible set: step 2 is greedy per
+node and step 3 adds up node costs without knowing that one multi-node victim helps several nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from nuro.jobcomment import JobComment
+from nuro.slurm.models import JobInfo
+from nuro.slurm_plugins.controller.capacity import Capacity, Shape
+from nuro.slurm_plugins.controller.classify import job_gpus, timestamp
+
+#: Victim classes, in the order they are given up (criterion 1 of ``victim_key``).
+RANK_BORROWED = 0
+RANK_GUARANTEED = 1
+RANK_TIER = 2
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A running job that may be preempted, with what the comparator needs.
+
+    Attributes:
+        rank: RANK_BORROWED, RANK_GUARANTEED or RANK_TIER.
+        tier_priority: the tier's priority for RANK_TIER, else 0.
+        work_lost_gpu_s: GPUs × seconds since its last committed checkpoint (or its start when it has none).
+        started_at: Unix seconds of its current start.
+        on_nodes: (node number, GPUs) on schedulable nodes, what preempting it frees.
+    """
+
+    job_id: int
+    team: str | None
+    rank: int
+    tier_priority: int
+    gpus: int
+    work_lost_gpu_s: float
+    started_at: float
+    on_nodes: tuple[tuple[int, int], ...]
+    last_checkpoint_at: float | None = None
+
+
+def victim_key(c: Candidate) -> tuple[int, int, float, float, int]:
+    """Sort key of victims, the cheapest to preempt first.
+
+    1. Class: borrowed jobs before guaranteed jobs before tier jobs. Borrowing is preemptible by contract;
+       guarantees are broken only for a tier that may do so (and only for another team's jobs).
+    2. Among tier jobs, the lower tier first (equal or higher tiers are never candidates at all).
+    3. Less work lost: GPUs × seconds since the last committed checkpoint, the point of checkpoint-confirmed
+       preemption (for equal GPUs, the freshest checkpoint goes first).
+    4. Most recently started first: its current run has cost the least (Kueue's "most recently admitted").
+    5. Job id, ascending: the deterministic last tie-break.
+    """
+    return (c.rank, c.tier_priority, c.work_lost_gpu_s, -c.started_at, c.job_id)
+
+
+def work_lost_gpu_s(job: JobInfo, comment: JobComment, now: float) -> tuple[float, float | None]:
+    """(work lost if preempted now in GPU·s, last checkpoint time). A checkpoint older than the current start
+    (written by an earlier run) only bounds the loss by the start. A running job without a start time (Slurm did
+    not report one) is treated as just started."""
+    start = timestamp(job.start_time, default=now)
+    mark = comment.checkpoint
+    since = max(mark.at, start) if mark is not None else start
+    return max(0.0, now - since) * job_gpus(job), (mark.at if mark is not None else None)
+
+
+@dataclass
+class VictimPool:
+    """Candidates indexed by node, each list in ``victim_key`` order; ``taken`` holds job ids already being
+    preempted (in flight or chosen this cycle), which are never chosen twice."""
+
+    by_node: dict[int, list[Candidate]] = field(default_factory=dict)
+    taken: set[int] = field(default_factory=set)
+
+    def add(self, candidates: Iterable[Candidate]) -> None:
+        touched = set()
+        for c in candidates:
+            for n, _ in c.on_nodes:
+                self.by_node.setdefault(n, []).append(c)
+                touched.add(n)
+        for n in touched:
+            self.by_node[n].sort(key=victim_key)
+
+
+Eligible = Callable[[Candidate], bool]
+
+
+def choose_victims(cap: Capacity, shape: Shape, pool: VictimPool, eligible: Eligible) -> list[Candidate] | None:
+    """The victims that make ``shape`` placeable on idle + being-freed GPUs, in ``victim_key`` order.
+
+    Returns [] when it already fits and None when the eligible candidates cannot free a placeable block.
+    """
+    g, k = shape.gpus_per_node, shape.nodes
+    ok = cap.nodes_avail_at_least(g)
+    if len(ok) >= k:
+        return []
+    options: list[tuple[tuple, list[Candidate]]] = []
+    for n, cands in pool.by_node.items():
+        if n in ok:
+            continue
+        picked = _fill_node(n, cap.avail(n), g, cands, pool.taken, eligible)
+        if picked is not None:
+            keys = tuple(victim_key(c) for c in picked)  # ties between nodes fall back to the comparator
+            cost = (max(c.rank for c in picked), sum(c.work_lost_gpu_s for c in picked), keys, n)
+            options.append((cost, picked))
+    need = k - len(ok)
+    if len(options) < need:
+        return None
+    options.sort(key=lambda o: o[0])
+    union: dict[int, Candidate] = {}
+    for _, picked in options[:need]:
+        for c in picked:
+            union[c.job_id] = c
+    chosen = sorted(union.values(), key=victim_key)
+    return _prune(cap, ok, g, k, chosen)
+
+
+def _fill_node(
+    n: int, have: int, g: int, cands: list[Candidate], taken: set[int], eligible: Eligible
+) -> list[Candidate] | None:
+    """Victims on node n, cheapest first, until it has ``g`` GPUs; redundant ones dropped (costliest first)."""
+    picked: list[Candidate] = []
+    for c in cands:
+        if c.job_id in taken or not eligible(c):
+            continue
+        picked.append(c)
+        have += _on(c, n)
+        if have >= g:
+            break
+    else:
+        return None
+    for c in sorted(picked, key=victim_key, reverse=True):
+        if have - _on(c, n) >= g:
+            picked.remove(c)
+            have -= _on(c, n)
+    return picked
+
+
+def _on(c: Candidate, n: int) -> int:
+    return next((gpus for node, gpus in c.on_nodes if node == n), 0)
+
+
+def _prune(cap: Capacity, ok: set[int], g: int, k: int, chosen: list[Candidate]) -> list[Candidate]:
+    """Drop every victim the gang does not need, the most expensive first."""
+    freed: dict[int, int] = {}
+    for c in chosen:
+        for n, gpus in c.on_nodes:
+            freed[n] = freed.get(n, 0) + gpus
+
+    def fits() -> bool:
+        extra = sum(1 for n, x in freed.items() if n not in ok and cap.avail(n) + x >= g)
+        return len(ok) + extra >= k
+
+    kept = list(chosen)
+    for c in sorted(chosen, key=victim_key, reverse=True):
+        for n, gpus in c.on_nodes:
+            freed[n] -= gpus
+        if fits():
+            kept.remove(c)
+        else:
+            for n, gpus in c.on_nodes:
+                freed[n] += gpus
+    return kept
+
+
+__all__ = [
+    "RANK_BORROWED",
+    "RANK_GUARANTEED",
+    "RANK_TIER",
+    "Candidate",
+    "VictimPool",
+    "choose_victims",
+    "victim_key",
+    "work_lost_gpu_s",
+]
