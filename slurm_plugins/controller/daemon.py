@@ -27,25 +27,13 @@ from pathlib import Path
 
 import click
 
-from nuro import jobcomment
 from nuro.policy import Policy, PolicyError, load_policy
-from nuro.slurm import Backend, CliBackend, ClusterSnapshot, JobPhase, SlurmError
+from nuro.slurm import Backend, CliBackend, SlurmError
 from nuro.slurm_plugins.controller.apply import Outcome, apply_decision
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
-from nuro.slurm_plugins.controller.engine import ControllerState, decide
+from nuro.slurm_plugins.controller.engine import ControllerState, decide, rebuild_state
 
 log = logging.getLogger("nuro.controller")
-
-
-def rebuild_state(snapshot: ClusterSnapshot) -> ControllerState:
-    """In-flight preemptions from Slurm itself: running jobs whose comment carries a ``preempt`` mark."""
-    preempting = {}
-    for job in snapshot.jobs:
-        if job.phase is JobPhase.RUNNING:
-            mark = jobcomment.parse(job.comment).preempt
-            if mark is not None:
-                preempting[job.job_id] = mark.at
-    return ControllerState(preempting=preempting)
 
 
 @dataclass
@@ -96,39 +84,29 @@ class Controller:
         decisions = decide(snapshot, self.policy, self.state, now)
         report.decide_s = time.monotonic() - t1
         t2 = time.monotonic()
-        preempting = dict(self.state.preempting)
-        site_factors = dict(self.state.site_factors)
-        running = {j.job_id for j in snapshot.jobs if j.phase is JobPhase.RUNNING}
-        for job_id in list(preempting):
-            if job_id not in running:
-                preempting.pop(job_id)  # ended or already requeued: nothing left to wait for
+        failed: set[int] = set()
         for decision in decisions:
             try:
                 outcome = apply_decision(self.backend, decision, now, self.dry_run)
             except SlurmError as exc:
                 report.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
                 log.warning("cycle=%d %s", self.cycles, report.error)
+                failed.update(d.job_id for d in decisions[decisions.index(decision) :])
                 break
             report.outcomes.append(outcome)
-            kind = type(decision).__name__
             log.info(
                 "cycle=%d decision=%s job=%d applied=%s code=%s reason=%r result=%r",
-                self.cycles, kind, decision.job_id, outcome.applied, getattr(decision, "code", ""),
-                getattr(decision, "reason", ""), outcome.message,
+                self.cycles, type(decision).__name__, decision.job_id, outcome.applied, decision.code,
+                decision.reason, outcome.message,
             )  # fmt: skip
             if not outcome.applied:
-                continue
-            if kind == "Preempt":
-                preempting[decision.job_id] = now
-            elif kind == "Requeue":
-                preempting.pop(decision.job_id, None)
-            elif kind == "SetSiteFactor":
-                site_factors[decision.job_id] = decision.value
-        self.state = replace(self.state, preempting=preempting, site_factors=site_factors)
+                failed.add(decision.job_id)
+        self.state = _state_after(decisions.next_state, decisions, failed)
         report.apply_s = time.monotonic() - t2
         log.debug(
-            "cycle=%d snapshot_s=%.3f decide_s=%.3f apply_s=%.3f jobs=%d decisions=%d",
+            "cycle=%d snapshot_s=%.3f decide_s=%.3f apply_s=%.3f jobs=%d decisions=%d %s",
             self.cycles, report.snapshot_s, report.decide_s, report.apply_s, len(snapshot.jobs), len(decisions),
+            decisions.cycle_stats.log_fields(),
         )  # fmt: skip
         return report
 
@@ -148,6 +126,20 @@ class Controller:
             if on_cycle:
                 on_cycle(report)
             stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
+
+
+def _state_after(next_state: ControllerState, decisions: tuple, failed: set[int]) -> ControllerState:
+    """The engine's next state, minus what did not happen: a victim we failed to signal is not in flight, and a
+    SiteFactor Slurm refused is not set (both are decided again next cycle)."""
+    not_signalled = {d.job_id for d in decisions if type(d).__name__ == "Preempt" and d.job_id in failed}
+    not_set = {d.job_id for d in decisions if type(d).__name__ == "SetSiteFactor" and d.job_id in failed}
+    if not not_signalled and not not_set:
+        return next_state
+    return replace(
+        next_state,
+        preempting={k: v for k, v in next_state.preempting.items() if k not in not_signalled},
+        site_factors={k: v for k, v in next_state.site_factors.items() if k not in not_set},
+    )
 
 
 class _JsonFormatter(logging.Formatter):

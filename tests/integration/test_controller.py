@@ -56,11 +56,15 @@ def policy_file(cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture
 def clean(cluster: LiveCluster, policy_file: Path) -> Iterator[None]:
     """Every test starts and ends with no job of the policy's members."""
-    users = ",".join(MEMBERS.values())
-    cluster.run(["scancel", "-u", users], check=False)
+    _cancel_members(cluster)
     wait_until(lambda: not _live_jobs(cluster), 30, "the previous test's jobs to leave")
     yield
-    cluster.run(["scancel", "-u", users], check=False)
+    _cancel_members(cluster)
+
+
+def _cancel_members(cluster: LiveCluster) -> None:
+    for user in MEMBERS.values():  # scancel -u takes one user
+        cluster.run(["scancel", "-u", user], check=False)
 
 
 def _live_jobs(cluster: LiveCluster) -> list[JobInfo]:
@@ -85,6 +89,11 @@ def _submit(cluster: LiveCluster, team: str, *, qos: str | None = None, ckpt: bo
         check=True,
     )
     return int(res.stdout.strip().split(";")[0])
+
+
+def _fill_the_rest(cluster: LiveCluster) -> list[int]:
+    """With perception on 4 nodes (3 guaranteed + 1 borrowed), guaranteed work of others fills the other 4."""
+    return [_submit(cluster, t) for t in ("simulation", "simulation", "controls", "prediction")]
 
 
 def _job(cluster: LiveCluster, job_id: int) -> JobInfo:
@@ -207,8 +216,7 @@ def test_victim_without_ack_is_requeued_at_grace_end(
             _submit(cluster, "perception")
         borrower = _submit(cluster, "perception", ack=False)
         _running(cluster, borrower)
-        fillers = [_submit(cluster, "simulation"), _submit(cluster, "simulation"), _submit(cluster, "controls")]
-        _running(cluster, *fillers)
+        _running(cluster, *_fill_the_rest(cluster))
         claimant = _submit(cluster, "prediction")
         signalled = wait_until(
             lambda: jobcomment.parse(_job(cluster, borrower).comment).preempt, 30, "the borrower to be signalled"
@@ -261,8 +269,7 @@ def test_restarted_controller_rebuilds_in_flight_preemptions(
             _submit(cluster, "perception")
         borrower = _submit(cluster, "perception", ack=False)
         _running(cluster, borrower)
-        fillers = [_submit(cluster, "simulation"), _submit(cluster, "simulation"), _submit(cluster, "controls")]
-        _running(cluster, *fillers)
+        _running(cluster, *_fill_the_rest(cluster))
         _submit(cluster, "prediction")
         wait_until(lambda: jobcomment.parse(_job(cluster, borrower).comment).preempt, 30, "the preempt mark")
     # Controller down. The job acks now (as rank 0 would after its checkpoint commits).

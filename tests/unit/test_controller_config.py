@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -39,7 +40,7 @@ def test_missing_file_says_so(tmp_path: Path) -> None:
 
 
 def test_in_flight_preemptions_are_rebuilt_from_job_comments() -> None:
-    from nuro.slurm_plugins.controller.daemon import rebuild_state
+    from nuro.slurm_plugins.controller.engine import rebuild_state
 
     def job(jid: int, state: str, comment: str) -> JobInfo:
         return JobInfo(job_id=jid, name="j", user="u", state=state, phase=JobPhase(state), comment=comment)
@@ -52,5 +53,6 @@ def test_in_flight_preemptions_are_rebuilt_from_job_comments() -> None:
             job(3, "PENDING", '{"preempt":{"at":50.0}}'),  # requeued already: not in flight
         ),
         partitions=(),
+        taken_at=datetime.now(UTC),
     )
     assert dict(rebuild_state(snap).preempting) == {1: 100.0}
