@@ -58,6 +58,22 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, int
         time.sleep(interval_s)
 
 
+def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: float = 60) -> None:
+    """Cancel every job of these users and wait until slurmctld lists none of them as active.
+
+    ``scancel -u`` takes one user, and accounting refuses to delete an association while a job of it is still
+    active (completing counts), so clean-up must wait, not just signal.
+    """
+    for user in users:
+        cluster.run(["scancel", "-u", user], check=False)
+    active = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "REQUEUED", "RESIZING"}
+    wait_until(
+        lambda: not [j for j in cluster.backend.jobs() if j.user in users and j.state.split("+")[0] in active],
+        timeout_s,
+        f"the jobs of {', '.join(users)} to end",
+    )
+
+
 def ensure_unix_users(users: tuple[str, ...]) -> None:
     for user in users:
         try:

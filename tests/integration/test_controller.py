@@ -24,7 +24,7 @@ import yaml
 from nuro import jobcomment
 from nuro.policy import load_policy
 from nuro.slurm import JobInfo, JobPhase, SlurmError
-from tests.integration.conftest import REPO, LiveCluster, wait_until
+from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -56,23 +56,9 @@ def policy_file(cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory) 
 @pytest.fixture
 def clean(cluster: LiveCluster, policy_file: Path) -> Iterator[None]:
     """Every test starts and ends with no job of the policy's members."""
-    _cancel_members(cluster)
-    wait_until(lambda: not _live_jobs(cluster), 30, "the previous test's jobs to leave")
+    cancel_jobs_of(cluster, tuple(MEMBERS.values()))
     yield
-    _cancel_members(cluster)
-
-
-def _cancel_members(cluster: LiveCluster) -> None:
-    for user in MEMBERS.values():  # scancel -u takes one user
-        cluster.run(["scancel", "-u", user], check=False)
-
-
-def _live_jobs(cluster: LiveCluster) -> list[JobInfo]:
-    return [
-        j
-        for j in cluster.backend.jobs()
-        if j.user in MEMBERS.values() and j.phase in (JobPhase.PENDING, JobPhase.RUNNING, JobPhase.COMPLETING)
-    ]
+    cancel_jobs_of(cluster, tuple(MEMBERS.values()))
 
 
 def _submit(

@@ -85,7 +85,8 @@ def bridge(cluster: LiveCluster) -> Iterator[Path]:
     _install(etc, TABLE_FILE, render_lua_table(POLICY))
     yield etc
     (etc / TABLE_FILE).unlink(missing_ok=True)
-    cluster.run(["scancel", "--name=nuro-vec", "--name=nuro-mod", "--name=nuro-open"], check=False)
+    for name in ("nuro-vec", "nuro-mod", "nuro-open"):  # scancel honours only one --name
+        cluster.run(["scancel", f"--name={name}"], check=False)
 
 
 def _sbatch(cluster: LiveCluster, user: str, args: list[str], name: str = "nuro-vec"):

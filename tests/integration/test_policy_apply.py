@@ -24,7 +24,7 @@ from nuro.policy.model import load_policy, parse_policy
 from nuro.policy.plan import SACCTMGR, Change, Op, Plan, build_plan
 from nuro.policy.sacctmgr import apply_plan
 from nuro.policy.slurm_state import READ_ARGVS, read_state
-from tests.integration.conftest import TEST_ACCOUNT, LiveCluster, wait_until
+from tests.integration.conftest import POLICY_USERS, TEST_ACCOUNT, LiveCluster, cancel_jobs_of, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -82,14 +82,12 @@ def remove_managed(cluster: LiveCluster) -> None:
 
 @pytest.fixture(scope="module")
 def clean(cluster: LiveCluster) -> Iterator[LiveCluster]:
-    cluster.run(["scancel", "--full", "-u", "alice,bob,priya,chen,sam"], check=False)
+    cancel_jobs_of(cluster, POLICY_USERS)
     remove_managed(cluster)
     lua = Path(cluster.env["SLURM_CONF"]).parent / "nuro_policy.lua"
     lua.unlink(missing_ok=True)
     yield cluster
-    cluster.run(["scancel", "-u", "alice,bob,priya,chen,sam"], check=False)
-    wait_until(lambda: not cluster.run(["squeue", "-h", "-u", "alice,bob,priya,chen,sam"]).stdout.strip(), 60,
-               "the policy users' jobs to end")  # fmt: skip
+    cancel_jobs_of(cluster, POLICY_USERS)
     remove_managed(cluster)
     lua.unlink(missing_ok=True)
 
