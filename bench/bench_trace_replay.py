@@ -1,0 +1,236 @@
+"""Trace replay: nuro's controller vs "Slurm alone, hard quotas, no borrowing" on the Alibaba GPU trace.
+
+Both variants replay the same synthesised workload on the same simulated cluster in one process (``bench/sim``);
+the nuro variant runs the daemon's real cycle (``engine.decide`` + ``apply``) every ``--interval-s`` of replay time.
+Every synthesis parameter is printed and saved with the results. See docs/trace-replay.md.
+
+    python -m bench.bench_trace_replay [--seed 7] [--scale 0.05] [--compress 24] [--max-tasks N] [--interval-s 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+from bench.common import REPO, save
+from bench.sim import metrics
+from bench.sim.replay import Variant, run_replay
+from bench.sim.slurm import SchedParams
+from bench.sim.synth import SynthParams, synthesise
+from bench.sim.trace import NODE_CSV, POD_CSV, load_nodes, load_tasks, scale_policy, shape_cluster
+from nuro.policy.model import Policy
+
+EXAMPLE_POLICY = REPO / "examples" / "policy" / "teams.yaml"
+SCHED = SchedParams()
+
+#: rows of the side-by-side table: (label, metric key, how to show it, ratio meaningful)
+ROWS = (
+    ("offered load (work / capacity)", "offered_load", "f3", False),
+    ("GPU utilisation", "utilisation", "pct", True),
+    ("goodput (kept progress)", "goodput", "pct", True),
+    ("GPU alloc-idle % (not training)", "alloc_idle_pct", "f3", False),
+    ("  + fractional pods on whole GPUs %", "fractional_rounding_pct", "f2", False),
+    ("borrowed share of GPU-h", "borrowed_gpu_share", "pct", False),
+    ("Jain fairness (mean of windows)", "jain_mean", "f3", True),
+    ("Jain fairness (p10 window)", "jain_p10", "f3", True),
+    ("quota violations (g- samples)", "quota_violation_samples", "int", False),
+    ("borrow-limit violations (b- samples)", "borrow_limit_violation_samples", "int", False),
+    ("preemptions (signals)", "preemptions", "int", False),
+    ("  requeued after ack / at grace end", "requeues", "str", False),
+    ("  victims requeued < 600 s after their start", "requeued_within_600s_of_start", "int", False),
+    ("GPU-h lost to preemption", "gpu_h_lost_to_preemption", "f2", False),
+    ("GPU-h restart staging", "gpu_h_restart_staging", "f2", False),
+    ("gang runs in one leaf", "gangs", "str", False),
+)
+
+
+def _fmt(value: object, how: str) -> str:
+    if isinstance(value, float) and math.isnan(value):
+        return "n/a"
+    if how == "pct":
+        return f"{100 * float(value):.2f} %"  # type: ignore[arg-type]
+    if how == "f3":
+        return f"{float(value):.3f}"  # type: ignore[arg-type]
+    if how == "f2":
+        return f"{float(value):.2f}"  # type: ignore[arg-type]
+    return str(value)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{b / a:.3f}" if a and not math.isnan(a) and not math.isnan(b) else "-"
+
+
+def table(base: dict, nuro: dict) -> str:
+    """The side-by-side table (ratio = nuro / baseline where a ratio means something)."""
+    for m in (base, nuro):
+        m["requeues"] = f"{m['requeues_acked']} / {m['requeues_unacked']}"
+        m["gangs"] = f"{m['gang_runs_one_leaf']}/{m['gang_runs']}"
+    lines = [f"{'metric':<40} {'baseline':>14} {'nuro':>14} {'nuro/base':>10}", "-" * 81]
+    for label, key, how, ratio in ROWS:
+        r = _ratio(base[key], nuro[key]) if ratio else ""
+        lines.append(f"{label:<40} {_fmt(base[key], how):>14} {_fmt(nuro[key], how):>14} {r:>10}")
+    lines.append("")
+    lines.append(f"{'queue wait (first start − submit), s':<40} {'baseline mean/median/p95':>36} {'nuro':>30}")
+    for team, bw in base["queue_wait"].items():
+        nw = nuro["queue_wait"].get(team)
+        if nw is None:
+            continue
+        b = f"{bw['mean_s']:.0f}/{bw['median_s']:.0f}/{bw['p95_s']:.0f} (n={bw['n']}, cens {bw['censored']})"
+        n = f"{nw['mean_s']:.0f}/{nw['median_s']:.0f}/{nw['p95_s']:.0f} (cens {nw['censored']})"
+        lines.append(f"  {team:<38} {b:>36} {n:>30}")
+    lines.append("")
+    lines.append(f"{'team: quota, mean GPUs held / mean demand':<40} {'baseline':>18} {'nuro':>18}")
+    for team, bs in base["team_share_vs_entitlement"].items():
+        ns = nuro["team_share_vs_entitlement"][team]
+        b, n = (f"{x['mean_gpus']:.0f} / {x['mean_demand_gpus']:.0f}" for x in (bs, ns))
+        lines.append(f"  {team + ': ' + str(bs['quota_gpus']):<38} {b:>18} {n:>18}")
+    return "\n".join(lines)
+
+
+def engine_sources() -> dict[str, str]:
+    """sha256 (12 hex) of every controller source the nuro variant ran: the engine changes, results must say which
+    one they came from."""
+    folder = REPO / "slurm_plugins" / "controller"
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in sorted(folder.glob("*.py"))}
+
+
+def replay_seed(seed: int, args: argparse.Namespace, tasks: list, nodes: list, policy: Policy) -> dict:
+    """Synthesise the workload for ``seed`` and replay it under both variants; metrics and what was synthesised."""
+    params = SynthParams(seed=seed, compress=args.compress)
+    max_gang = sum(1 for n in nodes if n.gpus >= 8)
+    workload = synthesise(tasks, params, policy, max_gang, args.max_tasks)
+    jobs = workload.jobs
+    warm = min(len(jobs) - 1, int(len(jobs) * args.warmup_frac))
+    measure_from = jobs[warm].submit_s
+    quotas = {t.name: t.quota_gpus for t in policy.teams}
+    out: dict = {"params": params, "workload": workload, "measure_from": measure_from}
+    for variant in (Variant.BASELINE, Variant.NURO):
+        log = run_replay(jobs, nodes, policy, variant, args.interval_s, sched=SCHED)
+        out[variant.value] = metrics.compute(log, quotas, measure_from, args.window_s)
+    return out
+
+
+def spread_table(rows: list[dict]) -> str:
+    """One line per seed: the headline metrics of both variants, and the spread of the ratios."""
+    head = (
+        f"{'seed':>5} {'util base':>10} {'util nuro':>10} {'ratio':>6} {'Jain base':>10} {'Jain nuro':>10} "
+        f"{'preempt':>8} {'lost GPU-h':>11} {'wait mean base/nuro s':>22}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        b, n = r["baseline"], r["nuro"]
+        lines.append(
+            f"{r['seed']:>5} {100 * b['utilisation']:>9.1f}% {100 * n['utilisation']:>9.1f}% "
+            f"{n['utilisation'] / b['utilisation']:>6.3f} {b['jain_mean']:>10.3f} {n['jain_mean']:>10.3f} "
+            f"{n['preemptions']:>8} {n['gpu_h_lost_to_preemption']:>11.2f} "
+            f"{b['queue_wait']['all']['mean_s']:>11.0f}/{n['queue_wait']['all']['mean_s']:<10.0f}"
+        )
+    ratios = [r["nuro"]["utilisation"] / r["baseline"]["utilisation"] for r in rows]
+    jr = [r["nuro"]["jain_mean"] / r["baseline"]["jain_mean"] for r in rows]
+    lines.append(
+        f"utilisation ratio mean {sum(ratios) / len(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f}); "
+        f"Jain ratio mean {sum(jr) / len(jr):.3f} (min {min(jr):.3f}, max {max(jr):.3f})"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seed", type=int, default=7, help="synthesis seed of the main table [7]")
+    ap.add_argument("--spread-seeds", type=int, default=4, help="also replay seeds seed+1..seed+N [4]")
+    ap.add_argument("--max-tasks", type=int, default=None, help="first N GPU tasks that ran, by creation [all]")
+    ap.add_argument("--scale", type=float, default=0.05, help="fraction of the trace's nodes, per class [0.05]")
+    ap.add_argument("--compress", type=float, default=24.0, help="arrival times divided by this [24]")
+    ap.add_argument("--interval-s", type=float, default=30.0, help="controller interval, replay seconds [30]")
+    ap.add_argument("--window-s", type=float, default=3600.0, help="Jain fairness window, replay seconds [3600]")
+    ap.add_argument("--warmup-frac", type=float, default=0.05, help="first share of jobs not measured [0.05]")
+    ap.add_argument("--policy", type=Path, default=EXAMPLE_POLICY, help="teams.yaml to scale to the cluster")
+    ap.add_argument("--name", default="trace_replay", help="result file name under bench/results/")
+    args = ap.parse_args(argv)
+
+    t_start = time.perf_counter()
+    tasks, trace_nodes = load_tasks(POD_CSV), load_nodes(NODE_CSV)
+    nodes = shape_cluster(trace_nodes, args.scale)
+    cluster_gpus = sum(n.gpus for n in nodes)
+    policy = scale_policy(args.policy, cluster_gpus)
+    main_run = replay_seed(args.seed, args, tasks, nodes, policy)
+    workload, params = main_run["workload"], main_run["params"]
+    classes: dict[str, int] = {}
+    for n in nodes:
+        classes[f"{n.gpus}x{n.model}"] = classes.get(f"{n.gpus}x{n.model}", 0) + 1
+    setup = {
+        "seed": args.seed,
+        "trace": {"pods": str(POD_CSV), "nodes": str(NODE_CSV)},
+        "cluster": {
+            "scale": args.scale,
+            "nodes": len(nodes),
+            "gpus": cluster_gpus,
+            "leaves": len({n.leaf for n in nodes}),
+            "leaf_size": 4,
+            "node_classes": classes,
+        },
+        "policy": {
+            "source": str(args.policy),
+            "grace_s": policy.grace_s,
+            "teams": {
+                t.name: {"quota": t.quota_gpus, "borrow_limit": t.borrow_limit_gpus, "lend_limit": t.lend_limit_gpus}
+                for t in policy.teams
+            },
+            "tiers": {t.name: {"priority": t.priority, "accounts": list(t.allowed_accounts)} for t in policy.tiers},
+        },
+        "synthesis": params.describe(),
+        "workload": {**workload.counts, "gang_size_histogram": workload.gang_sizes},
+        "scheduler": dataclasses.asdict(SCHED),
+        "controller_interval_s": args.interval_s,
+        "controller_sources_sha256": engine_sources(),
+        "measurement": {
+            "from_s": round(main_run["measure_from"], 1),
+            "horizon_s": round(max(j.submit_s for j in workload.jobs), 1),
+            "warmup_frac": args.warmup_frac,
+            "jain_window_s": args.window_s,
+            "censoring": "tasks with pod_phase=Running run their observed time (a lower bound); jobs running at the "
+            "horizon (the last arrival) are cut there; jobs never started count with horizon − submit",
+        },
+    }
+    print("== trace replay setup (every synthesis parameter)")
+    print(json.dumps(setup, indent=1), flush=True)
+    base, nuro = main_run["baseline"], main_run["nuro"]
+    print(f"== seed {args.seed}: baseline {base['wall_s']} s, nuro {nuro['wall_s']} s", flush=True)
+    spread = [{"seed": args.seed, "baseline": base, "nuro": nuro}]
+    for seed in range(args.seed + 1, args.seed + 1 + args.spread_seeds):
+        r = replay_seed(seed, args, tasks, nodes, policy)
+        spread.append({"seed": seed, "baseline": r["baseline"], "nuro": r["nuro"]})
+        print(f"== seed {seed}: baseline {r['baseline']['wall_s']} s, nuro {r['nuro']['wall_s']} s", flush=True)
+    rendered = table(base, nuro)
+    total_s = time.perf_counter() - t_start
+    ratios = {
+        key: round(nuro[key] / base[key], 4)
+        for _, key, _, meaningful in ROWS
+        if meaningful and base[key] and not math.isnan(base[key]) and not math.isnan(nuro[key])
+    }
+    keys = ("utilisation", "goodput", "alloc_idle_pct", "jain_mean", "jain_p10", "preemptions",
+            "gpu_h_lost_to_preemption", "quota_violation_samples")  # fmt: skip
+    seed_spread = [
+        {"seed": r["seed"], **{f"{v}.{k}": r[v][k] for v in ("baseline", "nuro") for k in keys}} for r in spread
+    ]
+    out = {"setup": setup, "baseline": base, "nuro": nuro, "ratios_nuro_over_baseline": ratios,
+           "seed_spread": seed_spread, "runtime_s": round(total_s, 1)}  # fmt: skip
+    save(args.name, out)
+    print(f"\n== trace replay, seed {args.seed}: baseline (Slurm alone, hard quotas) vs nuro (same decide() every "
+          f"{args.interval_s:g} s)")  # fmt: skip
+    print(rendered)
+    if len(spread) > 1:
+        print(f"\n== the same for {len(spread)} seeds (team, gang, tier and checkpoint draws change)")
+        print(spread_table(spread))
+    print(f"\nruntime: {total_s:.1f} s for {len(spread)} seed(s) × 2 variants (seed {args.seed}: baseline "
+          f"{base['wall_s']} s, nuro {nuro['wall_s']} s of which decide {nuro['decide_s_total']} s)")  # fmt: skip
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""Metrics of one replay, computed afterwards from its run and pending records (``ReplayLog``).
+
+Why afterwards: the event loop stays small and fast, and every metric is a plain function of the records, so a new
+metric needs no re-run of the simulator logic. All time-based metrics use one measurement window
+``[measure_from_s, horizon_s]`` (the warm-up before it is excluded: the trace's first months hold a handful of
+pods); counts of decisions and preemptions are over the whole replay.
+
+| metric | definition |
+|---|---|
+| offered load | GPU·s the jobs submitted in the window ask for, each cut at the horizon / (cluster GPUs × window) |
+| utilisation | GPU·s allocated / (cluster GPUs × window) |
+| alloc-idle % | allocated GPU·s in which the job did not train (restart staging, checkpoint-and-wait after a preemption
+  signal) / allocated GPU·s |
+| fractional rounding % | allocated GPU·s the trace pods did not ask for (a pod with ``gpu_milli`` 460 holds a whole
+  GPU) / allocated GPU·s: idle capacity inside allocations that whole-GPU Slurm cannot avoid |
+| goodput | GPU·s of progress that was kept (finished or checkpointed) / (cluster GPUs × window) |
+| GPU-h lost to preemption | per requeued run: GPUs × (training-phase time − progress its last checkpoint kept), plus
+  the restart staging of resumed runs |
+| Jain fairness | per window of ``window_s``: x_t = allocated_t / entitled_t for teams with demand, where entitled_t is
+  the quota-weighted max-min (water-filling) share of the cluster given every team's demand (running + pending
+  GPUs); J = (Σx)² / (n Σx²), 1 = every team got its entitlement |
+| queue wait | first start − submit, per job submitted in the window; a job never started counts with horizon − submit
+  (censored, a lower bound) |
+| quota violations | samples (one after every event batch) where a ``g-<team>`` QOS ran above its quota |
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from bench.sim.replay import ReplayLog
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]); NaN for no values."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def jain(xs: Sequence[float]) -> float:
+    """Jain's index (Σx)² / (n Σx²); 1 for equal values, 1/n when one value holds everything."""
+    sq = sum(x * x for x in xs)
+    return (sum(xs) ** 2) / (len(xs) * sq) if xs and sq > 0 else math.nan
+
+
+def water_fill(capacity: float, demand: Mapping[str, float], weight: Mapping[str, float]) -> dict[str, float]:
+    """Weighted max-min fair shares of ``capacity``: no team gets more than it demands; what a team does not need
+    is shared among the others in proportion to their weights."""
+    out = {t: 0.0 for t in demand}
+    active = {t for t, d in demand.items() if d > 0 and weight.get(t, 0) > 0}
+    left = capacity
+    while active and left > 1e-9:
+        total_w = sum(weight[t] for t in active)
+        satisfied = {t for t in active if demand[t] <= left * weight[t] / total_w}
+        if not satisfied:
+            for t in active:
+                out[t] = left * weight[t] / total_w
+            break
+        for t in satisfied:
+            out[t] = demand[t]
+            left -= demand[t]
+        active -= satisfied
+    return out
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def _spread(bins: list[float], t0: float, t1: float, start: float, width: float, weight: float) -> None:
+    """Add ``weight`` × the time of [t0, t1] falling into each bin of ``width`` starting at ``start``."""
+    if t1 <= t0:
+        return
+    first = max(0, int((t0 - start) // width))
+    last = min(len(bins) - 1, int((t1 - start) // width))
+    for b in range(first, last + 1):
+        lo = start + b * width
+        bins[b] += weight * _overlap(t0, t1, lo, lo + width)
+
+
+def wait_stats(waits: Sequence[float], censored: int) -> dict:
+    return {
+        "n": len(waits),
+        "censored": censored,
+        "mean_s": round(sum(waits) / len(waits), 1) if waits else math.nan,
+        "median_s": round(percentile(waits, 50), 1),
+        "p95_s": round(percentile(waits, 95), 1),
+    }
+
+
+def compute(log: ReplayLog, quotas: Mapping[str, int], measure_from_s: float, window_s: float = 3600.0) -> dict:
+    """All metrics of one replay (module table)."""
+    t0, t1 = measure_from_s, log.horizon_s
+    span = max(1e-9, t1 - t0)
+    cap_gpu_s = log.capacity * span
+    teams = list(quotas)
+    alloc = idle = good = borrowed = 0.0
+    lost = restart = 0.0
+    team_alloc = {t: 0.0 for t in teams}
+    n_bins = max(1, math.ceil(span / window_s))
+    bin_alloc = {t: [0.0] * n_bins for t in teams}
+    bin_demand = {t: [0.0] * n_bins for t in teams}
+    gangs = gangs_one_leaf = 0
+    rounding = 0.0
+    used_fraction = {j.job_id: j.spec.used_fraction for j in log.jobs}
+    for r in log.runs:
+        held = _overlap(r.start_s, r.end_s, t0, t1) * r.gpus
+        alloc += held
+        rounding += held * (1.0 - used_fraction.get(r.job_id, 1.0))
+        team_alloc[r.team] += held
+        if r.qos.startswith("b-"):
+            borrowed += held
+        not_training = _overlap(r.start_s, r.train_start_s, t0, t1)
+        if r.idle_from_s is not None:
+            not_training += _overlap(r.idle_from_s, r.end_s, t0, t1)
+        idle += not_training * r.gpus
+        trained = max(0.0, r.end_s - r.train_start_s)
+        in_window = _overlap(r.train_start_s, r.end_s, t0, t1) / trained if trained > 0 else 0.0
+        good += r.kept_gpu_s * in_window  # kept progress, spread evenly over the run's training phase
+        if t0 <= r.end_s <= t1:
+            lost += r.lost_gpu_s
+            restart += r.restart_gpu_s
+        if r.node_count > 1 and r.start_s >= t0:
+            gangs += 1
+            gangs_one_leaf += r.leaves == 1
+        _spread(bin_alloc[r.team], max(r.start_s, t0), min(r.end_s, t1), t0, window_s, r.gpus)
+        _spread(bin_demand[r.team], max(r.start_s, t0), min(r.end_s, t1), t0, window_s, r.gpus)
+    for p in log.pends:
+        _spread(bin_demand[p.team], max(p.since_s, t0), min(p.until_s, t1), t0, window_s, p.gpus)
+    jains = []
+    for b in range(n_bins):
+        width = min(window_s, t1 - (t0 + b * window_s))
+        if width <= 0:
+            continue
+        demand = {t: bin_demand[t][b] / width for t in teams}
+        fair = water_fill(log.capacity, demand, quotas)
+        xs = [bin_alloc[t][b] / width / fair[t] for t in teams if fair[t] > 1e-9]
+        if xs:
+            jains.append(jain(xs))
+    waits: dict[str, list[float]] = {t: [] for t in [*teams, "urgent", "all"]}
+    censored: dict[str, int] = {k: 0 for k in waits}
+    for job in log.jobs:
+        s = job.spec
+        if not t0 <= s.submit_s <= t1:
+            continue
+        keys = [s.team, "all"] + (["urgent"] if s.tier == "urgent" else [])
+        if job.first_start_s is not None and job.first_start_s <= t1:
+            w = job.first_start_s - s.submit_s
+        else:
+            w = t1 - s.submit_s
+            for k in keys:
+                censored[k] += 1
+        for k in keys:
+            waits[k].append(w)
+    total_quota = sum(quotas.values()) or 1
+    # work that could have run inside the window: a job's run time, cut at the horizon
+    offered = sum(
+        j.spec.gpus * min(j.spec.runtime_s, t1 - j.spec.submit_s) for j in log.jobs if t0 <= j.spec.submit_s <= t1
+    )
+    demand_mean = {t: sum(bin_demand[t]) / span for t in teams}
+    requeued = [r for r in log.runs if r.outcome == "requeued"]
+    return {
+        "window_s": [round(t0, 1), round(t1, 1)],
+        "offered_load": round(offered / cap_gpu_s, 3),
+        "utilisation": round(alloc / cap_gpu_s, 4),
+        "goodput": round(good / cap_gpu_s, 4),
+        "alloc_idle_pct": round(100 * idle / alloc, 3) if alloc else 0.0,
+        "fractional_rounding_pct": round(100 * rounding / alloc, 2) if alloc else 0.0,
+        "borrowed_gpu_share": round(borrowed / alloc, 4) if alloc else 0.0,
+        "jain_mean": round(sum(jains) / len(jains), 4) if jains else math.nan,
+        "jain_p10": round(percentile(jains, 10), 4),
+        "jain_windows": len(jains),
+        "team_share_vs_entitlement": {
+            t: {
+                "share": round(team_alloc[t] / alloc, 4) if alloc else 0.0,
+                "quota_share": round(quotas[t] / total_quota, 4),
+                "mean_gpus": round(team_alloc[t] / span, 1),
+                "mean_demand_gpus": round(demand_mean[t], 1),
+                "quota_gpus": quotas[t],
+            }
+            for t in teams
+        },
+        "quota_violation_samples": log.g_over_quota_samples,
+        "borrow_limit_violation_samples": log.b_over_limit_samples,
+        "qos_limit_breaches_at_start": log.counters.get("limit_breaches_at_start", 0),
+        "samples": log.samples,
+        "preemptions": log.counters.get("preemptions", 0),
+        "requeues_acked": log.counters.get("requeues_acked", 0),
+        "requeues_unacked": log.counters.get("requeues_unacked", 0),
+        "requeued_runs": len(requeued),
+        "requeued_within_600s_of_start": sum(1 for r in requeued if r.end_s - r.start_s < 600.0),
+        "gpu_h_lost_to_preemption": round(lost / 3600, 2),
+        "gpu_h_restart_staging": round(restart / 3600, 2),
+        "gang_runs": gangs,
+        "gang_runs_one_leaf": gangs_one_leaf,
+        "queue_wait": {k: wait_stats(v, censored[k]) for k, v in waits.items() if v},
+        "decisions": {k: v for k, v in sorted(log.counters.items()) if k[:1].isupper() or k.startswith("qos_to")},
+        "controller_cycles": log.cycles,
+        "decide_s_total": round(log.decide_s, 2),
+        "wall_s": round(log.wall_s, 2),
+    }
+
+
+__all__ = ["compute", "jain", "percentile", "wait_stats", "water_fill"]

@@ -1,0 +1,303 @@
+"""A small Slurm-like scheduler: the part of slurmctld the replay needs, nothing more.
+
+Why write one: the replay runs months of trace in seconds, so the real slurmctld (which schedules in wall-clock
+time) cannot be used; what matters for the comparison is that both variants see the *same* scheduler, and that it
+keeps Slurm's rules that nuro relies on:
+
+* **gang, whole GPUs**: a job gets ``node_count`` nodes with ``gpus_per_node`` free GPUs each, all at once, or waits;
+* **topology**: leaves of ``leaf_size`` nodes; a multi-node job goes to one leaf when one has room (best fit),
+  else to the fewest leaves (no ``--switches`` wait time is modelled);
+* **hard QOS limits**: a job starts only if its QOS's GPUs in use + its GPUs ≤ ``GrpTRES`` (``g-<team>`` = quota,
+  ``b-<team>`` = borrow limit); otherwise it waits with reason ``QOSGrpGRES`` and does not block others;
+* **priority** (priority/multifactor, simplified): QOS priority (the tier's) + SiteFactor + 10,000 × fair share
+  2^(−usage/shares) (usage = the team's GPU·s with a ``fs_half_life_s`` decay, both normalised) + 1,000 × age
+  (capped at ``max_age_s``); ties by submit time, then job id;
+* **backfill-lite** (EASY): the first job in priority order that cannot start for resources gets a reservation
+  (the earliest time and nodes, computed from running jobs' ends); lower jobs start only if they do not touch the
+  reserved nodes or end before that time. Time limits equal the true remaining run time (perfect estimates).
+
+Not modelled: CPUs/memory, partitions, node failures, Slurm's own preemption (nuro's policy sets no ``Preempt=``
+lists; see docs/controller.md), job arrays, ``--switches`` waits, scheduling latency (a pass runs at every event).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from bench.sim.synth import JobSpec
+from bench.sim.trace import NodeSpec
+
+PENDING, RUNNING, DONE = "PENDING", "RUNNING", "DONE"
+
+
+@dataclass(frozen=True)
+class SchedParams:
+    """Priority weights and timings of the simulated slurmctld (printed with the results)."""
+
+    weight_fairshare: int = 10_000
+    weight_age: int = 1_000
+    max_age_s: float = 7 * 86400.0
+    fs_half_life_s: float = 86400.0
+    requeue_delay_s: float = 11.0  # EligibleTime = requeue + cred_expire (10 s, tuned per SLURM_FACTS) + 1 s
+
+
+DEFAULT_SCHED = SchedParams()
+
+
+@dataclass(eq=False)
+class SimJob:
+    """A job's mutable state in the replay. ``work_done_s`` is retained progress: finished or checkpointed work."""
+
+    spec: JobSpec
+    qos: str
+    state: str = PENDING
+    reason: str = "None"
+    eligible_s: float = 0.0
+    work_done_s: float = 0.0
+    run_start_s: float | None = None
+    train_start_s: float | None = None
+    stop_train_s: float | None = None  # an acking victim stops training at the signal
+    signalled_s: float | None = None
+    ack_gain_s: float | None = None  # progress of this run its acknowledged checkpoint holds
+    nodes: tuple[int, ...] = ()
+    site_factor: int = 0
+    priority: int = 0
+    first_start_s: float | None = None
+    end_s: float | None = None
+    restarts: int = 0
+    token: int = 0  # bumped at every start/stop so stale END/ACK events are ignored
+    comment: dict = field(default_factory=dict)
+    comment_text: str = ""  # the comment as Slurm stores it (compact JSON), kept in step with ``comment``
+    pending_since_s: float = 0.0
+
+    @property
+    def job_id(self) -> int:
+        return self.spec.job_id
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.gpus
+
+    @property
+    def remaining_s(self) -> float:
+        return max(0.0, self.spec.runtime_s - self.work_done_s)
+
+    def expected_end_s(self, grace_s: float) -> float:
+        """When Slurm expects the GPUs back: the run's end, or the grace end of a signalled victim."""
+        end = (self.train_start_s or 0.0) + self.remaining_s
+        if self.signalled_s is not None:
+            end = min(end, self.signalled_s + grace_s)
+        return end
+
+
+class SlurmSim:
+    """Nodes, the queue and QOS usage; ``schedule(now)`` is one scheduling pass (module docstring).
+
+    The replay owns time and job lifecycles; this class owns resources: ``start``/``release`` are the only places
+    GPUs change hands, and they check the QOS limit again (a breach would be a simulator bug, counted by the replay).
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec],
+        qos_limits: Mapping[str, int | None],
+        qos_priority: Mapping[str, int],
+        team_shares: Mapping[str, int],
+        params: SchedParams = DEFAULT_SCHED,
+        grace_s: float = 60.0,
+    ) -> None:
+        self.names = [n.name for n in nodes]
+        self.total = [n.gpus for n in nodes]
+        self.free = list(self.total)
+        leaf_index: dict[str, int] = {}
+        self.leaf_of = [leaf_index.setdefault(n.leaf, len(leaf_index)) for n in nodes]
+        self.leaves: list[list[int]] = [[] for _ in leaf_index]
+        for i, leaf in enumerate(self.leaf_of):
+            self.leaves[leaf].append(i)
+        self.leaf_names = list(leaf_index)
+        self.qos_limits = dict(qos_limits)
+        self.qos_priority = dict(qos_priority)
+        self.qos_used: dict[str, int] = {q: 0 for q in qos_limits}
+        self.shares = dict(team_shares)
+        self.params = params
+        self.grace_s = grace_s
+        self.pending: dict[int, SimJob] = {}
+        self.running: dict[int, SimJob] = {}
+        self.team_alloc: dict[str, int] = {t: 0 for t in team_shares}
+        self.usage: dict[str, float] = {t: 0.0 for t in team_shares}
+        self._usage_at = 0.0
+        self.limit_breaches = 0
+
+    @property
+    def capacity(self) -> int:
+        return sum(self.total)
+
+    @property
+    def allocated(self) -> int:
+        return self.capacity - sum(self.free)
+
+    # -- queue ---------------------------------------------------------------------------------------------------
+    def submit(self, job: SimJob, now: float) -> None:
+        job.state, job.reason, job.pending_since_s = PENDING, "None", now
+        self.pending[job.job_id] = job
+
+    def _account(self, now: float) -> None:
+        """Decay fair-share usage to ``now`` and add the GPU·s held since the last call."""
+        dt = now - self._usage_at
+        if dt <= 0:
+            return
+        decay = 0.5 ** (dt / self.params.fs_half_life_s)
+        for t in self.usage:
+            self.usage[t] = self.usage[t] * decay + self.team_alloc[t] * dt
+        self._usage_at = now
+
+    def fairshare_factors(self) -> dict[str, float]:
+        """Slurm's classic factor 2^(−U/S): U = the team's share of decayed usage, S = its share of the shares."""
+        total_u = sum(self.usage.values()) or 1.0
+        total_s = sum(self.shares.values()) or 1
+        return {t: 2.0 ** (-(self.usage[t] / total_u) / (self.shares[t] / total_s)) for t in self.usage}
+
+    def update_priorities(self, now: float) -> None:
+        """Recompute every pending job's priority (as slurmctld's PriorityCalcPeriod would)."""
+        self._account(now)
+        fs = self.fairshare_factors()
+        p = self.params
+        for job in self.pending.values():
+            age = min(1.0, max(0.0, now - job.spec.submit_s) / p.max_age_s)
+            job.priority = int(
+                self.qos_priority.get(job.qos, 0)
+                + job.site_factor
+                + p.weight_fairshare * fs.get(job.spec.team, 0.0)
+                + p.weight_age * age
+            )
+
+    # -- placement -----------------------------------------------------------------------------------------------
+    def place(
+        self, gpus_per_node: int, count: int, free: Sequence[int], exclude: frozenset[int] = frozenset()
+    ) -> tuple[int, ...] | None:
+        """Nodes for a gang, or None. One node: best fit (least left over, then lowest index). Several: the one
+        leaf with room and the fewest qualifying nodes, best fit inside it; else the fewest leaves, fullest first."""
+        g = gpus_per_node
+        if count == 1:
+            best, best_left = -1, math.inf
+            for i, f in enumerate(free):
+                if f >= g and f - g < best_left and i not in exclude:
+                    best, best_left = i, f - g
+                    if best_left == 0:
+                        break
+            return (best,) if best >= 0 else None
+        per_leaf = []
+        for leaf in self.leaves:
+            ok = [i for i in leaf if free[i] >= g and i not in exclude]
+            if ok:
+                per_leaf.append(ok)
+        if sum(len(ok) for ok in per_leaf) < count:
+            return None
+        one = [ok for ok in per_leaf if len(ok) >= count]
+        if one:
+            ok = min(one, key=len)
+            return tuple(sorted(sorted(ok, key=lambda i: (free[i] - g, i))[:count]))
+        chosen: list[int] = []
+        for ok in sorted(per_leaf, key=lambda ok: -len(ok)):
+            chosen.extend(ok[: count - len(chosen)])
+            if len(chosen) == count:
+                break
+        return tuple(sorted(chosen))
+
+    def leaves_spanned(self, nodes: Iterable[int]) -> int:
+        return len({self.leaf_of[i] for i in nodes})
+
+    def _reservation(self, job: SimJob, now: float) -> tuple[float, frozenset[int]]:
+        """EASY backfill's shadow: the earliest time ``job`` could start, and the nodes it would get then."""
+        g, k = job.spec.gpus_per_node, job.spec.node_count
+        free = list(self.free)
+        qualifying = sum(1 for f in free if f >= g)
+        for r in sorted(self.running.values(), key=lambda r: (r.expected_end_s(self.grace_s), r.job_id)):
+            for i in r.nodes:
+                before = free[i]
+                free[i] += r.spec.gpus_per_node
+                if before < g <= free[i]:
+                    qualifying += 1
+            if qualifying >= k:
+                nodes = self.place(g, k, free)
+                if nodes is not None:
+                    return max(now, r.expected_end_s(self.grace_s)), frozenset(nodes)
+        return math.inf, frozenset()
+
+    # -- the pass ------------------------------------------------------------------------------------------------
+    def queue_order(self) -> list[SimJob]:
+        return sorted(self.pending.values(), key=lambda j: (-j.priority, j.spec.submit_s, j.job_id))
+
+    def schedule(self, now: float) -> list[SimJob]:
+        """One pass: start what may start, set every pending job's reason. Returns the jobs started."""
+        self.update_priorities(now)
+        started: list[SimJob] = []
+        max_free = max(self.free, default=0)
+        blocked: SimJob | None = None
+        shadow: tuple[float, frozenset[int]] | None = None
+        for job in self.queue_order():
+            if job.eligible_s > now:
+                job.reason = "BeginTime"
+                continue
+            limit = self.qos_limits.get(job.qos)
+            if limit is not None and self.qos_used[job.qos] + job.gpus > limit:
+                job.reason = "QOSGrpGRES"
+                continue
+            nodes = None
+            if job.spec.gpus_per_node <= max_free:
+                exclude: frozenset[int] = frozenset()
+                if blocked is not None:
+                    if shadow is None:
+                        shadow = self._reservation(blocked, now)
+                    if now + job.remaining_s + job.spec.restart_overhead_s * (job.restarts > 0) > shadow[0]:
+                        exclude = shadow[1]
+                nodes = self.place(job.spec.gpus_per_node, job.spec.node_count, self.free, exclude)
+            if nodes is None:
+                job.reason = "Priority" if blocked is not None else "Resources"
+                blocked = blocked or job
+                continue
+            self.start(job, nodes, now)
+            started.append(job)
+            max_free = max(self.free, default=0)
+        return started
+
+    def start(self, job: SimJob, nodes: tuple[int, ...], now: float) -> None:
+        self._account(now)
+        limit = self.qos_limits.get(job.qos)
+        if limit is not None and self.qos_used[job.qos] + job.gpus > limit:
+            self.limit_breaches += 1
+        for i in nodes:
+            if self.free[i] < job.spec.gpus_per_node:
+                raise RuntimeError(f"job {job.job_id} placed on {self.names[i]} without room: simulator bug")
+            self.free[i] -= job.spec.gpus_per_node
+        self.qos_used[job.qos] = self.qos_used.get(job.qos, 0) + job.gpus
+        self.team_alloc[job.spec.team] += job.gpus
+        del self.pending[job.job_id]
+        self.running[job.job_id] = job
+        job.state, job.reason, job.nodes = RUNNING, "None", nodes
+        job.run_start_s = now
+        job.train_start_s = now + (job.spec.restart_overhead_s if job.restarts else 0.0)
+        job.stop_train_s = job.signalled_s = None
+        job.token += 1
+        if job.first_start_s is None:
+            job.first_start_s = now
+
+    def release(self, job: SimJob, now: float) -> None:
+        """Give a running job's GPUs back (it finished, was requeued, or the replay ended)."""
+        self._account(now)
+        for i in job.nodes:
+            self.free[i] += job.spec.gpus_per_node
+        self.qos_used[job.qos] -= job.gpus
+        self.team_alloc[job.spec.team] -= job.gpus
+        del self.running[job.job_id]
+        job.nodes = ()
+        job.token += 1
+
+    def qos_over_limit(self) -> list[str]:
+        """QOS whose GPUs in use exceed their GrpTRES right now (must always be empty)."""
+        return [q for q, lim in self.qos_limits.items() if lim is not None and self.qos_used.get(q, 0) > lim]
+
+
+__all__ = ["DEFAULT_SCHED", "DONE", "PENDING", "RUNNING", "SchedParams", "SimJob", "SlurmSim"]
