@@ -27,9 +27,9 @@ cannot take every idle GPU in one cycle.
 
 from __future__ import annotations
 
+from nuro.policy.classify import QUOTA_REASON, WAITING_REASONS, Kind, job_gpus, timestamp
 from nuro.slurm.models import JobInfo
 from nuro.slurm_plugins.controller.capacity import job_shape
-from nuro.slurm_plugins.controller.classify import QUOTA_REASON, WAITING_REASONS, Kind, job_gpus, timestamp
 from nuro.slurm_plugins.controller.cycle import Cycle
 from nuro.slurm_plugins.controller.decisions import Borrow, Code, Return
 

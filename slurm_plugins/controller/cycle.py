@@ -14,10 +14,10 @@ from types import MappingProxyType
 
 from nuro import jobcomment
 from nuro.jobcomment import JobComment
+from nuro.policy.classify import CycleView, PolicyIndex
 from nuro.policy.model import Policy
 from nuro.slurm.models import ClusterSnapshot, JobInfo
 from nuro.slurm_plugins.controller.capacity import Capacity
-from nuro.slurm_plugins.controller.classify import CycleView, PolicyIndex
 from nuro.slurm_plugins.controller.decisions import Borrow, Preempt, Requeue, Return, SetSiteFactor, Wait
 from nuro.slurm_plugins.controller.victims import Candidate, VictimPool
 

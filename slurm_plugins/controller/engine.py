@@ -24,11 +24,11 @@ from collections import Counter
 from types import MappingProxyType
 
 from nuro import jobcomment
+from nuro.policy.classify import JobClass, PolicyIndex, build_view, classify, timestamp
 from nuro.policy.model import Policy
 from nuro.slurm.models import ClusterSnapshot
 from nuro.slurm_plugins.controller.borrowing import borrow, lendable_gpus, return_to_quota
 from nuro.slurm_plugins.controller.capacity import Capacity
-from nuro.slurm_plugins.controller.classify import JobClass, PolicyIndex, build_view, classify, timestamp
 from nuro.slurm_plugins.controller.cycle import ControllerState, Cycle
 from nuro.slurm_plugins.controller.decisions import (
     Borrow,

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import math
 
+from nuro.policy.classify import WAITING_REASONS, JobClass, Kind, job_gpus, timestamp
 from nuro.slurm.models import JobInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.capacity import Shape, gpus_on_nodes, job_shape
-from nuro.slurm_plugins.controller.classify import WAITING_REASONS, JobClass, Kind, job_gpus, timestamp
 from nuro.slurm_plugins.controller.cycle import Cycle
 from nuro.slurm_plugins.controller.decisions import Code, Preempt, Requeue
 from nuro.slurm_plugins.controller.victims import (

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from nuro.jobcomment import JobComment
+from nuro.policy.classify import job_gpus, timestamp
 from nuro.slurm.models import JobInfo
 from nuro.slurm_plugins.controller.capacity import Capacity, Shape
-from nuro.slurm_plugins.controller.classify import job_gpus, timestamp
 
 #: Victim classes, in the order they are given up (criterion 1 of ``victim_key``).
 RANK_BORROWED = 0

@@ -1,4 +1,4 @@
-"""Phase 1 of the cycle: who each job belongs to, what kind of job it is, and what every team holds.
+"""Who each job belongs to, what kind of job it is, and what every team holds (controller phase 1; quota views).
 
 Classification is by QOS first, account second, because the QOS is what Slurm's hard limit counts (``GrpTRES`` on
 ``g-<team>`` / ``b-<team>``), and nuro-admin only gives an account access to its own team's QOS, so the two agree in
