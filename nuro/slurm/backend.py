@@ -286,12 +286,16 @@ class CliBackend(Backend):
                 self._topology = {}
         return self._topology
 
-    def job_comment(self, job_id: int | str) -> str:
-        """One job's current comment via ``scontrol show job -o`` (cheap, unlike a full squeue of the cluster)."""
+    def job_record(self, job_id: int | str) -> dict[str, str]:
+        """One job's full ``scontrol show job -o`` record (StdOut path, Comment, …): cheap, unlike a full squeue."""
         rows = parse_scontrol_show_oneliner(self.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout)
         if not rows:
             raise InvalidJobId(f"scontrol show job {job_id} printed nothing", argv=["scontrol", "show", "job"])
-        comment = rows[0].get("Comment", "")
+        return rows[0]
+
+    def job_comment(self, job_id: int | str) -> str:
+        """One job's current comment (nuro's job record; see nuro.jobcomment)."""
+        comment = self.job_record(job_id).get("Comment", "")
         return "" if comment == "(null)" else comment
 
     def refresh_topology(self) -> None:

@@ -1,0 +1,69 @@
+"""nuro-train ls / status / logs / cancel / quota as team members use them, on the real cluster."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nuro.slurm import JobPhase
+from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
+
+pytestmark = pytest.mark.slurm
+
+BIN = Path(sys.executable).parent
+POLICY = REPO / "examples" / "policy" / "teams.yaml"
+
+
+@pytest.fixture(scope="module")
+def teams(cluster: LiveCluster) -> LiveCluster:
+    cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(POLICY)])
+    return cluster
+
+
+def train(cluster: LiveCluster, user: str, *args: str) -> subprocess.CompletedProcess:
+    return cluster.run([str(BIN / "nuro-train"), *args], user=user, check=False)
+
+
+def test_a_member_follows_a_run_from_submit_to_end(teams: LiveCluster, shared_tmp: Path) -> None:
+    out = shared_tmp / "run.out"
+    script = f"#!/bin/bash\necho step-one\n{BIN}/nuro-job ckpt --step 12\nsleep 4\necho step-two\n"
+    res = subprocess.run(
+        ["runuser", "-u", "alice", "--", "env", *(f"{k}={v}" for k, v in teams.env.items()), "sbatch", "--parsable",
+         "--nodes=1", "--gres=gpu:8", f"--output={out}", "--comment", '{"nuro":{"run":"r1"}}'],
+        input=script, capture_output=True, text=True, timeout=30, check=True,
+    )  # fmt: skip
+    job_id = int(res.stdout.strip())
+    try:
+        teams.backend.wait_for_job(job_id, {JobPhase.RUNNING}, timeout_s=40)
+        listed = json.loads(train(teams, "alice", "ls", "--json").stdout)
+        mine = next(r for r in listed if r["job_id"] == job_id)
+        assert mine["team"] == "perception" and mine["qos"] == "g-perception" and mine["gpus"] == 8
+        assert json.loads(train(teams, "bob", "ls", "--json").stdout) == []  # bob sees only his own by default
+        team_view = json.loads(train(teams, "bob", "ls", "--team", "perception", "--json").stdout)
+        assert [r["job_id"] for r in team_view] == [job_id]
+        rows = json.loads(train(teams, "alice", "quota", "--policy", str(POLICY), "--json").stdout)
+        perception = next(r for r in rows if r["team"] == "perception")
+        assert perception["guaranteed_used_gpus"] == 8 and perception["quota_gpus"] == 24
+        assert perception["lendable_gpus"] == 8  # min(lend limit 8, 24 - 8 idle)
+        wait_until(lambda: json.loads(train(teams, "alice", "status", str(job_id), "--json").stdout)[
+            "checkpoint_step"] == 12, 20, "the checkpoint mark in status")  # fmt: skip
+        refused = train(teams, "bob", "cancel", str(job_id))
+        assert refused.returncode == 1 and "error" in refused.stderr
+        followed = train(teams, "alice", "logs", "-f", str(job_id))
+        assert followed.returncode == 0 and "step-one" in followed.stdout and "step-two" in followed.stdout
+    finally:
+        cancel_jobs_of(teams, ("alice",))
+
+
+def test_cancel_and_unknown_jobs(teams: LiveCluster) -> None:
+    res = teams.run(["sbatch", "--parsable", "--hold", "--output=/dev/null", "--wrap", "true"], user="alice")
+    job_id = int(res.stdout.strip())
+    done = train(teams, "alice", "cancel", str(job_id))
+    assert done.returncode == 0 and f"cancelled {job_id}" in done.stdout
+    teams.backend.wait_for_job(job_id, {JobPhase.CANCELLED}, timeout_s=20)
+    missing = train(teams, "alice", "status", "999999")
+    assert missing.returncode == 4 and "no job 999999" in missing.stderr

@@ -1,0 +1,242 @@
+"""``nuro-train ls | status | cancel | logs | quota``: follow runs from a login node.
+
+Slurm is the system of record (ARCHITECTURE principle 1): every view is read from one adapter snapshot (jobs with
+their nuro record in the comment) or, for finished jobs, accounting. Rich tables for people, ``--json`` for scripts.
+
+Exit codes: 0 ok, 1 Slurm unreachable or refused, 2 usage, 4 no such job (or not a job you can see).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from nuro import jobcomment
+from nuro.policy import PolicyError, load_policy
+from nuro.policy.classify import build_view
+from nuro.slurm import CliBackend, InvalidJobId, JobInfo, SlurmError
+
+EXIT_SLURM = 1
+EXIT_NOT_FOUND = 4
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _backend() -> CliBackend:
+    return CliBackend(timeout_s=30)
+
+
+def _fail(message: str, code: int) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+def _row(job: JobInfo) -> dict:
+    """One job as a flat JSON-able dict, with nuro's record from the comment."""
+    rec = jobcomment.parse(job.comment)
+    meta = rec.raw.get("nuro", {}) if isinstance(rec.raw.get("nuro"), dict) else {}
+    ckpt = rec.checkpoint
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "user": job.user,
+        "team": job.account,
+        "qos": job.qos,
+        "state": job.state,
+        "phase": job.phase.value,
+        "reason": job.reason,
+        "nodes": list(job.nodes),
+        "node_count": job.node_count,
+        "gpus": job.gpus_total,
+        "restarts": job.restart_count,
+        "submitted": job.submit_time.isoformat() if job.submit_time else None,
+        "started": job.start_time.isoformat() if job.start_time else None,
+        "dataset": meta.get("dataset"),
+        "code": meta.get("code"),
+        "checkpoint_step": ckpt.step if ckpt else None,
+        "nuro": meta,
+    }
+
+
+def _jobs(backend: CliBackend) -> list[JobInfo]:
+    try:
+        return backend.jobs()
+    except SlurmError as exc:
+        _fail(f"could not read the queue: {exc}", EXIT_SLURM)
+        raise AssertionError("unreachable") from exc
+
+
+def _find(backend: CliBackend, job_id: int) -> JobInfo:
+    job = next((j for j in _jobs(backend) if j.job_id == job_id), None)
+    if job is None:
+        try:
+            job = next(iter(backend.finished_jobs([job_id])), None)
+        except SlurmError:
+            job = None
+    if job is None:
+        _fail(f"no job {job_id} (it may have ended more than MinJobAge ago and accounting does not know it)", 4)
+    return job  # type: ignore[return-value]
+
+
+@click.command("ls")
+@click.option("--team", help="Jobs of this team (account).")
+@click.option("--all", "all_users", is_flag=True, help="Jobs of every user.")
+@click.option("--state", "states", multiple=True, help="Only these phases (PENDING, RUNNING, …); repeatable.")
+@click.option("--json", "as_json", is_flag=True)
+def ls_cmd(team: str | None, all_users: bool, states: tuple[str, ...], as_json: bool) -> None:
+    """List runs: yours by default, a team's with --team, everyone's with --all."""
+    me = getpass.getuser()
+    wanted = {s.upper() for s in states}
+    jobs = [
+        j
+        for j in _jobs(_backend())
+        if (all_users or team or j.user == me)
+        and (team is None or j.account == team)
+        and (not wanted or j.phase.value in wanted)
+    ]
+    rows = [_row(j) for j in sorted(jobs, key=lambda j: j.job_id)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("job", "name", "user", "team", "qos", "state", "reason", "nodes", "GPUs", "restarts", "ckpt step")
+    for r in rows:
+        table.add_row(
+            str(r["job_id"]), r["name"], r["user"], r["team"], r["qos"], r["state"], r["reason"] or "",
+            str(r["node_count"]), str(r["gpus"]), str(r["restarts"]), str(r["checkpoint_step"] or ""),
+        )  # fmt: skip
+    out.print(table if rows else "no runs")
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def status(job_id: int, as_json: bool) -> None:
+    """One run in detail, with its nuro record (metadata, last checkpoint, preemption request, ack)."""
+    job = _find(_backend(), job_id)
+    row = _row(job)
+    row["record"] = jobcomment.parse(job.comment).raw
+    if as_json:
+        click.echo(json.dumps(row, indent=2))
+        return
+    for key, value in row.items():
+        if key not in ("nuro",) and value not in (None, [], {}):
+            out.print(f"[bold]{key:>16}[/]  {value}", highlight=False)
+
+
+@click.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+def cancel(job_ids: tuple[int, ...]) -> None:
+    """Cancel runs (Slurm refuses other users' jobs unless you are an operator)."""
+    backend = _backend()
+    for job_id in job_ids:
+        try:
+            backend.cancel(job_id)
+        except SlurmError as exc:
+            _fail(f"job {job_id}: {exc}", EXIT_SLURM)
+        click.echo(f"cancelled {job_id}")
+
+
+def _follow(path: Path, backend: CliBackend, job_id: int, poll_s: float = 0.5) -> None:
+    """Print new output as it is written, until the job ends (then print the rest)."""
+    pos = 0
+    while True:
+        if path.exists():
+            with open(path, "rb") as fh:
+                fh.seek(pos)
+                chunk = fh.read()
+                pos += len(chunk)
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        try:
+            record = backend.job_record(job_id)
+        except InvalidJobId:
+            return
+        if record.get("JobState", "") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            if path.exists():
+                with open(path, "rb") as fh:
+                    fh.seek(pos)
+                    sys.stdout.write(fh.read().decode(errors="replace"))
+            return
+        time.sleep(poll_s)
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
+def logs(job_id: int, follow: bool) -> None:
+    """Print a run's output file (its StdOut as Slurm records it)."""
+    backend = _backend()
+    try:
+        record = backend.job_record(job_id)
+    except InvalidJobId:
+        _fail(f"no job {job_id} known to slurmctld (finished more than MinJobAge ago?)", EXIT_NOT_FOUND)
+    except SlurmError as exc:
+        _fail(str(exc), EXIT_SLURM)
+    path = Path(record.get("StdOut", ""))
+    if follow:
+        _follow(path, backend, job_id)
+        return
+    if not path.is_file():
+        _fail(f"job {job_id}'s output {path} is not readable from here (not written yet, or on another host)", 4)
+    sys.stdout.write(path.read_text(errors="replace"))
+
+
+def quota_rows(jobs: Iterable[JobInfo], policy) -> list[dict]:
+    """Per team: guaranteed used / quota, borrowed, lendable now, pending GPUs. Pure: a snapshot and the policy."""
+    view = build_view(tuple(jobs), policy)
+    rows = []
+    for team in policy.teams:
+        u = view.usage.get(team.name)
+        g_used = u.g_running if u else 0
+        g_waiting = u.g_waiting if u else 0
+        borrowed = u.b_running if u else 0
+        pending = sum(j.gpus_total for j in view.pending if view.cls(j).team == team.name)
+        rows.append(
+            {
+                "team": team.name,
+                "quota_gpus": team.quota_gpus,
+                "guaranteed_used_gpus": g_used,
+                "borrowed_gpus": borrowed,
+                "borrow_limit_gpus": team.borrow_limit_gpus,
+                "lendable_gpus": min(team.lend_limit_gpus, max(0, team.quota_gpus - g_used - g_waiting)),
+                "pending_gpus": pending,
+            }
+        )
+    return rows
+
+
+@click.command()
+@click.option(
+    "--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path), envvar="NURO_POLICY",
+    required=True, help="The teams.yaml in force [env NURO_POLICY].",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True)
+def quota(policy_path: Path, as_json: bool) -> None:
+    """Per team: guaranteed used / quota, borrowed, lendable, pending."""
+    try:
+        policy = load_policy(policy_path)
+    except PolicyError as exc:
+        _fail(str(exc), 3)
+    rows = quota_rows(_jobs(_backend()), policy)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("team", "guaranteed used / quota", "borrowed / limit", "lendable now", "pending")
+    for r in rows:
+        table.add_row(
+            r["team"], f"{r['guaranteed_used_gpus']} / {r['quota_gpus']}",
+            f"{r['borrowed_gpus']} / {r['borrow_limit_gpus']}", str(r["lendable_gpus"]), str(r["pending_gpus"]),
+        )  # fmt: skip
+    out.print(table)
+
+
+COMMANDS = (ls_cmd, status, cancel, logs, quota)

@@ -1,0 +1,30 @@
+"""``nuro-train``: launch and follow training runs from a login node.
+
+Subcommands come from small modules (one concern each) and are mounted here. Shell completion is click's:
+``eval "$(_NURO_TRAIN_COMPLETE=bash_source nuro-train)"`` (zsh: ``zsh_source``, fish: ``fish_source``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import click
+
+from nuro.wrappers import runs_cli
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log debug detail (the exact argv of every Slurm call).")
+def main(verbose: bool) -> None:
+    """Launch and follow nuro training runs."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+
+
+for _command in runs_cli.COMMANDS:
+    main.add_command(_command)
+
+
+if __name__ == "__main__":
+    main()
