@@ -8,6 +8,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-for module in ("bench.bench_devcluster_up", "bench.bench_submit_burst", "bench.bench_snapshot"):
+for module in (
+    "bench.bench_devcluster_up",
+    "bench.bench_submit_burst",
+    "bench.bench_snapshot",
+    "bench.bench_decide",
+    "bench.bench_trace_replay",
+    "bench.bench_dataset_snapshot",
+):
     print(f"== {module}", flush=True)
     subprocess.run([sys.executable, "-m", module], cwd=REPO, check=True)

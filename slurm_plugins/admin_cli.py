@@ -65,7 +65,8 @@ def devcluster() -> None:
     type=click.IntRange(1024, 60000),
     default=DEFAULT_PORT_BASE,
     show_default=True,
-    help="Loopback ports: base+6 MariaDB, +17 slurmctld, +19 slurmdbd, base+1000.. one per slurmd.",
+    help="Loopback ports: base+6 MariaDB, +17 slurmctld, +19 slurmdbd, +33..+43 SeaweedFS (S3 +33), "
+    "base+1000.. one per slurmd.",
 )
 @click.option(
     "--timeout",

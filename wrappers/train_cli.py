@@ -11,6 +11,7 @@ import logging
 import click
 
 from nuro.wrappers import runs_cli
+from nuro.wrappers.dataset_cli import dataset
 
 
 @click.group()
@@ -24,6 +25,7 @@ def main(verbose: bool) -> None:
 
 for _command in runs_cli.COMMANDS:
     main.add_command(_command)
+main.add_command(dataset)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,10 @@ LEAF_SIZE = 4
 CLUSTER_NAME = "nuro"
 DB_USER = "slurm"
 DB_PASSWORD = "nuro-devcluster"  # local loopback-only MariaDB of a throwaway cluster
+# The dev cluster's S3 (SeaweedFS) identity: a loopback-only throwaway store, like the MariaDB password above.
+S3_ACCESS_KEY = "nuro-dev"
+S3_SECRET_KEY = "nuro-devcluster-s3"
+S3_BUCKET = "nuro"
 
 
 def default_state_dir() -> Path:
@@ -54,8 +58,28 @@ class PortPlan:
     def slurmd(self, index: int) -> int:
         return self.base + 1000 + index
 
+    @property
+    def s3(self) -> int:
+        """The S3 endpoint (SeaweedFS gateway): base+33, an echo of weed's default 8333."""
+        return self.base + 33
+
+    def weed(self) -> dict[str, int]:
+        """Every TCP port ``weed mini`` opens, by its flag, at base+33..+43.
+
+        weed would otherwise pick defaults (8333, 9333, 8888, 23646, …) or http+10000 for gRPC, so two clusters
+        would collide and gRPC ports would land in the ephemeral range. WebDAV is disabled but its port is still
+        reserved: weed checks it at start-up and refuses a busy one. Not listed (not opened): metrics (0 = off),
+        debug (only with -debug), iceberg/lance (set to 0), https (unset).
+        """
+        flags = (
+            "s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+            "filer.port", "filer.port.grpc", "webdav.port", "admin.port", "admin.port.grpc",
+        )  # fmt: skip
+        return {flag: self.s3 + i for i, flag in enumerate(flags)}
+
     def all(self, n_nodes: int) -> dict[str, int]:
         ports = {"mariadb": self.mariadb, "slurmctld": self.slurmctld, "slurmdbd": self.slurmdbd}
+        ports.update({f"seaweedfs -{flag}": port for flag, port in self.weed().items()})
         ports.update({f"slurmd gpu{i + 1:03d}": self.slurmd(i) for i in range(n_nodes)})
         return ports
 
@@ -117,6 +141,16 @@ class Layout:
     @property
     def dev(self) -> Path:
         return self.root / "dev"
+
+    @property
+    def s3_data(self) -> Path:
+        """SeaweedFS's data dir (volumes, filer metadata, IAM identity): survives down/up, removed by --purge."""
+        return self.root / "s3"
+
+    @property
+    def ports_file(self) -> Path:
+        """The port base this state dir was last started with, so ``env`` can name the S3 endpoint while down."""
+        return self.etc / "ports.json"
 
     @property
     def record(self) -> Path:

@@ -7,8 +7,10 @@ goes through the run record (PID + start time) and the supervisor.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
+import shlex
 import shutil
 import socket
 import stat
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import psutil
 
+from nuro.devcluster import s3
 from nuro.devcluster.install import ensure_packages
 from nuro.devcluster.layout import DEFAULT_PORT_BASE, GPUS_PER_NODE, Layout, PortPlan, describe
 from nuro.devcluster.procs import stop_processes, wait_for
@@ -44,13 +47,34 @@ class UpResult:
     seconds_to_idle: float
 
 
+def recorded_port_base(layout: Layout) -> int | None:
+    """The port base ``up`` last used for this state dir (``etc/ports.json``), None if it never ran."""
+    try:
+        return int(json.loads(layout.ports_file.read_text())["port_base"])
+    except FileNotFoundError:
+        return None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RuntimeError(
+            f"{layout.ports_file} is unreadable ({exc}); run 'devcluster up' again to rewrite it"
+        ) from exc
+
+
 def env_exports(layout: Layout) -> dict[str, str]:
-    """What a shell needs so plain sbatch/squeue/sinfo/sacctmgr talk to this cluster."""
-    return {"SLURM_CONF": str(layout.slurm_conf), "NURO_DEVCLUSTER_DIR": str(layout.root)}
+    """What a shell needs so plain sbatch/squeue/sinfo/sacctmgr and nuro's S3 clients talk to this cluster.
+
+    The S3 variables (``NURO_S3_ENDPOINT``, ``NURO_S3_BUCKET``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``)
+    need the port base, recorded by ``up``: a state dir that never ran exports only the Slurm ones rather than
+    guess an endpoint.
+    """
+    env = {"SLURM_CONF": str(layout.slurm_conf), "NURO_DEVCLUSTER_DIR": str(layout.root)}
+    base = recorded_port_base(layout)
+    if base is not None:
+        env.update(s3.s3_env(PortPlan(base)))
+    return env
 
 
 def render_env_sh(layout: Layout) -> str:
-    return "".join(f"export {k}={v}\n" for k, v in env_exports(layout).items())
+    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env_exports(layout).items())
 
 
 def slurm_env(layout: Layout) -> dict[str, str]:
@@ -139,6 +163,8 @@ def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
     for d in (layout.root, layout.etc, layout.run, layout.log, layout.dev, layout.ctld_state, layout.slurmd_spool):
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o755)  # jobs run as team users: they read slurm.conf and reach the munge socket
+    layout.s3_data.mkdir(exist_ok=True)
+    layout.ports_file.write_text(json.dumps({"port_base": port_base}) + "\n")
     layout.munge_dir.mkdir(exist_ok=True)
     layout.munge_dir.chmod(0o711)
     layout.mysql_data.mkdir(exist_ok=True)
@@ -195,14 +221,16 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
     if running is not None:
         return UpResult(layout.root, n_nodes, True, [], 0.0, 0.0)
     check_port_plan(PortPlan(port_base), n_nodes)
+    if s3.find_weed() is None:
+        raise DevClusterError(s3.WEED_MISSING)
     installed = ensure_packages()
     busy = busy_ports(PortPlan(port_base), n_nodes)
     if busy:
         what = ", ".join(f"{port} ({name}, held by {_port_owner(port)})" for name, port in busy[:5])
         raise DevClusterError(
-            f"ports in use: {what}{' …' if len(busy) > 5 else ''}. The dev cluster uses {port_base}+6, +17, +19 "
-            f"and {port_base + 1000}..{port_base + 999 + n_nodes}: choose free ones with --port-base "
-            "(e.g. --port-base 20800) or stop the process holding them."
+            f"ports in use: {what}{' …' if len(busy) > 5 else ''}. The dev cluster uses {port_base}+6, +17, +19, "
+            f"+33..+43 (SeaweedFS) and {port_base + 1000}..{port_base + 999 + n_nodes}: choose free ones with "
+            "--port-base (e.g. --port-base 20800) or stop the process holding them."
         )
     _prepare(layout, n_nodes, port_base)
     layout.record.unlink(missing_ok=True)
@@ -284,6 +312,7 @@ def status(layout: Layout) -> dict:
         "phase": str(record.phase),
         "nodes_configured": record.nodes,
         "port_base": record.port_base,
+        "s3_endpoint": s3.endpoint(PortPlan(record.port_base)),
         "error": error,
         "processes": procs,
         "nodes": nodes,

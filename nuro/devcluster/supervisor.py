@@ -3,9 +3,11 @@
 PID 1 on these machines does not reap orphans, so daemonised slurmctld/slurmd/slurmstepd leave zombies. The
 supervisor marks itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), runs every daemon in the foreground
 as its own child, adopts the slurmstepd processes slurmd double-forks, and reaps them all. On SIGTERM it stops what
-it started in reverse order: slurmd, then whatever job processes it adopted, then slurmctld, slurmdbd, MariaDB and
-munge. Start order and readiness checks follow SLURM_FACTS (munge → MariaDB → slurmdbd → cluster row → slurmctld →
-slurmd). Run as ``python -m nuro.devcluster.supervisor``; ``nuro-admin devcluster up`` does that.
+it started in reverse order: slurmd, then whatever job processes it adopted, then slurmctld, slurmdbd, MariaDB,
+SeaweedFS and munge. Start order and readiness checks follow SLURM_FACTS (munge → MariaDB → slurmdbd → cluster row →
+slurmctld → slurmd); SeaweedFS (the S3 store, ``nuro.devcluster.s3``) starts right after munge, before anything
+that could run a job whose prolog reads datasets. Run as ``python -m nuro.devcluster.supervisor``;
+``nuro-admin devcluster up`` does that.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from nuro.devcluster import s3
 from nuro.devcluster.layout import CLUSTER_NAME, DB_PASSWORD, DB_USER, Layout, PortPlan, node_names
 from nuro.devcluster.procs import ProcRef, stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, write_record
@@ -84,11 +87,21 @@ class Supervisor:
     def _save(self) -> None:
         write_record(self.layout.record, self.record)
 
-    def _spawn(self, name: str, argv: list[str], log_name: str, save: bool = True) -> subprocess.Popen:
+    def _spawn(
+        self,
+        name: str,
+        argv: list[str],
+        log_name: str,
+        save: bool = True,
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> subprocess.Popen:
         """Start a daemon in the foreground as our child and record it (``save=False`` when a batch saves once)."""
         log.info("start %s: %s", name, " ".join(argv))
         with open(self.layout.log / log_name, "ab") as out:
-            proc = subprocess.Popen(argv, env=self.env, stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+            proc = subprocess.Popen(
+                argv, env=env or self.env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=out
+            )
         self.children[proc.pid] = proc
         self.record.daemons.append(ProcRef.of(name, proc.pid))
         if save:
@@ -119,6 +132,15 @@ class Supervisor:
         check = ["munge", "-n", f"--socket={lay.munge_socket}"]
         self._ready("munged", proc, lambda: _quiet(check, self.env, 5).returncode == 0, 15, "munged.log")
         os.chmod(lay.munge_dir, 0o711)  # non-root clients must reach the socket
+
+    def start_seaweedfs(self) -> None:
+        """SeaweedFS ``weed mini`` as the S3 store; ready when a signed HEAD on the default bucket answers."""
+        lay = self.layout
+        s3.prepare(lay.s3_data)
+        argv = s3.weed_argv(s3.require_weed(), lay.s3_data, lay.run, self.ports)
+        # cwd = its data dir: weed also reads master.toml/security.toml from the working directory.
+        proc = self._spawn("seaweedfs", argv, "seaweedfs.log", env=s3.weed_env(self.env), cwd=lay.s3_data)
+        self._ready("seaweedfs", proc, lambda: s3.is_ready(self.ports), 60, "seaweedfs.log")
 
     def start_mariadb(self) -> None:
         lay = self.layout
@@ -174,6 +196,7 @@ class Supervisor:
 
     def start(self) -> None:
         self.start_munge()
+        self.start_seaweedfs()
         self.start_mariadb()
         self.start_slurmdbd()
         self.start_slurmctld()
@@ -222,7 +245,7 @@ class Supervisor:
         if adopted:
             log.info("stopping %d adopted job processes: %s", len(adopted), [p.pid for p in adopted])
             stop_processes(adopted, 5, "job process")
-        for name in ("slurmctld", "slurmdbd", "mariadbd", "munged"):
+        for name in ("slurmctld", "slurmdbd", "mariadbd", "seaweedfs", "munged"):
             stop_processes(live([name]), 20, name)
         leftovers = me.children(recursive=True)
         if leftovers:

@@ -45,9 +45,18 @@ def test_procref_matches_only_the_same_process() -> None:
     assert not ProcRef("gone", done.pid, 0.0).is_alive()
 
 
-def test_env_exports_point_plain_slurm_tools_at_the_cluster(tmp_path: Path) -> None:
-    text = manager.render_env_sh(Layout(tmp_path))
-    assert text == f"export SLURM_CONF={tmp_path}/etc/slurm.conf\nexport NURO_DEVCLUSTER_DIR={tmp_path}\n"
+def test_env_exports_point_plain_slurm_tools_and_s3_clients_at_the_cluster(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    slurm = f"export SLURM_CONF={tmp_path}/etc/slurm.conf\nexport NURO_DEVCLUSTER_DIR={tmp_path}\n"
+    assert manager.render_env_sh(layout) == slurm  # never started: no port base, so no S3 endpoint is guessed
+    layout.etc.mkdir()
+    layout.ports_file.write_text('{"port_base": 10800}')
+    assert manager.render_env_sh(layout) == slurm + (
+        "export NURO_S3_ENDPOINT=http://127.0.0.1:10833\n"
+        "export NURO_S3_BUCKET=nuro\n"
+        "export AWS_ACCESS_KEY_ID=nuro-dev\n"
+        "export AWS_SECRET_ACCESS_KEY=nuro-devcluster-s3\n"
+    )
 
 
 def test_cli_env_and_status_when_down(tmp_path: Path) -> None:

@@ -111,5 +111,6 @@ def test_devcluster_layout_renders_into_its_state_dir(tmp_path: Path) -> None:
     assert desc.paths.munge_socket == str(tmp_path / "munge" / "munge.socket")
     assert desc.total_gpus == 64
     plan = PortPlan(16800).all(2)
-    assert plan == {"mariadb": 16806, "slurmctld": 16817, "slurmdbd": 16819, "slurmd gpu001": 17800,
-                    "slurmd gpu002": 17801}  # fmt: skip
+    assert plan == {"mariadb": 16806, "slurmctld": 16817, "slurmdbd": 16819,
+                    **{f"seaweedfs -{f}": 16833 + i for i, f in enumerate(PortPlan(16800).weed())},
+                    "slurmd gpu001": 17800, "slurmd gpu002": 17801}  # fmt: skip

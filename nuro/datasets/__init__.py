@@ -1,0 +1,1 @@
+"""Dataset snapshots: immutable, content-addressed manifests of sharded files in S3 (see docs/datasets.md)."""

