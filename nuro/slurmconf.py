@@ -189,3 +189,15 @@ def render_slurmdbd_conf(desc: ClusterDescription, pid_file: str, log_file: str)
         f"StorageLoc={desc.db_name}",
     ]
     return HEADER + "\n".join(lines) + "\n"
+
+
+def render_hook_wrapper(entry_point: str, env_file: str) -> str:
+    """A tiny executable for Prolog/Epilog/HealthCheckProgram that tells nuro's entry point where its settings are.
+
+    slurmd runs these hooks with a job-only environment (no SLURM_CONF, no S3 settings), and they take no
+    arguments, so the settings file is named here. Both paths are the admin's, never a user's.
+    """
+    for path in (entry_point, env_file):
+        if not path.startswith("/") or any(c in path for c in "\n\0'\"$`\\ "):
+            raise ValueError(f"hook paths must be absolute and plain, got {path!r}")
+    return f'#!/bin/sh\nNURO_ENV_FILE={env_file} exec {entry_point} "$@"\n'

@@ -1,16 +1,114 @@
-"""Slurm Prolog (``PrologFlags=Alloc``: once per allocated node before the job starts).
+"""Slurm Prolog (``PrologFlags=Alloc``: once per allocated node, as root, before the job starts).
 
-For now it only succeeds: a non-zero exit would drain the node and requeue the job. Later work validates the
-job's nuro metadata, creates the staging dir and stages the latest valid checkpoint. It must stay cheap: it runs
-on every node of every job, so it imports nothing heavy.
+For a job that carries nuro metadata (``{"nuro": {...}}`` in its comment) it checks, before any training starts:
+
+1. the metadata is well-formed (a dataset is pinned by digest, never by tag; names match nuro's patterns);
+2. the pinned dataset snapshot verifies: its manifest hashes to the digest and every shard to its own digest.
+   A verified digest is remembered in the node-local cache (``$NURO_CACHE_DIR``), so each node verifies a
+   snapshot once, not once per job.
+
+If a check fails the job is **requeued held** with the reason in its comment (``refused: {why, node, at}``), which
+``nuro-train status`` shows, and the prolog still exits 0: a non-zero prolog would drain the node, and a user's
+tampered dataset is not the node's fault. Plain jobs without nuro metadata pass untouched. Everything read from the
+comment is user-controlled: it is parsed as JSON and matched against strict patterns, and never reaches a shell.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import time
+from pathlib import Path
+
+from nuro import jobcomment
+from nuro.nodeenv import load_node_env
+
+log = logging.getLogger("nuro.prolog")
+
+
+class Refusal(Exception):
+    """The job must not start; the message is for its owner."""
+
+
+def _dataset_ref(meta: dict) -> tuple[str, str] | None:
+    from nuro.datasets.manifest import validate_digest, validate_name
+
+    ds = meta.get("dataset")
+    if ds is None:
+        return None
+    if not isinstance(ds, dict):
+        raise Refusal("nuro metadata: 'dataset' must be {name, digest}; resubmit with nuro-train or nuro-sbatch")
+    try:
+        return validate_name(str(ds.get("name", ""))), validate_digest(str(ds.get("digest", "")))
+    except ValueError as exc:
+        raise Refusal(f"nuro metadata: bad dataset pin ({exc}); resubmit with nuro-train or nuro-sbatch") from None
+
+
+def _verify_dataset(name: str, digest: str) -> None:
+    from nuro.datasets.verify import verify
+    from nuro.objectstore import ObjectStore
+
+    cache = Path(os.environ.get("NURO_CACHE_DIR", "/var/cache/nuro")) / "datasets"
+    marker = cache / f"{digest.replace(':', '-')}.verified"
+    if marker.exists():
+        return
+    try:
+        report = verify(ObjectStore.from_env(), name, digest)
+    except Exception as exc:  # missing or forged manifest, store down: the job cannot use this data
+        raise Refusal(f"dataset {name}@{digest} could not be verified: {exc}") from None
+    if not report.ok:
+        files = ", ".join(report.bad_files[:5]) or "-"
+        raise Refusal(
+            f"dataset {name}@{digest} failed verification ({len(report.problems)} problem(s); files: {files}). "
+            "The stored snapshot was altered: re-snapshot the data and resubmit with the new digest."
+        )
+    cache.mkdir(parents=True, exist_ok=True)
+    marker.write_text(f"{time.time():.0f}\n")
+
+
+def check(comment: str | None) -> None:
+    """Raise Refusal if a nuro job must not start. Pure except for the dataset verification."""
+    meta = jobcomment.parse(comment).raw.get("nuro")
+    if meta is None:
+        return
+    if not isinstance(meta, dict):
+        raise Refusal("nuro metadata must be a JSON object; resubmit with nuro-train or nuro-sbatch")
+    ref = _dataset_ref(meta)
+    if ref is not None:
+        _verify_dataset(*ref)
+
+
+def refuse(job_id: int, why: str) -> None:
+    """Record why in the job's comment and requeue it held (the owner sees it in nuro-train status)."""
+    from nuro.slurm import CliBackend, SlurmError
+
+    backend = CliBackend(timeout_s=20)
+    node = os.environ.get("SLURMD_NODENAME", "?")
+    try:
+        comment = backend.job_comment(job_id)
+        if jobcomment.parse(comment).raw.get("refused") is None:  # the first node to refuse records it
+            backend.update_comment(
+                job_id, jobcomment.merge(comment, refused={"why": why[:1000], "node": node, "at": round(time.time())})
+            )
+        backend.requeue(job_id, hold=True)
+    except SlurmError as exc:  # another node's prolog may have requeued it already
+        log.warning("job=%d node=%s refuse: %s", job_id, node, exc)
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="nuro-prolog: %(message)s", stream=sys.stderr)
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        return 0
+    try:
+        load_node_env()
+        check(os.environ.get("SLURM_JOB_COMMENT"))
+    except Refusal as exc:
+        log.error("job=%s refused: %s", job, exc)
+        refuse(int(job), str(exc))
+    except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
+        log.exception("job=%s prolog error (job allowed to start): %s", job, exc)
     return 0
 
 

@@ -158,6 +158,16 @@ class Layout:
         return self.run / "cluster.json"
 
     @property
+    def nuro_env(self) -> Path:
+        """KEY=VALUE settings for the node-side entry points (S3 endpoint and key: mode 600, root only)."""
+        return self.etc / "nuro.env"
+
+    @property
+    def cache(self) -> Path:
+        """The node-local cache (datasets verified on this node); one per dev cluster since nodes share a disk."""
+        return self.root / "cache"
+
+    @property
     def env_sh(self) -> Path:
         return self.root / "env.sh"
 
@@ -188,7 +198,6 @@ def describe(layout: Layout, n_nodes: int, port_base: int) -> ClusterDescription
         )
         for i, name in enumerate(names)
     )
-    bins = bin_dir()
     return ClusterDescription(
         cluster_name=CLUSTER_NAME,
         controller_host=host,
@@ -203,9 +212,11 @@ def describe(layout: Layout, n_nodes: int, port_base: int) -> ClusterDescription
             run_dir=str(layout.run),
             log_dir=str(layout.log),
             munge_socket=str(layout.munge_socket),
-            prolog=str(bins / "nuro-prolog"),
-            epilog=str(bins / "nuro-epilog"),
-            healthcheck=str(bins / "nuro-healthcheck"),
+            # Wrappers in etc/ that point the entry points at this cluster's nuro.env (see manager._prepare):
+            # slurmd runs them with a job-only environment (no SLURM_CONF, no S3 settings).
+            prolog=str(layout.etc / "nuro-prolog"),
+            epilog=str(layout.etc / "nuro-epilog"),
+            healthcheck=str(layout.etc / "nuro-healthcheck"),
         ),
         ports=Ports(slurmctld=ports.slurmctld, slurmdbd=ports.slurmdbd, mariadb=ports.mariadb),
         slurm_user="root",

@@ -25,10 +25,16 @@ import psutil
 
 from nuro.devcluster import s3
 from nuro.devcluster.install import ensure_packages
-from nuro.devcluster.layout import DEFAULT_PORT_BASE, GPUS_PER_NODE, Layout, PortPlan, describe
+from nuro.devcluster.layout import DEFAULT_PORT_BASE, GPUS_PER_NODE, Layout, PortPlan, bin_dir, describe
 from nuro.devcluster.procs import stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
-from nuro.slurmconf import render_gres_conf, render_slurm_conf, render_slurmdbd_conf, render_topology_conf
+from nuro.slurmconf import (
+    render_gres_conf,
+    render_hook_wrapper,
+    render_slurm_conf,
+    render_slurmdbd_conf,
+    render_topology_conf,
+)
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +163,19 @@ def _check_previous(layout: Layout, n_nodes: int) -> RunRecord | None:
     return None  # stale record: nothing of it runs any more
 
 
+def _write_hooks(layout: Layout) -> None:
+    """nuro.env (the settings node-side hooks need) and the Prolog/Epilog/HealthCheckProgram wrappers."""
+    env = {**env_exports(layout), "NURO_CACHE_DIR": str(layout.cache)}
+    layout.cache.mkdir(exist_ok=True)
+    fd = os.open(layout.nuro_env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write("".join(f"{k}={v}\n" for k, v in env.items()))
+    for name in ("nuro-prolog", "nuro-epilog", "nuro-healthcheck"):
+        wrapper = layout.etc / name
+        wrapper.write_text(render_hook_wrapper(str(bin_dir() / name), str(layout.nuro_env)))
+        wrapper.chmod(0o755)
+
+
 def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
     """Directories, fake GPU device files, munge key and the rendered config files."""
     desc = describe(layout, n_nodes, port_base)
@@ -192,6 +211,7 @@ def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
     lua = resources.files("nuro.slurm_plugins").joinpath("job_submit.lua").read_text()
     (layout.etc / "job_submit.lua").write_text(lua)
     layout.env_sh.write_text(render_env_sh(layout))
+    _write_hooks(layout)
 
 
 def node_states(layout: Layout, timeout_s: float = 10.0) -> dict[str, str]:
