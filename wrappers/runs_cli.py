@@ -239,4 +239,73 @@ def quota(policy_path: Path, as_json: bool) -> None:
     out.print(table)
 
 
-COMMANDS = (ls_cmd, status, cancel, logs, quota)
+def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20) -> list[dict]:
+    """The run and its ancestors (``resume_from``), newest first: what each was pinned to and how it went."""
+    chain: list[dict] = []
+    seen: set[int] = set()
+    current: int | None = job_id
+    while current is not None and current not in seen and len(chain) < max_depth:
+        seen.add(current)
+        job = _find(backend, current) if not chain else _find_or_none(backend, current)
+        if job is None:
+            chain.append({"job_id": current, "missing": "not known to slurmctld or accounting"})
+            break
+        rec = jobcomment.parse(job.comment)
+        meta = rec.raw.get("nuro") if isinstance(rec.raw.get("nuro"), dict) else {}
+        ckpt = rec.checkpoint
+        chain.append(
+            {
+                "job_id": job.job_id,
+                "name": job.name,
+                "team": job.account,
+                "state": job.state,
+                "restarts": job.restart_count,
+                "dataset": meta.get("dataset"),
+                "code": meta.get("code"),
+                "resume_from": meta.get("resume_from"),
+                "last_checkpoint": {"step": ckpt.step, "at": ckpt.at} if ckpt else None,
+                "submitted": job.submit_time.isoformat() if job.submit_time else None,
+                "ended": job.end_time.isoformat() if job.end_time and job.is_finished else None,
+            }
+        )
+        parent = meta.get("resume_from")
+        current = int(parent) if isinstance(parent, int | str) and str(parent).isdigit() else None
+    return chain
+
+
+def _find_or_none(backend: CliBackend, job_id: int) -> JobInfo | None:
+    job = next((j for j in _jobs(backend) if j.job_id == job_id), None)
+    if job is not None:
+        return job
+    try:
+        return next(iter(backend.finished_jobs([job_id])), None)
+    except SlurmError:
+        return None
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def lineage(job_id: int, as_json: bool) -> None:
+    """What a run was pinned to (dataset digest, code commit), its restarts and checkpoints, and its parents."""
+    chain = lineage_of(_backend(), job_id)
+    if as_json:
+        click.echo(json.dumps(chain, indent=2))
+        return
+    for depth, run in enumerate(chain):
+        pad = "  " * depth + ("└─ resumed from " if depth else "")
+        if "missing" in run:
+            out.print(f"{pad}job {run['job_id']}: {run['missing']}", highlight=False)
+            continue
+        ds, code = run["dataset"] or {}, run["code"] or {}
+        out.print(f"{pad}[bold]job {run['job_id']}[/] {run['name']} ({run['team']}, {run['state']}, "
+                  f"{run['restarts']} restarts)", highlight=False)  # fmt: skip
+        out.print(f"{'  ' * depth}   dataset {ds.get('name', '-')}@{ds.get('digest', '-')}", highlight=False)
+        out.print(f"{'  ' * depth}   code    {code.get('repo', '-')}@{code.get('commit', '-')}"
+                  + (f" + diff {code['diff']}" if code.get("diff") else ""), highlight=False)  # fmt: skip
+        ck = run["last_checkpoint"]
+        last = f"step {ck['step']}" if ck else "none recorded"
+        out.print(f"{'  ' * depth}   last checkpoint: {last}", highlight=False)
+
+
+COMMANDS = (ls_cmd, status, cancel, logs, quota, lineage)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from nuro.datasets.snapshot import snapshot
+from nuro.objectstore import ObjectStore
 from nuro.slurm import JobPhase
 from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
 
@@ -67,3 +69,27 @@ def test_cancel_and_unknown_jobs(teams: LiveCluster) -> None:
     teams.backend.wait_for_job(job_id, {JobPhase.CANCELLED}, timeout_s=20)
     missing = train(teams, "alice", "status", "999999")
     assert missing.returncode == 4 and "no job 999999" in missing.stderr
+
+
+def test_lineage_follows_resume_from_to_the_parent_run(teams: LiveCluster, tmp_path: Path) -> None:
+    (tmp_path / "roads").mkdir()
+    (tmp_path / "roads" / "frames.bin").write_bytes(b"frame" * 1000)
+    digest = snapshot(ObjectStore.from_env(teams.env), tmp_path / "roads", "roads").digest  # the prolog verifies it
+    pin = {"dataset": {"name": "roads", "digest": digest}, "code": {"repo": "/srv/repo", "commit": "b" * 40}}
+
+    def submit(meta: dict) -> int:
+        comment = json.dumps({"nuro": meta}, separators=(",", ":"))
+        res = teams.run(["sbatch", "--parsable", "--output=/dev/null", f"--comment={comment}", "--wrap", "true"],
+                        user="alice")  # fmt: skip
+        return int(res.stdout.strip())
+
+    parent = submit(pin)
+    teams.backend.wait_for_job(parent, timeout_s=30)
+    child = submit({**pin, "resume_from": str(parent)})
+    teams.backend.wait_for_job(child, timeout_s=30)
+    chain = json.loads(train(teams, "alice", "lineage", str(child), "--json").stdout)
+    assert [r["job_id"] for r in chain] == [child, parent]
+    assert chain[0]["dataset"]["digest"] == digest and chain[0]["code"]["commit"] == "b" * 40
+    assert chain[0]["resume_from"] == str(parent) and chain[1]["resume_from"] is None
+    human = train(teams, "alice", "lineage", str(child))
+    assert human.returncode == 0 and "resumed from" in human.stdout and "roads@sha256:" in human.stdout
