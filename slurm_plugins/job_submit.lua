@@ -8,6 +8,7 @@ against this file by the shared vectors in tests/vectors/admission.json through 
 Per submission: one dofile of the table (slurmctld has no stat() in Lua 5.1, and re-reading keeps `policy apply`
 effective at once), then O(1) table lookups. Rules, in order (first failure wins):
   1 account_other_team  2 qos_other_team / qos_no_team  3 tier_denied  4 gpu_cap
+  5 pin_changed (modify)  6 pin_invalid  7 pin_team  8 pin_required (only with require_pinning)
   then for team jobs: default QOS g-<team> and account <team>, requeue forced on; for 2..leaf_nodes nodes without
   --switches: req_switch=1 with wait4switch=switch_wait_s (a hint that never blocks longer than that).
 
@@ -61,15 +62,96 @@ local function gpus_in(spec)
 	return n
 end
 
+-- The nuro record in a job comment, read WITHOUT a JSON parser: anchored patterns over the compact, sorted JSON nuro
+-- writes (nuro.render.comment_json). The skeleton blanks escapes ("~~") and brackets inside strings ("~") at equal
+-- length, so %b{} sees only the structure and a key can only match where it is a key: inside a JSON string every '"'
+-- follows a backslash. A key must appear once, directly in its object; anything else is not a pin. Returns nil when
+-- the comment has no "nuro" key, else { raw = '"nuro":{...}' as sent, bad = first invalid field (P.pin_fields), team,
+-- digest, name, commit }. Mirrored by nuro.policy.admission.read_nuro; the shared vectors hold both to it.
+local HEX40 = string.rep("[0-9a-f]", 40)
+local DIGEST, COMMIT = "^sha256:" .. HEX40 .. string.rep("[0-9a-f]", 24) .. "$", "^" .. HEX40 .. "$"
+
+local function member(obj, key) -- (first, last) of the value of "key": directly in the skeleton object obj
+	local k = '"' .. key .. '":'
+	local at = obj:find(k, 1, true)
+	if not at or obj:find(k, at + 1, true) or obj:sub(2, at - 1):gsub("%b{}", ""):gsub("%b[]", ""):find("[{%[]") then
+		return nil
+	end
+	local i, j = obj:find("^%b{}", at + #k)
+	if not i then
+		i, j = obj:find('^"[^"]*"', at + #k)
+	end
+	return i, j
+end
+
+local function read_nuro(c)
+	if type(c) ~= "string" or not c:find('"nuro":', 1, true) then
+		return nil
+	end
+	local s = c:gsub("\\.", "~~"):gsub('"[^"]*"', function(q)
+		return (q:gsub("[{}%[%]]", "~"))
+	end)
+	local i, j
+	if s:find("^%b{}$") then
+		i, j = member(s, "nuro")
+	end
+	if not i or s:sub(i, i) ~= "{" then
+		return { raw = c, bad = "nuro" }
+	end
+	local n = s:sub(i, j)
+	local rec = { raw = c:sub(i - 7, j) }
+	local function str(obj, key)
+		local a, b = member(obj or "", key)
+		return a and obj:sub(a, b):match('^"([^"]*)"$')
+	end
+	local a, b = member(n, "dataset")
+	rec.digest, rec.name = (a and n:sub(a, b) or ""):match('^{"digest":"([^"]*)","name":"([^"]*)"}$')
+	a, b = member(n, "code")
+	rec.commit = str(a and n:sub(a, b):match("^{.*}$"), "commit")
+	rec.team = str(n, "team")
+	if not rec.digest then
+		rec.bad = "nuro.dataset"
+	elseif not rec.digest:find(DIGEST) then
+		rec.bad = "nuro.dataset.digest"
+	elseif #rec.name > 63 or not rec.name:find("^[a-z0-9][a-z0-9._%-]*$") then
+		rec.bad = "nuro.dataset.name"
+	elseif not (rec.commit and rec.commit:find(COMMIT)) then
+		rec.bad = "nuro.code.commit"
+	elseif not rec.team or #rec.team > 31 or not rec.team:find("^[a-z][a-z0-9_]*$") then
+		rec.bad = "nuro.team"
+	end
+	return rec
+end
+
+-- A field of the update d, else of the job record r (nil at submit).
+local function field(d, r, k)
+	local v = d[k]
+	if v == nil and r then
+		v = r[k]
+	end
+	return v
+end
+
+-- GPUs the job asks for, from every field they can arrive in (d: the request or update, r: the job record or nil).
+local function gpus_of(d, r)
+	-- A node count in the update (NumNodes=) replaces the record's; the upper end counts.
+	local nodes = given(d.max_nodes) or given(d.min_nodes) or (r and (given(r.max_nodes) or given(r.min_nodes)))
+	nodes = math.max(nodes or 1, 1)
+	local tasks = given(d.num_tasks) or (given(d.ntasks_per_node) and given(d.ntasks_per_node) * nodes) or nodes
+	local per_node = field(d, r, "tres_per_node") or field(d, r, "gres")
+	return math.max(
+		gpus_in(field(d, r, "tres_per_job")),
+		gpus_in(per_node) * nodes,
+		gpus_in(field(d, r, "tres_per_task")) * tasks,
+		gpus_in(field(d, r, "tres_per_socket")) * (given(d.sockets_per_node) or 1) * nodes
+	), nodes
+end
+
 -- The job as the rules see it. On modify (r = job record) unchanged fields come from the record; the user is the
 -- modifier when they own the job (job records carry no user name in 22.05), else unknown (nil).
 local function view(P, d, r, uid)
 	local function str(k)
-		local v = d[k]
-		if v == nil and r then
-			v = r[k]
-		end
-		return v
+		return field(d, r, k)
 	end
 	local function num(k)
 		return given(d[k]) or (r and given(r[k]))
@@ -87,18 +169,11 @@ local function view(P, d, r, uid)
 		j.team = own
 	end
 	j.own_team = own
-	-- A node count in the update (NumNodes=) replaces the record's; the upper end counts.
-	local nodes = given(d.max_nodes) or given(d.min_nodes) or (r and (given(r.max_nodes) or given(r.min_nodes)))
-	nodes = math.max(nodes or 1, 1)
-	local tasks = given(d.num_tasks) or (given(d.ntasks_per_node) and given(d.ntasks_per_node) * nodes) or nodes
-	local per_node = str("tres_per_node") or str("gres")
-	j.nodes = nodes
-	j.gpus = math.max(
-		gpus_in(str("tres_per_job")),
-		gpus_in(per_node) * nodes,
-		gpus_in(str("tres_per_task")) * tasks,
-		gpus_in(str("tres_per_socket")) * (given(d.sockets_per_node) or 1) * nodes
-	)
+	j.gpus, j.nodes = gpus_of(d, r)
+	j.rec = read_nuro(str("comment"))
+	if r then -- modify: what the job had before this update
+		j.old_rec, j.old_gpus = read_nuro(r.comment), gpus_of({}, r)
+	end
 	return j
 end
 
@@ -146,7 +221,31 @@ local function check_gpus(P, j)
 	end
 end
 
-local CHECKS = { check_account, check_qos_team, check_tier, check_gpus }
+-- Rules 5-8: the nuro record (pins) in the comment. A record must be valid and for the job's team even when pinning
+-- is not required; on modify it can never change (only the channel keys beside it); with require_pinning a team job
+-- that asks for GPUs needs one (on modify: when the update raises its GPUs, so a CPU job cannot become a GPU job).
+local function check_pins(P, j)
+	local rec = j.rec
+	if not P.pin_fields then -- a table written before these rules (same format: the keys were only added)
+		return
+	end
+	if j.old_rec and (not rec or rec.raw ~= j.old_rec.raw) then
+		return reject(P, "pin_changed")
+	end
+	if rec and rec.bad then
+		return reject(P, "pin_invalid", rec.bad, P.pin_fields[rec.bad], j.team or "<team>")
+	end
+	local charged = j.account or j.team
+	if rec and rec.team ~= charged then
+		local text = charged and ("account " .. charged) or "your default account, which is no team"
+		return reject(P, "pin_team", rec.team, text, rec.team)
+	end
+	if P.require_pinning and not rec and j.team and j.gpus > 0 and (j.old_gpus or 0) < j.gpus then
+		return reject(P, "pin_required", j.team, j.team)
+	end
+end
+
+local CHECKS = { check_account, check_qos_team, check_tier, check_gpus, check_pins }
 
 -- Team jobs are always requeueable (preemption and failure recovery requeue them). On modify: only a change to 0.
 local function force_requeue(d, j, modifying)

@@ -14,9 +14,15 @@ Rules (first failing check wins; root is let through unchanged, see docs/job_sub
 | 2 | qos_other_team, qos_no_team | QOS ``g-``/``b-`` of a team that is not the job's | reject, ESLURM_ACCESS_DENIED |
 | 3 | tier_denied | tier QOS (``urgent``) and neither user nor account allowed | reject, ESLURM_ACCESS_DENIED |
 | 4 | gpu_cap | more GPUs than the team's quota + borrowing limit | reject, ESLURM_ACCOUNTING_POLICY |
+| 4a | pin_invalid | a ``nuro`` record in the comment without a valid pin (tag, short commit) | reject, ACCESS_DENIED |
+| 4b | pin_team | the record's ``nuro.team`` is not the account the job is charged to | reject, INVALID_ACCOUNT |
+| 4c | pin_required | ``require_pinning``, a team job asks for GPUs, no ``nuro`` record | reject, ACCESS_DENIED |
 | 5 | team defaults | team job without ``--qos`` / ``--account`` | QOS ``g-<team>``, account ``<team>`` |
 | 6 | requeue | team job | requeue forced on |
 | 7 | switch hint | 2..leaf_nodes nodes and no ``--switches`` | ``--switches=1@<switch_wait_s>`` |
+
+(``pin_changed``, a modify-only rule of the bridge, has no preview: ``decide`` judges submissions.) The comment is read
+by ``read_nuro``, a mirror of the Lua's pattern reader (not ``json.loads``), so both sides judge every comment alike.
 
 The job's team is the team of ``--account`` when given (None if that account is not a team), else the user's team.
 GPUs are counted as Slurm 22.05 receives them: ``max(per_job, per_node × nodes, per_task × tasks,
@@ -46,6 +52,9 @@ class Reason(StrEnum):
     QOS_NO_TEAM = "qos_no_team"
     TIER_DENIED = "tier_denied"
     GPU_CAP = "gpu_cap"
+    PIN_INVALID = "pin_invalid"
+    PIN_TEAM = "pin_team"
+    PIN_REQUIRED = "pin_required"
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,8 @@ class JobRequest:
     #: ``--switches=<count>[@<wait>]``; None: not given.
     switches: int | None = None
     switch_wait_s: int | None = None
+    #: ``--comment``: nuro's run record (compact JSON with a ``nuro`` key) or any other text; None: not given.
+    comment: str | None = None
 
     @property
     def node_count(self) -> int:
@@ -127,6 +138,114 @@ class Admission:
     code: str | None = None
     #: What nuro changed, e.g. ``("qos=g-perception", "requeue=1")``.
     changes: tuple[str, ...] = field(default_factory=tuple)
+
+
+# --- the nuro record in the comment (mirror of read_nuro in job_submit.lua) ---------------------------------------
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # = nuro.datasets.manifest._DIGEST
+_DATASET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # = nuro.datasets.manifest._NAME
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_TEAM = re.compile(r"[a-z][a-z0-9_]{0,30}")  # = nuro.policy.model.NAME
+_DATASET_SHAPE = re.compile(r'\{"digest":"([^"]*)","name":"([^"]*)"\}')
+
+
+@dataclass(frozen=True)
+class NuroRecord:
+    """The pins read from a comment's ``nuro`` record. ``bad``: the first invalid field (a ``PIN_FIELDS`` key)."""
+
+    raw: str
+    bad: str | None = None
+    team: str | None = None
+    digest: str | None = None
+    name: str | None = None
+    commit: str | None = None
+
+
+def _balanced(s: str, i: int, open_: str, close: str) -> int | None:
+    """Lua's ``%b<open><close>`` at ``i``: the index just past the balanced group, or None."""
+    if i >= len(s) or s[i] != open_:
+        return None
+    depth = 0
+    for k in range(i, len(s)):
+        if s[k] == open_:
+            depth += 1
+        elif s[k] == close:
+            depth -= 1
+            if depth == 0:
+                return k + 1
+    return None
+
+
+def _drop_balanced(s: str, open_: str, close: str) -> str:
+    """Lua's ``s:gsub("%b<open><close>", "")``."""
+    out, i = [], 0
+    while i < len(s):
+        end = _balanced(s, i, open_, close)
+        if end is None:
+            out.append(s[i])
+            i += 1
+        else:
+            i = end
+    return "".join(out)
+
+
+def _member(obj: str, key: str) -> tuple[int, int] | None:
+    """(start, end) of the value of ``key`` directly inside the skeleton object ``obj``; None if absent or ambiguous."""
+    k = f'"{key}":'
+    at = obj.find(k)
+    if at < 0 or obj.find(k, at + 1) >= 0:
+        return None
+    if re.search(r"[{\[]", _drop_balanced(_drop_balanced(obj[1:at], "{", "}"), "[", "]")):
+        return None  # nested deeper than obj's own members
+    start = at + len(k)
+    end = _balanced(obj, start, "{", "}")
+    if end is None:
+        m = re.match(r'"[^"]*"', obj[start:])
+        end = start + m.end() if m else None
+    return (start, end) if end is not None else None
+
+
+def read_nuro(comment: str | None) -> NuroRecord | None:
+    """The ``nuro`` record of a job comment as job_submit.lua reads it, or None when there is none.
+
+    Not a JSON parser, on purpose: the same anchored patterns as the Lua (which has no JSON library) over the compact,
+    sorted JSON ``nuro.render.comment_json`` writes. Escapes become ``~~`` and brackets inside strings ``~`` (same
+    length), so only real structure is matched; every key must appear once, directly in its object.
+    """
+    if not isinstance(comment, str) or '"nuro":' not in comment:
+        return None
+    s = re.sub(r"\\.", "~~", comment, flags=re.S)
+    s = re.sub(r'"[^"]*"', lambda m: re.sub(r"[{}\[\]]", "~", m.group()), s)
+    span = _member(s, "nuro") if _balanced(s, 0, "{", "}") == len(s) else None
+    if span is None or s[span[0]] != "{":
+        return NuroRecord(raw=comment, bad="nuro")
+    n = s[span[0] : span[1]]
+
+    def text(obj: str | None, key: str) -> str | None:
+        got = _member(obj, key) if obj else None
+        m = re.fullmatch(r'"([^"]*)"', obj[got[0] : got[1]]) if obj and got else None
+        return m.group(1) if m else None
+
+    got = _member(n, "dataset")
+    shape = _DATASET_SHAPE.fullmatch(n[got[0] : got[1]]) if got else None
+    digest, name = shape.groups() if shape else (None, None)
+    got = _member(n, "code")
+    code = n[got[0] : got[1]] if got and n[got[0]] == "{" else None
+    commit, team = text(code, "commit"), text(n, "team")
+    if digest is None or name is None:
+        bad: str | None = "nuro.dataset"
+    elif not _DIGEST.fullmatch(digest):
+        bad = "nuro.dataset.digest"
+    elif not _DATASET_NAME.fullmatch(name):
+        bad = "nuro.dataset.name"
+    elif commit is None or not _COMMIT.fullmatch(commit):
+        bad = "nuro.code.commit"
+    elif team is None or not _TEAM.fullmatch(team):
+        bad = "nuro.team"
+    else:
+        bad = None
+    raw = comment[span[0] - len('"nuro":') : span[1]]
+    return NuroRecord(raw=raw, bad=bad, team=team, digest=digest, name=name, commit=commit)
 
 
 def _reject(table: Mapping[str, Any], reason: Reason, team: str | None, gpus: int, *args: object) -> Admission:
@@ -201,6 +320,19 @@ def decide(
             table, Reason.GPU_CAP, team, gpus, team, t["max_gpus"], t["quota_gpus"], t["borrow_limit_gpus"], gpus
         )
 
+    # 4a-4c. the nuro record: valid pins, for the job's team; required for team GPU jobs with require_pinning
+    if "pin_fields" in table:
+        rec = read_nuro(request.comment)
+        if rec is not None and rec.bad is not None:
+            fields = table["pin_fields"]
+            return _reject(table, Reason.PIN_INVALID, team, gpus, rec.bad, fields[rec.bad], team or "<team>")
+        charged = request.account if request.account is not None else team
+        if rec is not None and rec.team != charged:
+            text = f"account {charged}" if charged is not None else "your default account, which is no team"
+            return _reject(table, Reason.PIN_TEAM, team, gpus, rec.team, text, rec.team)
+        if table["require_pinning"] and rec is None and team is not None and gpus > 0:
+            return _reject(table, Reason.PIN_REQUIRED, team, gpus, team, team)
+
     result = Admission(
         accepted=True,
         qos=request.qos,
@@ -274,11 +406,11 @@ _VALUED = {
     "-N": "nodes", "--nodes": "nodes", "-n": "tasks", "--ntasks": "tasks", "--ntasks-per-node": "tasks_per_node",
     "--sockets-per-node": "sockets_per_node", "-A": "account", "--account": "account", "-q": "qos", "--qos": "qos",
     "-G": "gpus", "--gpus": "gpus", "--gpus-per-node": "gpus_per_node", "--gpus-per-task": "gpus_per_task",
-    "--gpus-per-socket": "gpus_per_socket", "--gres": "gres", "--switches": "switches",
+    "--gpus-per-socket": "gpus_per_socket", "--gres": "gres", "--switches": "switches", "--comment": "comment",
 }  # fmt: skip
 #: Options that do not change admission but are fine to pass (value taken from the next word when not given with =).
 _IGNORED_VALUED = {"-J", "--job-name", "-o", "--output", "-e", "--error", "-t", "--time", "--wrap", "-c",
-                   "--cpus-per-task", "--mem", "-p", "--partition", "--comment", "-D", "--chdir"}  # fmt: skip
+                   "--cpus-per-task", "--mem", "-p", "--partition", "-D", "--chdir"}  # fmt: skip
 _IGNORED_FLAGS = {"-H", "--hold", "--parsable"}
 _SHORT_VALUED = {o for o in (*_VALUED, *_IGNORED_VALUED) if len(o) == 2}
 
@@ -325,7 +457,7 @@ def parse_sbatch_args(user: str, argv: Sequence[str]) -> JobRequest:
             values["nodes"], values["max_nodes"] = int(lo), int(hi or lo)
         elif key in ("tasks", "tasks_per_node", "sockets_per_node"):
             values[key] = int(value)
-        elif key in ("account", "qos"):
+        elif key in ("account", "qos", "comment"):
             values[key] = value
         elif key == "gpus":
             values["gpus_per_job"] = gpu_count("gpu:" + value)
@@ -349,4 +481,4 @@ def parse_sbatch_args(user: str, argv: Sequence[str]) -> JobRequest:
     return JobRequest(user=user, **values)
 
 
-__all__ = ["Admission", "JobRequest", "Reason", "decide", "gpu_count", "parse_sbatch_args"]
+__all__ = ["Admission", "JobRequest", "NuroRecord", "Reason", "decide", "gpu_count", "parse_sbatch_args", "read_nuro"]

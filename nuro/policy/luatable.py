@@ -21,6 +21,8 @@ Table layout (``format`` = 1; job_submit.lua refuses to use any other format and
 | ``teams`` | team → ``quota_gpus``, ``borrow_limit_gpus``, ``max_gpus`` (sum), ``guaranteed_qos``, ``borrow_qos`` |
 | ``qos_team`` | QOS name (``g-<team>``, ``b-<team>``) → team: O(1) "whose QOS is this" |
 | ``tiers`` | tier QOS → ``accounts`` (set), ``users`` (set), ``who`` (the allowed list as text, for messages) |
+| ``require_pinning`` | bool: team GPU jobs must carry a pinned nuro record in the comment |
+| ``pin_fields`` | nuro record field → what a valid value looks like (the ``pin_invalid`` message names both) |
 | ``rules`` | rule → ``code`` (a ``slurm.ESLURM_*`` constant's name), ``message`` (a ``string.format`` template) |
 
 Deterministic: maps are emitted in sorted key order, so the same teams.yaml always renders the same bytes (golden
@@ -69,6 +71,39 @@ RULES: dict[str, tuple[str, str]] = {
         "nuro: team %s may use at most %d GPUs (quota %d + borrow %d); this job asks %d. "
         "Ask for fewer GPUs (--gpus-per-node / --nodes).",
     ),
+    "pin_changed": (
+        "ESLURM_ACCESS_DENIED",
+        "nuro: the nuro record in a job's comment (dataset, code, run settings) cannot be changed or removed after "
+        "submit; update only the other comment keys (ckpt, preempt, ack, refused), or cancel and resubmit.",
+    ),
+    "pin_invalid": (
+        "ESLURM_ACCESS_DENIED",
+        "nuro: the nuro record in the job comment has no valid %s: it must be %s. Jobs record immutable references "
+        "only. Submit with 'nuro-train submit SPEC.yaml' or nuro-sbatch --team %s --dataset NAME@sha256:<digest> "
+        "--code REPO@COMMIT (a tag is resolved to its digest at submit); do not write the nuro record by hand.",
+    ),
+    "pin_team": (
+        "ESLURM_INVALID_ACCOUNT",
+        "nuro: the nuro record in the job comment is for team %s, but the job is charged to %s. "
+        "Submit for one team: nuro-sbatch --team %s (it sets --account too), or drop --account.",
+    ),
+    "pin_required": (
+        "ESLURM_ACCESS_DENIED",
+        "nuro: team jobs that use GPUs must pin a dataset snapshot and a code commit (team %s). "
+        "Submit with 'nuro-train submit SPEC.yaml', or use nuro-sbatch instead of sbatch and add: "
+        "--team %s --dataset NAME@sha256:<digest> --code REPO@COMMIT (NAME@TAG is resolved to its digest).",
+    ),
+}
+
+#: nuro record field → what a valid value is; the ``pin_invalid`` message says "has no valid <field>: it must be
+#: <text>". Checked in this order, the first bad one is named (job_submit.lua ``read_nuro``, admission.read_nuro).
+PIN_FIELDS: dict[str, str] = {
+    "nuro": "one JSON object under the comment's top-level key nuro, in the compact form nuro-train/nuro-sbatch write",
+    "nuro.dataset": 'exactly {"digest":...,"name":...} (compact, sorted keys)',
+    "nuro.dataset.digest": "sha256: and 64 lower-case hex digits (a digest, not a tag such as latest)",
+    "nuro.dataset.name": "a dataset name: 1-63 of a-z 0-9 . _ - starting with a letter or digit",
+    "nuro.code.commit": "a full 40-digit lower-case hex commit id (not a branch, a tag or a short id)",
+    "nuro.team": "a team name, given once",
 }
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -139,6 +174,8 @@ def policy_table(
         "teams": dict(sorted(teams.items())),
         "qos_team": dict(sorted(qos_team.items())),
         "tiers": dict(sorted(tiers.items())),
+        "require_pinning": policy.require_pinning,
+        "pin_fields": dict(sorted(PIN_FIELDS.items())),
         "rules": {name: {"code": code, "message": message} for name, (code, message) in sorted(RULES.items())},
     }
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -201,6 +238,7 @@ def render_lua_table(
 
 __all__ = [
     "DEFAULT_SWITCH_WAIT_S",
+    "PIN_FIELDS",
     "RULES",
     "TABLE_FILE",
     "TABLE_FORMAT",

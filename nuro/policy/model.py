@@ -13,6 +13,7 @@ Mapping onto Slurm (see ARCHITECTURE.md "Teams, quotas, borrowing on Slurm"):
 | lend_limit_gpus | controller only: the most of the team's idle quota others may borrow |
 | tier (e.g. urgent) | QOS ``<tier>`` with ``Priority=<priority>``, usable only by the listed accounts/users |
 | grace_s | how long a preempted job has to commit a checkpoint and acknowledge before it is requeued anyway |
+| require_pinning | job_submit.lua refuses team GPU jobs without a dataset digest + code commit in the comment |
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ class Policy(_Strict):
     grace_s: Annotated[int, Field(ge=1, le=3600, strict=True)] = 60
     teams: tuple[Team, ...]
     tiers: tuple[Tier, ...] = ()
+    #: Refuse team GPU jobs whose comment carries no pinned nuro record (docs/job_submit.md "Pinning"). Off by default
+    #: so plain sbatch keeps working on dev/test clusters; production should set it to true.
+    require_pinning: Annotated[bool, Field(strict=True)] = False
 
     @model_validator(mode="after")
     def _consistent(self) -> Policy:

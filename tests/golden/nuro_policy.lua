@@ -3,7 +3,7 @@
 -- nuro.policy.admission (the Python preview) uses the same data.
 return {
   format = 1,
-  digest = "sha256:9a1cbdf0bf1514b8fb6220aacd08601dcdc134edb66f01d1c16ba141c08271f3",
+  digest = "sha256:1d1412dee35a29fc8c8a28cd262b654c86e2bcdb1958431fa5ea9e54b6fc0af1",
   cluster_gpus = 64,
   grace_s = 60,
   leaf_nodes = 4,
@@ -68,6 +68,15 @@ return {
       who = "accounts perception and users priya",
     },
   },
+  require_pinning = false,
+  pin_fields = {
+    nuro = "one JSON object under the comment's top-level key nuro, in the compact form nuro-train/nuro-sbatch write",
+    ["nuro.code.commit"] = "a full 40-digit lower-case hex commit id (not a branch, a tag or a short id)",
+    ["nuro.dataset"] = "exactly {\"digest\":...,\"name\":...} (compact, sorted keys)",
+    ["nuro.dataset.digest"] = "sha256: and 64 lower-case hex digits (a digest, not a tag such as latest)",
+    ["nuro.dataset.name"] = "a dataset name: 1-63 of a-z 0-9 . _ - starting with a letter or digit",
+    ["nuro.team"] = "a team name, given once",
+  },
   rules = {
     account_other_team = {
       code = "ESLURM_INVALID_ACCOUNT",
@@ -76,6 +85,22 @@ return {
     gpu_cap = {
       code = "ESLURM_ACCOUNTING_POLICY",
       message = "nuro: team %s may use at most %d GPUs (quota %d + borrow %d); this job asks %d. Ask for fewer GPUs (--gpus-per-node / --nodes).",
+    },
+    pin_changed = {
+      code = "ESLURM_ACCESS_DENIED",
+      message = "nuro: the nuro record in a job's comment (dataset, code, run settings) cannot be changed or removed after submit; update only the other comment keys (ckpt, preempt, ack, refused), or cancel and resubmit.",
+    },
+    pin_invalid = {
+      code = "ESLURM_ACCESS_DENIED",
+      message = "nuro: the nuro record in the job comment has no valid %s: it must be %s. Jobs record immutable references only. Submit with 'nuro-train submit SPEC.yaml' or nuro-sbatch --team %s --dataset NAME@sha256:<digest> --code REPO@COMMIT (a tag is resolved to its digest at submit); do not write the nuro record by hand.",
+    },
+    pin_required = {
+      code = "ESLURM_ACCESS_DENIED",
+      message = "nuro: team jobs that use GPUs must pin a dataset snapshot and a code commit (team %s). Submit with 'nuro-train submit SPEC.yaml', or use nuro-sbatch instead of sbatch and add: --team %s --dataset NAME@sha256:<digest> --code REPO@COMMIT (NAME@TAG is resolved to its digest).",
+    },
+    pin_team = {
+      code = "ESLURM_INVALID_ACCOUNT",
+      message = "nuro: the nuro record in the job comment is for team %s, but the job is charged to %s. Submit for one team: nuro-sbatch --team %s (it sets --account too), or drop --account.",
     },
     qos_no_team = {
       code = "ESLURM_ACCESS_DENIED",

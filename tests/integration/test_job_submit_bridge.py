@@ -18,13 +18,16 @@ import re
 import shutil
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from nuro import jobcomment
 from nuro.policy import load_policy
 from nuro.policy.admission import JobRequest, decide
 from nuro.policy.luatable import TABLE_FILE, render_lua_table
+from nuro.policy.model import Policy
 from nuro.slurm.parse_text import parse_scontrol_show_oneliner
 from tests.integration.conftest import LiveCluster
 
@@ -112,9 +115,28 @@ def _switches(record: dict[str, str]) -> tuple[int | None, int | None]:
     return int(count), _seconds(wait) if wait else None
 
 
+def _with(update: dict) -> Policy:
+    """The example policy with ``update`` applied (a vector's ``policy_update``), validated again."""
+    return Policy.model_validate({**POLICY.model_dump(), **update})
+
+
+@contextmanager
+def _table(etc: Path, policy: Policy) -> Iterator[None]:
+    """``policy``'s table installed for the duration (the bridge dofile's it on every submission)."""
+    _install(etc, TABLE_FILE, render_lua_table(policy))
+    try:
+        yield
+    finally:
+        _install(etc, TABLE_FILE, render_lua_table(POLICY))
+
+
 @pytest.mark.parametrize("vector", VECTORS["vectors"], ids=[v["id"] for v in VECTORS["vectors"]])
 def test_vector_through_real_sbatch(cluster: LiveCluster, bridge: Path, vector: dict) -> None:
-    out = _sbatch(cluster, vector["user"], vector["args"])
+    if "policy_update" in vector:
+        with _table(bridge, _with(vector["policy_update"])):
+            out = _sbatch(cluster, vector["user"], vector["args"])
+    else:
+        out = _sbatch(cluster, vector["user"], vector["args"])
     want = vector["expect"]
     if want["verdict"] == "reject":
         assert out.returncode != 0, f"sbatch accepted job {out.stdout.strip()}; expected: {want['message']}"
@@ -197,6 +219,44 @@ def test_root_may_move_a_job_to_the_borrow_qos(cluster: LiveCluster, bridge: Pat
     out = _update(cluster, None, job, "qos=b-perception")
     assert out.returncode == 0, out.stderr
     assert _job(cluster, job)["QOS"] == "b-perception"
+
+
+_DIGEST, _COMMIT = "sha256:" + "3f" * 32, "0123456789abcdef0123456789abcdef01234567"
+
+
+def _record(team: str) -> str:
+    meta = {"v": 1, "name": "r", "team": team, "dataset": {"name": "ds", "digest": _DIGEST},
+            "code": {"repo": "/srv/repo", "commit": _COMMIT}, "requeue": {"max": 3}}  # fmt: skip
+    return jobcomment.merge(None, nuro=meta)
+
+
+def test_modify_may_update_channel_keys_but_not_the_record(cluster: LiveCluster, bridge: Path) -> None:
+    """The job (as its user) writes ack/ckpt beside the record; changing or dropping the record is refused."""
+    original = _record("perception")
+    job = _held(cluster, "alice", "--gpus-per-node=1", f"--comment={original}")
+    with_ack = jobcomment.merge(original, ack={"at": 1.5, "step": 3})
+    assert _update(cluster, "alice", job, f"comment={with_ack}").returncode == 0
+    assert _job(cluster, job)["Comment"] == with_ack
+    meta = json.loads(original)["nuro"]
+    for bad in (
+        jobcomment.merge(with_ack, nuro={**meta, "dataset": {"name": "ds", "digest": "latest"}}),
+        jobcomment.merge(with_ack, nuro={**meta, "requeue": {"max": 99}}),
+        jobcomment.merge(with_ack, nuro=None),
+        "",
+    ):
+        out = _update(cluster, "alice", job, f"comment={bad}")
+        assert out.returncode != 0 and "Access/permission denied" in out.stderr, (bad, out.stderr)
+    assert _job(cluster, job)["Comment"] == with_ack
+    assert re.search(rf"nuro: reject job_id={job} uid=\d+ user=alice rule=pin_changed", _ctld_log(cluster))
+
+
+def test_modify_cannot_turn_an_unpinned_cpu_job_into_a_gpu_job(cluster: LiveCluster, bridge: Path) -> None:
+    with _table(bridge, _with({"require_pinning": True})):
+        job = _held(cluster, "alice", "-n1")
+        out = _update(cluster, "alice", job, "TresPerNode=gres:gpu:1")
+        assert out.returncode != 0 and "Access/permission denied" in out.stderr, out.stderr
+        assert re.search(rf"nuro: reject job_id={job} uid=\d+ user=alice rule=pin_required", _ctld_log(cluster))
+        assert _update(cluster, "alice", job, "comment=notes").returncode == 0  # no GPUs: comments are free
 
 
 def test_python_preview_agrees_on_a_modified_policy(cluster: LiveCluster, bridge: Path) -> None:

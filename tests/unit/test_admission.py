@@ -8,15 +8,18 @@ fast feedback and pins the job_desc shapes measured on 22.05.8 (NO_VAL markers, 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from nuro.datasets import manifest
 from nuro.policy import load_policy, parse_policy
-from nuro.policy.admission import JobRequest, Reason, decide, gpu_count, parse_sbatch_args
-from nuro.policy.luatable import RULES, TABLE_FILE, lua_string, policy_table, render_lua_table
+from nuro.policy.admission import JobRequest, Reason, decide, gpu_count, parse_sbatch_args, read_nuro
+from nuro.policy.luatable import PIN_FIELDS, RULES, TABLE_FILE, lua_string, policy_table, render_lua_table
+from nuro.policy.model import NAME, Policy
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = json.loads((REPO / "tests/vectors/admission.json").read_text())
@@ -29,9 +32,15 @@ def _ids(vectors: list[dict]) -> list[str]:
     return [v["id"] for v in vectors]
 
 
+def vector_policy(vector: dict) -> Policy:
+    """The example policy with the vector's ``policy_update`` (e.g. require_pinning) applied and re-validated."""
+    update = vector.get("policy_update")
+    return Policy.model_validate({**POLICY.model_dump(), **update}) if update else POLICY
+
+
 @pytest.mark.parametrize("vector", VECTORS["vectors"], ids=_ids(VECTORS["vectors"]))
 def test_python_decide_matches_vector(vector: dict) -> None:
-    got = decide(parse_sbatch_args(vector["user"], vector["args"]), POLICY)
+    got = decide(parse_sbatch_args(vector["user"], vector["args"]), vector_policy(vector))
     want = vector["expect"]
     if want["verdict"] == "reject":
         assert not got.accepted, f"accepted, expected: {want['message']}"
@@ -49,12 +58,14 @@ def test_python_decide_matches_vector(vector: dict) -> None:
 def test_vectors_cover_every_rule_and_both_verdicts() -> None:
     reasons = set()
     for v in VECTORS["vectors"]:
-        got = decide(parse_sbatch_args(v["user"], v["args"]), POLICY)
+        got = decide(parse_sbatch_args(v["user"], v["args"]), vector_policy(v))
         if got.reason:
             reasons.add(got.reason)
     assert reasons == set(Reason)
     assert {v["expect"]["verdict"] for v in VECTORS["vectors"]} == {"accept", "reject"}
     assert len(VECTORS["vectors"]) >= 20
+    pinned = [v for v in VECTORS["vectors"] if v.get("policy_update", {}).get("require_pinning")]
+    assert {v["expect"]["verdict"] for v in pinned} == {"accept", "reject"}
 
 
 def test_golden_policy_table(golden) -> None:
@@ -164,6 +175,7 @@ def _job_desc(user: str, req: JobRequest) -> dict:
         return f"gres:gpu:{n}" if n else None
 
     return {
+        "comment": req.comment,
         "user_name": user,
         "user_id": 0 if user == "root" else 1000,
         "name": "wrap",
@@ -215,11 +227,16 @@ def _run_lua(tmp_path: Path, cases: list[dict], table_text: str | None) -> dict[
 
 @needs_lua
 def test_lua_bridge_matches_vectors(tmp_path: Path) -> None:
-    cases = []
+    groups: dict[str, list[dict]] = {}
     for v in VECTORS["vectors"]:
         req = parse_sbatch_args(v["user"], v["args"])
-        cases.append({"id": v["id"], "uid": 0 if v["user"] == "root" else 1000, "desc": _job_desc(v["user"], req)})
-    got = _run_lua(tmp_path, cases, render_lua_table(POLICY))
+        case = {"id": v["id"], "uid": 0 if v["user"] == "root" else 1000, "desc": _job_desc(v["user"], req)}
+        groups.setdefault(json.dumps(v.get("policy_update", {}), sort_keys=True), []).append(case)
+    got: dict[str, list[str]] = {}
+    for n, (update, cases) in enumerate(sorted(groups.items())):
+        (tmp_path / str(n)).mkdir()
+        policy = vector_policy({"policy_update": json.loads(update)})
+        got.update(_run_lua(tmp_path / str(n), cases, render_lua_table(policy)))
     problems = []
     for v in VECTORS["vectors"]:
         code, qos, account, requeue, switch, wait, msg, errors = got[v["id"]]
@@ -271,3 +288,82 @@ def test_lua_string_escaping_round_trips(tmp_path: Path) -> None:
     )
     out = subprocess.run([LUA, str(script)], capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.split() == [t.encode().hex() for t in texts]
+
+
+# --- the nuro record reader (both languages) and the modify hook under the stub ----------------------------------
+
+_D, _C = "sha256:" + "3f" * 32, "0123456789abcdef0123456789abcdef01234567"
+_GOOD = (
+    f'{{"nuro":{{"code":{{"commit":"{_C}","repo":"/r"}},"dataset":{{"digest":"{_D}","name":"ds"}},'
+    '"team":"perception","v":1}}'
+)
+
+
+def test_pin_patterns_agree_with_the_manifest_and_the_policy_model() -> None:
+    digest, name = "sha256:" + "0a" * 32, "imagenet-mini_v2.1"
+    assert manifest._DIGEST.fullmatch(digest) and manifest._NAME.fullmatch(name)
+    rec = read_nuro(_GOOD.replace(_D, digest).replace('"ds"', f'"{name}"'))
+    assert rec is not None and rec.bad is None and (rec.digest, rec.name) == (digest, name)
+    for bad in ("A" + name, "-x", "a" * 64, "a/b", ""):
+        assert manifest._NAME.fullmatch(bad) is None
+        assert read_nuro(_GOOD.replace('"ds"', f'"{bad}"')).bad == "nuro.dataset.name"
+    assert re.fullmatch(NAME, "a" * 31) and not re.fullmatch(NAME, "a" * 32)
+    assert read_nuro(_GOOD.replace('"perception"', '"' + "a" * 32 + '"')).bad == "nuro.team"
+    assert set(PIN_FIELDS) == {"nuro", "nuro.dataset", "nuro.dataset.digest", "nuro.dataset.name",
+                               "nuro.code.commit", "nuro.team"}  # fmt: skip
+
+
+def test_read_nuro_raw_is_the_record_as_sent() -> None:
+    comment = '{"ack":{"at":1},' + _GOOD[1:-1] + ',"preempt":{"why":"x}"}}'
+    rec = read_nuro(comment)
+    assert rec is not None and rec.bad is None and rec.raw == _GOOD[1:-1]
+    assert read_nuro(None) is None and read_nuro("plain text") is None and read_nuro('{"nuros":1}') is None
+
+
+_MODIFY_STUB = r"""
+slurm = { SUCCESS = 0, NO_VAL = 4294967294, NO_VAL16 = 65534, INFINITE = 4294967295, ESLURM_ACCESS_DENIED = 2002,
+  ESLURM_ACCOUNTING_POLICY = 2050, ESLURM_INVALID_ACCOUNT = 2045 }
+local logged = {}
+slurm.log_info = function(fmt, ...) table.insert(logged, string.format(fmt, ...)) end
+slurm.log_debug, slurm.log_error, slurm.log_user = function() end, error, function() end
+dofile(arg[1])
+for _, case in ipairs(dofile(arg[2])) do
+  logged = {}
+  local rc = slurm_job_modify(case.desc, case.rec, {}, 1000)
+  print(case.id .. "	" .. rc .. "	" .. ((logged[1] or ""):match("rule=(%S+)") or ""))
+end
+"""
+
+
+@needs_lua
+def test_lua_modify_keeps_the_record(tmp_path: Path) -> None:
+    """pin_changed and pin_required on scontrol update (the real run is in the integration test)."""
+    rec = {"job_id": 7, "user_id": 1000, "account": "perception", "qos": "g-perception", "comment": _GOOD,
+           "tres_per_node": "gres:gpu:8", "min_nodes": 1, "max_nodes": 1}  # fmt: skip
+    cpu = {**rec, "comment": None, "tres_per_node": None}
+    user = {"user_id": 1000, "user_name": "alice"}
+    with_ack = '{"ack":{"at":5,"step":9},' + _GOOD[1:]
+    cases = [
+        ("ack-added", {**user, "comment": with_ack}, rec, "0", ""),
+        ("time-only", {**user, "time_limit": 60}, rec, "0", ""),
+        ("digest-changed", {**user, "comment": _GOOD.replace("3f", "4f")}, rec, "2002", "pin_changed"),
+        ("record-dropped", {**user, "comment": '{"ack":{"at":5}}'}, rec, "2002", "pin_changed"),
+        ("comment-emptied", {**user, "comment": ""}, rec, "2002", "pin_changed"),
+        ("cpu-to-gpu", {**user, "tres_per_node": "gres:gpu:1"}, cpu, "2002", "pin_required"),
+        ("cpu-comment", {**user, "comment": "notes"}, cpu, "0", ""),
+        ("pin-added-later", {**user, "tres_per_node": "gres:gpu:1", "comment": _GOOD}, cpu, "0", ""),
+    ]
+    (tmp_path / "job_submit.lua").write_text((REPO / "slurm_plugins/job_submit.lua").read_text())
+    strict = Policy.model_validate({**POLICY.model_dump(), "require_pinning": True})
+    (tmp_path / TABLE_FILE).write_text(render_lua_table(strict))
+    (tmp_path / "cases.lua").write_text(
+        "return {\n" + ",\n".join(_lua_value({"id": i, "desc": d, "rec": r}) for i, d, r, _, _ in cases) + "\n}\n"
+    )
+    (tmp_path / "stub.lua").write_text(_MODIFY_STUB)
+    out = subprocess.run(
+        [LUA, str(tmp_path / "stub.lua"), str(tmp_path / "job_submit.lua"), str(tmp_path / "cases.lua")],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = {row.split("\t")[0]: row.split("\t")[1:] for row in out.stdout.splitlines()}
+    assert got == {i: [code, rule] for i, _, _, code, rule in cases}
