@@ -12,6 +12,7 @@ import click
 
 from nuro.wrappers import runs_cli
 from nuro.wrappers.dataset_cli import dataset
+from nuro.wrappers.submit_cli import submit
 
 
 @click.group()
@@ -26,6 +27,7 @@ def main(verbose: bool) -> None:
 for _command in runs_cli.COMMANDS:
     main.add_command(_command)
 main.add_command(dataset)
+main.add_command(submit)
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def test_a_job_that_can_never_fit_is_refused_at_submit(backend: Backend) -> None
 
 def test_comment_survives_into_accounting(backend: Backend) -> None:
     """AccountingStoreFlags=job_comment: nuro's run metadata is still readable from sacct after the job ends."""
-    comment = '{"nuro":1,"run":"acct"}'
+    comment = '{"note":"acct","x":1}'
     job_id = backend.submit("#!/bin/bash\ntrue\n", "-o", "/dev/null", f"--comment={comment}")
     record = _accounting_record(backend, job_id)
     assert record.phase is JobPhase.COMPLETED and record.comment == comment, record

@@ -111,7 +111,7 @@ def test_drained_node_takes_no_job_until_resumed(cluster: LiveCluster, shared_tm
 
 def test_adapter_reads_back_what_sbatch_set(cluster: LiveCluster, shared_tmp: Path) -> None:
     """A job submitted by a team member with plain sbatch is read back field by field through the adapter."""
-    comment = '{"nuro":1,"run":"r-123"}'
+    comment = '{"note":"r-123","x":1}'
     res = cluster.run(
         [
             "sbatch", "--parsable", "--job-name=readback", f"--account={TEST_ACCOUNT}", "--nodes=2",

@@ -35,7 +35,7 @@ def test_a_member_follows_a_run_from_submit_to_end(teams: LiveCluster, shared_tm
     script = f"#!/bin/bash\necho step-one\n{BIN}/nuro-job ckpt --step 12\nsleep 4\necho step-two\n"
     res = subprocess.run(
         ["runuser", "-u", "alice", "--", "env", *(f"{k}={v}" for k, v in teams.env.items()), "sbatch", "--parsable",
-         "--nodes=1", "--gres=gpu:8", f"--output={out}", "--comment", '{"nuro":{"run":"r1"}}'],
+         "--nodes=1", "--gres=gpu:8", f"--output={out}", "--comment", '{"note":"r1"}'],
         input=script, capture_output=True, text=True, timeout=30, check=True,
     )  # fmt: skip
     job_id = int(res.stdout.strip())
@@ -75,7 +75,11 @@ def test_lineage_follows_resume_from_to_the_parent_run(teams: LiveCluster, tmp_p
     (tmp_path / "roads").mkdir()
     (tmp_path / "roads" / "frames.bin").write_bytes(b"frame" * 1000)
     digest = snapshot(ObjectStore.from_env(teams.env), tmp_path / "roads", "roads").digest  # the prolog verifies it
-    pin = {"dataset": {"name": "roads", "digest": digest}, "code": {"repo": "/srv/repo", "commit": "b" * 40}}
+    pin = {
+        "team": "perception",
+        "dataset": {"name": "roads", "digest": digest},
+        "code": {"repo": "/srv/repo", "commit": "b" * 40},
+    }
 
     def submit(meta: dict) -> int:
         comment = json.dumps({"nuro": meta}, separators=(",", ":"))
