@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from nuro import jobcomment
 from nuro.datasets.snapshot import snapshot
 from nuro.objectstore import ObjectStore
 from nuro.slurm import JobPhase
@@ -44,7 +45,8 @@ def test_a_member_follows_a_run_from_submit_to_end(teams: LiveCluster, shared_tm
         listed = json.loads(train(teams, "alice", "ls", "--json").stdout)
         mine = next(r for r in listed if r["job_id"] == job_id)
         assert mine["team"] == "perception" and mine["qos"] == "g-perception" and mine["gpus"] == 8
-        assert json.loads(train(teams, "bob", "ls", "--json").stdout) == []  # bob sees only his own by default
+        bobs = json.loads(train(teams, "bob", "ls", "--json").stdout)  # bob sees only his own by default
+        assert all(r["user"] == "bob" for r in bobs) and job_id not in [r["job_id"] for r in bobs]
         team_view = json.loads(train(teams, "bob", "ls", "--team", "perception", "--json").stdout)
         assert [r["job_id"] for r in team_view] == [job_id]
         rows = json.loads(train(teams, "alice", "quota", "--policy", str(POLICY), "--json").stdout)
@@ -82,7 +84,7 @@ def test_lineage_follows_resume_from_to_the_parent_run(teams: LiveCluster, tmp_p
     }
 
     def submit(meta: dict) -> int:
-        comment = json.dumps({"nuro": meta}, separators=(",", ":"))
+        comment = jobcomment.merge(None, nuro=meta)  # compact, sorted: the form the bridge accepts
         res = teams.run(["sbatch", "--parsable", "--output=/dev/null", f"--comment={comment}", "--wrap", "true"],
                         user="alice")  # fmt: skip
         return int(res.stdout.strip())
