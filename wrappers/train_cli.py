@@ -12,6 +12,7 @@ import click
 
 from nuro.wrappers import runs_cli
 from nuro.wrappers.dataset_cli import dataset
+from nuro.wrappers.resume_cli import resume
 from nuro.wrappers.submit_cli import submit
 
 
@@ -28,6 +29,7 @@ for _command in runs_cli.COMMANDS:
     main.add_command(_command)
 main.add_command(dataset)
 main.add_command(submit)
+main.add_command(resume)
 
 
 if __name__ == "__main__":

@@ -333,3 +333,25 @@ def test_hostile_values_never_execute(cluster, teams, repo, shared, digest) -> N
     assert not marker.exists()
     assert Path("/tmp/pwned").exists() == pwned_before
     assert {j.job_id for j in cluster.backend.jobs() if j.user == "alice"} == jobs_before
+
+
+def test_resume_starts_a_new_run_on_the_same_pins(cluster, teams, repo, shared, digest) -> None:
+    path = spec_file(shared, repo, "resumable", digest)
+    out = submit_cmd(cluster, str(path), "--json", "--hold")
+    assert out.returncode == 0, out.stderr
+    parent = json.loads(out.stdout)["job_id"]
+    parent_meta = json.loads(json.loads(out.stdout)["comment"])["nuro"]
+    code = "from nuro.wrappers.resume_cli import resume; resume()"
+    res = as_user(cluster, "alice", [sys.executable, "-c", code, str(parent), "--json", "--hold", "--python",
+                                     sys.executable, "--run-root", str(shared / "runs")])  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    child = json.loads(res.stdout)
+    meta = json.loads(child["comment"])["nuro"]
+    assert meta["resume_from"] == str(parent)
+    assert meta["dataset"] == parent_meta["dataset"] and meta["code"]["commit"] == parent_meta["code"]["commit"]
+    assert meta["team"] == "perception" and meta["entry"] == parent_meta["entry"]
+    plain = as_user(cluster, "alice", ["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true"])
+    refused = as_user(cluster, "alice", [sys.executable, "-c", code, plain.stdout.strip()])
+    assert refused.returncode == 3 and "no nuro run record" in refused.stderr
+    for job in (parent, child["job_id"], plain.stdout.strip()):
+        cluster.run(["scancel", str(job)], check=False)
