@@ -301,7 +301,7 @@ def test_with_pinning_required_nuro_records_pass_and_plain_gpu_jobs_are_refused(
 
 def test_a_tag_resolves_to_its_digest_and_an_unknown_tag_is_refused(cluster, teams, repo, shared, digest) -> None:
     if not cluster.env.get("NURO_S3_ENDPOINT"):
-        pytest.skip("this dev cluster exports no S3 store")
+        pytest.fail("the dev cluster exports no S3 store (NURO_S3_ENDPOINT): devcluster up should start SeaweedFS")
     path = spec_file(shared, repo, "tagged", digest, dataset="imagenet@v1")
     out = submit_cmd(cluster, str(path), "--dry-run", "--json", "--policy", str(POLICY))
     assert out.returncode == 0, out.stderr
