@@ -13,7 +13,7 @@ from nuro import jobcomment
 from nuro.datasets.snapshot import snapshot
 from nuro.objectstore import ObjectStore
 from nuro.slurm import JobPhase
-from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
+from tests.integration.conftest import POLICY_USERS, REPO, LiveCluster, cancel_jobs_of, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -23,7 +23,9 @@ POLICY = REPO / "examples" / "policy" / "teams.yaml"
 
 @pytest.fixture(scope="module")
 def teams(cluster: LiveCluster) -> LiveCluster:
+    """The example policy applied, and no job of its members left by earlier tests (the views count them)."""
     cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(POLICY)])
+    cancel_jobs_of(cluster, POLICY_USERS)
     return cluster
 
 
