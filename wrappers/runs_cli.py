@@ -91,9 +91,10 @@ def _find(backend: CliBackend, job_id: int) -> JobInfo:
 @click.option("--team", help="Jobs of this team (account).")
 @click.option("--all", "all_users", is_flag=True, help="Jobs of every user.")
 @click.option("--state", "states", multiple=True, help="Only these phases (PENDING, RUNNING, …); repeatable.")
+@click.option("--recent", is_flag=True, help="Also runs that ended in the last few minutes (Slurm's MinJobAge).")
 @click.option("--json", "as_json", is_flag=True)
-def ls_cmd(team: str | None, all_users: bool, states: tuple[str, ...], as_json: bool) -> None:
-    """List runs: yours by default, a team's with --team, everyone's with --all."""
+def ls_cmd(team: str | None, all_users: bool, states: tuple[str, ...], recent: bool, as_json: bool) -> None:
+    """List active runs (like squeue): yours by default, a team's with --team, everyone's with --all."""
     me = getpass.getuser()
     wanted = {s.upper() for s in states}
     jobs = [
@@ -101,7 +102,7 @@ def ls_cmd(team: str | None, all_users: bool, states: tuple[str, ...], as_json: 
         for j in _jobs(_backend())
         if (all_users or team or j.user == me)
         and (team is None or j.account == team)
-        and (not wanted or j.phase.value in wanted)
+        and (j.phase.value in wanted if wanted else (recent or not j.is_finished))
     ]
     rows = [_row(j) for j in sorted(jobs, key=lambda j: j.job_id)]
     if as_json:
