@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import boto3
@@ -27,8 +28,15 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.fixture(scope="module")
-def store(cluster: LiveCluster) -> ObjectStore:
-    return ObjectStore.from_env(cluster.env)
+def store(cluster: LiveCluster) -> Iterator[ObjectStore]:
+    """The cluster's S3, with the job_submit bridge in pass-through (no policy table) for this module: these tests
+    prove the prolog is a second line of defence, so records the bridge would refuse must reach it."""
+    table = Path(cluster.env["SLURM_CONF"]).parent / "nuro_policy.lua"
+    saved = table.read_bytes() if table.exists() else None
+    table.unlink(missing_ok=True)
+    yield ObjectStore.from_env(cluster.env)
+    if saved is not None:
+        table.write_bytes(saved)
 
 
 def _dataset(store: ObjectStore, root: Path) -> tuple[str, str]:
@@ -96,7 +104,9 @@ def test_a_tampered_shard_holds_the_job_before_it_trains(
         cancel_jobs_of(cluster, ("nuro-alice",))
 
 
-def test_a_malformed_pin_is_refused_and_nothing_runs(cluster: LiveCluster, shared_tmp: Path) -> None:
+def test_a_malformed_pin_is_refused_and_nothing_runs(
+    cluster: LiveCluster, store: ObjectStore, shared_tmp: Path
+) -> None:
     out = shared_tmp / "bad.out"
     job_id = _submit(cluster, out, _pin("data", "sha256:$(touch /tmp/nuro-pwned)"))
     try:
@@ -108,6 +118,6 @@ def test_a_malformed_pin_is_refused_and_nothing_runs(cluster: LiveCluster, share
         cancel_jobs_of(cluster, ("nuro-alice",))
 
 
-def test_a_plain_job_without_metadata_is_untouched(cluster: LiveCluster, shared_tmp: Path) -> None:
+def test_a_plain_job_without_metadata_is_untouched(cluster: LiveCluster, store: ObjectStore, shared_tmp: Path) -> None:
     job_id = _submit(cluster, shared_tmp / "plain.out", "just a note")
     assert cluster.backend.wait_for_job(job_id, timeout_s=60).phase is JobPhase.COMPLETED
