@@ -20,10 +20,10 @@ from pathlib import Path
 import yaml
 
 from bench.common import REPO, cluster, median_s, run, save
+from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.policy import parse_policy
 from nuro.slurm import CliBackend
 from nuro.slurm_plugins.controller.daemon import Controller
-from tests.integration.conftest import POLICY_USERS, ensure_unix_users
 
 MEMBERS = {"perception": "alice", "prediction": "priya", "controls": "chen", "simulation": "sam"}
 SHARE = {"perception": 0.375, "prediction": 0.25, "controls": 0.125, "simulation": 0.25}

@@ -156,7 +156,7 @@ def main() -> None:
         repo, digest, run_root = args.worker
         print(json.dumps(worker(Path(repo), digest, Path(run_root), args.rounds, args.burst)))
         return
-    from tests.integration.conftest import POLICY_USERS, ensure_unix_users
+    from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 
     ensure_unix_users(POLICY_USERS)
     with cluster(8, args.port_base, "submit-latency") as (_layout, env, _up), tempfile.TemporaryDirectory() as tmp:

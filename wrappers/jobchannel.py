@@ -41,8 +41,7 @@ def _update(key: str, value: dict, job_id: int | None, backend: CliBackend | Non
     jid = _job_id(job_id)
     be = backend or CliBackend(timeout_s=15)
     try:
-        new = jobcomment.merge(be.job_comment(jid), **{key: value})
-        be.update_comment(jid, new)
+        new = be.merge_comment(jid, **{key: value})
     except SlurmError as exc:
         raise JobChannelError(f"could not record {key} for job {jid}: {exc}") from exc
     return new

@@ -63,11 +63,6 @@ def resume_flags(job: JobInfo, run_root: str | None, python: str | None, time_li
     return flags
 
 
-def _find(backend: CliBackend, job_id: int) -> JobInfo | None:
-    job = next((j for j in backend.jobs() if j.job_id == job_id), None)
-    return job or next(iter(backend.finished_jobs([job_id])), None)
-
-
 def _die(code: int, message: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"error": message, "exit_code": code}))
@@ -90,7 +85,7 @@ def resume(
     """Start a new run continuing RUN from its latest valid checkpoint, pinned to the same dataset and commit."""
     backend = CliBackend(timeout_s=30)
     try:
-        parent = _find(backend, run)
+        parent = backend.find_job(run)
     except (InvalidJobId, SlurmError) as exc:
         _die(EXIT_SLURM, f"could not look up job {run}: {exc}", as_json)
     if parent is None:

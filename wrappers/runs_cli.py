@@ -76,12 +76,10 @@ def _jobs(backend: CliBackend) -> list[JobInfo]:
 
 
 def _find(backend: CliBackend, job_id: int) -> JobInfo:
-    job = next((j for j in _jobs(backend) if j.job_id == job_id), None)
-    if job is None:
-        try:
-            job = next(iter(backend.finished_jobs([job_id])), None)
-        except SlurmError:
-            job = None
+    try:
+        job = backend.find_job(job_id)
+    except SlurmError as exc:
+        _fail(f"could not look up job {job_id}: {exc}", EXIT_SLURM)
     if job is None:
         _fail(f"no job {job_id} (it may have ended more than MinJobAge ago and accounting does not know it)", 4)
     return job  # type: ignore[return-value]
@@ -275,11 +273,8 @@ def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20) -> list[di
 
 
 def _find_or_none(backend: CliBackend, job_id: int) -> JobInfo | None:
-    job = next((j for j in _jobs(backend) if j.job_id == job_id), None)
-    if job is not None:
-        return job
     try:
-        return next(iter(backend.finished_jobs([job_id])), None)
+        return backend.find_job(job_id)
     except SlurmError:
         return None
 

@@ -109,6 +109,31 @@ class Backend(abc.ABC):
         """All nodes, with switches."""
         return list(self.read_snapshot().nodes)
 
+    def job_comment(self, job_id: int | str) -> str:
+        """One job's current comment; backends override with a cheaper single-job read."""
+        job = self.find_job(int(job_id))
+        if job is None:
+            raise InvalidJobId(f"no job {job_id}", argv=())
+        return job.comment or ""
+
+    def merge_comment(self, job_id: int | str, **updates: object) -> str:
+        """Read the job's comment, set ``updates`` (None deletes a key), write it back; returns the new comment.
+
+        Read-merge-write keeps the keys the other side wrote (submit's ``nuro`` record, the controller's
+        ``preempt``, the job's ``ack``); see nuro.jobcomment.
+        """
+        from nuro import jobcomment  # core helper; imported here to keep the adapter free of nuro-level imports
+
+        new = jobcomment.merge(self.job_comment(job_id), **updates)
+        self.update_comment(job_id, new)
+        return new
+
+    def find_job(self, job_id: int) -> JobInfo | None:
+        """One job: squeue first (it remembers finished jobs for MinJobAge), then accounting; None if neither knows
+        it."""
+        job = next((j for j in self.jobs() if j.job_id == job_id), None)
+        return job if job is not None else next(iter(self.finished_jobs([job_id])), None)
+
     def wait_for_job(
         self,
         job_id: int,
@@ -125,9 +150,7 @@ class Backend(abc.ABC):
         deadline = time.monotonic() + timeout_s
         last: JobInfo | None = None
         while True:
-            job = next((j for j in self.jobs() if j.job_id == job_id), None)
-            if job is None:
-                job = next(iter(self.finished_jobs([job_id])), None)
+            job = self.find_job(job_id)
             if job is not None:
                 last = job
                 if (job.phase in wanted) if wanted is not None else job.is_finished:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from nuro import jobcomment
 from nuro.slurm import Backend, SlurmError, SlurmUnavailable
+from nuro.slurm_plugins.controller.decisions import Borrow, Decision, Preempt, Requeue, Return, SetSiteFactor
 
 log = logging.getLogger(__name__)
 
@@ -32,39 +33,36 @@ class Outcome:
     duration_s: float
 
 
-def _kind(decision: object) -> str:
-    return type(decision).__name__
-
-
-def apply_decision(backend: Backend, decision: object, now: float, dry_run: bool = False) -> Outcome:
+def apply_decision(backend: Backend, decision: Decision, now: float, dry_run: bool = False) -> Outcome:
     """Apply one decision. Raises only ``SlurmUnavailable`` (the controller then skips the rest of the cycle)."""
     t0 = time.monotonic()
-    kind = _kind(decision)
-    job_id = int(decision.job_id)  # type: ignore[attr-defined]
+    job_id = int(decision.job_id)
     if dry_run:
         return Outcome(decision, False, "dry run", 0.0)
     try:
-        if kind in ("Borrow", "Return"):
-            backend.update_qos(job_id, decision.to_qos)  # type: ignore[attr-defined]
-            msg = f"qos -> {decision.to_qos}"  # type: ignore[attr-defined]
-        elif kind == "Preempt":
-            mark = {"at": round(now, 3), "for": decision.for_job_id, "why": decision.reason}  # type: ignore[attr-defined]
-            backend.update_comment(job_id, jobcomment.merge(backend.job_comment(job_id), preempt=mark))
-            backend.signal(job_id, jobcomment.PREEMPT_SIGNAL, full=True)
-            msg = f"signalled {jobcomment.PREEMPT_SIGNAL}; waiting for its checkpoint ack"
-        elif kind == "Requeue":
-            backend.update_comment(job_id, jobcomment.merge(backend.job_comment(job_id), preempt=None))
-            backend.requeue(job_id)
-            msg = "requeued after ack" if decision.acked else "requeued at grace end without ack"  # type: ignore[attr-defined]
-        elif kind == "SetSiteFactor":
-            backend.update_site_factor(job_id, decision.value)  # type: ignore[attr-defined]
-            msg = f"sitefactor -> {decision.value}"  # type: ignore[attr-defined]
-        else:
-            raise TypeError(f"apply_decision: unknown decision {decision!r}")
+        match decision:
+            case Borrow(to_qos=qos) | Return(to_qos=qos):
+                backend.update_qos(job_id, qos)
+                msg = f"qos -> {qos}"
+            case Preempt():
+                backend.merge_comment(
+                    job_id, preempt={"at": round(now, 3), "for": decision.for_job_id, "why": decision.reason}
+                )
+                backend.signal(job_id, jobcomment.PREEMPT_SIGNAL, full=True)
+                msg = f"signalled {jobcomment.PREEMPT_SIGNAL}; waiting for its checkpoint ack"
+            case Requeue(acked=acked):
+                backend.merge_comment(job_id, preempt=None)
+                backend.requeue(job_id)
+                msg = "requeued after ack" if acked else "requeued at grace end without ack"
+            case SetSiteFactor(value=value):
+                backend.update_site_factor(job_id, value)
+                msg = f"sitefactor -> {value}"
+            case _:
+                raise TypeError(f"apply_decision: unknown decision {decision!r}")
     except SlurmUnavailable:
         raise
     except SlurmError as exc:
         # Expected when the snapshot is stale (job started, ended, moved): next cycle re-decides.
-        log.warning("decision=%s job=%d not applied: %s", kind, job_id, exc)
+        log.warning("decision=%s job=%d not applied: %s", type(decision).__name__, job_id, exc)
         return Outcome(decision, False, str(exc), time.monotonic() - t0)
     return Outcome(decision, True, msg, time.monotonic() - t0)

@@ -31,6 +31,7 @@ from nuro.policy import Policy, PolicyError, load_policy
 from nuro.slurm import Backend, CliBackend, SlurmError
 from nuro.slurm_plugins.controller.apply import Outcome, apply_decision
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
+from nuro.slurm_plugins.controller.decisions import Preempt, SetSiteFactor
 from nuro.slurm_plugins.controller.engine import ControllerState, decide, rebuild_state
 
 log = logging.getLogger("nuro.controller")
@@ -131,8 +132,8 @@ class Controller:
 def _state_after(next_state: ControllerState, decisions: tuple, failed: set[int]) -> ControllerState:
     """The engine's next state, minus what did not happen: a victim we failed to signal is not in flight, and a
     SiteFactor Slurm refused is not set (both are decided again next cycle)."""
-    not_signalled = {d.job_id for d in decisions if type(d).__name__ == "Preempt" and d.job_id in failed}
-    not_set = {d.job_id for d in decisions if type(d).__name__ == "SetSiteFactor" and d.job_id in failed}
+    not_signalled = {d.job_id for d in decisions if isinstance(d, Preempt) and d.job_id in failed}
+    not_set = {d.job_id for d in decisions if isinstance(d, SetSiteFactor) and d.job_id in failed}
     if not not_signalled and not not_set:
         return next_state
     return replace(

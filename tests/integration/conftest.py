@@ -8,7 +8,6 @@ here with useradd, with Slurm associations, because jobs run as them.
 from __future__ import annotations
 
 import os
-import pwd
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ import pytest
 
 from nuro.devcluster import manager
 from nuro.devcluster.layout import Layout
+from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.slurm import CliBackend
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,8 +27,6 @@ TEST_PORT_BASE = int(os.environ.get("NURO_TEST_PORT_BASE", "22800"))
 TEST_NODES = 8
 TEST_ACCOUNT = "nurotest"
 TEST_USERS = ("nuro-alice", "nuro-bob")
-#: Members named in examples/policy/teams.yaml: real Unix users, so jobs can run as them once a policy applies.
-POLICY_USERS = ("alice", "bob", "priya", "chen", "sam")
 
 
 @dataclass
@@ -72,14 +70,6 @@ def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: floa
         timeout_s,
         f"the jobs of {', '.join(users)} to end",
     )
-
-
-def ensure_unix_users(users: tuple[str, ...]) -> None:
-    for user in users:
-        try:
-            pwd.getpwnam(user)
-        except KeyError:
-            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/bash", user], check=True)
 
 
 def _ensure_users(cluster: LiveCluster) -> None:
