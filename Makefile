@@ -16,6 +16,8 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3.11 python3.11-venv)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
+	# torch first, pinned: the CPU wheel on disk (an open range would fetch a multi-GB CUDA build)
+	$(PY) -m pip install -q torch==2.13.0 numpy
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 

@@ -1,0 +1,1 @@
+"""The training SDK used inside jobs: Checkpointer, restore_latest, PreemptionGuard."""
