@@ -18,8 +18,9 @@ import boto3
 import pytest
 from click.testing import CliRunner
 
-from nuro.datasets.errors import IntegrityError, TagConflict
+from nuro.datasets.errors import DatasetNotFound, IntegrityError, TagConflict
 from nuro.datasets.manifest import manifest_key, manifests_prefix, shard_key, tag_key
+from nuro.datasets.reader import PinnedDataset
 from nuro.datasets.refs import get_tag, load_manifest, resolve, set_tag
 from nuro.datasets.snapshot import snapshot
 from nuro.datasets.verify import verify
@@ -177,6 +178,30 @@ def test_tampered_shard_is_caught_naming_the_file(cluster: LiveCluster, store: O
     res = cli("verify", f"{name}@{digest}")
     assert res.exit_code == 1
     assert f"file {victim.path}: content does not match" in res.stderr and "verification failed" in res.stderr
+
+
+def test_a_job_reads_pinned_files_verified_and_refuses_altered_bytes(
+    cluster: LiveCluster, store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name = _name("reader")
+    data = _tree(tmp_path / "data", 12)
+    digest = snapshot(store, data, name, target_bytes=SHARD).digest
+    monkeypatch.setenv("NURO_DATASET", name)
+    monkeypatch.setenv("NURO_DATASET_DIGEST", digest)
+    pinned = PinnedDataset.from_env(store)
+    assert pinned.paths()[0] == "README.txt" and len(pinned.paths()) == 13
+    for path in ("README.txt", "part1/sample-0004.bin"):
+        assert pinned.read(path) == (data / path).read_bytes()
+    with pytest.raises(DatasetNotFound, match="no file 'nope'"):
+        pinned.read("nope")
+
+    victim = next(f for f in pinned.manifest.files if f.path == "part2/sample-0005.bin")
+    shard, _ = store.get(shard_key(victim.shard))
+    flipped = bytearray(shard)
+    flipped[victim.offset] ^= 0xFF
+    _raw_client(cluster).put_object(Bucket=store.bucket, Key=shard_key(victim.shard), Body=bytes(flipped))
+    with pytest.raises(IntegrityError, match="part2/sample-0005.bin read back"):
+        pinned.read(victim.path)
 
 
 def test_tampered_manifest_is_refused(cluster: LiveCluster, store: ObjectStore, tmp_path: Path) -> None:
