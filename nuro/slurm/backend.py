@@ -387,6 +387,11 @@ class CliBackend(Backend):
                 latest[j] = replace(latest[j], exit_code=code, exit_signal=sig)
         return [latest[j] for j in wanted if j in latest]
 
+    def attempts(self, job_id: int | str) -> list[JobInfo]:
+        """Every attempt of one job from accounting, oldest first (``sacct -D``: a requeued job keeps its id and
+        each run before a requeue stays as its own record, state REQUEUED, with its nodes and start/end)."""
+        return parse_sacct_json(self.run(["sacct", "--json", "-D", "-j", str(job_id)]).stdout)
+
     def version(self) -> SlurmVersion:
         """``sinfo --version``, once per backend."""
         if self._version is None:

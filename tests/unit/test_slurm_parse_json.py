@@ -138,3 +138,14 @@ def test_sacct_finished_jobs() -> None:
 
 def test_sacct_nothing_found_is_empty() -> None:
     assert parse_sacct_json(read("sacct_nothing_found.json")) == []
+
+
+def test_sacct_duplicates_list_each_attempt_of_a_requeued_job() -> None:
+    # sacct --json -D -j 1 after `scontrol requeue 1` (captured on the dev cluster): the first run is its own
+    # record (REQUEUED, with its node and times); the requeued attempt waits for its eligible time.
+    attempts = parse_sacct_json(read("sacct_requeued_attempts.json"))
+    assert [a.state for a in attempts] == ["REQUEUED", "RUNNING"]
+    first, second = attempts
+    assert first.job_id == second.job_id == 1
+    assert first.nodes == ("gpu001",) and first.start_time is not None and first.end_time is not None
+    assert second.submit_time is not None and second.submit_time >= first.end_time
