@@ -1,0 +1,139 @@
+"""What a run itself saw, recorded next to its checkpoints in S3: started, resumed at step N, first step, progress,
+preempted, finished.
+
+Why S3 and not a new database: S3 is already the system of record for a run's checkpoints (ARCHITECTURE principle
+1), the job has its credentials, and each event is one small immutable object written with ``If-None-Match: *`` — so
+``nuro-train events`` can assemble a run's history from Slurm accounting, the controller's event log and these
+objects, with nothing extra to run or back up. Only rank 0 records, a few objects per attempt (progress at most
+every ``NURO_PROGRESS_EVERY_S``, default 30 s), and recording never raises into training: a store that is down
+costs the event, not the step.
+
+Key: ``runs/<team>/<run>/events/<job_id>/<ms since epoch:013d>-r<restart>-<kind>.json``; body: compact JSON with
+``ts``, ``kind``, ``job_id``, ``restart``, ``node`` and the kind's fields (``step``, ``source``, ``seconds``, …).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from nuro.objectstore import ObjectExists, ObjectStore, ObjectStoreError
+
+log = logging.getLogger(__name__)
+
+KINDS = ("started", "restored", "first_step", "progress", "preempted", "finished", "failed")
+_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    ts: float
+    kind: str
+    job_id: int
+    restart: int
+    node: str = ""
+    fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step(self) -> int | None:
+        step = self.fields.get("step")
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def run_prefix(team: str, run: str) -> str:
+    for what, value in (("team", team), ("run", run)):
+        if not _SEGMENT.fullmatch(value):
+            raise ValueError(f"{what} {value!r} is not a valid name (letters, digits, . _ -)")
+    return f"runs/{team}/{run}/events/"
+
+
+def event_key(team: str, run: str, event: RunEvent) -> str:
+    return f"{run_prefix(team, run)}{event.job_id}/{int(event.ts * 1000):013d}-r{event.restart}-{event.kind}.json"
+
+
+def encode(event: RunEvent) -> bytes:
+    body = {
+        **event.fields,
+        "ts": round(event.ts, 3),
+        "kind": event.kind,
+        "job_id": event.job_id,
+        "restart": event.restart,
+        "node": event.node,
+    }
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def decode(data: bytes) -> RunEvent | None:
+    """One stored event, or None for an object that is not one (it is skipped, not fatal)."""
+    try:
+        raw = json.loads(data)
+        if not isinstance(raw, dict):
+            return None
+        fields = {k: v for k, v in raw.items() if k not in {"ts", "kind", "job_id", "restart", "node"}}
+        return RunEvent(
+            ts=float(raw["ts"]),
+            kind=str(raw["kind"]),
+            job_id=int(raw["job_id"]),
+            restart=int(raw.get("restart", 0)),
+            node=str(raw.get("node", "")),
+            fields=fields,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def record(kind: str, *, store: ObjectStore | None = None, env: dict[str, str] | None = None, **fields: Any) -> bool:
+    """Record one event of the current job (rank 0 only; other ranks and non-nuro jobs return False).
+
+    Team, run, job id and restart come from the job's environment (``NURO_TEAM``, ``NURO_RUN_NAME``,
+    ``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``). Returns whether it was stored; never raises on a store error.
+    """
+    env = dict(os.environ if env is None else env)
+    if kind not in KINDS:
+        raise ValueError(f"unknown run event kind {kind!r}; one of {', '.join(KINDS)}")
+    if env.get("RANK", "0") != "0":
+        return False
+    team, run, job = env.get("NURO_TEAM"), env.get("NURO_RUN_NAME"), env.get("SLURM_JOB_ID", "")
+    if not team or not run or not job.isdigit():
+        return False
+    event = RunEvent(
+        ts=time.time(),
+        kind=kind,
+        job_id=int(job),
+        restart=int(env.get("SLURM_RESTART_COUNT", "0") or 0),
+        node=env.get("SLURMD_NODENAME") or socket.gethostname(),
+        fields=fields,
+    )
+    try:
+        (store or ObjectStore.from_env(env)).put_if_absent(event_key(team, run, event), encode(event))
+    except ObjectExists:
+        return True
+    except (ObjectStoreError, ValueError) as exc:
+        log.warning("run event %s not recorded: %s", kind, exc)
+        return False
+    return True
+
+
+def read(store: ObjectStore, team: str, run: str, job_id: int | None = None) -> list[RunEvent]:
+    """A run's recorded events, oldest first (optionally of one job id: a resubmitted run has several)."""
+    prefix = run_prefix(team, run) + (f"{job_id}/" if job_id is not None else "")
+    events = []
+    for info in store.list(prefix):
+        data, _ = store.get(info.key)
+        event = decode(data)
+        if event is not None:
+            events.append(event)
+    return sorted(events, key=lambda e: (e.ts, e.kind))
+
+
+def record_later(kind: str, **fields: Any) -> None:
+    """``record`` on a daemon thread: for calls inside the training loop, where a slow store must not stall a step."""
+    import threading
+
+    threading.Thread(target=record, args=(kind,), kwargs=fields, name=f"nuro-run-event-{kind}", daemon=True).start()
