@@ -1,0 +1,177 @@
+"""Pure node-health rules: ``evaluate(...) -> list[Problem]``; no I/O, no clock, no NVML.
+
+Why pure: the same rules run in ``nuro-healthcheck`` (Slurm's HealthCheckProgram, prolog/epilog) and in the node
+agent every second, and they decide whether a node is drained, so they are tested case by case with in-memory
+reports. Every reason is short and precise (it becomes a Slurm drain reason and a heartbeat problem text):
+
+================  ==========================================================================
+code              example message
+================  ==========================================================================
+probe             "NVML library not found (libnvidia-ml.so.1)", "NVML: driver not loaded"
+gpu_count         "gpu count 7, expected 8"
+gpu_error         "gpu2: GPU is lost"
+ecc               "gpu3: 2 volatile uncorrectable ECC errors"
+retired_pages     "gpu0: retired pages pending (reset needed)"
+remapped_rows     "gpu0: row remapping pending (reset needed)", "gpu0: row remapping failed"
+temperature       "gpu1: temperature 93 C ≥ 90 C"
+throttle          "gpu1: clocks throttled (HW slowdown, HW thermal slowdown)"
+xid               "gpu0: XID 79, 48"
+disk              "staging disk /var/tmp/nuro-staging: 1.2 GiB free < 20 GiB"
+agent             "node agent silent for 12 s", "node agent never reported"
+================  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from nuro.healthcheck.probes import GpuStatus, NodeGpuReport, ProbeFailure
+
+DEFAULT_STAGING_ROOT = "/var/tmp/nuro-staging"
+DEFAULT_STAGING_MIN_FREE_GB = 20.0
+REASON_PREFIX = "nuro-health: "
+MAX_REASON_CHARS = 240  # a drain reason stays readable in sinfo -R and fits a heartbeat datagram
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Thresholds, with defaults chosen for datacentre GPUs (A100/H100 class).
+
+    Attributes:
+        max_temperature_c: a GPU at or above this core temperature is a problem. 90 C: H100/A100 start hardware
+            slowdown around 87–92 C and shut down near 95 C, so 90 C means cooling has failed, not a busy GPU.
+        max_ecc_volatile_uncorrected: more uncorrectable ECC errors than this since the driver loaded is a
+            problem. 0: any uncorrectable error may have corrupted a job's memory; NVIDIA's guidance is to drain
+            and reset.
+        bad_throttle_reasons: clock event reasons that mean a hardware fault or failing cooling/power (not power
+            capping or idling, which are normal).
+        critical_xids: XID codes that make a node unhealthy; None means every XID NVML reports as critical.
+        agent_silent_s: the node agent's status file older than this is a problem (10 intervals of 1 s).
+    """
+
+    max_temperature_c: int = 90
+    max_ecc_volatile_uncorrected: int = 0
+    bad_throttle_reasons: frozenset[str] = field(
+        default_factory=lambda: frozenset({"HW slowdown", "HW thermal slowdown", "HW power brake slowdown"})
+    )
+    critical_xids: frozenset[int] | None = None
+    agent_silent_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if self.max_temperature_c <= 0 or self.agent_silent_s <= 0 or self.max_ecc_volatile_uncorrected < 0:
+            raise ValueError(f"Limits: thresholds must be positive, got {self}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason the node is unhealthy: ``code`` for machines (see the module table), ``message`` for people."""
+
+    code: str
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _gib(n_bytes: float) -> str:
+    value = n_bytes / (1 << 30)
+    return f"{value:.1f} GiB" if value < 10 else f"{value:.0f} GiB"
+
+
+def evaluate(
+    report: NodeGpuReport | None,
+    expected_gpus: int | None,
+    disk_free_bytes: int | None,
+    disk_min_bytes: int,
+    agent_age_s: float | None,
+    limits: Limits | None = None,
+    *,
+    staging_root: str = DEFAULT_STAGING_ROOT,
+) -> list[Problem]:
+    """Every health problem of a node, in a fixed order (probe, GPU count, per GPU, disk, agent); [] = healthy.
+
+    Args:
+        report: the GPU probe's report; None means GPUs were not probed.
+        expected_gpus: GPUs this node must have; None or 0 = no expectation, and then a node without an NVIDIA
+            stack (library not found, driver not loaded) is fine: it is a CPU node.
+        disk_free_bytes: free bytes on the staging disk; None = not checked.
+        disk_min_bytes: the least free space that is healthy.
+        agent_age_s: seconds since the node agent last wrote its status; None = not checked, ``math.inf`` =
+            it never did (no status file).
+        limits: thresholds (``Limits()`` when None).
+        staging_root: the staging directory, only for the message.
+    """
+    limits = limits or Limits()
+    problems: list[Problem] = []
+    expecting = bool(expected_gpus)
+    if report is not None:
+        no_stack = report.failure in (ProbeFailure.LIBRARY_NOT_FOUND, ProbeFailure.DRIVER_NOT_LOADED)
+        if report.failure is not None and (expecting or not no_stack):
+            problems.append(Problem("probe", report.error or f"GPU probe failed ({report.failure})"))
+        elif report.failure is None:
+            if expecting and len(report.gpus) != expected_gpus:
+                problems.append(Problem("gpu_count", f"gpu count {len(report.gpus)}, expected {expected_gpus}"))
+            for gpu in report.gpus:
+                problems.extend(_gpu_problems(gpu, limits))
+    if disk_free_bytes is not None and disk_free_bytes < disk_min_bytes:
+        problems.append(
+            Problem(
+                "disk",
+                f"staging disk {staging_root}: {_gib(disk_free_bytes)} free < {_gib(disk_min_bytes)}",
+            )
+        )
+    if agent_age_s is not None:
+        if math.isinf(agent_age_s):
+            problems.append(Problem("agent", "node agent never reported"))
+        elif agent_age_s > limits.agent_silent_s:
+            problems.append(Problem("agent", f"node agent silent for {agent_age_s:.0f} s"))
+    return problems
+
+
+def _gpu_problems(gpu: GpuStatus, limits: Limits) -> list[Problem]:
+    tag = f"gpu{gpu.index}"
+    if gpu.error:
+        return [Problem("gpu_error", f"{tag}: {gpu.error}")]
+    out: list[Problem] = []
+    ecc = gpu.ecc_volatile_uncorrected
+    if ecc is not None and ecc > limits.max_ecc_volatile_uncorrected:
+        out.append(Problem("ecc", f"{tag}: {ecc} volatile uncorrectable ECC error{'s' if ecc != 1 else ''}"))
+    if gpu.retired_pages_pending:
+        out.append(Problem("retired_pages", f"{tag}: retired pages pending (reset needed)"))
+    if gpu.remapped_rows_failure:
+        out.append(Problem("remapped_rows", f"{tag}: row remapping failed"))
+    elif gpu.remapped_rows_pending:
+        out.append(Problem("remapped_rows", f"{tag}: row remapping pending (reset needed)"))
+    if gpu.temperature_c is not None and gpu.temperature_c >= limits.max_temperature_c:
+        out.append(Problem("temperature", f"{tag}: temperature {gpu.temperature_c} C ≥ {limits.max_temperature_c} C"))
+    bad = [r for r in gpu.throttle_reasons if r in limits.bad_throttle_reasons]
+    if bad:
+        out.append(Problem("throttle", f"{tag}: clocks throttled ({', '.join(bad)})"))
+    xids = [x for x in gpu.xid_errors if limits.critical_xids is None or x in limits.critical_xids]
+    if xids:
+        out.append(Problem("xid", f"{tag}: XID {', '.join(str(x) for x in xids)}"))
+    return out
+
+
+def drain_reason(problems: list[Problem]) -> str:
+    """One Slurm drain reason for these problems: ``nuro-health: `` + messages joined by "; ", shortened to
+    ``MAX_REASON_CHARS`` with a count of what was left out.
+
+    >>> drain_reason([Problem("temperature", "gpu1: temperature 93 C ≥ 90 C")])
+    'nuro-health: gpu1: temperature 93 C ≥ 90 C'
+    """
+    if not problems:
+        raise ValueError("drain_reason: no problems, nothing to drain for")
+    parts = [p.message for p in problems]
+    for keep in range(len(parts), 0, -1):
+        more = f" (+{len(parts) - keep} more)" if keep < len(parts) else ""
+        text = REASON_PREFIX + "; ".join(parts[:keep]) + more
+        if len(text) <= MAX_REASON_CHARS:
+            return text
+    return (REASON_PREFIX + parts[0])[:MAX_REASON_CHARS]
+
+
+def is_our_reason(reason: str | None) -> bool:
+    """A drain reason nuro-health set (and so may lift); anything else is an admin's or another tool's."""
+    return bool(reason) and reason.startswith(REASON_PREFIX)  # type: ignore[union-attr]
