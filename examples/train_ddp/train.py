@@ -1,0 +1,112 @@
+"""The demo's training job: a small MLP trained with DDP (gloo on CPU, NCCL on GPUs) on the pinned snapshot.
+
+Everything that makes it survive is the nuro SDK, a few lines each:
+- data: ``PinnedDataset.from_env()`` reads exactly the snapshot the job was submitted with (verified bytes);
+- ``Checkpointer``: async checkpoints every ``NURO_CKPT_INTERVAL_S`` (snapshot in memory → node-local staging →
+  background upload → manifest last), and ``restore`` of the newest valid one after a requeue;
+- ``PreemptionGuard``: on USR1 (preemption) or USR2 (time limit) every rank stops at the same step, checkpoints,
+  rank 0 acknowledges, and the job exits 75 ("requeue me");
+- ``runevents``: started / restored / first step / progress / finished, for ``nuro-train events``.
+
+    torchrun --nproc-per-node 2 train.py --steps 200      # locally (needs NURO_* env for data and checkpoints)
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import time
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from nuro import runevents
+from nuro.datasets.reader import PinnedDataset
+from nuro.wrappers.sdk.checkpointer import Checkpointer
+from nuro.wrappers.sdk.preemption import PreemptionGuard
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300, help="total optimizer steps of the run")
+    p.add_argument("--batch", type=int, default=64, help="samples per rank per step")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--step-time", type=float, default=0.1, help="extra seconds per step (stands in for a big model)")
+    p.add_argument("--progress-every-s", type=float, default=5.0, help="how often rank 0 records its step")
+    return p.parse_args()
+
+
+def save_committed(ckpt: Checkpointer, state: dict, step: int) -> bool:
+    """Save now and wait until the checkpoint is committed in S3: a preemption may only be acknowledged then."""
+    ckpt.save(state, step, sync=True)
+    return ckpt.wait_committed(step, 60)
+
+
+def main() -> int:
+    args = parse_args()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        # Explicit timeout: gloo's default is 30 min, so a frozen peer would hang the job that long.
+        timeout = timedelta(seconds=float(os.environ.get("NURO_PG_TIMEOUT_S", "60")))
+        dist.init_process_group("gloo", timeout=timeout)
+    rank = dist.get_rank() if world > 1 else 0
+    runevents.record_later("started", world=world)
+
+    table = np.load(io.BytesIO(PinnedDataset.from_env().read("train.npy")))
+    x, y = torch.from_numpy(table[:, :-1].copy()), torch.from_numpy(table[:, -1].copy())
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(x.shape[1], 64), nn.ReLU(), nn.Linear(64, 1))
+    net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    opt = torch.optim.SGD(net.parameters(), lr=args.lr)
+    state = {"model": model.state_dict(), "progress": {"step": 0}}
+
+    ckpt = Checkpointer()
+    t_restore = time.monotonic()
+    restored = ckpt.restore(state)
+    start = 0
+    if restored is not None:
+        model.load_state_dict(state["model"])
+        start = restored + 1
+        runevents.record_later("restored", step=restored, seconds=round(time.monotonic() - t_restore, 3))
+        if rank == 0:
+            print(f"resumed from the checkpoint of step {restored}", flush=True)
+    guard = PreemptionGuard()
+
+    last_progress = 0.0
+    step = start
+    for step in range(start, args.steps):
+        g = torch.Generator().manual_seed(step * world + rank)  # deterministic per step and rank
+        idx = torch.randint(0, len(x), (args.batch,), generator=g)
+        loss = nn.functional.mse_loss(net(x[idx]).squeeze(1), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        time.sleep(args.step_time)
+        state["progress"]["step"] = step
+        if step == start:
+            runevents.record_later("first_step", step=step)
+        if rank == 0:
+            print(f"step {step} loss {loss.item():.4f}", flush=True)
+            if time.monotonic() - last_progress >= args.progress_every_s:
+                last_progress = time.monotonic()
+                runevents.record_later("progress", step=step, loss=round(loss.item(), 5))
+        ckpt.maybe_save(lambda: state, step)
+        if guard.should_stop(step):  # every rank answers the same at the same step
+            guard.checkpoint_and_exit(lambda s=step: save_committed(ckpt, state, s), step)
+
+    ckpt.save(state, step, sync=True)
+    committed = ckpt.wait_committed(step, 120)
+    ckpt.close()
+    runevents.record("finished", step=step, committed=committed)
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
