@@ -1,0 +1,168 @@
+"""Where checkpoints live: S3 keys and node-local staging paths. Pure: nothing here touches a store or a disk.
+
+S3 (all under the bucket)::
+
+    checkpoints/<team>/<run>/step-<N:012d>/shards/<relpath>   every file DCP wrote (from every node)
+    checkpoints/<team>/<run>/step-<N:012d>/parts/<part>.json  one per node: what it uploaded (size + sha256)
+    checkpoints/<team>/<run>/step-<N:012d>/manifest.json      written LAST with If-None-Match: * = committed
+    checkpoints/<team>/<run>/step-<N:012d>/incomplete.json    the upload was given up (never valid)
+    checkpoints/<team>/<run>/tags/<tag>                       {"step": N}: kept by retention whatever K is
+
+Node-local staging (``NURO_STAGING_ROOT``, default ``/var/tmp/nuro-staging``)::
+
+    <root>/<job_id>/ckpt/step-<N:012d>/...           what DCP wrote on this node
+    <root>/<job_id>/ckpt/step-<N:012d>/.upload.json  the upload request (written atomically, after DCP finished)
+    <root>/<job_id>/restore/step-<N:012d>/           a checkpoint the prolog staged for this job
+    <root>/cache/<team>/<run>/step-<N:012d>/         the newest committed copy an ended job left on this node
+
+Steps are zero-padded to 12 digits so keys and directory names sort in step order.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from nuro.checkpoint.errors import InvalidCheckpointInput
+
+PREFIX = "checkpoints/"
+DEFAULT_STAGING_ROOT = "/var/tmp/nuro-staging"
+CACHE_DIR = "cache"
+STEP_WIDTH = 12
+MAX_STEP = 10**STEP_WIDTH - 1
+
+#: Team names follow Slurm account / QOS names (``nuro.jobspec.fields.TEAM_PATTERN``).
+_TEAM = re.compile(r"[a-z][a-z0-9_]{0,30}", re.ASCII)
+#: Run names follow the job spec's ``name`` option.
+_RUN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
+_JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
+_STEP_DIR = re.compile(r"step-([0-9]{12})")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def validate_team(team: object) -> str:
+    if not isinstance(team, str) or not _TEAM.fullmatch(team):
+        raise InvalidCheckpointInput(
+            f"bad team {team!r}: use 1-31 lower-case letters, digits or '_', starting with a letter (the Slurm account)"
+        )
+    return team
+
+
+def validate_run(run: object) -> str:
+    if not isinstance(run, str) or not _RUN.fullmatch(run):
+        raise InvalidCheckpointInput(
+            f"bad run name {run!r}: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
+    return run
+
+
+def validate_tag(tag: object) -> str:
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        raise InvalidCheckpointInput(f"bad tag {tag!r}: use 1-128 letters, digits, '.', '_' or '-'")
+    return tag
+
+
+def validate_job_id(job_id: object) -> str:
+    if not isinstance(job_id, str) or not _JOB.fullmatch(job_id):
+        raise InvalidCheckpointInput(f"bad job id {job_id!r}: expected letters, digits, '.', '_' or '-' (e.g. 1234)")
+    return job_id
+
+
+def validate_step(step: object) -> int:
+    if type(step) is not int or not 0 <= step <= MAX_STEP:
+        raise InvalidCheckpointInput(f"bad step {step!r}: expected an integer between 0 and {MAX_STEP}")
+    return step
+
+
+def path_problem(path: object) -> str | None:
+    """Why ``path`` cannot name a file inside a checkpoint, or None: relative POSIX, no '..', '.', empty parts or
+    control characters, at most 1024 bytes. It is joined to a local directory as root, so it must not escape it."""
+    if not isinstance(path, str) or not path:
+        return "empty path"
+    if len(path.encode("utf-8", "surrogatepass")) > 1024:
+        return "longer than 1024 bytes"
+    if _CONTROL.search(path):
+        return "contains a control character"
+    if path.startswith("/"):
+        return "absolute path"
+    parts = path.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "contains an empty, '.' or '..' component"
+    return None
+
+
+def validate_path(path: object) -> str:
+    problem = path_problem(path)
+    if problem:
+        raise InvalidCheckpointInput(f"bad checkpoint file path {path!r}: {problem}")
+    return path  # type: ignore[return-value]
+
+
+def step_name(step: int) -> str:
+    return f"step-{validate_step(step):0{STEP_WIDTH}d}"
+
+
+def parse_step_name(name: str) -> int | None:
+    """The step of a ``step-<12 digits>`` name (a directory or a key component), else None."""
+    m = _STEP_DIR.fullmatch(name.rstrip("/"))
+    return int(m.group(1)) if m else None
+
+
+def run_prefix(team: str, run: str) -> str:
+    return f"{PREFIX}{validate_team(team)}/{validate_run(run)}/"
+
+
+def step_prefix(team: str, run: str, step: int) -> str:
+    return f"{run_prefix(team, run)}{step_name(step)}/"
+
+
+def shard_key(team: str, run: str, step: int, relpath: str) -> str:
+    return f"{step_prefix(team, run, step)}shards/{validate_path(relpath)}"
+
+
+def part_key(team: str, run: str, step: int, part: int) -> str:
+    return f"{step_prefix(team, run, step)}parts/{part}.json"
+
+
+def parts_prefix(team: str, run: str, step: int) -> str:
+    return f"{step_prefix(team, run, step)}parts/"
+
+
+def manifest_key(team: str, run: str, step: int) -> str:
+    return f"{step_prefix(team, run, step)}manifest.json"
+
+
+def incomplete_key(team: str, run: str, step: int) -> str:
+    return f"{step_prefix(team, run, step)}incomplete.json"
+
+
+def tag_key(team: str, run: str, tag: str) -> str:
+    return f"{run_prefix(team, run)}tags/{validate_tag(tag)}"
+
+
+def tags_prefix(team: str, run: str) -> str:
+    return f"{run_prefix(team, run)}tags/"
+
+
+# -- node-local ------------------------------------------------------------------------------------------------
+REQUEST_FILE = ".upload.json"
+DONE_FILE = ".upload.done.json"
+ABANDONED_FILE = ".upload.abandoned.json"
+LOCK_FILE = ".upload.lock"
+STATE_FILE = ".upload.state.json"
+VERIFIED_FILE = ".verified.json"
+#: Files of ours inside a step directory; never uploaded as shards.
+CONTROL_FILES = frozenset({REQUEST_FILE, DONE_FILE, ABANDONED_FILE, LOCK_FILE, STATE_FILE, VERIFIED_FILE})
+
+
+def job_ckpt_dir(job_dir: Path) -> Path:
+    return job_dir / "ckpt"
+
+
+def job_restore_dir(job_dir: Path) -> Path:
+    return job_dir / "restore"
+
+
+def cache_dir(staging_root: Path, team: str, run: str) -> Path:
+    return staging_root / CACHE_DIR / validate_team(team) / validate_run(run)

@@ -1,0 +1,205 @@
+"""Find and materialise the newest valid checkpoint of a run: a verified local copy first, else S3.
+
+A step is a candidate only if its manifest exists, parses, names this team/run/step, and no ``incomplete.json`` of
+the same attempt says it was given up. Its files are then checked against the manifest (size + sha256):
+
+- a local copy (one of ``local_roots``/step-N, e.g. this node's staging dir or the prolog's restore dir) that
+  verifies completely is used in place: no download;
+- otherwise every shard goes to ``dest/step-N``, taken from a verified local file when one exists (a multi-node
+  job's own part is usually on the node already) and downloaded from S3 otherwise, each hashed on the way.
+
+A torn step (shards, no manifest) or a corrupt one (a shard missing, short, or with another sha256) is skipped with
+a warning naming what failed, and the next older step is tried. Nothing that failed verification is ever returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from nuro.checkpoint import layout as L
+from nuro.checkpoint.errors import ManifestError, VerificationFailed
+from nuro.checkpoint.manifest import FileEntry, Manifest, dumps, parse_incomplete, parse_manifest, utc_now
+from nuro.checkpoint.staging import write_atomic
+from nuro.checkpoint.verify import Problem, check_local_file, download_verified, verify_local
+from nuro.objectstore import NotFound, ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A step that was not used, and why (for logs and for the user)."""
+
+    step: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"step {self.step}: {self.reason}"
+
+
+@dataclass
+class Restored:
+    """The checkpoint to load: ``path`` is a DCP checkpoint directory whose files all match ``manifest``."""
+
+    step: int
+    path: Path
+    source: Literal["local", "s3"]
+    manifest: Manifest
+    skipped: list[Skipped] = field(default_factory=list)
+    downloaded_bytes: int = 0
+    reused_bytes: int = 0
+
+
+def step_numbers(store: ObjectStore, team: str, run: str) -> list[int]:
+    """Every step prefix of the run in S3, newest first (committed or not)."""
+    steps = []
+    for prefix in store.list_prefixes(L.run_prefix(team, run)):
+        step = L.parse_step_name(prefix.rstrip("/").rsplit("/", 1)[-1])
+        if step is not None:
+            steps.append(step)
+    return sorted(steps, reverse=True)
+
+
+def load_manifest(store: ObjectStore, team: str, run: str, step: int) -> Manifest:
+    """The step's manifest, parsed and checked against where it is stored; NotFound / ManifestError otherwise."""
+    key = L.manifest_key(team, run, step)
+    m = parse_manifest(store.get(key)[0], what=key)
+    if (m.team, m.run, m.step) != (team, run, step):
+        raise ManifestError(f"{key}: names {m.team}/{m.run} step {m.step}; stored under {team}/{run} step {step}")
+    return m
+
+
+def latest_committed_step(store: ObjectStore, team: str, run: str) -> int | None:
+    """The newest step with a manifest (not verified: for records and retention, not for loading)."""
+    for step in step_numbers(store, team, run):
+        if store.exists(L.manifest_key(team, run, step)):
+            return step
+    return None
+
+
+def _committed_manifest(store: ObjectStore, team: str, run: str, step: int) -> Manifest | Skipped:
+    try:
+        manifest = load_manifest(store, team, run, step)
+    except NotFound:
+        given_up = store.exists(L.incomplete_key(team, run, step))
+        return Skipped(step, "given up (incomplete.json)" if given_up else "torn: shards without a manifest")
+    except ManifestError as exc:
+        return Skipped(step, f"bad manifest: {exc}")
+    try:
+        inc = parse_incomplete(store.get(L.incomplete_key(team, run, step))[0])
+        if inc.attempt == manifest.attempt:
+            return Skipped(step, f"given up by job {inc.job_id}.{inc.restart}: {inc.reason}")
+    except NotFound:
+        pass
+    except ManifestError as exc:
+        return Skipped(step, f"unreadable incomplete.json beside the manifest: {exc}")
+    return manifest
+
+
+def _local_file(candidates: Sequence[Path], entry: FileEntry) -> Path | None:
+    for root in candidates:
+        p = root / entry.path
+        try:
+            if os.lstat(p).st_size == entry.size and check_local_file(root, entry) is None:
+                return p
+        except OSError:
+            continue
+    return None
+
+
+def _materialise(
+    store: ObjectStore, manifest: Manifest, candidates: Sequence[Path], dest: Path
+) -> tuple[list[Problem], int, int]:
+    """Fill ``dest`` with verified shards; returns (problems, downloaded bytes, reused local bytes)."""
+    downloaded = reused = 0
+    problems: list[Problem] = []
+    for entry in manifest.shards:
+        target = dest / entry.path
+        if target.exists() and check_local_file(dest, entry) is None:
+            reused += entry.size
+            continue
+        local = _local_file([c for c in candidates if c != dest], entry)
+        if local is not None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.part")
+            shutil.copyfile(local, tmp, follow_symlinks=False)
+            os.replace(tmp, target)
+            if check_local_file(dest, entry) is None:  # it could have changed while copied
+                reused += entry.size
+                continue
+        problem = download_verified(store, manifest, entry, dest)
+        if problem:
+            problems.append(problem)
+        else:
+            downloaded += entry.size
+    return problems, downloaded, reused
+
+
+def restore_step(
+    store: ObjectStore, manifest: Manifest, *, local_roots: Sequence[Path] = (), dest: Path | None = None
+) -> Restored:
+    """Materialise one committed step (local copy in place, else into ``dest/step-N``); VerificationFailed if a
+    shard cannot be had with the right bytes."""
+    name = L.step_name(manifest.step)
+    candidates = [Path(r) / name for r in local_roots]
+    if dest is not None:
+        candidates.append(Path(dest) / name)
+    for cand in candidates:
+        if cand.is_dir() and not verify_local(cand, manifest.shards):
+            return Restored(manifest.step, cand, "local", manifest, reused_bytes=manifest.total_bytes)
+    if dest is None:
+        raise VerificationFailed(f"step {manifest.step}: no valid local copy and no dest to download into")
+    target = Path(dest) / name
+    target.mkdir(parents=True, exist_ok=True)
+    problems, downloaded, reused = _materialise(store, manifest, candidates, target)
+    if problems:
+        shutil.rmtree(target, ignore_errors=True)
+        raise VerificationFailed(f"step {manifest.step}: corrupt: " + "; ".join(str(p) for p in problems[:5]))
+    write_atomic(target / L.VERIFIED_FILE, dumps({"step": manifest.step, "at": utc_now()}))
+    return Restored(manifest.step, target, "s3", manifest, downloaded_bytes=downloaded, reused_bytes=reused)
+
+
+def restore_latest(
+    store: ObjectStore,
+    team: str,
+    run: str,
+    *,
+    local_roots: Sequence[Path] = (),
+    dest: Path | None = None,
+    max_step: int | None = None,
+) -> Restored | None:
+    """The newest valid checkpoint of ``team/run`` (at or below ``max_step``), materialised; None if there is none.
+
+    Args:
+        local_roots: directories that may hold ``step-N`` copies (checked first, by sha256 against the manifest).
+        dest: where ``step-N`` is downloaded when no local copy is valid. None = local copies only.
+    """
+    skipped: list[Skipped] = []
+    for step in step_numbers(store, L.validate_team(team), L.validate_run(run)):
+        if max_step is not None and step > max_step:
+            continue
+        found = _committed_manifest(store, team, run, step)
+        if isinstance(found, Skipped):
+            skipped.append(found)
+            log.warning("restore team=%s run=%s skipping %s", team, run, found)
+            continue
+        try:
+            restored = restore_step(store, found, local_roots=local_roots, dest=dest)
+        except (VerificationFailed, OSError) as exc:
+            skipped.append(Skipped(step, str(exc)))
+            log.warning("restore team=%s run=%s skipping step %d: %s", team, run, step, exc)
+            continue
+        restored.skipped = skipped
+        log.info(
+            "restore team=%s run=%s step=%d source=%s path=%s downloaded=%d reused=%d skipped=%d",
+            team, run, step, restored.source, restored.path, restored.downloaded_bytes, restored.reused_bytes,
+            len(skipped),
+        )  # fmt: skip
+        return restored
+    return None

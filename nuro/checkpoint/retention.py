@@ -1,0 +1,109 @@
+"""Retention: which committed checkpoints of a run to delete. The choice is a pure function; ``apply_retention``
+reads the run's state from S3 and deletes.
+
+Rules (``choose_deletions``):
+
+| step is …                                   | kept? |
+|---------------------------------------------|-------|
+| one of the newest ``keep`` committed steps  | yes   |
+| tagged (``tags/<tag>`` points at it)        | yes   |
+| newer than the newest committed step        | yes — in flight, or torn but maybe still uploading |
+| older than a kept committed step, otherwise | deleted (committed, torn or given-up alike) |
+
+So nothing is deleted unless a newer committed checkpoint exists, and an upload in progress is never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from nuro.checkpoint.layout import parse_step_name, run_prefix, step_prefix
+from nuro.objectstore import ObjectStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepState:
+    """What S3 holds for one step: ``committed`` = its manifest exists."""
+
+    step: int
+    committed: bool
+
+
+def choose_deletions(steps: Iterable[StepState], keep: int, tagged: Iterable[int] = ()) -> list[int]:
+    """The steps to delete, ascending. ``keep`` >= 1 (keeping zero committed checkpoints would lose the run)."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1 (NURO_CKPT_KEEP), got {keep}")
+    states = sorted(steps, key=lambda s: s.step)
+    committed = [s.step for s in states if s.committed]
+    if not committed:
+        return []
+    kept = set(committed[-keep:]) | set(tagged)
+    oldest_kept_committed = min(committed[-keep:])
+    return [s.step for s in states if s.step not in kept and s.step < oldest_kept_committed]
+
+
+def list_steps(store: ObjectStore, team: str, run: str) -> list[StepState]:
+    """Every step prefix of the run and whether its manifest exists (one LIST, plus one HEAD per step)."""
+    from nuro.checkpoint.layout import manifest_key
+
+    out: list[StepState] = []
+    for prefix in store.list_prefixes(run_prefix(team, run)):
+        step = parse_step_name(prefix.rstrip("/").rsplit("/", 1)[-1])
+        if step is not None:
+            out.append(StepState(step, store.exists(manifest_key(team, run, step))))
+    return sorted(out, key=lambda s: s.step)
+
+
+def tagged_steps(store: ObjectStore, team: str, run: str) -> set[int]:
+    """Steps that tags point at; a malformed tag is ignored with a warning (it protects nothing)."""
+    import json
+
+    from nuro.checkpoint.layout import tags_prefix
+
+    steps: set[int] = set()
+    for info in store.list(tags_prefix(team, run)):
+        try:
+            step = json.loads(store.get(info.key)[0])["step"]
+            if type(step) is int:
+                steps.add(step)
+                continue
+        except (ValueError, KeyError, TypeError):
+            pass
+        log.warning("ignoring malformed checkpoint tag key=%s", info.key)
+    return steps
+
+
+def tag_step(store: ObjectStore, team: str, run: str, step: int, tag: str) -> None:
+    """Point ``tag`` at ``step`` so retention keeps it (overwrites an existing tag of that name)."""
+    from nuro.checkpoint.layout import tag_key
+    from nuro.checkpoint.manifest import dumps, utc_now
+
+    store.put(tag_key(team, run, tag), dumps({"step": step, "tag": tag, "at": utc_now()}))
+
+
+def delete_step(store: ObjectStore, team: str, run: str, step: int) -> int:
+    """Delete every object of one step, manifest first (so it stops being valid before its shards go)."""
+    from nuro.checkpoint.layout import manifest_key
+
+    prefix = step_prefix(team, run, step)
+    keys = [o.key for o in store.list(prefix)]
+    mkey = manifest_key(team, run, step)
+    if mkey in keys:
+        store.delete(mkey)
+        keys.remove(mkey)
+    for key in keys:
+        store.delete(key)
+    return len(keys) + 1
+
+
+def apply_retention(store: ObjectStore, team: str, run: str, keep: int) -> list[int]:
+    """Delete what ``choose_deletions`` picks; returns the deleted steps."""
+    doomed = choose_deletions(list_steps(store, team, run), keep, tagged_steps(store, team, run))
+    for step in doomed:
+        delete_step(store, team, run, step)
+        log.info("retention team=%s run=%s deleted step=%d keep=%d", team, run, step, keep)
+    return doomed

@@ -1,0 +1,168 @@
+"""The node-local staging protocol between a training job and the upload worker that outlives it.
+
+A step directory ``<root>/<job_id>/ckpt/step-<N>/`` moves through these states, each marked by one file that is
+written atomically (temp file, fsync, ``os.replace``, fsync of the directory), so a crash at any moment leaves one
+of them and never a half-written marker:
+
+| marker                      | meaning                                                   | who writes it |
+|-----------------------------|-----------------------------------------------------------|---------------|
+| (none)                      | DCP is writing, or died writing: never uploaded           | —             |
+| ``.upload.json``            | complete on this node; upload it (the request)            | the job       |
+| ``.upload.done.json``       | its manifest is committed in S3                            | a worker      |
+| ``.upload.abandoned.json``  | given up at the epilog's deadline (``incomplete.json``)   | the epilog    |
+
+Two workers (the node agent's and a job's inline one) may scan the same directory. A worker handles a step only
+while it holds ``flock`` on ``.upload.lock``: the kernel drops the lock when its holder dies, so a crashed worker
+never strands a request, and a second worker just skips it this round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nuro.checkpoint.errors import ManifestError
+from nuro.checkpoint.layout import (
+    ABANDONED_FILE,
+    DONE_FILE,
+    LOCK_FILE,
+    REQUEST_FILE,
+    job_ckpt_dir,
+    parse_step_name,
+)
+from nuro.checkpoint.manifest import UploadRequest, dumps, parse_request
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Write ``data`` to ``path`` so readers see the old state or the whole new file, even across a crash."""
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def write_request(step_dir: Path, req: UploadRequest) -> Path:
+    """Hand a finished local checkpoint to the upload worker (the last thing the job does for this step)."""
+    path = step_dir / REQUEST_FILE
+    write_atomic(path, dumps(req.to_json_obj()))
+    return path
+
+
+def read_request(step_dir: Path) -> UploadRequest:
+    path = step_dir / REQUEST_FILE
+    return parse_request(path.read_bytes(), what=str(path))
+
+
+@dataclass(frozen=True)
+class StagedStep:
+    """A step directory of one job on this node."""
+
+    job_dir: Path
+    step: int
+    path: Path
+
+    @property
+    def job_id(self) -> str:
+        return self.job_dir.name
+
+    @property
+    def has_request(self) -> bool:
+        return (self.path / REQUEST_FILE).is_file()
+
+    @property
+    def is_done(self) -> bool:
+        return (self.path / DONE_FILE).is_file()
+
+    @property
+    def is_abandoned(self) -> bool:
+        return (self.path / ABANDONED_FILE).is_file()
+
+    @property
+    def is_pending(self) -> bool:
+        """Requested, and neither committed nor given up."""
+        return self.has_request and not self.is_done and not self.is_abandoned
+
+
+def job_steps(job_dir: Path) -> list[StagedStep]:
+    """The step directories of one job, by step."""
+    out: list[StagedStep] = []
+    ckpt = job_ckpt_dir(job_dir)
+    try:
+        names = os.listdir(ckpt)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    for name in names:
+        step = parse_step_name(name)
+        path = ckpt / name
+        if step is not None and path.is_dir() and not path.is_symlink():
+            out.append(StagedStep(job_dir, step, path))
+    return sorted(out, key=lambda s: s.step)
+
+
+def job_dirs(staging_root: Path) -> list[Path]:
+    """Every job directory under the staging root (the node cache excluded)."""
+    try:
+        entries = sorted(os.scandir(staging_root), key=lambda e: e.name)
+    except FileNotFoundError:
+        return []
+    return [Path(e.path) for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith((".", "cache"))]
+
+
+def mark(step_dir: Path, marker: str, info: dict[str, Any]) -> None:
+    write_atomic(step_dir / marker, json.dumps(info, sort_keys=True).encode())
+
+
+def read_marker(step_dir: Path, marker: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads((step_dir / marker).read_bytes())
+    except (FileNotFoundError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+@contextlib.contextmanager
+def claimed(step_dir: Path) -> Iterator[bool]:
+    """Hold the step's upload lock for the block; yields False (and holds nothing) when another worker has it."""
+    try:
+        fd = os.open(step_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def safe_request(step: StagedStep) -> UploadRequest | None:
+    """The step's request, or None if it is not there; a malformed one raises ManifestError."""
+    try:
+        return read_request(step.path)
+    except FileNotFoundError:
+        return None
+    except ManifestError:
+        raise
