@@ -1,0 +1,59 @@
+"""A run's timeline from its records: attempts from real sacct -D output, controller and run events around them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from nuro.runevents import RunEvent
+from nuro.slurm.parse import parse_sacct_json
+from nuro.timeline import CommittedCheckpoint, build
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+def attempts():
+    # job 1 ran on gpu001, was requeued, and ran again (captured on the dev cluster)
+    return parse_sacct_json((FIXTURES / "sacct_requeued_attempts.json").read_text())
+
+
+def test_a_node_loss_is_measured_from_the_last_heartbeat_to_the_first_step_after_resume() -> None:
+    first, second = attempts()
+    t_end = first.end_time.timestamp()
+    t_restart = second.start_time.timestamp()
+    controller = [
+        {"ts": t_end - 0.5, "kind": "node_lost", "node": "gpu001", "last_beat": t_end - 3.6, "silent_s": 3.1},
+        {"ts": t_end - 0.4, "kind": "node_down", "node": "gpu001", "reason": "nuro: no heartbeat for 3.1 s"},
+        {"ts": t_end - 0.3, "kind": "jobs_requeued", "node": "gpu001", "jobs": [1]},
+        {"ts": t_end - 0.3, "kind": "node_down", "node": "gpu007", "reason": "another node, another job"},
+    ]
+    run = [
+        RunEvent(t_end - 1.5, "progress", 1, 0, "gpu001", {"step": 47}),
+        RunEvent(t_restart + 4.0, "restored", 1, 1, "gpu002", {"step": 40, "source": "s3"}),
+        RunEvent(t_restart + 4.5, "first_step", 1, 1, "gpu002", {"step": 41}),
+        RunEvent(t_restart + 4.5, "first_step", 99, 0, "gpu002", {"step": 0}),  # another job of the run
+    ]
+    ckpts = [CommittedCheckpoint(step=40, at=t_end - 2.0, job_id=1, restart=0)]
+    tl = build(1, attempts(), controller, run, ckpts)
+
+    kinds = [e.kind for e in tl.entries]
+    assert kinds[0] == "submitted" and "restarted" in kinds and "node_down" in kinds
+    assert kinds.index("checkpoint_committed") < kinds.index("node_lost") < kinds.index("requeued")
+    assert kinds.index("restarted") < kinds.index("resumed") < kinds.index("first_step")
+    assert not any("gpu007" in e.detail for e in tl.entries), "another node's events are not this run's"
+    assert sum(e.kind == "first_step" for e in tl.entries) == 1
+
+    (rec,) = tl.recoveries
+    summary = rec.to_json()
+    assert summary["node"] == "gpu001"
+    assert summary["detect_s"] == 3.1
+    assert summary["resumed_step"] == 41 and summary["last_committed_before"] == 40
+    assert summary["steps_lost"] == 7  # steps 41..47 were done twice
+    assert summary["resume_s"] is not None and summary["resume_s"] > summary["restart_s"] > summary["detect_s"]
+
+
+def test_without_controller_or_run_records_the_slurm_part_still_shows() -> None:
+    tl = build(1, attempts())
+    assert [e.kind for e in tl.entries] == ["submitted", "started", "requeued", "restarted"]
+    (rec,) = tl.recoveries
+    assert rec.detected is None and rec.to_json()["steps_lost"] is None
+    assert tl.to_json()["events"][0]["kind"] == "submitted"
