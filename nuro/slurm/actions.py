@@ -156,6 +156,20 @@ class DrainNode:
 
 
 @dataclass(frozen=True)
+class DownNode:
+    """``scontrol update nodename=<node> state=down reason=<reason>``: the node's jobs end at once, and slurmctld
+    requeues the ``--requeue`` ones (JobRequeue=1) without waiting for SlurmdTimeout. Pair it with DrainNode so
+    that ReturnToService=2 does not return the node by itself when its slurmd re-registers."""
+
+    node: str
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.reason.strip():
+            raise ValueError(f"DownNode({self.node!r}): Slurm requires a reason to set a node down")
+
+
+@dataclass(frozen=True)
 class ResumeNode:
     """``scontrol update nodename=<node> state=resume``; Slurm refuses it for a node that is not drained/down."""
 
@@ -173,6 +187,7 @@ Action = (
     | UpdateSiteFactor
     | UpdateComment
     | DrainNode
+    | DownNode
     | ResumeNode
 )
 
@@ -214,6 +229,8 @@ def render_argv(action: Action) -> list[str]:
             return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"comment={comment}"]
         case DrainNode(node=node, reason=reason):
             return ["scontrol", "update", f"nodename={_check_node(node)}", "state=drain", f"reason={reason}"]
+        case DownNode(node=node, reason=reason):
+            return ["scontrol", "update", f"nodename={_check_node(node)}", "state=down", f"reason={reason}"]
         case ResumeNode(node=node):
             return ["scontrol", "update", f"nodename={_check_node(node)}", "state=resume"]
     raise TypeError(f"render_argv: not a nuro.slurm action: {action!r}")

@@ -1,11 +1,23 @@
 """nuro-controller's configuration file (YAML), validated up front: a typo fails at start, not mid-incident.
 
-policy: /etc/nuro/teams.yaml      # required: the teams policy (the same file `nuro-admin policy apply` takes)
+policy: /etc/nuro/teams.yaml      # the teams policy (the same file `nuro-admin policy apply` takes); without it
+                                  # only the failure detector runs (then heartbeat_port is required)
 slurm_conf: /etc/slurm/slurm.conf # optional: else $SLURM_CONF, else Slurm's default
 interval_s: 1.0                   # one cycle (snapshot → decide → apply) per interval
 slurm_timeout_s: 15               # every Slurm call's limit; a hung call must not eat a preemption's grace
 dry_run: false                    # decide and log, apply nothing
 log_format: text                  # text | json (one JSON object per line)
+heartbeat_port: 6820              # UDP port for node agents' heartbeats; unset = no failure detector
+heartbeat_bind: 127.0.0.1         # listen address: 0.0.0.0 (or the cluster network's address) in production,
+                                  # where agents run on other hosts; loopback by default so nothing is exposed by
+                                  # accident
+heartbeat_key_file: /etc/nuro/heartbeat.key  # shared HMAC key (mode 600), the same file the agents read
+heartbeat_interval_s: 1.0         # the agents' send interval
+miss_limit: 3                     # intervals of silence before a node is declared lost
+detector_tick_s: 0.25             # how often the detector judges (its own loop, independent of interval_s)
+event_log: /var/log/nuro/events.jsonl  # append-only JSONL journal (nuro.events); unset = log lines only
+
+Relative paths are resolved beside the config file.
 """
 
 from __future__ import annotations
@@ -29,12 +41,36 @@ class ConfigError(ValueError):
 class ControllerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Path
+    policy: Path | None = None
     slurm_conf: Path | None = None
     interval_s: float = Field(default=1.0, gt=0, le=60)
     slurm_timeout_s: float = Field(default=15.0, gt=0, le=300)
     dry_run: bool = False
     log_format: LogFormat = LogFormat.TEXT
+    heartbeat_port: int | None = Field(default=None, ge=1, le=65535)
+    heartbeat_bind: str = "127.0.0.1"
+    heartbeat_key_file: Path | None = None
+    heartbeat_interval_s: float = Field(default=1.0, gt=0, le=60)
+    miss_limit: int = Field(default=3, ge=2, le=100)
+    detector_tick_s: float = Field(default=0.25, gt=0, le=10)
+    event_log: Path | None = None
+
+    @model_validator(mode="after")
+    def _something_to_do(self) -> ControllerConfig:
+        if self.policy is None and self.heartbeat_port is None:
+            raise ValueError("nothing to run: give a policy (teams.yaml), a heartbeat_port, or both")
+        if self.heartbeat_port is not None and self.heartbeat_key_file is None:
+            raise ValueError("heartbeat_port needs heartbeat_key_file (the agents' shared HMAC key)")
+        if self.detector_tick_s > self.heartbeat_interval_s:
+            raise ValueError(
+                f"detector_tick_s={self.detector_tick_s} exceeds heartbeat_interval_s={self.heartbeat_interval_s}: "
+                "detection would lag by more than a beat; lower detector_tick_s"
+            )
+        return self
+
+    @property
+    def detector_on(self) -> bool:
+        return self.heartbeat_port is not None
 
     @model_validator(mode="after")
     def _timeouts_fit(self) -> ControllerConfig:
@@ -70,6 +106,9 @@ def load_config(path: str | Path) -> ControllerConfig:
         raise ConfigError(
             f"{path}: invalid controller config:\n" + "\n".join(lines) + f"\nvalid keys: {valid}"
         ) from None
-    if not cfg.policy.is_absolute():
-        cfg = cfg.model_copy(update={"policy": (path.parent / cfg.policy).resolve()})
-    return cfg
+    updates = {
+        key: (path.parent / value).resolve()
+        for key in ("policy", "heartbeat_key_file", "event_log")
+        if isinstance(value := getattr(cfg, key), Path) and not value.is_absolute()
+    }
+    return cfg.model_copy(update=updates) if updates else cfg

@@ -1,4 +1,5 @@
-"""``nuro-controller``: the foreground daemon that adds borrowing, reclaim and fair-share priority to Slurm.
+"""``nuro-controller``: the foreground daemon that adds borrowing, reclaim, fair-share priority and second-scale
+failure detection to Slurm.
 
 Each cycle (K1): 1 snapshot (one adapter read), 2 decide (pure, ``engine.decide``), 3 apply (``apply.py``),
 4 remember (soft state). Nothing is stored that Slurm does not also hold: on start the in-flight preemptions are
@@ -7,6 +8,10 @@ scheduling and the hard quotas (QOS GrpTRES) still hold; only borrowing, reclaim
 
     nuro-controller --config /etc/nuro/controller.yaml
     nuro-controller --policy teams.yaml --interval-s 1 [--dry-run] [--once] [--log-format json]
+    nuro-controller --heartbeat-port P --heartbeat-key F [--event-log F] [--policy teams.yaml]
+
+Two independent loops: the policy cycle (above; only with a policy) and the failure detector (``detection.py``;
+only with a heartbeat port), each in its own thread, so a slow policy cycle never delays detection.
 
 Signals: SIGTERM/SIGINT finish the current cycle and exit 0; SIGHUP re-reads the policy (kept if invalid).
 Exit codes: 0 stopped cleanly, 2 usage error, 3 invalid config or policy.
@@ -27,12 +32,17 @@ from pathlib import Path
 
 import click
 
+from nuro.events import EventLog
+from nuro.heartbeat import BadHeartbeat, load_key
 from nuro.policy import Policy, PolicyError, load_policy
 from nuro.slurm import Backend, CliBackend, SlurmError
 from nuro.slurm_plugins.controller.apply import Outcome, apply_decision
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
 from nuro.slurm_plugins.controller.decisions import Preempt, SetSiteFactor
+from nuro.slurm_plugins.controller.detection import FailureDetector
 from nuro.slurm_plugins.controller.engine import ControllerState, decide, rebuild_state
+from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
+from nuro.slurm_plugins.controller.liveness import LivenessConfig
 
 log = logging.getLogger("nuro.controller")
 
@@ -178,6 +188,17 @@ def _setup_logging(fmt: LogFormat, verbose: bool) -> None:
 @click.option("--dry-run", is_flag=True, help="Decide and log; change nothing in Slurm.")
 @click.option("--once", is_flag=True, help="Run one cycle, print its decisions as JSON, exit.")
 @click.option("--log-format", type=click.Choice([f.value for f in LogFormat]), default=None)
+@click.option("--heartbeat-port", type=click.IntRange(1, 65535), default=None, help="UDP port for node heartbeats.")
+@click.option("--heartbeat-bind", default=None, help="Listen address for heartbeats [127.0.0.1].")
+@click.option(
+    "--heartbeat-key", "heartbeat_key_file", type=click.Path(dir_okay=False, path_type=Path), default=None,
+    help="Shared HMAC key file (mode 600).",
+)  # fmt: skip
+@click.option(
+    "--heartbeat-interval-s", type=click.FloatRange(min=0.05, max=60), default=None, help="Agents' interval [1]."
+)
+@click.option("--miss-limit", type=click.IntRange(2, 100), default=None, help="Silent intervals before lost [3].")
+@click.option("--event-log", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSONL event log.")
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     config_path: Path | None,
@@ -186,50 +207,44 @@ def main(
     dry_run: bool,
     once: bool,
     log_format: str | None,
+    heartbeat_port: int | None,
+    heartbeat_bind: str | None,
+    heartbeat_key_file: Path | None,
+    heartbeat_interval_s: float | None,
+    miss_limit: int | None,
+    event_log: Path | None,
     verbose: bool,
 ) -> None:
-    """Borrowing with lending limits, checkpoint-confirmed reclaim and urgent preemption, fair-share priority."""
+    """Borrowing with lending limits, checkpoint-confirmed reclaim and urgent preemption, fair-share priority, and
+    the heartbeat failure detector."""
     try:
-        if config_path:
-            cfg = load_config(config_path)
-        elif policy_path:
-            cfg = ControllerConfig(policy=policy_path)
-        else:
-            raise click.UsageError("give --config FILE or --policy teams.yaml")
-        updates = {
-            k: v
-            for k, v in {"policy": policy_path, "interval_s": interval_s, "log_format": log_format}.items()
-            if v is not None
-        }
+        flags = {
+            "policy": policy_path, "interval_s": interval_s, "log_format": log_format,
+            "heartbeat_port": heartbeat_port, "heartbeat_bind": heartbeat_bind,
+            "heartbeat_key_file": heartbeat_key_file, "heartbeat_interval_s": heartbeat_interval_s,
+            "miss_limit": miss_limit, "event_log": event_log,
+        }  # fmt: skip
+        updates = {k: v for k, v in flags.items() if v is not None}
         if dry_run:
             updates["dry_run"] = True
-        cfg = ControllerConfig.model_validate({**cfg.model_dump(), **updates})
-        policy = load_policy(cfg.policy)
-    except (ConfigError, PolicyError, ValueError) as exc:
+        if config_path:
+            base = load_config(config_path).model_dump()
+        elif policy_path or heartbeat_port:
+            base = {}
+        else:
+            raise click.UsageError("give --config FILE, --policy teams.yaml, or --heartbeat-port P --heartbeat-key F")
+        cfg = ControllerConfig.model_validate({**base, **updates})
+        policy = load_policy(cfg.policy) if cfg.policy else None
+        key = load_key(cfg.heartbeat_key_file) if cfg.detector_on and cfg.heartbeat_key_file else None
+    except (ConfigError, PolicyError, BadHeartbeat, ValueError) as exc:
         click.echo(f"nuro-controller: {exc}", err=True)
         sys.exit(3)
     _setup_logging(cfg.log_format, verbose)
-    controller = Controller(CliBackend(env=cfg.slurm_env(), timeout_s=cfg.slurm_timeout_s), policy, cfg.dry_run)
     if once:
-        report = controller.cycle()
-        click.echo(
-            json.dumps(
-                {
-                    "error": report.error,
-                    "decisions": [
-                        {
-                            "kind": type(o.decision).__name__,
-                            **_public(o.decision),
-                            "applied": o.applied,
-                            "result": o.message,
-                        }
-                        for o in report.outcomes
-                    ],
-                },
-                indent=2,
-            )
-        )
-        sys.exit(1 if report.error else 0)
+        if policy is None:
+            click.echo("nuro-controller: --once runs one policy cycle: give --policy", err=True)
+            sys.exit(2)
+        _run_once(Controller(_backend(cfg), policy, cfg.dry_run))
     stop = threading.Event()
 
     def on_stop(signum: int, _frame: object) -> None:
@@ -238,10 +253,71 @@ def main(
 
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
-    signal.signal(signal.SIGHUP, lambda *_: controller.reload_policy(cfg.policy))
+    detector_thread = None
+    if key is not None and cfg.heartbeat_port is not None:
+        try:
+            receiver = HeartbeatReceiver(cfg.heartbeat_bind, cfg.heartbeat_port, key).start()
+        except OSError as exc:
+            click.echo(
+                f"nuro-controller: cannot listen on udp {cfg.heartbeat_bind}:{cfg.heartbeat_port}: {exc}", err=True
+            )
+            sys.exit(3)
+        detector = FailureDetector(
+            _backend(cfg), receiver,
+            LivenessConfig(interval_s=cfg.heartbeat_interval_s, miss_limit=cfg.miss_limit),
+            events=EventLog(cfg.event_log) if cfg.event_log else None, dry_run=cfg.dry_run,
+        )  # fmt: skip
+        detector_thread = threading.Thread(
+            target=detector.run, args=(cfg.detector_tick_s, stop), name="failure-detector", daemon=True
+        )
+        detector_thread.start()
+        log.info(
+            "failure detector started: udp %s:%d interval_s=%s miss_limit=%d event_log=%s",
+            cfg.heartbeat_bind, receiver.port, cfg.heartbeat_interval_s, cfg.miss_limit, cfg.event_log,
+        )  # fmt: skip
+    if policy is None:
+        log.info("no policy: only the failure detector runs")
+        stop.wait()
+        if detector_thread is not None:
+            detector_thread.join(5)
+        log.info("nuro-controller stopped")
+        return
+    controller = Controller(_backend(cfg), policy, cfg.dry_run)
+    policy_file = cfg.policy
+    signal.signal(signal.SIGHUP, lambda *_: controller.reload_policy(policy_file))
     log.info("nuro-controller started: policy=%s interval_s=%s dry_run=%s", cfg.policy, cfg.interval_s, cfg.dry_run)
     controller.run(cfg.interval_s, stop)
+    if detector_thread is not None:
+        detector_thread.join(5)
     log.info("nuro-controller stopped after %d cycles", controller.cycles)
+
+
+def _backend(cfg: ControllerConfig) -> CliBackend:
+    """One backend per loop: the detector's Slurm calls never queue behind a policy cycle's."""
+    return CliBackend(env=cfg.slurm_env(), timeout_s=cfg.slurm_timeout_s)
+
+
+def _run_once(controller: Controller) -> None:
+    """``--once``: one policy cycle, its decisions as JSON on stdout, exit 1 on a cycle error."""
+    report = controller.cycle()
+    click.echo(
+        json.dumps(
+            {
+                "error": report.error,
+                "decisions": [
+                    {
+                        "kind": type(o.decision).__name__,
+                        **_public(o.decision),
+                        "applied": o.applied,
+                        "result": o.message,
+                    }
+                    for o in report.outcomes
+                ],
+            },
+            indent=2,
+        )
+    )
+    sys.exit(1 if report.error else 0)
 
 
 def _public(decision: object) -> dict:

@@ -1,0 +1,168 @@
+"""The failure detector at run time: receiver → pure ``liveness.assess`` → Slurm node actions → event log.
+
+It runs in its own loop (every ``tick_s``, 0.25 s by default), beside and independent of the policy cycle, so a slow
+policy cycle (a 0.3 s snapshot at 500 nodes, a hung sacctmgr) never delays detection. Its only regular Slurm call is
+one ``sinfo --json`` every ``node_poll_s`` (2 s) for node states and reasons: the pure rules need to know whether a
+drain reason is ours before resuming; when it acts it also reads ``squeue --json`` once (which jobs ran on the lost
+node, for the event log) and re-reads nodes on the next tick.
+
+Fail operational: if Slurm cannot be reached the detector keeps the last node list (and logs a warning); if the
+detector dies, Slurm's own SlurmdTimeout still takes dead nodes down, only slower.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from nuro.events import EventLog
+from nuro.slurm import Backend, DownNode, DrainNode, ResumeNode, SlurmError
+from nuro.slurm.actions import ActionResult
+from nuro.slurm.models import NodeInfo
+from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
+from nuro.slurm_plugins.controller.liveness import (
+    Cause,
+    DetectorState,
+    LivenessConfig,
+    NodeAction,
+    NodeActionKind,
+    assess,
+)
+
+log = logging.getLogger("nuro.controller.detector")
+
+
+class FailureDetector:
+    """One detector: a receiver, a backend, soft state. ``tick()`` is one pass; ``run()`` loops until stopped.
+
+    Args:
+        events: where to write node_lost/node_down/… records (None: log only).
+        dry_run: assess and log, change nothing in Slurm.
+        node_poll_s: how often Slurm's node list is re-read when nothing happens.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        receiver: HeartbeatReceiver,
+        cfg: LivenessConfig,
+        events: EventLog | None = None,
+        dry_run: bool = False,
+        clock: Callable[[], float] = time.time,
+        node_poll_s: float = 2.0,
+    ) -> None:
+        self.backend = backend
+        self.receiver = receiver
+        self.cfg = cfg
+        self.events = events
+        self.dry_run = dry_run
+        self.clock = clock
+        self.node_poll_s = node_poll_s
+        self.state = DetectorState.fresh(clock())
+        self.slurm_nodes: dict[str, NodeInfo] = {}
+        self._nodes_at = 0.0
+        self.ticks = 0
+
+    def _refresh_nodes(self, now: float) -> None:
+        try:
+            self.slurm_nodes = {n.name: n for n in self.backend.nodes()}
+            self._nodes_at = now
+        except SlurmError as exc:
+            self._nodes_at = now  # retry at the next poll, not every tick
+            log.warning("node list unavailable, judging on the previous one (%d nodes): %s", len(self.slurm_nodes), exc)
+
+    def tick(self) -> list[tuple[NodeAction, ActionResult | None]]:
+        """Take the queued beats, judge, apply. Returns what was applied (result None in dry-run)."""
+        self.ticks += 1
+        now = self.clock()
+        beats = self.receiver.drain()
+        if now - self._nodes_at >= self.node_poll_s:
+            self._refresh_nodes(now)
+        actions, self.state = assess(self.state, beats, self.slurm_nodes, now, self.cfg)
+        if not actions:
+            return []
+        done = self._apply(actions, now)
+        self._nodes_at = 0.0  # see Slurm's answer at the next tick
+        return done
+
+    def _apply(self, actions: list[NodeAction], now: float) -> list[tuple[NodeAction, ActionResult | None]]:
+        lost_nodes = {a.node for a in actions if a.kind is NodeActionKind.DOWN}
+        running: dict[str, list[tuple[int, bool]]] = {}
+        if lost_nodes and self.events is not None:
+            # Which jobs ran there, read before DOWN requeues them (after it, squeue no longer names the node).
+            try:
+                for job in self.backend.jobs():
+                    if job.state.startswith(("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")):
+                        for node in lost_nodes.intersection(job.nodes):
+                            running.setdefault(node, []).append((job.job_id, job.requeue))
+            except SlurmError as exc:
+                log.warning("could not list the jobs on %s before taking it down: %s", sorted(lost_nodes), exc)
+        done: list[tuple[NodeAction, ActionResult | None]] = []
+        for action in actions:
+            self._note_before(action, now)
+            result: ActionResult | None = None
+            if not self.dry_run:
+                match action.kind:
+                    case NodeActionKind.DOWN:
+                        result = self.backend.apply(DownNode(action.node, action.reason))
+                    case NodeActionKind.DRAIN:
+                        result = self.backend.apply(DrainNode(action.node, action.reason))
+                    case NodeActionKind.RESUME:
+                        result = self.backend.apply(ResumeNode(action.node))
+            log.info(
+                "node=%s action=%s cause=%s applied=%s reason=%r silent_s=%.2f last_seq=%d%s",
+                action.node, action.kind, action.cause, result.ok if result else "dry-run", action.reason,
+                action.silent_s, action.last_seq, f" error={result.message!r}" if result and not result.ok else "",
+            )  # fmt: skip
+            self._note_after(action, result, running.get(action.node, []), now)
+            done.append((action, result))
+        return done
+
+    def _emit(self, kind: str, **fields: object) -> None:
+        if self.events is None:
+            return
+        try:
+            self.events.append(kind, **fields)
+        except (OSError, ValueError) as exc:  # the journal never stops the detector
+            log.warning("event log write failed kind=%s: %s", kind, exc)
+
+    def _note_before(self, action: NodeAction, now: float) -> None:
+        if action.kind is NodeActionKind.DOWN:
+            self._emit(
+                "node_lost", node=action.node, last_beat=round(action.last_beat, 3), last_seq=action.last_seq,
+                silent_s=round(action.silent_s, 3),
+                detection_delay_s=round(max(action.silent_s - self.cfg.interval_s, 0.0), 3),
+            )  # fmt: skip
+            if action.cause is Cause.FLAPPING:
+                hold = self.state.nodes[action.node].hold_until - now if action.node in self.state.nodes else 0.0
+                self._emit("node_flapping", node=action.node, hold_s=round(hold, 1), reason=action.reason)
+        elif action.kind is NodeActionKind.DRAIN and action.cause is Cause.UNHEALTHY:
+            problems = self.state.nodes[action.node].problems if action.node in self.state.nodes else ()
+            self._emit("node_unhealthy", node=action.node, problems=list(problems))
+
+    def _note_after(
+        self, action: NodeAction, result: ActionResult | None, jobs: list[tuple[int, bool]], now: float
+    ) -> None:
+        outcome = {"ok": result.ok if result else False, "error": "" if result is None or result.ok else result.message}
+        if result is None:
+            outcome["error"] = "dry run"
+        kind = {NodeActionKind.DOWN: "node_down", NodeActionKind.DRAIN: "node_drained",
+                NodeActionKind.RESUME: "node_resumed"}[action.kind]  # fmt: skip
+        self._emit(kind, node=action.node, reason=action.reason, **outcome)
+        if action.kind is NodeActionKind.DOWN and jobs:
+            self._emit(
+                "jobs_requeued", node=action.node, jobs=sorted(j for j, rq in jobs if rq),
+                not_requeued=sorted(j for j, rq in jobs if not rq),
+            )  # fmt: skip
+
+    def run(self, tick_s: float, stop: threading.Event) -> None:
+        """Loop until ``stop``; an unexpected error in one tick is logged and the loop goes on."""
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except Exception:  # a detector that dies silently is worse than one that logs and retries
+                log.exception("detector tick failed; continuing")
+            stop.wait(max(0.0, tick_s - (time.monotonic() - started)))

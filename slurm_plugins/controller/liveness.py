@@ -1,0 +1,332 @@
+"""The heartbeat failure detector, as a pure function: ``assess(state, beats, slurm_nodes, now, cfg)``.
+
+Why pure (ARCHITECTURE principle 3): every rule below is a few lines of arithmetic on times, and each one is
+unit-tested with a fake clock; the runtime (``detection.py``) only receives datagrams, polls Slurm's node list,
+applies the returned actions and writes the event log.
+
+Rules (``interval`` = heartbeat interval, ``timeout`` = ``miss_limit`` × ``interval``):
+
+- a node that has beaten before is silent > timeout → DOWN then DRAIN,
+  reason ``nuro: no heartbeat for 3.4 s (last seq N)``;
+- ... and that is its 3rd loss within 10 min → DOWN then DRAIN,
+  reason ``nuro: flapping (3 losses in 600 s), held 30 s until <UTC>``;
+- a beat says ``healthy=false`` → DRAIN, reason ``nuro: unhealthy: <the agent's problems>``;
+- we drained/downed it, it now beats healthy for ≥ 2 intervals and its hold has passed → RESUME, only if Slurm's
+  reason still starts with ``nuro:``;
+- it never sent a beat → nothing (agent not deployed there: Slurm's SlurmdTimeout is the only detector);
+- the controller started less than one timeout ago → nothing (soft state is rebuilt from the next beats first).
+
+Why DOWN *and* DRAIN: DOWN makes slurmctld requeue the node's ``--requeue`` jobs at once (that is the point: Slurm
+alone waits SlurmdTimeout); DRAIN keeps it out afterwards, because with ``ReturnToService=2`` a DOWN node whose slurmd
+re-registers is returned to service by Slurm itself — before we have seen it healthy.
+
+Admin drains are sacred: a node whose Slurm reason does not start with ``nuro:`` is never resumed. A node an admin
+drained that then dies is still set DOWN (its jobs must be requeued), with the admin's text kept in the reason as
+``(admin drain: <text>)``, and such a reason is never resumed either — the marker lives in Slurm, so it survives a
+controller restart.
+
+Flapping: the n-th flap hold (n ≥ 1) lasts ``hold_base_s`` × 2^(n-1), capped at ``hold_max_s`` (30 s, 60 s, … 15 min).
+The hold deadline is written into the reason as an ISO time, so a restarted controller still honours it; only the
+loss history (and hence the back-off level) is soft state and starts over after a restart.
+
+Clock: ``now`` and every time here are wall-clock Unix seconds. Why not monotonic (STYLE N4): hold deadlines must
+survive a controller restart inside Slurm's reason text, and event-log records carry wall time; NTP slews, it does
+not jump, on the controller hosts we run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from enum import StrEnum
+from types import MappingProxyType
+
+from nuro.heartbeat import DEFAULT_INTERVAL_S, DEFAULT_MISS_LIMIT
+from nuro.slurm.models import NodeInfo
+
+REASON_PREFIX = "nuro:"
+ADMIN_MARK = "(admin drain:"
+MAX_REASON = 200  # Slurm keeps long reasons, but sinfo columns and humans do not
+_HELD_UNTIL = re.compile(r"until (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
+
+
+class NodeActionKind(StrEnum):
+    DOWN = "down"
+    DRAIN = "drain"
+    RESUME = "resume"
+
+
+class Cause(StrEnum):
+    """Why an action was taken; the runtime turns each into an event-log record."""
+
+    LOST = "lost"
+    FLAPPING = "flapping"
+    UNHEALTHY = "unhealthy"
+    RECOVERED = "recovered"
+
+
+@dataclass(frozen=True)
+class LivenessConfig:
+    """Detector settings (seconds). ``__post_init__`` checks that they relate sensibly (STYLE N1)."""
+
+    interval_s: float = DEFAULT_INTERVAL_S
+    miss_limit: int = DEFAULT_MISS_LIMIT
+    recover_intervals: int = 2
+    flap_window_s: float = 600.0
+    flap_losses: int = 3
+    hold_base_s: float = 30.0
+    hold_max_s: float = 900.0
+    retry_s: float = 5.0  # re-issue an action Slurm did not take (a failed scontrol, a lost race)
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0 or self.miss_limit < 2:
+            raise ValueError(
+                f"interval_s={self.interval_s}, miss_limit={self.miss_limit}: need interval_s > 0 and miss_limit >= 2 "
+                "(one late datagram must not take a node down)"
+            )
+        if self.hold_base_s > self.hold_max_s:
+            raise ValueError(f"hold_base_s={self.hold_base_s} exceeds hold_max_s={self.hold_max_s}")
+
+    @property
+    def timeout_s(self) -> float:
+        return self.interval_s * self.miss_limit
+
+    def hold_s(self, level: int) -> float:
+        """The hold of the ``level``-th flap (1-based): 30, 60, 120, … capped."""
+        return min(self.hold_base_s * 2 ** max(level - 1, 0), self.hold_max_s)
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One accepted heartbeat as the receiver saw it; ``received`` is wall time at arrival."""
+
+    node: str
+    boot: int
+    seq: int
+    sent: float
+    received: float
+    healthy: bool = True
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NodeLiveness:
+    """Soft state of one node; rebuilt from beats (and Slurm's reasons) after a restart.
+
+    Attributes:
+        last_beat: arrival time of the newest beat.
+        healthy_since: start of the current unbroken run of healthy beats (None after an unhealthy one).
+        lost_at: when we declared it lost (None while we consider it alive).
+        claimed: we have set it DOWN/DRAIN and owe it a RESUME (cause of the claim).
+        issued_at: when that claim's actions were last issued (for the retry of a refused action).
+        losses: loss times inside the flap window.
+        flap_level: how many flap holds in a row (sets the back-off).
+        hold_until: do not resume before this.
+    """
+
+    last_beat: float
+    boot: int = 0
+    seq: int = 0
+    healthy: bool = True
+    problems: tuple[str, ...] = ()
+    healthy_since: float | None = None
+    lost_at: float | None = None
+    claimed: Cause | None = None
+    issued_at: float = 0.0
+    losses: tuple[float, ...] = ()
+    flap_level: int = 0
+    hold_until: float = 0.0
+
+
+@dataclass(frozen=True)
+class DetectorState:
+    started_at: float
+    nodes: Mapping[str, NodeLiveness] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def fresh(cls, now: float) -> DetectorState:
+        """The state of a controller that has just started (it judges nobody for one timeout)."""
+        return cls(started_at=now)
+
+
+@dataclass(frozen=True)
+class NodeAction:
+    """What to do to a node in Slurm, and why (rendered to scontrol argv by the adapter).
+
+    ``silent_s``/``last_seq``/``last_beat`` describe the evidence, for the event log.
+    """
+
+    node: str
+    kind: NodeActionKind
+    reason: str
+    cause: Cause
+    silent_s: float = 0.0
+    last_seq: int = 0
+    last_beat: float = 0.0
+
+
+def is_ours(reason: str | None) -> bool:
+    """A Slurm reason nuro wrote and may undo: ``nuro:`` prefix and no admin drain carried inside it."""
+    return bool(reason) and reason.startswith(REASON_PREFIX) and ADMIN_MARK not in reason
+
+
+def held_until(reason: str | None) -> float:
+    """The hold deadline written in a flapping reason (0 when there is none): survives controller restarts."""
+    m = _HELD_UNTIL.search(reason or "")
+    if not m:
+        return 0.0
+    return datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
+
+
+def _admin_drained(node: NodeInfo | None) -> str | None:
+    """The admin's reason when someone other than nuro drained/downed the node, else None."""
+    if node is None or not (node.is_drained or "DOWN" in node.flags):
+        return None
+    if node.reason and not node.reason.startswith(REASON_PREFIX):
+        return node.reason
+    if node.reason and ADMIN_MARK in node.reason:
+        return node.reason
+    return None
+
+
+def _absorb(prev: NodeLiveness | None, beats: list[Beat], cfg: LivenessConfig) -> NodeLiveness:
+    """Fold a node's new beats (oldest first) into its soft state."""
+    cur = prev
+    for b in sorted(beats, key=lambda b: (b.boot, b.seq)):
+        if cur is None:
+            cur = NodeLiveness(last_beat=b.received, boot=b.boot, seq=b.seq)
+        # A gap longer than the timeout breaks the healthy streak: the node must prove itself again.
+        gap = b.received - cur.last_beat
+        streak_start = cur.healthy_since if (cur.healthy_since is not None and gap <= cfg.timeout_s) else None
+        cur = replace(
+            cur,
+            last_beat=max(cur.last_beat, b.received),
+            boot=b.boot,
+            seq=b.seq,
+            healthy=b.healthy,
+            problems=tuple(b.problems),
+            healthy_since=(streak_start if streak_start is not None else b.received) if b.healthy else None,
+        )
+    if cur is None:
+        raise ValueError("_absorb needs a previous state or at least one beat")
+    return cur
+
+
+def assess(
+    state: DetectorState,
+    beats: Iterable[Beat],
+    slurm_nodes: Mapping[str, NodeInfo],
+    now: float,
+    cfg: LivenessConfig,
+) -> tuple[list[NodeAction], DetectorState]:
+    """Fold in the beats received since the last call, judge every node that has ever beaten, return actions.
+
+    Args:
+        state: the previous result (``DetectorState.fresh(now)`` at start).
+        beats: accepted beats since the last call (authenticated and de-duplicated by the receiver).
+        slurm_nodes: node name → Slurm's latest view (state flags, reason); may be a few seconds old.
+        now: wall-clock Unix seconds.
+        cfg: the detector settings.
+
+    Returns:
+        (actions in the order they must be applied, the next state). Applying an action twice is harmless; an
+        action Slurm refused is re-issued after ``cfg.retry_s`` while Slurm still disagrees.
+    """
+    by_node: dict[str, list[Beat]] = {}
+    for b in beats:
+        by_node.setdefault(b.node, []).append(b)
+    nodes = dict(state.nodes)
+    for name, node_beats in by_node.items():
+        nodes[name] = _absorb(nodes.get(name), node_beats, cfg)
+    actions: list[NodeAction] = []
+    if now - state.started_at >= cfg.timeout_s:  # restart grace: judge nobody before one full timeout
+        for name in sorted(nodes):
+            snode = slurm_nodes.get(name)
+            if snode is None:
+                continue  # an agent Slurm does not know (renamed node, typo): nothing to act on
+            new, acts = _judge(nodes[name], name, snode, now, cfg)
+            nodes[name] = new
+            actions.extend(acts)
+    return actions, DetectorState(started_at=state.started_at, nodes=MappingProxyType(nodes))
+
+
+def _judge(
+    cur: NodeLiveness, name: str, snode: NodeInfo, now: float, cfg: LivenessConfig
+) -> tuple[NodeLiveness, list[NodeAction]]:
+    silent = now - cur.last_beat
+    admin = _admin_drained(snode)
+    # 1. Lost: silent for longer than the timeout, first time since it was last alive.
+    if silent > cfg.timeout_s and cur.lost_at is None:
+        losses = tuple(t for t in cur.losses if now - t <= cfg.flap_window_s) + (now,)
+        flapping = len(losses) >= cfg.flap_losses
+        level = cur.flap_level + 1 if flapping else 0  # back-off grows only while it keeps flapping
+        hold = cfg.hold_s(level) if flapping else 0.0
+        if flapping:
+            reason = (
+                f"nuro: flapping ({len(losses)} losses in {cfg.flap_window_s:.0f} s), held {hold:.0f} s "
+                f"until {_iso(now + hold)}"
+            )
+        else:
+            reason = f"nuro: no heartbeat for {silent:.1f} s (last seq {cur.seq})"
+        if admin is not None:
+            reason = f"{reason} {ADMIN_MARK} {admin})"
+        cause = Cause.FLAPPING if flapping else Cause.LOST
+        new = replace(
+            cur, lost_at=now, claimed=cause, issued_at=now, losses=losses, flap_level=level,
+            hold_until=now + hold if flapping else cur.hold_until, healthy_since=None,
+        )  # fmt: skip
+        evidence = {"silent_s": silent, "last_seq": cur.seq, "last_beat": cur.last_beat}
+        return new, [
+            NodeAction(name, NodeActionKind.DOWN, _clip(reason), cause, **evidence),
+            NodeAction(name, NodeActionKind.DRAIN, _clip(reason), cause, **evidence),
+        ]
+    # 2. Still lost: make sure Slurm has it (a refused scontrol, or Slurm's own "Not responding" replaced ours).
+    if cur.lost_at is not None and silent > cfg.timeout_s:
+        if now - cur.issued_at >= cfg.retry_s and not ("DOWN" in snode.flags and snode.is_drained):
+            reason = (
+                snode.reason if is_ours(snode.reason) else f"nuro: no heartbeat for {silent:.1f} s (last seq {cur.seq})"
+            )
+            evidence = {"silent_s": silent, "last_seq": cur.seq, "last_beat": cur.last_beat}
+            cause = cur.claimed or Cause.LOST
+            return replace(cur, issued_at=now), [
+                NodeAction(name, NodeActionKind.DOWN, _clip(reason), cause, **evidence),
+                NodeAction(name, NodeActionKind.DRAIN, _clip(reason), cause, **evidence),
+            ]
+        return cur, []
+    if cur.lost_at is not None:
+        cur = replace(cur, lost_at=None)  # beating again; the claim (and resume) is handled below
+    # 3. Unhealthy: the agent's own probe failed. Never overwrite an admin's drain reason.
+    if not cur.healthy:
+        if admin is not None or (cur.claimed is not None and snode.is_drained and is_ours(snode.reason)):
+            return cur, []
+        if cur.claimed is None or now - cur.issued_at >= cfg.retry_s:
+            problems = "; ".join(cur.problems) or "agent reported unhealthy"
+            reason = _clip(f"nuro: unhealthy: {problems}")
+            new = replace(cur, claimed=cur.claimed or Cause.UNHEALTHY, issued_at=now)
+            return new, [NodeAction(name, NodeActionKind.DRAIN, reason, Cause.UNHEALTHY, last_seq=cur.seq,
+                                    last_beat=cur.last_beat)]  # fmt: skip
+        return cur, []
+    # 4. Recovered: healthy long enough, hold passed, and the reason in Slurm is still ours.
+    ours_in_slurm = (snode.is_drained or "DOWN" in snode.flags) and is_ours(snode.reason)
+    if cur.claimed is None and (not ours_in_slurm or now - cur.issued_at < cfg.retry_s):
+        return cur, []  # nothing of ours, or a RESUME just issued that the (older) node list does not show yet
+    if cur.claimed is not None and not ours_in_slurm and now - cur.issued_at >= cfg.retry_s:
+        # Someone else changed the node (an admin resumed it, or drained it with their own reason): let go.
+        return replace(cur, claimed=None), []
+    hold_until = max(cur.hold_until, held_until(snode.reason))
+    streak_ok = cur.healthy_since is not None and now - cur.healthy_since >= cfg.recover_intervals * cfg.interval_s
+    if ours_in_slurm and streak_ok and now >= hold_until:
+        resume = NodeAction(name, NodeActionKind.RESUME, snode.reason or "", Cause.RECOVERED, last_seq=cur.seq,
+                            last_beat=cur.last_beat)  # fmt: skip
+        return replace(cur, claimed=None, hold_until=hold_until, issued_at=now), [resume]
+    return replace(cur, hold_until=hold_until), []

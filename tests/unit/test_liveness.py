@@ -1,0 +1,220 @@
+"""The pure failure detector: loss, unhealthy, recovery, flapping back-off, restart grace, admin drains untouched."""
+
+from __future__ import annotations
+
+import pytest
+
+from nuro.slurm.models import NodeInfo
+from nuro.slurm_plugins.controller.liveness import (
+    Beat,
+    Cause,
+    DetectorState,
+    LivenessConfig,
+    NodeActionKind,
+    assess,
+    held_until,
+    is_ours,
+)
+
+CFG = LivenessConfig(interval_s=1.0, miss_limit=3)
+T0 = 1_800_000_000.0
+
+
+def node(name: str = "gpu001", state: str = "IDLE", reason: str | None = None) -> NodeInfo:
+    return NodeInfo(name=name, state=state, flags=frozenset(state.split("+")), reason=reason)
+
+
+class Sim:
+    """A detector driven by a fake clock and a fake Slurm that takes every action as given."""
+
+    def __init__(self, names: tuple[str, ...] = ("gpu001", "gpu002"), start: float = T0) -> None:
+        self.now = start
+        self.state = DetectorState.fresh(start)
+        self.slurm = {n: node(n) for n in names}
+        self.seq: dict[str, int] = {}
+        self.log: list = []
+
+    def beat(self, name: str, healthy: bool = True, problems: tuple[str, ...] = ()) -> Beat:
+        self.seq[name] = self.seq.get(name, 0) + 1
+        return Beat(name, 1, self.seq[name], self.now, self.now, healthy, problems)
+
+    def step(self, beats: list[Beat], dt: float = 0.0, apply: bool = True) -> list:
+        self.now += dt
+        actions, self.state = assess(self.state, beats, self.slurm, self.now, CFG)
+        if apply:
+            for a in actions:
+                cur = self.slurm[a.node]
+                flags = set(cur.flags) - {"IDLE"}
+                if a.kind is NodeActionKind.DOWN:
+                    flags |= {"DOWN"}
+                    reason = a.reason
+                elif a.kind is NodeActionKind.DRAIN:
+                    flags |= {"DRAIN"}
+                    reason = a.reason
+                else:
+                    flags, reason = {"IDLE"}, None
+                base = "DOWN" if "DOWN" in flags else "IDLE"
+                state = "+".join([base, *sorted(flags - {base})])
+                self.slurm[a.node] = NodeInfo(a.node, state, frozenset(state.split("+")), reason)
+        self.log.extend(actions)
+        return actions
+
+    def run(self, seconds: float, beating: tuple[str, ...], healthy: bool = True) -> list:
+        """Advance in 0.25 s ticks; the given nodes beat every whole second."""
+        out = []
+        for _ in range(int(seconds * 4)):
+            t = self.now + 0.25
+            beats = [self.beat(n, healthy) for n in beating] if abs(t - round(t)) < 1e-6 else []
+            out += self.step(beats, 0.25)
+        return out
+
+
+def test_silence_for_miss_limit_intervals_takes_the_node_down_then_drains_it_with_our_reason() -> None:
+    sim = Sim()
+    sim.run(5, ("gpu001", "gpu002"))
+    lost_at = sim.now
+    acts = sim.run(4, ("gpu002",))
+    assert [(a.node, a.kind) for a in acts] == [("gpu001", NodeActionKind.DOWN), ("gpu001", NodeActionKind.DRAIN)]
+    down = acts[0]
+    assert down.cause is Cause.LOST and down.reason.startswith("nuro: no heartbeat for 3.")
+    assert down.reason.endswith(f"(last seq {sim.seq['gpu001']})")
+    assert 3.0 < down.silent_s <= 3.25 + 1e-9
+    # Detected within one tick after the timeout of the last beat.
+    assert down.last_beat + CFG.timeout_s < lost_at + 4
+
+
+def test_nodes_that_never_beat_are_not_judged() -> None:
+    sim = Sim()
+    assert sim.run(20, ("gpu002",)) == []
+
+
+def test_restart_grace_judges_nobody_for_one_timeout_then_rebuilds_from_beats() -> None:
+    sim = Sim()
+    sim.slurm["gpu001"] = node("gpu001", "IDLE+DRAIN", "nuro: no heartbeat for 3.2 s (last seq 9)")
+    # Within the grace: beats are folded in, nothing is decided.
+    assert sim.run(2.5, ("gpu001",)) == []
+    # After grace: gpu001 beats healthy and the drain is ours → resumed (soft state rebuilt from Slurm's reason).
+    acts = sim.run(2, ("gpu001",))
+    assert [(a.node, a.kind) for a in acts] == [("gpu001", NodeActionKind.RESUME)]
+
+
+def test_unhealthy_beat_drains_with_the_agents_problems_and_recovery_resumes() -> None:
+    sim = Sim()
+    sim.run(4, ("gpu001",))
+    acts = sim.step([sim.beat("gpu001", healthy=False, problems=("gpu3: ECC errors", "nvme full"))], 1)
+    assert [(a.kind, a.reason) for a in acts] == [
+        (NodeActionKind.DRAIN, "nuro: unhealthy: gpu3: ECC errors; nvme full")
+    ]
+    assert sim.run(3, ("gpu001",), healthy=False) == []  # no repeated drains
+    acts = sim.run(3, ("gpu001",))
+    assert [a.kind for a in acts] == [NodeActionKind.RESUME]
+
+
+def test_revived_node_is_resumed_only_after_two_healthy_intervals() -> None:
+    sim = Sim()
+    sim.run(4, ("gpu001",))
+    sim.run(5, ())
+    assert "DOWN" in sim.slurm["gpu001"].flags
+    acts = sim.run(1, ("gpu001",))
+    assert acts == []
+    acts = sim.run(2, ("gpu001",))
+    assert [a.kind for a in acts] == [NodeActionKind.RESUME]
+    assert sim.slurm["gpu001"].state == "IDLE"
+
+
+@pytest.mark.parametrize(
+    "reason",
+    ["maintenance: swap PSU", "nuro: no heartbeat for 3.1 s (last seq 4) (admin drain: bad cable)"],
+    ids=["admin-reason", "admin-mark-inside-ours"],
+)
+def test_an_admin_drained_node_is_never_resumed(reason: str) -> None:
+    sim = Sim()
+    sim.slurm["gpu001"] = node("gpu001", "IDLE+DRAIN", reason)
+    acts = sim.run(20, ("gpu001",))
+    assert acts == []
+
+
+def test_admin_drained_node_that_dies_goes_down_with_the_admin_reason_kept_and_is_not_resumed() -> None:
+    sim = Sim()
+    sim.slurm["gpu001"] = node("gpu001", "MIXED+DRAIN", "swap PSU")
+    sim.run(4, ("gpu001",))
+    acts = sim.run(4, ())
+    assert acts[0].kind is NodeActionKind.DOWN and acts[0].reason.endswith("(admin drain: swap PSU)")
+    assert not is_ours(acts[0].reason)
+    assert sim.run(10, ("gpu001",)) == []
+
+
+def test_admin_resumes_our_node_by_hand_and_we_let_go() -> None:
+    sim = Sim()
+    sim.run(4, ("gpu001",))
+    sim.run(4, ())
+    sim.slurm["gpu001"] = node("gpu001", "IDLE")  # admin: scontrol update state=resume
+    assert sim.run(10, ("gpu001",)) == []
+
+
+def test_admin_redrains_our_node_with_own_reason_and_it_stays_drained() -> None:
+    sim = Sim()
+    sim.run(4, ("gpu001",))
+    sim.run(4, ())
+    sim.slurm["gpu001"] = node("gpu001", "DOWN+DRAIN", "RMA ticket 42")
+    assert sim.run(10, ("gpu001",)) == []
+
+
+def test_flapping_holds_the_node_with_exponential_back_off() -> None:
+    sim = Sim(("gpu001",))
+    sim.run(4, ("gpu001",))
+    holds = []
+    for _ in range(5):
+        acts = sim.run(4, ())  # lost
+        assert acts and acts[0].kind is NodeActionKind.DOWN
+        if acts[0].cause is Cause.FLAPPING:
+            assert acts[0].reason.startswith("nuro: flapping (")
+            holds.append(round(sim.state.nodes["gpu001"].hold_until - sim.now))
+            # Beating healthy but held: no resume before the hold ends.
+            hold_end = sim.state.nodes["gpu001"].hold_until
+            while sim.now < hold_end - 1:
+                assert sim.run(1, ("gpu001",)) == []
+        acts = sim.run(4, ("gpu001",))
+        assert [a.kind for a in acts] == [NodeActionKind.RESUME]
+    # Losses 1 and 2 are plain; 3, 4, 5 within 10 min are flaps with 30, 60, 120 s holds (minus the ticks since).
+    assert [round(h, -1) for h in holds] == [30, 60, 120]
+
+
+def test_hold_back_off_is_capped() -> None:
+    assert [CFG.hold_s(n) for n in (1, 2, 3, 6, 10)] == [30, 60, 120, 900, 900]
+
+
+def test_hold_deadline_is_read_back_from_the_reason() -> None:
+    reason = "nuro: flapping (3 losses in 600 s), held 60 s until 2027-01-15T08:00:00Z"
+    assert held_until(reason) == 1_800_000_000.0
+    sim = Sim(("gpu001",))
+    sim.slurm["gpu001"] = node("gpu001", "IDLE+DRAIN", reason)
+    until = held_until(reason)
+    sim.now = until - 30
+    sim.state = DetectorState.fresh(sim.now)
+    assert sim.run(25, ("gpu001",)) == []  # restarted controller honours the hold it finds in Slurm
+    assert [a.kind for a in sim.run(8, ("gpu001",))] == [NodeActionKind.RESUME]
+
+
+def test_refused_down_is_reissued_after_retry_s() -> None:
+    sim = Sim(("gpu001",))
+    sim.run(4, ("gpu001",))
+    first = []
+    for _ in range(16):
+        first += sim.step([], 0.25, apply=False)  # Slurm refused: node stays IDLE
+    assert [a.kind for a in first] == [NodeActionKind.DOWN, NodeActionKind.DRAIN]
+    again = []
+    for _ in range(24):
+        again += sim.step([], 0.25, apply=False)
+    assert [a.kind for a in again[:2]] == [NodeActionKind.DOWN, NodeActionKind.DRAIN]
+
+
+def test_unknown_node_names_are_ignored() -> None:
+    sim = Sim(("gpu001",))
+    sim.step([Beat("nosuch", 1, 1, sim.now, sim.now)], 0.25)
+    assert sim.run(10, ()) == []
+
+
+def test_config_refuses_a_miss_limit_of_one() -> None:
+    with pytest.raises(ValueError, match="miss_limit"):
+        LivenessConfig(miss_limit=1)
