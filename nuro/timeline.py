@@ -81,10 +81,12 @@ class Recovery:
     last_committed_before: int | None
 
     def to_json(self) -> dict[str, Any]:
-        base = self.last_beat
+        # measured from the failure: the lost node's last heartbeat, else (a requeue without a node loss) the requeue
+        base = self.last_beat if self.last_beat is not None else self.requeued
         return {
             "attempt": self.attempt,
             "node": self.node,
+            "from": "last_heartbeat" if self.last_beat is not None else "requeue",
             "detect_s": _delta(base, self.detected),
             "requeue_s": _delta(base, self.requeued),
             "restart_s": _delta(base, self.restarted),

@@ -12,6 +12,7 @@ import click
 
 from nuro.wrappers import runs_cli
 from nuro.wrappers.dataset_cli import dataset
+from nuro.wrappers.events_cli import events
 from nuro.wrappers.resume_cli import resume
 from nuro.wrappers.submit_cli import submit
 
@@ -30,6 +31,7 @@ for _command in runs_cli.COMMANDS:
 main.add_command(dataset)
 main.add_command(submit)
 main.add_command(resume)
+main.add_command(events)
 
 
 if __name__ == "__main__":
