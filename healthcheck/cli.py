@@ -1,17 +1,291 @@
-"""``nuro-healthcheck``: Slurm's HealthCheckProgram.
+"""``nuro-healthcheck``: Slurm's HealthCheckProgram, also run from the prolog/epilog (``--mode prolog|epilog``).
 
-Slurm runs it with only ``SLURMD_NODENAME`` in the environment (no PATH, no SLURM_CONF), once per node every
-HealthCheckInterval. For now it reports healthy; GPU probes, staging-disk space and agent liveness come with the
-survive work, and then it drains the node with a precise reason.
+slurmd runs it with only ``SLURMD_NODENAME`` in the environment (no PATH, no SLURM_CONF), once per node every
+HealthCheckInterval, and ignores its output; so it loads the node settings file (``$NURO_ENV_FILE``, see
+``nuro.nodeenv``), sets a PATH itself, and acts on its own: on problems it drains the node with a precise reason
+(``nuro-health: gpu1: temperature 93 C ≥ 90 C``) and exits 1; when healthy it resumes the node only if it is
+drained with a ``nuro-health:`` reason (never an admin's drain) and exits 0.
+
+Settings (command line wins over the environment, which wins over the default):
+
+==============================  ===========================  ==========================================
+variable                        option                       meaning / default
+==============================  ===========================  ==========================================
+``NURO_EXPECT_GPUS``            ``--expect-gpus N``          GPUs the node must have; unset = no expectation
+``NURO_HEALTH_PROBE``           ``--probe``                  auto | nvml | none (default auto)
+``NURO_STAGING_ROOT``                                        staging dir; default /var/tmp/nuro-staging
+``NURO_STAGING_MIN_FREE_GB``                                 least free GiB on its disk; default 20
+``NURO_AGENT_STATUS_DIR``                                    agent liveness checked only when set
+``NURO_HEALTH_MAX_TEMPERATURE_C``                            ``Limits.max_temperature_c`` (90)
+``NURO_AGENT_SILENT_S``                                      ``Limits.agent_silent_s`` (10)
+==============================  ===========================  ==========================================
+
+Exit status: 0 healthy, 1 unhealthy (drained unless ``--dry-run``), 2 bad usage or settings.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
+import math
+import os
 import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from nuro.healthcheck.checks import (
+    DEFAULT_STAGING_MIN_FREE_GB,
+    DEFAULT_STAGING_ROOT,
+    Limits,
+    Problem,
+    drain_reason,
+    evaluate,
+    is_our_reason,
+)
+from nuro.healthcheck.probes import NodeGpuReport, make_probe
+from nuro.nodeenv import load_node_env
+
+log = logging.getLogger("nuro.healthcheck")
+
+# slurmd gives the HealthCheckProgram no PATH; scontrol and friends live in these on Debian.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SLURM_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """What a health evaluation needs besides the probe report; shared by nuro-healthcheck and nuro-nodeagent.
+
+    Attributes:
+        expected_gpus: GPUs the node must have; None = no expectation (a node without NVML is then fine).
+        staging_root: the NVMe staging directory whose disk must keep ``staging_min_free_bytes`` free.
+        agent_status_dir: where the node agent writes ``<node>.json``; None = agent liveness not checked.
+    """
+
+    expected_gpus: int | None = None
+    probe: str = "auto"
+    staging_root: str = DEFAULT_STAGING_ROOT
+    staging_min_free_bytes: int = int(DEFAULT_STAGING_MIN_FREE_GB * (1 << 30))
+    agent_status_dir: str | None = None
+    limits: Limits = field(default_factory=Limits)
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | os._Environ[str] | None = None) -> HealthSettings:
+        """Read the variables of the module table. Raises ValueError naming the variable and its bad value."""
+        env = os.environ if env is None else env
+
+        def number(name: str, kind: type, default: float | int | None) -> float | int | None:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
+            if value < 0:
+                raise ValueError(f"{name}={raw!r} must not be negative")
+            return value
+
+        limits = Limits()
+        limits = replace(
+            limits,
+            max_temperature_c=number("NURO_HEALTH_MAX_TEMPERATURE_C", int, limits.max_temperature_c),
+            agent_silent_s=number("NURO_AGENT_SILENT_S", float, limits.agent_silent_s),
+        )
+        min_free_gb = number("NURO_STAGING_MIN_FREE_GB", float, DEFAULT_STAGING_MIN_FREE_GB)
+        return cls(
+            expected_gpus=number("NURO_EXPECT_GPUS", int, None),  # type: ignore[arg-type]
+            probe=env.get("NURO_HEALTH_PROBE", "").strip() or "auto",
+            staging_root=env.get("NURO_STAGING_ROOT", "").strip() or DEFAULT_STAGING_ROOT,
+            staging_min_free_bytes=int(float(min_free_gb) * (1 << 30)),  # type: ignore[arg-type]
+            agent_status_dir=env.get("NURO_AGENT_STATUS_DIR", "").strip() or None,
+            limits=limits,
+        )
+
+
+def disk_free_bytes(path: str) -> int:
+    """Free bytes (for unprivileged users) on the file system that holds ``path``, or would hold it: a staging dir
+    that does not exist yet is measured at its nearest existing parent, where the prolog will create it."""
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    st = os.statvfs(p)
+    return st.f_bavail * st.f_frsize
+
+
+def agent_age_s(status_dir: str, node: str, now: float) -> float:
+    """Seconds since the node agent's last heartbeat, from its status file; ``math.inf`` when there is none."""
+    from nuro.healthcheck.agent import read_status  # the agent owns the file format
+
+    status = read_status(status_dir, node)
+    if status is None:
+        return math.inf
+    return max(0.0, now - float(status.get("last_beat", 0.0)))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One health check: what was found and what was done (``--json`` prints it)."""
+
+    node: str
+    mode: str
+    problems: tuple[Problem, ...]
+    report: NodeGpuReport | None
+    disk_free_bytes: int | None
+    agent_age_s: float | None
+    action: str = "none"  # none | drained | resumed | would-drain | would-resume | kept-admin-drain | failed
+    detail: str = ""
+
+    @property
+    def healthy(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict:
+        return {
+            "node": self.node,
+            "mode": self.mode,
+            "healthy": self.healthy,
+            "problems": [{"code": p.code, "message": p.message} for p in self.problems],
+            "action": self.action,
+            "detail": self.detail,
+            "disk_free_bytes": self.disk_free_bytes,
+            "agent_age_s": None if self.agent_age_s is None or math.isinf(self.agent_age_s) else self.agent_age_s,
+            "gpu_report": self.report.to_dict() if self.report else None,
+        }
+
+
+def check_node(node: str, settings: HealthSettings, mode: str = "periodic", probe_timeout_s: float = 5.0) -> Outcome:
+    """Probe, measure and evaluate; changes nothing."""
+    probe = make_probe(settings.probe, timeout_s=probe_timeout_s)
+    try:
+        report = probe.read()
+    finally:
+        probe.close()
+    try:
+        free: int | None = disk_free_bytes(settings.staging_root)
+    except OSError as exc:
+        log.warning("staging disk unreadable path=%s error=%s", settings.staging_root, exc)
+        free = None
+    age = agent_age_s(settings.agent_status_dir, node, time.time()) if settings.agent_status_dir else None
+    problems = evaluate(
+        report,
+        settings.expected_gpus,
+        free,
+        settings.staging_min_free_bytes,
+        age,
+        settings.limits,
+        staging_root=settings.staging_root,
+    )
+    return Outcome(node, mode, tuple(problems), report, free, age)
+
+
+def node_drain_state(backend, node: str) -> tuple[bool, str | None]:  # noqa: ANN001 - nuro.slurm.CliBackend
+    """(drained?, reason) from ``scontrol show -o node`` (one node; cheaper than sinfo for the whole cluster)."""
+    from nuro.slurm import parse_scontrol_show_oneliner
+
+    rows = parse_scontrol_show_oneliner(backend.run(["scontrol", "show", "-o", "node", node]).stdout)
+    if not rows:
+        raise RuntimeError(f"scontrol show node {node} printed nothing")
+    flags = set(rows[0].get("State", "").upper().split("+"))
+    drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
+    reason = rows[0].get("Reason") or None
+    if reason and reason.endswith("]") and " [" in reason:  # "<reason> [root@2026-01-01T00:00:00]"
+        reason = reason.rsplit(" [", 1)[0]
+    return drained, reason
+
+
+def act(outcome: Outcome, backend, dry_run: bool = False) -> Outcome:  # noqa: ANN001 - nuro.slurm.Backend
+    """Drain on problems, resume our own drain when healthy; the rules are in the module docstring."""
+    from nuro.slurm import DrainNode, ResumeNode
+
+    drained, reason = node_drain_state(backend, outcome.node)
+    if not outcome.healthy:
+        want = drain_reason(list(outcome.problems))
+        if drained and not is_our_reason(reason):
+            return replace(outcome, action="kept-admin-drain", detail=f"already drained by someone else: {reason}")
+        if drained and reason == want:
+            return replace(outcome, action="none", detail="already drained with this reason")
+        if dry_run:
+            return replace(outcome, action="would-drain", detail=want)
+        result = backend.apply(DrainNode(outcome.node, want))
+        if not result.ok:
+            return replace(outcome, action="failed", detail=f"drain failed: {result.message}")
+        log.warning("drained node=%s reason=%r", outcome.node, want)
+        return replace(outcome, action="drained", detail=want)
+    if drained and is_our_reason(reason):
+        if dry_run:
+            return replace(outcome, action="would-resume", detail=reason or "")
+        result = backend.apply(ResumeNode(outcome.node))
+        if not result.ok:
+            return replace(outcome, action="failed", detail=f"resume failed: {result.message}")
+        log.info("resumed node=%s old_reason=%r", outcome.node, reason)
+        return replace(outcome, action="resumed", detail=reason or "")
+    return outcome
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nuro-healthcheck", description=__doc__.split("\n\n")[0])
+    p.add_argument("--node", help="node name (default: $SLURMD_NODENAME)")
+    p.add_argument("--mode", choices=("periodic", "prolog", "epilog"), default="periodic")
+    p.add_argument("--probe", choices=("auto", "nvml", "none"), help="GPU probe (default $NURO_HEALTH_PROBE or auto)")
+    p.add_argument("--expect-gpus", type=int, help="GPUs this node must have (default $NURO_EXPECT_GPUS)")
+    p.add_argument("--probe-timeout-s", type=float, default=5.0, help="the most the GPU probe may take")
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON on stdout")
+    p.add_argument("--dry-run", action="store_true", help="evaluate and report; do not drain or resume")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    return 0
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s nuro-healthcheck %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        load_node_env()
+    except (OSError, ValueError) as exc:
+        log.error("cannot read node settings $NURO_ENV_FILE: %s", exc)
+        return 2
+    os.environ.setdefault("PATH", DEFAULT_PATH)
+    node = args.node or os.environ.get("SLURMD_NODENAME")
+    if not node:
+        log.error("no node name: pass --node NAME (slurmd sets SLURMD_NODENAME for HealthCheckProgram)")
+        return 2
+    try:
+        settings = HealthSettings.from_env()
+    except ValueError as exc:
+        log.error("bad node setting: %s", exc)
+        return 2
+    if args.probe:
+        settings = replace(settings, probe=args.probe)
+    if args.expect_gpus is not None:
+        settings = replace(settings, expected_gpus=args.expect_gpus)
+    outcome = check_node(node, settings, args.mode, args.probe_timeout_s)
+    from nuro.slurm import CliBackend, SlurmError
+
+    try:
+        outcome = act(outcome, CliBackend(timeout_s=SLURM_TIMEOUT_S), dry_run=args.dry_run)
+    except (SlurmError, RuntimeError) as exc:
+        # Slurm unreachable: the verdict still stands (exit status), the node state could not be changed.
+        outcome = replace(outcome, action="failed", detail=f"could not read or change the node state: {exc}")
+        log.error("node=%s %s", node, outcome.detail)
+    if args.json:
+        print(json.dumps(outcome.to_dict(), indent=2, ensure_ascii=False))
+    level = logging.INFO if outcome.healthy else logging.WARNING
+    log.log(
+        level,
+        "node=%s mode=%s healthy=%s action=%s problems=%s",
+        node,
+        args.mode,
+        outcome.healthy,
+        outcome.action,
+        "; ".join(p.message for p in outcome.problems) or "-",
+    )
+    return 0 if outcome.healthy else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,444 @@
+"""``nuro-nodeagent``: one per node; heartbeats to the controller, GPU health, a status file, background workers.
+
+Command line (the dev cluster starts it exactly like this)::
+
+    nuro-nodeagent --node NAME --controller HOST:PORT --key-file PATH [--interval-s 1.0] [--status-dir DIR]
+                   [--probe auto|nvml|none] [--expect-gpus N] [--env-file PATH] [--log-file PATH]
+                   [--staging-root DIR]
+
+Threads, and why each is separate:
+
+* **beat loop** (main work, ``Agent.run``): every ``interval_s`` it sends one heartbeat (``nuro.heartbeat``:
+  HMAC-signed UDP, ``boot`` = agent start in ms, ``seq`` + 1 each beat) with ``healthy``/``problems`` from the
+  latest probe evaluation, and rewrites ``<status-dir>/<node>.json`` atomically. UDP on a non-blocking socket:
+  a restarting controller or a full socket buffer costs one lost datagram, never a stalled agent.
+* **probe loop**: reads the GPUs (bounded, see ``NvmlProbe``), the staging disk, and evaluates the pure checks at the
+  same interval. A hung NVML call therefore never delays a heartbeat; if the probe loop itself produces nothing for
+  ``stale_after_s``, the heartbeat carries the problem "health probe stale for N s".
+* **workers**: objects with ``.run(stop: threading.Event)`` (e.g. the checkpoint ``UploadWorker``), each in its own
+  thread; a worker that raises is logged and restarted after ``WORKER_RESTART_S``.
+
+SIGTERM/SIGINT stop everything cleanly (exit 0). Logs: one line per state change (health, send errors), not per beat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from nuro import heartbeat as hb
+from nuro.healthcheck.checks import evaluate
+from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes
+from nuro.healthcheck.probes import GpuProbe, NodeGpuReport, make_probe
+
+log = logging.getLogger("nuro.nodeagent")
+
+WORKER_RESTART_S = 5.0
+STATUS_FORMAT = 1
+
+
+class Worker(Protocol):
+    """A background job of the agent; ``run`` returns when ``stop`` is set (and should check it at least every
+    second or so, so the agent stops promptly)."""
+
+    def run(self, stop: threading.Event) -> None: ...
+
+
+# -- status file (read by nuro-healthcheck) -----------------------------------------------------------------------
+def status_path(status_dir: str | Path, node: str) -> Path:
+    return Path(status_dir) / f"{node}.json"
+
+
+def write_status(status_dir: str | Path, node: str, status: dict[str, Any]) -> None:
+    """Write ``<dir>/<node>.json`` atomically (temp file + ``os.replace``), so a reader never sees half a file.
+
+    No fsync: the file is soft state rewritten every second, and after a crash a stale or missing file is exactly
+    what "agent silent" must report.
+    """
+    path = status_path(status_dir, node)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(status, separators=(",", ":"), ensure_ascii=False))
+    os.replace(tmp, path)
+
+
+def read_status(status_dir: str | Path, node: str) -> dict[str, Any] | None:
+    """The agent's last status, or None when there is none (or it is unreadable: treated as never reported)."""
+    try:
+        return json.loads(status_path(status_dir, node).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+# -- pure helpers ---------------------------------------------------------------------------------------------------
+def fit_problems(problems: Sequence[str], make: Callable[[tuple[str, ...]], bytes]) -> tuple[str, ...]:
+    """The longest prefix of ``problems`` (plus a "+N more" note) whose encoded heartbeat fits one datagram."""
+    problems = tuple(problems)
+    for keep in range(len(problems), -1, -1):
+        cut = problems[:keep] + ((f"+{len(problems) - keep} more",) if keep < len(problems) else ())
+        try:
+            make(cut)
+            return cut
+        except hb.BadHeartbeat:
+            continue
+    return ()
+
+
+def build_heartbeat(
+    node: str, boot_ms: int, seq: int, sent: float, problems: Sequence[str], key: bytes
+) -> tuple[hb.Heartbeat, bytes]:
+    """The heartbeat for one beat and its signed datagram; problems are shortened to fit ``hb.MAX_DATAGRAM``."""
+
+    def make(cut: tuple[str, ...]) -> bytes:
+        return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut), key)
+
+    cut = fit_problems(problems, make)
+    beat = hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut)
+    return beat, hb.encode(beat, key)
+
+
+def parse_controller(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6addr]:PORT`` too). Raises ValueError with the expected shape."""
+    host, sep, port = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"--controller {text!r}: expected HOST:PORT, e.g. 127.0.0.1:16850")
+    return host, int(port)
+
+
+@dataclass
+class Health:
+    """The probe loop's latest verdict (``at`` = monotonic time it was made)."""
+
+    problems: tuple[str, ...] = ()
+    report: NodeGpuReport | None = None
+    at: float | None = None
+
+
+@dataclass
+class AgentConfig:
+    """Everything the agent needs besides its probe, socket and workers.
+
+    Attributes:
+        interval_s: seconds between heartbeats (and between probes).
+        stale_after_s: a probe verdict older than this is itself a problem; None = 5 intervals + the probe timeout.
+        status_dir: where ``<node>.json`` goes; None = no status file.
+    """
+
+    node: str
+    controller: tuple[str, int]
+    key: bytes
+    interval_s: float = hb.DEFAULT_INTERVAL_S
+    status_dir: str | None = None
+    health: HealthSettings = field(default_factory=HealthSettings)
+    probe_timeout_s: float = 5.0
+    stale_after_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.interval_s <= 0:
+            raise ValueError(f"--interval-s must be > 0, got {self.interval_s}")
+        if self.stale_after_s is None:
+            self.stale_after_s = 5 * self.interval_s + self.probe_timeout_s
+
+
+class Agent:
+    """The node agent; see the module docstring. ``run(stop)`` blocks until ``stop`` is set.
+
+    Time comes from ``clock`` (wall, for ``sent`` and the status file) and ``monotonic`` (scheduling, staleness),
+    both injectable so the loop can be tested with a fake clock (``beat_once``).
+    """
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        probe: GpuProbe,
+        *,
+        workers: Sequence[Worker] = (),
+        sock: socket.socket | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        disk_free: Callable[[str], int] = disk_free_bytes,
+    ) -> None:
+        self.config = config
+        self.probe = probe
+        self.workers = list(workers)
+        self.clock = clock
+        self.monotonic = monotonic
+        self.disk_free = disk_free
+        self.boot_ms = int(clock() * 1000)
+        self.seq = 0
+        self._sock = sock or socket.socket(
+            socket.AF_INET6 if ":" in config.controller[0] else socket.AF_INET, socket.SOCK_DGRAM
+        )
+        self._sock.setblocking(False)
+        self._addr: tuple[str, int] | None = None
+        self._health = Health()
+        self._lock = threading.Lock()
+        self._last_state: tuple[bool, tuple[str, ...]] | None = None
+        self._send_error: str | None = None
+        self._first_probe = threading.Event()
+        self.sent_ok = 0
+
+    # -- probing ---------------------------------------------------------------------------------------------------
+    def probe_once(self) -> Health:
+        """Read the GPUs and the staging disk, evaluate, store the verdict."""
+        settings = self.config.health
+        report = self.probe.read()
+        try:
+            free: int | None = self.disk_free(settings.staging_root)
+        except OSError:
+            free = None
+        problems = evaluate(
+            report,
+            settings.expected_gpus,
+            free,
+            settings.staging_min_free_bytes,
+            None,  # the agent is the liveness signal; it does not judge itself
+            settings.limits,
+            staging_root=settings.staging_root,
+        )
+        health = Health(tuple(p.message for p in problems), report, self.monotonic())
+        with self._lock:
+            self._health = health
+        self._first_probe.set()
+        return health
+
+    def current_problems(self) -> tuple[str, ...]:
+        """The latest verdict's problems, plus "health probe stale" when the probe loop stopped producing."""
+        with self._lock:
+            health = self._health
+        if health.at is None:
+            return ()  # nothing probed yet: the first beats report healthy rather than invent a problem
+        age = self.monotonic() - health.at
+        if age > (self.config.stale_after_s or 0):
+            return (*health.problems, f"health probe stale for {age:.0f} s")
+        return health.problems
+
+    def _probe_loop(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            started = self.monotonic()
+            try:
+                self.probe_once()
+            except Exception:  # a probe bug must not end health reporting; the staleness check shows it
+                log.exception("probe failed; retrying next interval")
+            stop.wait(max(0.0, self.config.interval_s - (self.monotonic() - started)))
+
+    # -- beating ---------------------------------------------------------------------------------------------------
+    def _resolve(self) -> tuple[str, int] | None:
+        if self._addr is None:
+            host, port = self.config.controller
+            try:
+                info = socket.getaddrinfo(host, port, self._sock.family, socket.SOCK_DGRAM)
+                self._addr = info[0][4][:2]
+            except OSError as exc:
+                self._note_send_error(f"cannot resolve {host}: {exc}")
+        return self._addr
+
+    def _note_send_error(self, error: str | None) -> None:
+        if error != self._send_error:
+            if error:
+                log.warning("heartbeat send failing node=%s error=%s", self.config.node, error)
+            else:
+                log.info("heartbeat send recovered node=%s", self.config.node)
+            self._send_error = error
+
+    def beat_once(self) -> hb.Heartbeat:
+        """Send one heartbeat and write the status file; never blocks, never raises for network errors."""
+        self.seq += 1
+        now = self.clock()
+        problems = self.current_problems()
+        beat, data = build_heartbeat(self.config.node, self.boot_ms, self.seq, now, problems, self.config.key)
+        addr = self._resolve()
+        if addr is not None:
+            try:
+                self._sock.sendto(data, addr)
+                self.sent_ok += 1
+                self._note_send_error(None)
+            except OSError as exc:  # EAGAIN (buffer full), ECONNREFUSED, ENETUNREACH: one lost beat
+                self._note_send_error(f"{type(exc).__name__}: {exc}")
+        state = (beat.healthy, tuple(problems))
+        if state != self._last_state:
+            if beat.healthy:
+                log.info("node=%s healthy", self.config.node)
+            else:
+                log.warning("node=%s unhealthy problems=%s", self.config.node, "; ".join(problems))
+            self._last_state = state
+        if self.config.status_dir:
+            self._write_status(beat, now)
+        return beat
+
+    def _write_status(self, beat: hb.Heartbeat, now: float) -> None:
+        with self._lock:
+            report = self._health.report
+        status = {
+            "v": STATUS_FORMAT,
+            "node": beat.node,
+            "pid": os.getpid(),
+            "boot": beat.boot,
+            "seq": beat.seq,
+            "last_beat": now,
+            "healthy": beat.healthy,
+            "problems": list(beat.problems),
+            "send_error": self._send_error,
+            "gpu_report": report.to_dict() if report else None,  # telemetry for a later metrics sink
+        }
+        try:
+            write_status(self.config.status_dir, beat.node, status)  # type: ignore[arg-type]
+        except OSError as exc:
+            log.warning("status file not written dir=%s error=%s", self.config.status_dir, exc)
+
+    # -- running ---------------------------------------------------------------------------------------------------
+    def _run_worker(self, worker: Worker, stop: threading.Event) -> None:
+        name = type(worker).__name__
+        while not stop.is_set():
+            try:
+                worker.run(stop)
+            except Exception:
+                log.exception("worker %s failed; restarting in %.0f s", name, WORKER_RESTART_S)
+            else:
+                if not stop.is_set():
+                    log.warning("worker %s returned early; restarting in %.0f s", name, WORKER_RESTART_S)
+            stop.wait(WORKER_RESTART_S)
+
+    def run(self, stop: threading.Event) -> None:
+        """Beat every ``interval_s`` until ``stop`` is set; then join the probe and worker threads (briefly)."""
+        threads = [threading.Thread(target=self._probe_loop, args=(stop,), name="probe", daemon=True)]
+        threads += [
+            threading.Thread(target=self._run_worker, args=(w, stop), name=f"worker-{type(w).__name__}", daemon=True)
+            for w in self.workers
+        ]
+        for t in threads:
+            t.start()
+        # The first beat waits (at most one interval) for the first verdict, so it already carries real health.
+        self._first_probe.wait(self.config.interval_s)
+        log.info(
+            "agent started node=%s controller=%s:%d interval_s=%g boot=%d workers=%s",
+            self.config.node,
+            *self.config.controller,
+            self.config.interval_s,
+            self.boot_ms,
+            ",".join(type(w).__name__ for w in self.workers) or "-",
+        )
+        next_at = self.monotonic()
+        while not stop.is_set():
+            self.beat_once()
+            next_at += self.config.interval_s
+            delay = next_at - self.monotonic()
+            if delay < 0:  # fell behind (suspended, overloaded): do not burst to catch up
+                next_at = self.monotonic()
+                delay = 0
+            stop.wait(delay)
+        for t in threads:
+            t.join(timeout=2.0)  # a hung NVML call cannot be joined; its thread is a daemon
+        self.probe.close()
+        self._sock.close()
+        log.info("agent stopped node=%s beats=%d", self.config.node, self.seq)
+
+
+# -- command line ---------------------------------------------------------------------------------------------------
+def _upload_workers(staging_root: str) -> list[Worker]:
+    """The checkpoint UploadWorker for ``--staging-root``, when that module exists in this install."""
+    try:
+        from nuro.checkpoint.upload import UploadWorker  # type: ignore[import-not-found]
+        from nuro.objectstore import ObjectStore
+    except ImportError as exc:
+        log.warning(
+            "--staging-root %s given but nuro.checkpoint.upload.UploadWorker is not importable (%s): "
+            "no checkpoint uploads from this agent",
+            staging_root,
+            exc,
+        )
+        return []
+    return [UploadWorker(ObjectStore.from_env(), staging_root)]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="nuro-nodeagent", description="nuro node agent: heartbeats, GPU health, workers")
+    p.add_argument("--node", required=True, help="this node's Slurm name")
+    p.add_argument("--controller", required=True, help="HOST:PORT of the controller's heartbeat UDP socket")
+    p.add_argument("--key-file", required=True, help="the shared heartbeat key (mode 600)")
+    p.add_argument("--interval-s", type=float, default=hb.DEFAULT_INTERVAL_S)
+    p.add_argument("--status-dir", help="write <dir>/<node>.json each beat (default $NURO_AGENT_STATUS_DIR)")
+    p.add_argument("--probe", choices=("auto", "nvml", "none"), help="GPU probe (default $NURO_HEALTH_PROBE or auto)")
+    p.add_argument("--expect-gpus", type=int, help="GPUs this node must have (default $NURO_EXPECT_GPUS)")
+    p.add_argument("--env-file", help="node settings file (KEY=VALUE), like $NURO_ENV_FILE")
+    p.add_argument("--log-file", help="append logs here instead of stderr")
+    p.add_argument("--staging-root", help="run the checkpoint upload worker over this staging dir")
+    p.add_argument("--probe-timeout-s", type=float, default=5.0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    handler: logging.Handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s nuro-nodeagent %(levelname)s %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+    try:
+        if args.env_file:
+            os.environ["NURO_ENV_FILE"] = args.env_file
+        from nuro.nodeenv import load_node_env
+
+        load_node_env()
+        os.environ.setdefault("PATH", DEFAULT_PATH)
+        settings = HealthSettings.from_env()
+        if args.probe:
+            settings = replace(settings, probe=args.probe)
+        if args.expect_gpus is not None:
+            settings = replace(settings, expected_gpus=args.expect_gpus)
+        if args.staging_root:
+            settings = replace(settings, staging_root=args.staging_root)
+        config = AgentConfig(
+            node=args.node,
+            controller=parse_controller(args.controller),
+            key=hb.load_key(args.key_file),
+            interval_s=args.interval_s,
+            status_dir=args.status_dir or settings.agent_status_dir,
+            health=settings,
+            probe_timeout_s=args.probe_timeout_s,
+        )
+        hb.Heartbeat(config.node, 0, 0, 0.0)  # validates the node name now, not at the first beat
+        probe = make_probe(settings.probe, timeout_s=args.probe_timeout_s)
+    except (OSError, ValueError) as exc:  # BadHeartbeat is a ValueError
+        log.error("cannot start: %s", exc)
+        return 2
+    if config.status_dir:
+        Path(config.status_dir).mkdir(parents=True, exist_ok=True)
+    workers = _upload_workers(args.staging_root) if args.staging_root else []
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %s: stopping", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    Agent(config, probe, workers=workers).run(stop)
+    return 0
+
+
+__all__ = [
+    "Agent",
+    "AgentConfig",
+    "Health",
+    "Worker",
+    "build_heartbeat",
+    "fit_problems",
+    "main",
+    "parse_controller",
+    "read_status",
+    "status_path",
+    "write_status",
+]
+
+if __name__ == "__main__":
+    sys.exit(main())
