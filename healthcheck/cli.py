@@ -196,33 +196,49 @@ def node_drain_state(backend, node: str) -> tuple[bool, str | None]:  # noqa: AN
     return drained, reason
 
 
-def act(outcome: Outcome, backend, dry_run: bool = False) -> Outcome:  # noqa: ANN001 - nuro.slurm.Backend
-    """Drain on problems, resume our own drain when healthy; the rules are in the module docstring."""
+def plan_node_action(outcome: Outcome, drained: bool, reason: str | None) -> tuple[str, object | None, str]:
+    """Pure: what to do about this outcome given the node's drain state; returns (action, Slurm action, detail).
+
+    ==========  ======================================  =====================================================
+    healthy?    node now                                 action
+    ==========  ======================================  =====================================================
+    no          not drained, or drained by nuro-health   ``drained``: DrainNode with ``drain_reason(problems)``
+                with another reason
+    no          drained by nuro-health, same reason      ``none`` (no update: the reason's timestamp stays)
+    no          drained by anyone else                   ``kept-admin-drain`` (never overwrite an admin's reason)
+    yes         drained by nuro-health                   ``resumed``: ResumeNode
+    yes         anything else                            ``none``
+    ==========  ======================================  =====================================================
+    """
     from nuro.slurm import DrainNode, ResumeNode
 
-    drained, reason = node_drain_state(backend, outcome.node)
     if not outcome.healthy:
         want = drain_reason(list(outcome.problems))
         if drained and not is_our_reason(reason):
-            return replace(outcome, action="kept-admin-drain", detail=f"already drained by someone else: {reason}")
+            return "kept-admin-drain", None, f"already drained by someone else: {reason}"
         if drained and reason == want:
-            return replace(outcome, action="none", detail="already drained with this reason")
-        if dry_run:
-            return replace(outcome, action="would-drain", detail=want)
-        result = backend.apply(DrainNode(outcome.node, want))
-        if not result.ok:
-            return replace(outcome, action="failed", detail=f"drain failed: {result.message}")
-        log.warning("drained node=%s reason=%r", outcome.node, want)
-        return replace(outcome, action="drained", detail=want)
+            return "none", None, "already drained with this reason"
+        return "drained", DrainNode(outcome.node, want), want
     if drained and is_our_reason(reason):
-        if dry_run:
-            return replace(outcome, action="would-resume", detail=reason or "")
-        result = backend.apply(ResumeNode(outcome.node))
-        if not result.ok:
-            return replace(outcome, action="failed", detail=f"resume failed: {result.message}")
-        log.info("resumed node=%s old_reason=%r", outcome.node, reason)
-        return replace(outcome, action="resumed", detail=reason or "")
-    return outcome
+        return "resumed", ResumeNode(outcome.node), reason or ""
+    return "none", None, ""
+
+
+def act(outcome: Outcome, backend, dry_run: bool = False) -> Outcome:  # noqa: ANN001 - nuro.slurm.Backend
+    """Read the node's drain state, plan (``plan_node_action``), apply unless ``dry_run``."""
+    drained, reason = node_drain_state(backend, outcome.node)
+    action, slurm_action, detail = plan_node_action(outcome, drained, reason)
+    if slurm_action is None:
+        return replace(outcome, action=action, detail=detail)
+    if dry_run:
+        return replace(outcome, action={"drained": "would-drain", "resumed": "would-resume"}[action], detail=detail)
+    result = backend.apply(slurm_action)
+    if not result.ok:
+        return replace(outcome, action="failed", detail=f"{action} failed: {result.message}")
+    log.log(
+        logging.WARNING if action == "drained" else logging.INFO, "%s node=%s reason=%r", action, outcome.node, detail
+    )
+    return replace(outcome, action=action, detail=detail)
 
 
 def _parser() -> argparse.ArgumentParser:
