@@ -83,10 +83,14 @@ def latest_committed_step(store: ObjectStore, team: str, run: str) -> int | None
     return None
 
 
-def _committed_manifest(store: ObjectStore, team: str, run: str, step: int) -> Manifest | Skipped:
+def _committed_manifest(store: ObjectStore, team: str, run: str, step: int) -> Manifest | Skipped | None:
+    """The step's manifest if it may be loaded; Skipped with the reason if not; None for an empty prefix (a
+    deleted step: some stores, SeaweedFS among them, keep listing the emptied "directory")."""
     try:
         manifest = load_manifest(store, team, run, step)
     except NotFound:
+        if next(iter(store.list(L.step_prefix(team, run, step))), None) is None:
+            return None
         given_up = store.exists(L.incomplete_key(team, run, step))
         return Skipped(step, "given up (incomplete.json)" if given_up else "torn: shards without a manifest")
     except ManifestError as exc:
@@ -185,6 +189,8 @@ def restore_latest(
         if max_step is not None and step > max_step:
             continue
         found = _committed_manifest(store, team, run, step)
+        if found is None:
+            continue
         if isinstance(found, Skipped):
             skipped.append(found)
             log.warning("restore team=%s run=%s skipping %s", team, run, found)

@@ -1,0 +1,417 @@
+"""``Checkpointer``: async DCP checkpoints that a node-level worker commits to S3, and restore of the newest valid one.
+
+Path of one save (STYLE N5)::
+
+    save(state, step)                         # training thread: blocks only while DCP copies the state to memory
+      └ dcp.async_save → $NURO_STAGING_DIR/ckpt/step-N/      (background thread, separate gloo group)
+          └ local rank 0: hash the files, write step-N/.upload.json   (the upload request, atomically)
+              └ UploadWorker (node agent, or this process with upload="inline"): shards → parts/<node>.json →
+                manifest.json last (If-None-Match: *) → step-N/.upload.done.json on every node
+                  └ rank 0: record_checkpoint(step) in the Slurm job comment (best effort)
+
+Who calls what: every rank constructs the Checkpointer and calls ``save``/``maybe_save``/``restore``/``close`` in
+step with the others (they run collectives when torch.distributed is initialised); ``wait_committed`` and
+``latest_committed_step`` may be called on any rank. At world size 1 nothing is collective.
+
+Why a separate gloo group: ``async_save`` runs its planning and finishing collectives in a background thread. On the
+training group they could interleave with the training step's own collectives and deadlock or corrupt both; a
+dedicated group is only ever used by one save at a time (each save waits for the previous one), and gloo works for
+CPU-staged state whatever backend trains. A second gloo group carries the main thread's small decisions (the
+``maybe_save`` interval, the restore step), so they never cross a background save either.
+
+Environment (defaults for the constructor's arguments): ``NURO_TEAM``, ``NURO_RUN_NAME``, ``NURO_STAGING_DIR`` (set by
+the prolog; else ``$NURO_STAGING_ROOT/<job id>``), ``NURO_CKPT_KEEP``, ``NURO_CKPT_INTERVAL_S``, ``NURO_UPLOAD``
+(``agent`` = the node agent uploads; anything else = upload in this process), ``NURO_S3_*`` for the store, and
+Slurm/torchrun ranks via ``RunEnv``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Literal
+
+from nuro.checkpoint import layout as L
+from nuro.checkpoint.errors import CheckpointError, InvalidCheckpointInput
+from nuro.checkpoint.manifest import UploadRequest, utc_now
+from nuro.checkpoint.restore import latest_committed_step, load_manifest, restore_latest, restore_step
+from nuro.checkpoint.staging import job_dirs, write_request
+from nuro.checkpoint.upload import FlushResult, UploadWorker
+from nuro.checkpoint.verify import scan_dir
+from nuro.objectstore import ObjectStore, ObjectStoreError
+from nuro.wrappers.sdk.runenv import RunEnv
+
+log = logging.getLogger(__name__)
+
+UploadMode = Literal["agent", "inline"]
+DEFAULT_INTERVAL_S = 600.0
+DEFAULT_CLOSE_TIMEOUT_S = 300.0
+_POLL_S = 0.1
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidCheckpointInput(f"{name}={raw!r} is not an integer") from None
+
+
+def _env_float(name: str) -> float | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return float(raw)
+    except ValueError:
+        raise InvalidCheckpointInput(f"{name}={raw!r} is not a number of seconds") from None
+
+
+class Checkpointer:
+    """Async checkpoints to node-local staging, committed to S3 by an upload worker; restore of the newest valid one.
+
+    Args:
+        team, run: where checkpoints live (``checkpoints/<team>/<run>/``); default ``NURO_TEAM`` / ``NURO_RUN_NAME``.
+        store: the S3 adapter; default ``ObjectStore.from_env()``.
+        staging_dir: this job's node-local dir; default ``NURO_STAGING_DIR``, else ``$NURO_STAGING_ROOT/<job id>``.
+        keep: committed checkpoints retention keeps (plus tagged ones); default ``NURO_CKPT_KEEP``; None = all.
+        interval_s: ``maybe_save`` saves when this many seconds passed since the last save; default
+            ``NURO_CKPT_INTERVAL_S``, else 600.
+        process_group: the gloo group to save with; default: a new gloo group (see the module docstring).
+        async_save: False makes every ``save`` synchronous (the state is written before ``save`` returns).
+        upload: ``"agent"`` (the node agent uploads) or ``"inline"`` (a thread of this process does); default
+            ``"agent"`` when ``NURO_UPLOAD=agent``, else ``"inline"``.
+
+    Raises:
+        InvalidCheckpointInput: team/run missing or malformed, or a malformed NURO_* value.
+    """
+
+    def __init__(
+        self,
+        team: str | None = None,
+        run: str | None = None,
+        store: ObjectStore | None = None,
+        staging_dir: str | Path | None = None,
+        keep: int | None = None,
+        interval_s: float | None = None,
+        process_group: Any = None,
+        async_save: bool = True,
+        upload: UploadMode | None = None,
+        *,
+        env: RunEnv | None = None,
+    ) -> None:
+        self.env = env or RunEnv.from_env()
+        team, run = team or self.env.team, run or self.env.run_name
+        if not team or not run:
+            raise InvalidCheckpointInput(
+                "Checkpointer needs a team and a run name: pass team=/run= or run under nuro-train "
+                "(which sets NURO_TEAM and NURO_RUN_NAME)"
+            )
+        self.team, self.run = L.validate_team(team), L.validate_run(run)
+        self.store = store or ObjectStore.from_env()
+        self.keep = keep if keep is not None else _env_int("NURO_CKPT_KEEP")
+        if self.keep is not None and self.keep < 1:
+            raise InvalidCheckpointInput(f"keep must be at least 1 (NURO_CKPT_KEEP), got {self.keep}")
+        self.interval_s = interval_s or _env_float("NURO_CKPT_INTERVAL_S") or DEFAULT_INTERVAL_S
+        self.async_save = async_save
+        mode = upload or ("agent" if os.environ.get("NURO_UPLOAD") == "agent" else "inline")
+        if mode not in ("agent", "inline"):
+            raise InvalidCheckpointInput(f"upload must be 'agent' or 'inline', got {mode!r}")
+        self.upload: UploadMode = mode
+
+        self.staging_dir = Path(staging_dir or self.env.staging_dir or self._default_staging_dir())
+        self.staging_root = Path(os.environ.get("NURO_STAGING_ROOT") or self.staging_dir.parent)
+        self.job_id = str(self.env.job_id) if self.env.job_id is not None else self.staging_dir.name
+        L.validate_job_id(self.job_id)
+        self.staging_dir.mkdir(parents=True, exist_ok=True)
+        (self.staging_dir / "ckpt").mkdir(exist_ok=True)
+
+        self._dist, self._group, self._ctl_group = self._setup_groups(process_group)
+        self.rank = self._dist.get_rank() if self._dist else self.env.rank
+        self.world_size = self._dist.get_world_size() if self._dist else 1
+        self.local_rank = self.env.local_rank if self._dist else 0
+        self.local_world_size = self.env.local_world_size if self._dist else 1
+
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nuro-ckpt-finalize")
+        self._inflight: tuple[int, Future[None]] | None = None
+        self._last_saved_step: int | None = None
+        self._last_save_time = time.monotonic()
+        self._requested: list[int] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._worker: UploadWorker | None = None
+        self._last_recorded: int | None = None
+        self.timings: dict[int, dict[str, float]] = {}
+        if self.upload == "inline" and self.local_rank == 0:
+            self._worker = UploadWorker(self.store, self.staging_root, job_dirs=[self.staging_dir])
+            self._start_thread("nuro-ckpt-upload", lambda: self._worker.run(self._stop, 0.5))  # type: ignore[union-attr]
+        if self.rank == 0 and self.env.job_id is not None:
+            self._start_thread("nuro-ckpt-record", self._record_loop)
+
+    # -- set-up ------------------------------------------------------------------------------------------------
+    def _default_staging_dir(self) -> Path:
+        root = Path(os.environ.get("NURO_STAGING_ROOT") or L.DEFAULT_STAGING_ROOT)
+        name = str(self.env.job_id) if self.env.job_id is not None else f"local-{os.getuid()}-{self.run}"
+        return root / name
+
+    def _setup_groups(self, process_group: Any) -> tuple[Any, Any, Any]:
+        """(torch.distributed or None, the save group, the control group). Collective: every rank calls it."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return None, None, None
+        timeout = self.env.pg_timeout
+        group = process_group or dist.new_group(backend="gloo", timeout=timeout)
+        ctl = dist.new_group(backend="gloo", timeout=timeout)
+        return dist, group, ctl
+
+    def _start_thread(self, name: str, target: Callable[[], None]) -> None:
+        t = threading.Thread(target=target, name=name, daemon=True)  # daemon: a forgotten close() must not hang exit
+        t.start()
+        self._threads.append(t)
+
+    # -- saving ------------------------------------------------------------------------------------------------
+    def step_dir(self, step: int) -> Path:
+        return self.staging_dir / "ckpt" / L.step_name(step)
+
+    def save(self, state_dict: dict[str, Any], step: int, *, sync: bool = False) -> None:
+        """Checkpoint ``state_dict`` as ``step`` (every rank, in step). Returns once the state is staged in memory
+        (async) or written to the node-local dir (``sync=True`` or ``async_save=False``); upload happens behind.
+
+        A step already saved by this Checkpointer is not saved again (``sync=True`` then waits for that save).
+        """
+        L.validate_step(step)
+        if self._last_saved_step is not None and step <= self._last_saved_step:
+            if sync:
+                self._wait_inflight()
+            log.debug("save step=%d skipped: step %d already saved", step, self._last_saved_step)
+            return
+        self._wait_inflight()  # one save at a time: bounded memory, and the save group is never shared
+        import torch.distributed.checkpoint as dcp
+
+        path = self.step_dir(step)
+        if self.local_rank == 0:
+            self._clear_stale(path)
+        if self._dist and self.local_world_size > 1:
+            self._dist.barrier(group=self._ctl_group)  # no rank writes before a stale dir is moved away
+        path.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        timing = self.timings.setdefault(step, {})
+        self._last_saved_step = step
+        self._last_save_time = t0
+        if sync or not self.async_save:
+            dcp.save(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
+            timing["stall_s"] = timing["durable_s"] = time.monotonic() - t0
+            self._finalize(step, path, t0)
+            return
+        res = dcp.async_save(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
+        timing["stall_s"] = time.monotonic() - t0
+        done = res.upload_completion if hasattr(res, "upload_completion") else res
+
+        def finish() -> None:
+            done.result()
+            timing["durable_s"] = time.monotonic() - t0
+            self._finalize(step, path, t0)
+
+        self._inflight = (step, self._executor.submit(finish))
+
+    def _clear_stale(self, path: Path) -> None:
+        """A step dir left by an earlier attempt is moved aside, never mixed into this save."""
+        if path.exists():
+            aside = path.with_name(f".stale-{path.name}-{time.time_ns()}")
+            log.warning("moving stale checkpoint dir %s aside to %s before saving again", path, aside)
+            os.replace(path, aside)
+            shutil.rmtree(aside, ignore_errors=True)
+
+    def _finalize(self, step: int, path: Path, t0: float) -> None:
+        """After DCP finished on every rank: local rank 0 hands this node's files to the upload worker."""
+        if self.local_rank != 0:
+            return
+        files = scan_dir(path)
+        req = UploadRequest(
+            team=self.team, run=self.run, step=step, job_id=self.job_id, restart=self.env.restart_count,
+            part=self.env.node_rank if self._dist else 0, parts_expected=self.env.num_nodes if self._dist else 1,
+            world_size=self.world_size, files=files, created_at=utc_now(), keep=self.keep,
+        )  # fmt: skip
+        write_request(path, req)
+        self._requested.append(step)
+        self.timings.setdefault(step, {})["requested_s"] = time.monotonic() - t0
+        log.info("checkpoint staged step=%d files=%d bytes=%d", step, len(files), sum(f.size for f in files))
+
+    def _wait_inflight(self) -> None:
+        if self._inflight is not None:
+            step, fut = self._inflight
+            self._inflight = None
+            try:
+                fut.result()
+            except Exception as exc:
+                raise CheckpointError(f"the async save of step {step} failed: {exc}") from exc
+
+    def maybe_save(self, state_fn: Callable[[], dict[str, Any]], step: int) -> bool:
+        """Save when ``interval_s`` has passed since the last save (every rank, in step; rank 0's clock decides,
+        so all ranks save at the same step). ``state_fn`` is called only when saving. True if it saved."""
+        due = time.monotonic() - self._last_save_time >= self.interval_s
+        due = bool(self._broadcast(int(due)))
+        if due:
+            self.save(state_fn(), step)
+        return due
+
+    def _broadcast(self, value: int) -> int:
+        if not self._dist:
+            return value
+        import torch
+
+        t = torch.tensor([value], dtype=torch.int64)
+        self._dist.broadcast(t, src=0, group=self._ctl_group)
+        return int(t.item())
+
+    # -- commit ------------------------------------------------------------------------------------------------
+    def is_committed(self, step: int) -> bool:
+        """True once ``step``'s manifest is in S3 (this node's marker, else one HEAD)."""
+        path = self.step_dir(step)
+        if (path / L.DONE_FILE).is_file():
+            return True
+        if (path / L.ABANDONED_FILE).is_file():
+            return False
+        if path.is_dir() and (path / L.REQUEST_FILE).is_file():
+            return False  # the node's worker marks it when it sees the manifest
+        try:
+            return self.store.exists(L.manifest_key(self.team, self.run, step))
+        except ObjectStoreError:
+            return False
+
+    def wait_committed(self, step: int, timeout_s: float) -> bool:
+        """Wait until ``step`` is committed in S3; False at the timeout or if its upload was given up."""
+        deadline = time.monotonic() + timeout_s
+        if self._inflight is not None and self._inflight[0] == step:
+            self._wait_inflight()
+        while True:
+            if self.is_committed(step):
+                return True
+            if (self.step_dir(step) / L.ABANDONED_FILE).is_file() or time.monotonic() >= deadline:
+                return False
+            time.sleep(_POLL_S)
+
+    def latest_committed_step(self) -> int | None:
+        """The newest step whose manifest is in S3 (not verified; ``restore`` verifies)."""
+        return latest_committed_step(self.store, self.team, self.run)
+
+    def _record_loop(self) -> None:
+        """Rank 0 in a Slurm job: put each newly committed step in the job comment (the controller's view)."""
+        while not self._stop.wait(1.0):
+            self._record_new_commits()
+        self._record_new_commits()
+
+    def _record_new_commits(self) -> None:
+        newest = None
+        for step in list(self._requested):
+            if (self.step_dir(step) / L.DONE_FILE).is_file() or (
+                step == self._requested[-1] and self.is_committed(step)
+            ):
+                newest = step
+        if newest is None or (self._last_recorded is not None and newest <= self._last_recorded):
+            return
+        try:
+            from nuro.wrappers.jobchannel import record_checkpoint
+
+            record_checkpoint(newest)
+            self._last_recorded = newest
+        except Exception as exc:  # best effort: the checkpoint is committed whatever the comment says
+            log.warning("could not record committed step %d in the job comment: %s", newest, exc)
+            self._last_recorded = newest
+
+    # -- restore -----------------------------------------------------------------------------------------------
+    def local_roots(self) -> list[Path]:
+        """Where a valid local copy may already be: the prolog's restore dir, this job's saves, the node cache,
+        other jobs' saves on this node (newest job dirs first)."""
+        roots = [
+            self.staging_dir / "restore",
+            self.staging_dir / "ckpt",
+            L.cache_dir(self.staging_root, self.team, self.run),
+        ]
+        others = [d / "ckpt" for d in reversed(job_dirs(self.staging_root)) if d != self.staging_dir]
+        return roots + others
+
+    def restore(self, state_dict: dict[str, Any]) -> int | None:
+        """Load the newest valid checkpoint into ``state_dict`` in place (every rank, in step); its step, or None
+        when the run has no valid checkpoint yet. Later saves of steps at or below it are skipped."""
+        import torch.distributed.checkpoint as dcp
+
+        path, step, error = None, -1, ""
+        if self.rank == 0:
+            try:
+                found = restore_latest(
+                    self.store, self.team, self.run, local_roots=self.local_roots(), dest=self.staging_dir / "restore"
+                )
+                if found is not None:
+                    path, step = found.path, found.step
+            except (CheckpointError, ObjectStoreError, OSError) as exc:
+                error = f"rank 0: {exc}"
+        if self._dist:
+            step = self._broadcast(step if not error else -2)
+            if step == -2:
+                error = error or "rank 0 could not restore (see its log)"
+            elif step >= 0 and self.local_rank == 0 and self.rank != 0:
+                try:
+                    manifest = load_manifest(self.store, self.team, self.run, step)
+                    path = restore_step(
+                        self.store, manifest, local_roots=self.local_roots(), dest=self.staging_dir / "restore"
+                    ).path
+                except (CheckpointError, ObjectStoreError, OSError) as exc:
+                    error = f"rank {self.rank}: {exc}"
+            gathered: list[Any] = [None] * self.world_size
+            self._dist.all_gather_object(gathered, (str(path) if path else None, error), group=self._ctl_group)
+            errors = [e for _, e in gathered if e]
+            if errors:
+                raise CheckpointError("restore failed: " + "; ".join(errors))
+            node_leader = self.rank - self.local_rank  # torchrun numbers the ranks of a node contiguously
+            path = Path(gathered[node_leader][0]) if gathered[node_leader][0] else None
+        elif error:
+            raise CheckpointError(f"restore failed: {error}")
+        if step < 0 or path is None:
+            return None
+        dcp.load(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
+        self._last_saved_step = step
+        log.info("restored step=%d from %s", step, path)
+        return step
+
+    # -- shutdown ----------------------------------------------------------------------------------------------
+    def flush(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> FlushResult | None:
+        """Wait for the pending save, then (inline mode, local rank 0) for this job's uploads to commit."""
+        self._wait_inflight()
+        if self._worker is None:
+            return None
+        deadline = time.monotonic() + timeout_s
+        while self._worker.pending(self.job_id) and time.monotonic() < deadline:
+            time.sleep(_POLL_S)
+        return FlushResult(
+            self.job_id,
+            committed=[s for s in self._requested if self.is_committed(s)],
+            incomplete=self._worker.pending(self.job_id),
+        )
+
+    def close(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> FlushResult | None:
+        """Finish: wait for pending saves and (inline) uploads, up to ``timeout_s``; stop the threads. Leftover
+        requests stay on disk for the node agent or the epilog."""
+        try:
+            result = self.flush(timeout_s)
+        finally:
+            self._stop.set()
+            for t in self._threads:
+                t.join(timeout=30)
+            self._executor.shutdown(wait=True)
+        return result
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
