@@ -1,4 +1,5 @@
-"""``nuro-admin``: the administrator's CLI. Today: ``devcluster up | down | status | env``.
+"""``nuro-admin``: the administrator's CLI: ``devcluster up | down | status | env | kill-node | revive-node``,
+``policy ...``.
 
 Exit codes: 0 success, 1 the operation failed or was refused (the message says why and what to do), 2 usage error.
 """
@@ -149,6 +150,39 @@ def status(as_json: bool, state_dir: Path | None) -> None:
 def env(state_dir: Path | None) -> None:
     """Print shell exports so plain sbatch/squeue/sinfo/sacctmgr use this cluster: eval "$(... env)"."""
     click.echo(manager.render_env_sh(_layout(state_dir)), nl=False)
+
+
+@devcluster.command("kill-node")
+@click.argument("node")
+@click.option("--json", "as_json", is_flag=True, help="Print what was killed as JSON.")
+@state_dir_option
+def kill_node(node: str, as_json: bool, state_dir: Path | None) -> None:
+    """Crash NODE like a host: SIGKILL its slurmd, slurmstepds, job processes and node agent (by PID)."""
+    try:
+        res = manager.kill_node(_layout(state_dir), node)
+    except (manager.DevClusterError, RuntimeError, OSError) as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    what = ", ".join(f"{k['name']} {k['pid']}" for k in res["killed"]) or "nothing was running"
+    click.echo(f"killed {node}: {what}")
+
+
+@devcluster.command("revive-node")
+@click.argument("node")
+@click.option("--json", "as_json", is_flag=True, help="Print what was started as JSON.")
+@state_dir_option
+def revive_node(node: str, as_json: bool, state_dir: Path | None) -> None:
+    """Restart a killed NODE's slurmd and node agent under the supervisor; the detector resumes it once healthy."""
+    try:
+        res = manager.revive_node(_layout(state_dir), node)
+    except (manager.DevClusterError, RuntimeError, OSError) as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(res))
+        return
+    click.echo(f"revived {node}: " + ", ".join(f"{k['name']} {k['pid']}" for k in res["started"]))
 
 
 main.add_command(policy)

@@ -77,6 +77,11 @@ class PortPlan:
         )  # fmt: skip
         return {flag: self.s3 + i for i, flag in enumerate(flags)}
 
+    @property
+    def heartbeat(self) -> int:
+        """The controller's UDP heartbeat port (base+50; UDP, so it is checked apart from the TCP ports)."""
+        return self.base + 50
+
     def all(self, n_nodes: int) -> dict[str, int]:
         ports = {"mariadb": self.mariadb, "slurmctld": self.slurmctld, "slurmdbd": self.slurmdbd}
         ports.update({f"seaweedfs -{flag}": port for flag, port in self.weed().items()})
@@ -166,6 +171,36 @@ class Layout:
     def cache(self) -> Path:
         """The node-local cache (datasets verified on this node); one per dev cluster since nodes share a disk."""
         return self.root / "cache"
+
+    @property
+    def heartbeat_key(self) -> Path:
+        """The HMAC key agents and the controller share (``nuro.heartbeat.write_key``, mode 600)."""
+        return self.etc / "heartbeat.key"
+
+    @property
+    def agents_dir(self) -> Path:
+        """Where node agents write their status files (``--status-dir``)."""
+        return self.run / "agents"
+
+    @property
+    def staging(self) -> Path:
+        """The NVMe staging root stand-in (``--staging-root``): one per dev cluster."""
+        return self.root / "staging"
+
+    @property
+    def events_log(self) -> Path:
+        """nuro's event log (``nuro.events``): node_lost, node_down, jobs_requeued, …"""
+        return self.log / "events.jsonl"
+
+    @property
+    def control_dir(self) -> Path:
+        """Requests to the running supervisor (kill-node, revive-node) and its answers, one JSON file each."""
+        return self.run / "control"
+
+    @property
+    def teams_yaml(self) -> Path:
+        """When this file exists the dev cluster's controller also runs the policy; else detector only."""
+        return self.etc / "teams.yaml"
 
     @property
     def env_sh(self) -> Path:

@@ -1,4 +1,5 @@
-"""``devcluster up | down | status | env``: preflight, render, hand over to the supervisor, wait, report.
+"""``devcluster up | down | status | env | kill-node | revive-node``: preflight, render, hand over to the
+supervisor, wait, report.
 
 Every refusal says what is wrong and what to do. Nothing here ever signals a process it did not start: stopping
 goes through the run record (PID + start time) and the supervisor.
@@ -17,6 +18,7 @@ import stat
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,6 +30,7 @@ from nuro.devcluster.install import ensure_packages
 from nuro.devcluster.layout import DEFAULT_PORT_BASE, GPUS_PER_NODE, Layout, PortPlan, bin_dir, describe
 from nuro.devcluster.procs import stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
+from nuro.heartbeat import write_key
 from nuro.slurmconf import (
     render_gres_conf,
     render_hook_wrapper,
@@ -72,7 +75,13 @@ def env_exports(layout: Layout) -> dict[str, str]:
     need the port base, recorded by ``up``: a state dir that never ran exports only the Slurm ones rather than
     guess an endpoint.
     """
-    env = {"SLURM_CONF": str(layout.slurm_conf), "NURO_DEVCLUSTER_DIR": str(layout.root)}
+    env = {
+        "SLURM_CONF": str(layout.slurm_conf),
+        "NURO_DEVCLUSTER_DIR": str(layout.root),
+        "NURO_AGENT_STATUS_DIR": str(layout.agents_dir),
+        "NURO_STAGING_ROOT": str(layout.staging),
+        "NURO_EVENT_LOG": str(layout.events_log),
+    }
     base = recorded_port_base(layout)
     if base is not None:
         env.update(s3.s3_env(PortPlan(base)))
@@ -116,6 +125,18 @@ def busy_ports(plan: PortPlan, n_nodes: int) -> list[tuple[str, int]]:
     return busy
 
 
+def udp_port_busy(port: int) -> bool:
+    """The controller's heartbeat port is UDP: a TCP bind test says nothing about it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
 def ephemeral_range() -> tuple[int, int]:
     """The kernel's range for outgoing connections' local ports (``net.ipv4.ip_local_port_range``)."""
     try:
@@ -129,7 +150,7 @@ def check_port_plan(plan: PortPlan, n_nodes: int) -> None:
     """Refuse a plan that overlaps the ephemeral range: any outgoing connection could take one of its ports at
     any moment, so ``up`` would fail at random (seen with 500 slurmd ports at base 46800)."""
     low, high = ephemeral_range()
-    ports = plan.all(n_nodes).values()
+    ports = [*plan.all(n_nodes).values(), plan.heartbeat]
     if min(ports) <= high and max(ports) >= low:
         top = low - 1 - 1000 - n_nodes
         raise DevClusterError(
@@ -167,6 +188,8 @@ def _write_hooks(layout: Layout) -> None:
     """nuro.env (the settings node-side hooks need) and the Prolog/Epilog/HealthCheckProgram wrappers."""
     env = {**env_exports(layout), "NURO_CACHE_DIR": str(layout.cache)}
     layout.cache.mkdir(exist_ok=True)
+    layout.staging.mkdir(exist_ok=True)
+    layout.agents_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(layout.nuro_env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write("".join(f"{k}={v}\n" for k, v in env.items()))
@@ -186,6 +209,7 @@ def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
     layout.ports_file.write_text(json.dumps({"port_base": port_base}) + "\n")
     layout.munge_dir.mkdir(exist_ok=True)
     layout.munge_dir.chmod(0o711)
+    write_key(layout.heartbeat_key)  # agents ↔ controller HMAC key, mode 600, kept across down/up
     layout.mysql_data.mkdir(exist_ok=True)
     for i in range(GPUS_PER_NODE):
         dev = layout.dev / f"nvidia{i}"
@@ -245,12 +269,14 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
         raise DevClusterError(s3.WEED_MISSING)
     installed = ensure_packages()
     busy = busy_ports(PortPlan(port_base), n_nodes)
+    if udp_port_busy(PortPlan(port_base).heartbeat):
+        busy.append(("nuro-controller heartbeats (udp)", PortPlan(port_base).heartbeat))
     if busy:
         what = ", ".join(f"{port} ({name}, held by {_port_owner(port)})" for name, port in busy[:5])
         raise DevClusterError(
             f"ports in use: {what}{' …' if len(busy) > 5 else ''}. The dev cluster uses {port_base}+6, +17, +19, "
-            f"+33..+43 (SeaweedFS) and {port_base + 1000}..{port_base + 999 + n_nodes}: choose free ones with "
-            "--port-base (e.g. --port-base 20800) or stop the process holding them."
+            f"+33..+43 (SeaweedFS), udp +50 (heartbeats) and {port_base + 1000}..{port_base + 999 + n_nodes}: "
+            "choose free ones with --port-base (e.g. --port-base 20800) or stop the process holding them."
         )
     _prepare(layout, n_nodes, port_base)
     layout.record.unlink(missing_ok=True)
@@ -336,4 +362,46 @@ def status(layout: Layout) -> dict:
         "error": error,
         "processes": procs,
         "nodes": nodes,
+        "killed_nodes": record.killed_nodes,
+        "heartbeat_port": PortPlan(record.port_base).heartbeat,
+        "event_log": str(layout.events_log),
     }
+
+
+def _request(layout: Layout, op: str, node: str, timeout_s: float = 30.0) -> dict:
+    """Ask the running supervisor to do ``op`` on ``node`` (see supervisor.serve_requests); return its answer."""
+    record = read_record(layout.record)
+    if record is None or record.phase != Phase.RUNNING or not (record.supervisor and record.supervisor.is_alive()):
+        raise DevClusterError(
+            f"no running dev cluster in {layout.root}: start one with 'nuro-admin devcluster up --state-dir "
+            f"{layout.root}'"
+        )
+    layout.control_dir.mkdir(parents=True, exist_ok=True)
+    rid = uuid.uuid4().hex
+    tmp = layout.control_dir / f".{rid}.tmp"
+    tmp.write_text(json.dumps({"op": op, "node": node}))
+    os.replace(tmp, layout.control_dir / f"{rid}.req.json")  # the supervisor never sees half a request
+    resp = layout.control_dir / f"{rid}.resp.json"
+    if not wait_for(resp.exists, timeout_s, 0.02):
+        (layout.control_dir / f"{rid}.req.json").unlink(missing_ok=True)
+        raise DevClusterError(
+            f"the supervisor did not answer {op} {node} within {timeout_s:.0f} s; see {layout.supervisor_log}"
+        )
+    answer = json.loads(resp.read_text())
+    resp.unlink(missing_ok=True)
+    if not answer.get("ok"):
+        raise DevClusterError(f"{op} {node} refused: {answer.get('error')}")
+    return answer
+
+
+def kill_node(layout: Layout, node: str) -> dict:
+    """Crash ``node`` like a host: SIGKILL its slurmd, slurmstepds, job processes and agent (by the supervisor).
+
+    Returns ``{"node", "at" (Unix s), "killed": [{"name", "pid"}]}``.
+    """
+    return _request(layout, "kill-node", node)
+
+
+def revive_node(layout: Layout, node: str) -> dict:
+    """Restart a killed node's slurmd and agent under the supervisor. Returns ``{"node", "at", "started"}``."""
+    return _request(layout, "revive-node", node)

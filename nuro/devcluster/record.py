@@ -31,6 +31,9 @@ class RunRecord:
     daemons: list[ProcRef] = field(default_factory=list)
     started_at: float = 0.0
     running_at: float = 0.0
+    # Nodes crashed on purpose by ``devcluster kill-node``: node → {"at": Unix s, "killed": [{name, pid}, ...]}.
+    # Their slurmd and agent leave ``daemons`` (a killed node is not an unhealthy cluster) until revive-node.
+    killed_nodes: dict[str, dict] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -43,6 +46,7 @@ class RunRecord:
             "daemons": [d.to_json() for d in self.daemons],
             "started_at": self.started_at,
             "running_at": self.running_at,
+            "killed_nodes": self.killed_nodes,
         }
 
     @classmethod
@@ -57,6 +61,7 @@ class RunRecord:
             daemons=[ProcRef.from_json(d) for d in data.get("daemons", [])],
             started_at=float(data.get("started_at", 0.0)),
             running_at=float(data.get("running_at", 0.0)),
+            killed_nodes=dict(data.get("killed_nodes") or {}),
         )
 
     def live_processes(self) -> list[ProcRef]:

@@ -6,14 +6,24 @@ as its own child, adopts the slurmstepd processes slurmd double-forks, and reaps
 it started in reverse order: slurmd, then whatever job processes it adopted, then slurmctld, slurmdbd, MariaDB,
 SeaweedFS and munge. Start order and readiness checks follow SLURM_FACTS (munge → MariaDB → slurmdbd → cluster row →
 slurmctld → slurmd); SeaweedFS (the S3 store, ``nuro.devcluster.s3``) starts right after munge, before anything
-that could run a job whose prolog reads datasets. Run as ``python -m nuro.devcluster.supervisor``;
-``nuro-admin devcluster up`` does that.
+that could run a job whose prolog reads datasets. After the slurmds come nuro's own daemons: ``nuro-controller``
+(failure detector; plus the policy when ``STATE/etc/teams.yaml`` exists) and one node agent per node. Run as
+``python -m nuro.devcluster.supervisor``; ``nuro-admin devcluster up`` does that.
+
+Crashing and reviving a node (``devcluster kill-node/revive-node``) is done *here*, on request: the manager drops a
+JSON request into ``run/control/`` and the supervisor, which is the parent (or subreaper) of every process involved,
+kills or restarts them and answers with a JSON file. Why here: only the supervisor can restart a child it will then
+reap and stop on ``down``, and only it knows which adopted slurmstepd belongs to which node. It knows that because
+each slurmd is started with ``NURO_DEVCLUSTER_NODE=<node>`` in its environment, which slurmstepd inherits (slurmd
+double-forks it, so it is re-parented to us, not a descendant of slurmd).
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
+import json
 import logging
 import os
 import signal
@@ -26,13 +36,14 @@ from pathlib import Path
 import psutil
 
 from nuro.devcluster import s3
-from nuro.devcluster.layout import CLUSTER_NAME, DB_PASSWORD, DB_USER, Layout, PortPlan, node_names
+from nuro.devcluster.layout import CLUSTER_NAME, DB_PASSWORD, DB_USER, Layout, PortPlan, bin_dir, node_names
 from nuro.devcluster.procs import ProcRef, stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, write_record
 
 log = logging.getLogger("nuro.devcluster.supervisor")
 
 PR_SET_CHILD_SUBREAPER = 36
+NODE_TAG = "NURO_DEVCLUSTER_NODE"  # in each slurmd's environment, inherited by its slurmstepds
 
 
 class StartError(RuntimeError):
@@ -54,6 +65,20 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 def _quiet(argv: list[str], env: dict[str, str], timeout_s: float = 15.0) -> subprocess.CompletedProcess:
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def _node_tag(pid: int) -> str | None:
+    """``NURO_DEVCLUSTER_NODE`` from /proc/PID/environ, read raw: slurmstepd's setproctitle zeroes the start of
+    that area, and psutil's ``environ()`` then returns {} although the variable is still there."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = NODE_TAG.encode() + b"="
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix) :].decode(errors="replace")
+    return None
 
 
 def _children(proc: psutil.Process) -> list[psutil.Process]:
@@ -184,15 +209,159 @@ class Supervisor:
         proc = self._spawn("slurmctld", ["slurmctld", "-D", "-i"], "slurmctld.out")
         self._ready("slurmctld", proc, lambda: port_open(self.ports.slurmctld), 60, "slurmctld.log")
 
+    def _spawn_slurmd(self, name: str, save: bool) -> subprocess.Popen:
+        env = {**self.env, NODE_TAG: name}
+        return self._spawn(f"slurmd:{name}", ["slurmd", "-D", "-N", name], "slurmd.out", save=save, env=env)
+
     def start_slurmds(self) -> None:
         for name in self.nodes:
             (self.layout.slurmd_spool / name).mkdir(parents=True, exist_ok=True)
         try:
             for name in self.nodes:
                 # One record write for the batch: a write (fsync) per slurmd made 500 nodes take 15 s.
-                self._spawn(f"slurmd:{name}", ["slurmd", "-D", "-N", name], "slurmd.out", save=False)
+                self._spawn_slurmd(name, save=False)
         finally:
             self._save()
+
+    def controller_argv(self) -> list[str]:
+        """``nuro-controller`` with the detector on; with the policy too when ``etc/teams.yaml`` exists."""
+        lay = self.layout
+        argv = [
+            sys.executable, "-m", "nuro.slurm_plugins.controller.daemon",
+            "--heartbeat-port", str(self.ports.heartbeat), "--heartbeat-key", str(lay.heartbeat_key),
+            "--event-log", str(lay.events_log),
+        ]  # fmt: skip
+        if lay.teams_yaml.exists():
+            argv += ["--policy", str(lay.teams_yaml)]
+        return argv
+
+    def agent_argv(self, node: str) -> list[str]:
+        """The node agent's command line (fixed CLI); the stand-in beacon until ``nuro-nodeagent`` is installed."""
+        lay = self.layout
+        real = importlib.util.find_spec("nuro.healthcheck.agent") is not None
+        head = [str(bin_dir() / "nuro-nodeagent")] if real else [sys.executable, "-m", "nuro.devcluster.beacon"]
+        if real and not (bin_dir() / "nuro-nodeagent").exists():
+            head = [sys.executable, "-m", "nuro.healthcheck.agent"]
+        return head + [
+            "--node", node, "--controller", f"127.0.0.1:{self.ports.heartbeat}",
+            "--key-file", str(lay.heartbeat_key), "--interval-s", "1.0", "--probe", "none",
+            "--status-dir", str(lay.agents_dir), "--env-file", str(lay.nuro_env),
+            "--staging-root", str(lay.staging), "--log-file", str(lay.log / f"agent-{node}.log"),
+        ]  # fmt: skip
+
+    def start_controller(self) -> None:
+        proc = self._spawn("nuro-controller", self.controller_argv(), "controller.log")
+        time.sleep(0.3)  # it binds its socket at once; a bad key or busy port makes it exit right away
+        if proc.poll() is not None:
+            raise StartError(f"nuro-controller exited with {proc.returncode}; see {self.layout.log / 'controller.log'}")
+
+    def _spawn_agent(self, node: str, save: bool) -> subprocess.Popen:
+        return self._spawn(f"agent:{node}", self.agent_argv(node), "agents.out", save=save)
+
+    def start_agents(self) -> None:
+        self.layout.agents_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            for node in self.nodes:
+                self._spawn_agent(node, save=False)
+        finally:
+            self._save()
+
+    # -- crash and revive a node on request (devcluster kill-node / revive-node) ------------------------------
+    def _ref(self, name: str) -> ProcRef | None:
+        return next((d for d in self.record.daemons if d.name == name), None)
+
+    def _stepds_of(self, node: str) -> list[psutil.Process]:
+        """Adopted slurmstepds of this node: our direct children outside the record whose slurmd tagged them."""
+        core = {d.pid for d in self.record.daemons}
+        found = []
+        for proc in psutil.Process().children():
+            if proc.pid in core:
+                continue
+            if _node_tag(proc.pid) == node:
+                found.append(proc)
+        return found
+
+    def kill_node(self, node: str) -> dict:
+        """Crash a host: SIGKILL its slurmd, its slurmstepds and their job processes, and its agent. By PID only."""
+        if node not in self.nodes:
+            raise ValueError(f"no node {node!r} in this cluster ({self.nodes[0]}..{self.nodes[-1]})")
+        if node in self.record.killed_nodes:
+            raise ValueError(f"{node} is already killed; run 'devcluster revive-node {node}'")
+        killed: list[dict] = []
+
+        def kill(procs: list[psutil.Process], what: str) -> None:
+            for p in procs:
+                try:
+                    p.kill()
+                    killed.append({"name": what, "pid": p.pid})
+                except psutil.NoSuchProcess:
+                    continue
+
+        at = time.time()
+        slurmd_ref, agent_ref = self._ref(f"slurmd:{node}"), self._ref(f"agent:{node}")
+        slurmd = slurmd_ref.process() if slurmd_ref else None
+        if slurmd is not None:
+            inflight = _children(slurmd)  # a slurmstepd caught mid double-fork
+            kill([slurmd], "slurmd")  # first, so it cannot start another step while we look
+            kill(inflight, "slurmd child")
+        stepds = self._stepds_of(node)
+        for p in stepds:  # freeze the trees so no job process escapes between listing and killing
+            try:
+                p.suspend()
+            except psutil.NoSuchProcess:
+                continue
+        jobs = [c for p in stepds for c in _children(p)]
+        kill(stepds, "slurmstepd")
+        kill(jobs, "job process")
+        agent = agent_ref.process() if agent_ref else None
+        if agent is not None:
+            kill([agent], "agent")
+        self.record.daemons = [d for d in self.record.daemons if d.name not in (f"slurmd:{node}", f"agent:{node}")]
+        self.record.killed_nodes[node] = {"at": at, "killed": killed}
+        self._save()
+        log.warning("kill-node %s: SIGKILLed %d processes: %s", node, len(killed), killed)
+        return {"node": node, "at": at, "killed": killed}
+
+    def revive_node(self, node: str) -> dict:
+        """Restart a killed node's slurmd and agent as our children (recorded, reaped, stopped on down)."""
+        if node not in self.nodes:
+            raise ValueError(f"no node {node!r} in this cluster ({self.nodes[0]}..{self.nodes[-1]})")
+        started = []
+        if self._ref(f"slurmd:{node}") is None or not self._ref(f"slurmd:{node}").is_alive():
+            self.record.daemons = [d for d in self.record.daemons if d.name != f"slurmd:{node}"]
+            started.append({"name": "slurmd", "pid": self._spawn_slurmd(node, save=False).pid})
+        if self._ref(f"agent:{node}") is None or not self._ref(f"agent:{node}").is_alive():
+            self.record.daemons = [d for d in self.record.daemons if d.name != f"agent:{node}"]
+            started.append({"name": "agent", "pid": self._spawn_agent(node, save=False).pid})
+        self.record.killed_nodes.pop(node, None)
+        self._save()
+        log.info("revive-node %s: started %s", node, started)
+        return {"node": node, "at": time.time(), "started": started}
+
+    def serve_requests(self) -> None:
+        """Answer the manager's requests in ``run/control/`` (``<id>.req.json`` → ``<id>.resp.json``)."""
+        ctl = self.layout.control_dir
+        try:
+            reqs = sorted(ctl.glob("*.req.json"))
+        except OSError:
+            return
+        for req in reqs:
+            rid = req.name.removesuffix(".req.json")
+            try:
+                body = json.loads(req.read_text())
+                op, node = body["op"], str(body["node"])
+                if op == "kill-node":
+                    answer = {"ok": True, **self.kill_node(node)}
+                elif op == "revive-node":
+                    answer = {"ok": True, **self.revive_node(node)}
+                else:
+                    answer = {"ok": False, "error": f"unknown op {op!r}"}
+            except (ValueError, KeyError, OSError) as exc:
+                answer = {"ok": False, "error": str(exc)}
+            tmp = ctl / f".{rid}.resp.tmp"
+            tmp.write_text(json.dumps(answer))
+            os.replace(tmp, ctl / f"{rid}.resp.json")
+            req.unlink(missing_ok=True)
 
     def start(self) -> None:
         self.start_munge()
@@ -201,6 +370,8 @@ class Supervisor:
         self.start_slurmdbd()
         self.start_slurmctld()
         self.start_slurmds()
+        self.start_controller()
+        self.start_agents()
         self.record.phase = Phase.RUNNING
         self.record.running_at = time.time()
         self._save()
@@ -235,6 +406,7 @@ class Supervisor:
             procs = [by_name[n].process() for n in names if n in by_name]
             return [p for p in procs if p is not None]
 
+        stop_processes(live([n for n in by_name if n.startswith("agent:")] + ["nuro-controller"]), 5, "nuro daemon")
         slurmds = [n for n in by_name if n.startswith("slurmd:")]
         stop_processes(live(slurmds), 10, "slurmd")
         # Orphans re-parented to us (slurmstepd, which slurmd double-forks) and their job processes. Children of
@@ -273,9 +445,11 @@ class Supervisor:
             self.record.error = str(exc)
             self._save()
             return 1
+        self.layout.control_dir.mkdir(parents=True, exist_ok=True)
         while not self.stopping:
             self.reap()
-            time.sleep(0.2)
+            self.serve_requests()
+            time.sleep(0.1)
         self.stop()
         return 0
 
