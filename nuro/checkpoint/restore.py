@@ -198,7 +198,7 @@ def restore_latest(
         try:
             restored = restore_step(store, found, local_roots=local_roots, dest=dest)
         except (VerificationFailed, OSError) as exc:
-            skipped.append(Skipped(step, str(exc)))
+            skipped.append(Skipped(step, str(exc).removeprefix(f"step {step}: ")))
             log.warning("restore team=%s run=%s skipping step %d: %s", team, run, step, exc)
             continue
         restored.skipped = skipped

@@ -162,8 +162,8 @@ def download_verified(store: ObjectStore, manifest: Manifest, entry: FileEntry, 
         tmp.unlink(missing_ok=True)
         return Problem(
             entry.path,
-            f"the store holds {size} bytes hashing to {digest.hexdigest()[:12]}…, manifest says {entry.size} bytes, "
-            f"{entry.sha256[:12]}…",
+            f"the store holds {size} bytes with sha256 {digest.hexdigest()[:12]}…, manifest says {entry.size} "
+            f"bytes with sha256 {entry.sha256[:12]}…",
         )
     os.replace(tmp, target)
     return None

@@ -32,6 +32,7 @@ import os
 import shutil
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -48,6 +49,9 @@ from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.wrappers.sdk.runenv import RunEnv
 
 log = logging.getLogger(__name__)
+
+# DCP warns on every single-process save/load that it "assumes" one process; we pass no_dist on purpose.
+warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
 
 UploadMode = Literal["agent", "inline"]
 DEFAULT_INTERVAL_S = 600.0

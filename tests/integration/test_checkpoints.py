@@ -1,0 +1,332 @@
+"""Checkpoints against a real SeaweedFS and real torch DCP: save → upload → manifest → restore, corruption, torn and
+given-up steps, an S3 outage during training, a save killed mid-write, retention, and a 2-process gloo group.
+
+One SeaweedFS (``standalone``, port base 8800, state under ``.devcluster-test-8800-ckpt``) serves the module; the
+outage test stops and restarts it. Every test uses its own run name, so tests do not see each other's steps.
+Processes are few (torch costs ~5 s of CPU to import): one subprocess for the SIGKILL test, two for the gloo group.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+
+from nuro.checkpoint import layout as L
+from nuro.checkpoint.manifest import dumps
+from nuro.checkpoint.restore import load_manifest, restore_latest
+from nuro.checkpoint.retention import tag_step
+from nuro.checkpoint.upload import UploadWorker
+from nuro.checkpoint.verify import check_remote_shard
+from nuro.devcluster import s3
+from nuro.devcluster.layout import PortPlan
+from nuro.objectstore import ObjectStore
+from nuro.wrappers.sdk.checkpointer import Checkpointer
+
+REPO = Path(__file__).resolve().parents[2]
+PORT_BASE = int(os.environ.get("NURO_TEST_CKPT_PORT_BASE", "8800"))
+STATE_DIR = REPO / f".devcluster-test-{PORT_BASE}-ckpt"
+TEAM = "vision"
+
+
+class S3Server:
+    """The module's SeaweedFS, stoppable and restartable (data persists in STATE_DIR across restarts)."""
+
+    def __init__(self) -> None:
+        self._stack: ExitStack | None = None
+        self.ports = PortPlan(PORT_BASE)
+
+    def start(self) -> None:
+        stack = ExitStack()
+        stack.enter_context(s3.standalone(STATE_DIR, PORT_BASE))
+        self._stack = stack
+
+    def stop(self) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    def store(self, **overrides: object) -> ObjectStore:
+        return s3.dev_store(self.ports, **overrides)
+
+    def env(self) -> dict[str, str]:
+        return s3.s3_env(self.ports)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[S3Server]:
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    srv = S3Server()
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+        shutil.rmtree(STATE_DIR, ignore_errors=True)
+
+
+@pytest.fixture
+def store(server: S3Server) -> ObjectStore:
+    return server.store()
+
+
+def _run() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+def _state(seed: int) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    return {"model": {"w": torch.randn(256, 64, generator=g), "b": torch.randn(64, generator=g)}, "step": seed}
+
+
+def _zeros() -> dict:
+    return {"model": {"w": torch.zeros(256, 64), "b": torch.zeros(64)}, "step": -1}
+
+
+def _ckpt(store: ObjectStore, run: str, staging: Path, **kw) -> Checkpointer:
+    return Checkpointer(team=TEAM, run=run, store=store, staging_dir=staging, upload=kw.pop("upload", "inline"), **kw)
+
+
+def _raw(server: S3Server):
+    env = server.env()
+    return boto3.client(
+        "s3", endpoint_url=env["NURO_S3_ENDPOINT"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1",
+    )  # fmt: skip
+
+
+def _steps_in_s3(store: ObjectStore, run: str) -> list[int]:
+    return sorted({L.parse_step_name(o.key.split("/")[3]) for o in store.list(L.run_prefix(TEAM, run))} - {None})
+
+
+def test_save_upload_commit_restore_round_trip(store: ObjectStore, tmp_path: Path) -> None:
+    run = _run()
+    ck = _ckpt(store, run, tmp_path / "node" / "101", keep=5)
+    for step in (10, 20):
+        ck.save(_state(step), step)  # async: returns after staging in memory
+    assert ck.wait_committed(20, 30)
+    ck.close()
+    m = load_manifest(store, TEAM, run, 20)
+    assert (m.step, m.parent, m.parts, m.world_size, m.job_id) == (20, 10, 1, 1, "101")
+    assert {s.path for s in m.shards} >= {".metadata", "__0_0.distcp"}
+    assert m.total_bytes == sum(s.size for s in m.shards)
+
+    # a fresh node (empty staging): downloaded from S3, verified, loaded
+    fresh = _ckpt(store, run, tmp_path / "other" / "102")
+    state = _zeros()
+    assert fresh.restore(state) == 20
+    want = _state(20)
+    assert torch.equal(state["model"]["w"], want["model"]["w"]) and state["step"] == 20
+    assert fresh.latest_committed_step() == 20
+    fresh.close()
+
+    # the node that saved it: the local copy is used (no download)
+    found = restore_latest(store, TEAM, run, local_roots=[tmp_path / "node" / "101" / "ckpt"], dest=tmp_path / "d")
+    assert found is not None and found.source == "local" and found.downloaded_bytes == 0
+
+
+def test_corrupt_latest_falls_back_to_the_previous_valid_one(
+    server: S3Server, store: ObjectStore, tmp_path: Path
+) -> None:
+    run = _run()
+    ck = _ckpt(store, run, tmp_path / "n" / "201")
+    for step in (1, 2):
+        ck.save(_state(step), step, sync=True)
+    assert ck.wait_committed(2, 30)
+    ck.close()
+    key = L.shard_key(TEAM, run, 2, "__0_0.distcp")
+    body = bytearray(store.get(key)[0])
+    body[len(body) // 2] ^= 0xFF  # same size, other bytes
+    _raw(server).put_object(Bucket=store.bucket, Key=key, Body=bytes(body))
+
+    found = restore_latest(store, TEAM, run, dest=tmp_path / "restore")
+    assert found is not None and found.step == 1 and found.source == "s3"
+    assert [s.step for s in found.skipped] == [2]
+    assert "__0_0.distcp" in found.skipped[0].reason and "sha256" in found.skipped[0].reason
+    assert not (tmp_path / "restore" / L.step_name(2)).exists()  # the bad download was removed
+
+    # a missing shard is named too
+    store.delete(L.shard_key(TEAM, run, 1, ".metadata"))
+    assert restore_latest(store, TEAM, run, dest=tmp_path / "restore2") is None
+
+
+def test_torn_and_given_up_steps_are_skipped(store: ObjectStore, tmp_path: Path) -> None:
+    run = _run()
+    ck = _ckpt(store, run, tmp_path / "n" / "301")
+    ck.save(_state(5), 5, sync=True)
+    assert ck.wait_committed(5, 30)
+    ck.close()
+    # step 9: shards and a part, no manifest (a node died before the last part)
+    store.put(L.shard_key(TEAM, run, 9, "__0_0.distcp"), b"half")
+    store.put(L.part_key(TEAM, run, 9, 0), b"{}")
+    # step 7: given up by the epilog
+    store.put(L.shard_key(TEAM, run, 7, "__0_0.distcp"), b"x")
+    store.put(
+        L.incomplete_key(TEAM, run, 7),
+        dumps({"format": "nuro.checkpoint-incomplete/v1", "team": TEAM, "run": run, "step": 7, "job_id": "1",
+               "restart": 0, "reason": "timeout", "missing_parts": [1], "created_at": "x"}),
+    )  # fmt: skip
+    found = restore_latest(store, TEAM, run, dest=tmp_path / "r")
+    assert found is not None and found.step == 5
+    reasons = {s.step: s.reason for s in found.skipped}
+    assert "torn" in reasons[9] and "given up" in reasons[7]
+
+
+def test_s3_outage_during_training_retries_until_committed(server: S3Server, tmp_path: Path) -> None:
+    run = _run()
+    store = server.store(connect_timeout_s=0.5, read_timeout_s=2.0, max_attempts=1)
+    ck = _ckpt(store, run, tmp_path / "n" / "401")
+    ck.save(_state(1), 1, sync=True)
+    assert ck.wait_committed(1, 30)
+    server.stop()
+    try:
+        steps_done = 0
+        t0 = time.monotonic()
+        ck.save(_state(2), 2)  # S3 is down: save still returns at once
+        stall = time.monotonic() - t0
+        w = torch.randn(64, 64)
+        for _ in range(50):  # "training" goes on
+            w = w @ w.T / 64
+            steps_done += 1
+        assert stall < 5 and steps_done == 50
+        assert not ck.wait_committed(2, 3)  # nothing can commit while the store is down
+        assert (ck.step_dir(2) / L.REQUEST_FILE).is_file() and not (ck.step_dir(2) / L.DONE_FILE).exists()
+    finally:
+        server.start()
+    assert ck.wait_committed(2, 60)  # the worker's backoff retries (at most 30 s apart)
+    ck.close()
+    assert load_manifest(store, TEAM, run, 2).parent == 1
+
+
+_KILLED_SAVER = r"""
+import sys, time, torch
+from pathlib import Path
+from nuro.devcluster import s3
+from nuro.devcluster.layout import PortPlan
+from nuro.wrappers.sdk.checkpointer import Checkpointer
+store = s3.dev_store(PortPlan(int(sys.argv[3])))
+ck = Checkpointer(team="vision", run=sys.argv[1], store=store, staging_dir=Path(sys.argv[2]), upload="inline")
+state = {"w%d" % i: torch.randn(1024, 1024) for i in range(8)}   # 32 MiB: the write takes a while
+for step in range(1, 1000):
+    print("saving", step, flush=True)
+    ck.save(state, step, sync=True)
+"""
+
+
+def test_a_save_killed_mid_write_never_commits_a_torn_checkpoint(store: ObjectStore, tmp_path: Path) -> None:
+    run = _run()
+    job = tmp_path / "n" / "501"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_SAVER, run, str(job), str(PORT_BASE)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip() == "saving 3":
+                time.sleep(0.15)  # inside DCP's write of step 3 (and maybe the upload of step 2)
+                break
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    staged = {p.name: p for p in (job / "ckpt").iterdir() if L.parse_step_name(p.name) is not None}
+    torn = [L.parse_step_name(n) for n, p in staged.items() if not (p / L.REQUEST_FILE).exists()]
+    assert torn, f"expected the kill to land inside a write; staged: {sorted(staged)}"
+    for step in torn:
+        assert not store.exists(L.manifest_key(TEAM, run, step))
+
+    # the node agent's worker picks up what the dead process left: requests commit, torn dirs never do
+    worker = UploadWorker(store, job.parent)
+    for _ in range(20):
+        worker.run_once()
+        if not worker.pending("501"):
+            break
+        time.sleep(0.2)
+    for step in torn:
+        assert not store.exists(L.manifest_key(TEAM, run, step))
+    found = restore_latest(store, TEAM, run, dest=tmp_path / "r")
+    assert found is not None and found.step not in torn
+    m = found.manifest
+    assert all(check_remote_shard(store, m, e) is None for e in m.shards)
+
+
+def test_retention_keeps_last_k_and_tagged_and_never_in_flight(store: ObjectStore, tmp_path: Path) -> None:
+    run = _run()
+    ck = _ckpt(store, run, tmp_path / "n" / "601", keep=2)
+    ck.save(_state(1), 1, sync=True)
+    assert ck.wait_committed(1, 30)
+    tag_step(store, TEAM, run, 1, "best")
+    store.put(L.shard_key(TEAM, run, 99, "__0_0.distcp"), b"in flight")  # a newer step still uploading elsewhere
+    for step in (2, 3, 4, 5):
+        ck.save(_state(step), step, sync=True)
+        assert ck.wait_committed(step, 30)
+    ck.close()
+    assert _steps_in_s3(store, run) == [1, 4, 5, 99]
+    assert store.exists(L.manifest_key(TEAM, run, 1))
+
+
+_GLOO_WORKER = r"""
+import os, sys, torch, torch.distributed as dist
+from datetime import timedelta
+from pathlib import Path
+
+def main(rank, run, root, port, s3_port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), SLURM_JOB_NUM_NODES="2",
+                      GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
+    from nuro.devcluster import s3
+    from nuro.devcluster.layout import PortPlan
+    from nuro.wrappers.sdk.checkpointer import Checkpointer
+    store = s3.dev_store(PortPlan(s3_port))
+    # each rank is its own "node": its own staging root, the same job id
+    ck = Checkpointer(team="vision", run=run, store=store, staging_dir=Path(root) / f"node{rank}" / "777",
+                      upload="inline")
+    def state(step):
+        g = torch.Generator().manual_seed(step)
+        return {"shared": torch.randn(128, 128, generator=g), f"own{rank}": torch.full((64,), float(rank + step))}
+    net = torch.ones(4)
+    for step in (1, 2):
+        ck.save(state(step), step)          # async, on the Checkpointer's own gloo group
+        dist.all_reduce(net)                # training collectives on the default group meanwhile
+    assert ck.wait_committed(2, 60), "step 2 not committed"
+    ck.close()
+    fresh = Checkpointer(team="vision", run=run, store=store, staging_dir=Path(root) / f"fresh{rank}" / "778",
+                         upload="inline")
+    got = {"shared": torch.zeros(128, 128), f"own{rank}": torch.zeros(64)}
+    assert fresh.restore(got) == 2
+    want = state(2)
+    assert all(torch.equal(got[k], want[k]) for k in want), "restored tensors differ"
+    fresh.close()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+    mp.spawn(main, args=tuple(sys.argv[1:3]) + (int(sys.argv[3]), int(sys.argv[4])), nprocs=2, join=True)
+"""
+
+
+def test_two_process_gloo_group_commits_one_manifest_of_two_parts(store: ObjectStore, tmp_path: Path) -> None:
+    run = _run()
+    script = tmp_path / "gloo_worker.py"
+    script.write_text(_GLOO_WORKER)
+    port = 29000 + os.getpid() % 500
+    res = subprocess.run(
+        [sys.executable, str(script), run, str(tmp_path), str(port), str(PORT_BASE)],
+        cwd=REPO, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    m = load_manifest(store, TEAM, run, 2)
+    assert (m.parts, m.world_size, m.parent) == (2, 2, 1)
+    assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {s.path for s in m.shards}
