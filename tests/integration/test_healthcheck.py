@@ -1,0 +1,187 @@
+"""``nuro-healthcheck`` on a real Slurm 22.05 cluster: drains a node with the precise reason, resumes it when healthy
+again, never lifts an admin's drain, runs with slurmd's bare environment, and checks the real agent's liveness.
+
+GPU scenarios come from the fake libnvidia-ml.so.1 (tests/fake_nvml.py). Every test leaves the node as it found it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nuro import heartbeat as hb
+from tests import fake_nvml
+from tests.integration.conftest import LiveCluster, wait_until
+
+NODE = "gpu008"
+HEALTHCHECK = str(Path(sys.executable).parent / "nuro-healthcheck")
+
+
+@pytest.fixture(scope="module")
+def lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_nvml.build(tmp_path_factory.mktemp("fake_nvml"))
+
+
+def _node(cluster: LiveCluster) -> tuple[set[str], str | None]:
+    out = cluster.run(["scontrol", "show", "-o", "node", NODE]).stdout
+    from nuro.slurm import parse_scontrol_show_oneliner
+
+    row = parse_scontrol_show_oneliner(out)[0]
+    reason = row.get("Reason") or None
+    if reason and " [" in reason:
+        reason = reason.rsplit(" [", 1)[0]
+    return set(row["State"].split("+")), reason
+
+
+@pytest.fixture
+def node(cluster: LiveCluster) -> Iterator[str]:
+    """NODE, restored afterwards to the drain state it had."""
+    flags, reason = _node(cluster)
+    was_drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
+    yield NODE
+    flags, now_reason = _node(cluster)
+    drained = bool(flags & {"DRAIN", "DRAINED", "DRAINING"})
+    if was_drained and now_reason != reason:
+        cluster.run(["scontrol", "update", f"nodename={NODE}", "state=drain", f"reason={reason}"])
+    elif not was_drained and drained:
+        cluster.run(["scontrol", "update", f"nodename={NODE}", "state=resume"])
+
+
+@pytest.fixture
+def env_file(cluster: LiveCluster, tmp_path: Path) -> Path:
+    """The cluster's node settings plus this node's expectations (what an admin would put in nuro.env)."""
+    path = tmp_path / "nuro.env"
+    shutil.copy(cluster.layout.nuro_env, path)
+    with path.open("a") as fh:
+        fh.write("NURO_EXPECT_GPUS=8\nNURO_STAGING_MIN_FREE_GB=0.01\n")
+    return path
+
+
+def _check(
+    lib_dir: Path, tmp_path: Path, env_file: Path, scenario: dict, *args: str, **extra_env: str
+) -> tuple[int, dict]:
+    """Run nuro-healthcheck as slurmd does: only SLURMD_NODENAME (+ the wrapper's NURO_ENV_FILE), no PATH."""
+    scen = fake_nvml.write_scenario(tmp_path / "scenario.txt", scenario)
+    env = {"SLURMD_NODENAME": NODE, "NURO_ENV_FILE": str(env_file), "LD_LIBRARY_PATH": str(lib_dir)}
+    env |= {"FAKE_NVML_CONFIG": str(scen), **extra_env}
+    proc = subprocess.run([HEALTHCHECK, "--json", *args], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_drains_with_precise_reason_and_resumes_when_healthy(
+    cluster: LiveCluster, node: str, lib_dir: Path, tmp_path: Path, env_file: Path
+) -> None:
+    rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8, "gpu1.temp": 93})
+    flags, reason = _node(cluster)
+    assert (rc, out["action"]) == (1, "drained"), out
+    assert "DRAIN" in flags and reason == "nuro-health: gpu1: temperature 93 C ≥ 90 C"
+
+    rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 7, "gpu3.ecc_unc": 2})
+    flags, reason = _node(cluster)
+    assert (rc, out["action"]) == (1, "drained")
+    assert reason == "nuro-health: gpu count 7, expected 8; gpu3: 2 volatile uncorrectable ECC errors"
+
+    rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8})
+    flags, reason = _node(cluster)
+    assert (rc, out["action"], out["healthy"]) == (0, "resumed", True)
+    assert not flags & {"DRAIN", "DRAINED", "DRAINING"}
+
+
+def test_driver_not_loaded_drains(
+    cluster: LiveCluster, node: str, lib_dir: Path, tmp_path: Path, env_file: Path
+) -> None:
+    rc, out = _check(lib_dir, tmp_path, env_file, {"driver_not_loaded": 1})
+    assert (rc, out["action"]) == (1, "drained")
+    assert _node(cluster)[1] == "nuro-health: NVML: driver not loaded"
+    assert _check(lib_dir, tmp_path, env_file, {"gpus": 8})[1]["action"] == "resumed"
+
+
+def test_dry_run_changes_nothing(
+    cluster: LiveCluster, node: str, lib_dir: Path, tmp_path: Path, env_file: Path
+) -> None:
+    before = _node(cluster)
+    rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8, "gpu0.retired_pending": 1}, "--dry-run")
+    assert (rc, out["action"]) == (1, "would-drain")
+    assert out["detail"] == "nuro-health: gpu0: retired pages pending (reset needed)"
+    assert _node(cluster) == before
+
+
+def test_admin_drain_is_never_lifted(
+    cluster: LiveCluster, node: str, lib_dir: Path, tmp_path: Path, env_file: Path
+) -> None:
+    cluster.run(["scontrol", "update", f"nodename={NODE}", "state=drain", "reason=admin: fan swap"])
+    try:
+        rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8})
+        assert (rc, out["action"]) == (0, "none") and _node(cluster)[1] == "admin: fan swap"
+        rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8, "gpu1.temp": 99})
+        assert (rc, out["action"]) == (1, "kept-admin-drain") and _node(cluster)[1] == "admin: fan swap"
+    finally:
+        cluster.run(["scontrol", "update", f"nodename={NODE}", "state=resume"])
+
+
+def test_slurmd_wrapper_runs_with_a_bare_environment(cluster: LiveCluster, node: str) -> None:
+    """The HealthCheckProgram wrapper the dev cluster installs, run with exactly slurmd's environment."""
+    wrapper = cluster.layout.etc / "nuro-healthcheck"
+    proc = subprocess.run(
+        [str(wrapper)], env={"SLURMD_NODENAME": NODE}, capture_output=True, text=True, timeout=60, check=False
+    )
+    # Dev-cluster nodes have no NVIDIA stack and no GPU expectation: healthy, and Slurm was reachable (no error).
+    assert proc.returncode == 0, proc.stderr
+    assert "healthy=True" in proc.stderr and "could not read" not in proc.stderr
+
+
+def test_agent_liveness_from_a_real_agent(
+    cluster: LiveCluster, node: str, lib_dir: Path, tmp_path: Path, env_file: Path
+) -> None:
+    status_dir = tmp_path / "agent"
+    key = tmp_path / "hb.key"
+    hb.write_key(key)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
+        sink.bind(("127.0.0.1", 0))
+        env = fake_nvml.env_for(lib_dir, fake_nvml.write_scenario(tmp_path / "agent-scenario.txt", {"gpus": 8}))
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nuro.healthcheck.agent",
+                "--node",
+                NODE,
+                "--controller",
+                f"127.0.0.1:{sink.getsockname()[1]}",
+                "--key-file",
+                str(key),
+                "--interval-s",
+                "0.2",
+                "--status-dir",
+                str(status_dir),
+                "--log-file",
+                str(tmp_path / "agent.log"),
+            ],  # fmt: skip
+            env=env,
+        )
+        try:
+            wait_until(lambda: (status_dir / f"{NODE}.json").exists(), 10, "the agent's status file")
+            live = {"NURO_AGENT_STATUS_DIR": str(status_dir), "NURO_AGENT_SILENT_S": "1"}
+            rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8}, **live)
+            assert (rc, out["healthy"]) == (0, True) and out["agent_age_s"] < 1
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(timeout=5) == 0
+        time.sleep(1.5)
+        rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8}, **live)
+        assert (rc, out["action"]) == (1, "drained")
+        assert _node(cluster)[1] in ("nuro-health: node agent silent for 1 s", "nuro-health: node agent silent for 2 s")
+        (status_dir / f"{NODE}.json").unlink()
+        rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8}, **live)
+        assert _node(cluster)[1] == "nuro-health: node agent never reported"
+        assert _check(lib_dir, tmp_path, env_file, {"gpus": 8})[1]["action"] == "resumed"  # no liveness check
