@@ -235,23 +235,28 @@ def code_exports(code: CodePin, job_dir: str) -> list[str]:
 
 
 def _launch_lines(spec: JobSpec, facts: ClusterFacts) -> list[str]:
+    """Section 4: ``nuro-launch`` on every node (one srun task each) runs torchrun; ``nuro-launch --step`` around
+    the srun relays the batch shell's signals and folds the nodes' verdicts into the exit ``nuro_finish`` acts on
+    (srun's own status is the maximum over tasks, so a node killed by --kill-on-bad-exit would hide a 75)."""
     nproc = spec.gpus_per_node if spec.gpus_per_node > 0 else 1
     args = list(spec.args)
     if spec.deepspeed_config:
         args += ["--deepspeed", "--deepspeed_config", spec.deepspeed_config]
     script_args = "".join(f" {_q(a)}" for a in args)
+    python = _q(spec.python)
     return [
-        "# 4. launch: one torchrun agent per node (srun), rendezvous on the first node of the allocation",
+        "# 4. launch: nuro-launch per node (srun) runs torchrun, rendezvous on the first node of the allocation;",
+        "#    nuro-launch --step folds the nodes' verdicts: 0 done, 75 restart me, else the training's failure",
         'NURO_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "NURO_RDZV_ADDR=$(scontrol show node -o \"$NURO_RDZV_HOST\" | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')",
         ': "${NURO_RDZV_ADDR:=$NURO_RDZV_HOST}"',
         f"NURO_RDZV_PORT=$(({facts.rdzv_port_base} + SLURM_JOB_ID % {facts.rdzv_port_span}))",
+        'export NURO_RDZV_ADDR NURO_RDZV_PORT NURO_LAUNCH_DIR="$NURO_JOB_DIR/launch"',
         'cd "$NURO_CODE_DIR" || nuro_fail "cannot enter $NURO_CODE_DIR"',
         *[f"export {key}={_q(value)}" for key, value in spec.env],
-        'srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \\',
-        f"  {_q(spec.python)} -m torch.distributed.run \\",
-        f'    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node={nproc} \\',
-        '    --rdzv-backend=c10d --rdzv-endpoint="$NURO_RDZV_ADDR:$NURO_RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" \\',
+        f"{python} -m nuro.wrappers.launch --step -- \\",
+        '  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \\',
+        f"  {python} -m nuro.wrappers.launch --nproc-per-node={nproc} -- \\",
         f"    {_q(spec.script)}{script_args} &",
         "NURO_STEP_PID=$!",
     ]

@@ -77,18 +77,19 @@ else
 fi
 [ -z "$NURO_STOP_REASON" ] || nuro_finish "$NURO_EXIT_REQUEUE"  # stopped before the launch
 
-# 4. launch: one torchrun agent per node (srun), rendezvous on the first node of the allocation
+# 4. launch: nuro-launch per node (srun) runs torchrun, rendezvous on the first node of the allocation;
+#    nuro-launch --step folds the nodes' verdicts: 0 done, 75 restart me, else the training's failure
 NURO_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 NURO_RDZV_ADDR=$(scontrol show node -o "$NURO_RDZV_HOST" | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
 : "${NURO_RDZV_ADDR:=$NURO_RDZV_HOST}"
 NURO_RDZV_PORT=$((29500 + SLURM_JOB_ID % 1000))
+export NURO_RDZV_ADDR NURO_RDZV_PORT NURO_LAUNCH_DIR="$NURO_JOB_DIR/launch"
 cd "$NURO_CODE_DIR" || nuro_fail "cannot enter $NURO_CODE_DIR"
 export NCCL_DEBUG=WARN
 export OMP_NUM_THREADS=4
-srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-  python3 -m torch.distributed.run \
-    --nnodes="$SLURM_JOB_NUM_NODES" --nproc-per-node=8 \
-    --rdzv-backend=c10d --rdzv-endpoint="$NURO_RDZV_ADDR:$NURO_RDZV_PORT" --rdzv-id="$SLURM_JOB_ID" \
+python3 -m nuro.wrappers.launch --step -- \
+  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
+  python3 -m nuro.wrappers.launch --nproc-per-node=8 -- \
     train.py --epochs 90 --lr=3e-4 &
 NURO_STEP_PID=$!
 

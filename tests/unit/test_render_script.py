@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -37,10 +38,15 @@ case "$1 $2" in
 esac
 """
 PYTHON = """#!/bin/bash
+if [ "$1 $2 $3" = "-m nuro.wrappers.launch --step" ]; then  # the real step wrapper: relays signals, folds verdicts
+  printf '%s\\n' "$@" > "$FAKE_DIR/step_argv"; exec "$REAL_PYTHON" "$@"
+fi
 printf '%s\\n' "$PWD" "$@" > "$FAKE_DIR/argv"
 env | grep -E '^(NURO_|MY_)' | sort > "$FAKE_DIR/env"
 case "$FAKE_MODE" in
   exit:*) exit "${FAKE_MODE#exit:}" ;;
+  write-verdict:*) f="${FAKE_MODE#write-verdict:}"; mkdir -p "$(dirname "$f")"
+        echo '{"kind": "requeue", "exit_code": 75, "why": "lost a peer", "node": 0, "at": 1.0}' > "$f"; exit 137 ;;
   usr2) trap 'echo got-usr2 >> "$FAKE_DIR/signals"; exit 75' USR2; touch "$FAKE_DIR/ready"
         while :; do sleep 0.05; done ;;
 esac
@@ -72,7 +78,7 @@ def job(tmp_path: Path):
     script.write_text(req.script)
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}", "FAKE_DIR": str(tmp_path), "SLURM_JOB_ID": "4711",
-        "SLURM_JOB_NODELIST": "gpu001", "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_NODELIST": "gpu001", "SLURM_JOB_NUM_NODES": "1", "REAL_PYTHON": sys.executable,
     }  # fmt: skip
     return script, env, tmp_path
 
@@ -81,19 +87,34 @@ def run(script: Path, env: dict, **extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(script)], env={**env, **extra}, capture_output=True, text=True, timeout=60)
 
 
-def test_launch_line_runs_torchrun_in_the_checkout_with_rendezvous_on_the_first_node(job) -> None:
+def test_launch_line_runs_nuro_launch_per_node_inside_the_step_wrapper(job) -> None:
     script, env, d = job
     out = run(script, env, FAKE_MODE="exit:0")
     assert out.returncode == 0 and "nuro: run finished" in out.stdout, out.stderr
+    python = str(d / "bin" / "python")
+    assert (d / "step_argv").read_text().splitlines() == [
+        "-m", "nuro.wrappers.launch", "--step", "--", "srun", "--nodes=1", "--ntasks-per-node=1",
+        "--kill-on-bad-exit=1", python, "-m", "nuro.wrappers.launch", "--nproc-per-node=1", "--", "train.py",
+        "--epochs", "2",
+    ]  # fmt: skip
     cwd, *argv = (d / "argv").read_text().splitlines()
     assert cwd == str(d / "runs" / "t" / "4711" / "code")
-    assert argv == [
-        "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
-        f"--rdzv-endpoint=127.0.0.1:{29500 + 4711 % 1000}", "--rdzv-id=4711", "train.py", "--epochs", "2",
-    ]  # fmt: skip
+    assert argv == ["-m", "nuro.wrappers.launch", "--nproc-per-node=1", "--", "train.py", "--epochs", "2"]
     env_lines = (d / "env").read_text()
     assert "MY_VAR=x" in env_lines and "NURO_DATASET_DIGEST=" + DIGEST in env_lines
+    assert f"NURO_RDZV_ADDR=127.0.0.1\nNURO_RDZV_PORT={29500 + 4711 % 1000}\n" in env_lines
+    assert f"NURO_LAUNCH_DIR={d}/runs/t/4711/launch" in env_lines
     assert not (d / "requeued").exists()
+
+
+def test_the_step_folds_a_node_verdict_over_srun_status(job) -> None:
+    """srun reports the maximum over tasks (137 for a task killed by --kill-on-bad-exit); the verdict says 75."""
+    script, env, d = job
+    verdict = d / "runs" / "t" / "4711" / "launch" / "attempt-0" / "node-0.json"
+    mode = f"write-verdict:{verdict}"
+    out = run(script, env, FAKE_MODE=mode)
+    assert out.returncode == EXIT_REQUEUE, out.stdout + out.stderr
+    assert "srun exit 137, launch verdict 75" in out.stdout and "nuro: requeue 1 of 2 (exit 75)" in out.stdout
 
 
 def test_exit_requeue_requeues_within_the_budget(job) -> None:

@@ -1,0 +1,481 @@
+"""nuro-launch: runs torchrun on each node of a job, forwards stop signals, turns the end into an exit Slurm acts on.
+
+Two modes, both used by the rendered batch script (``nuro.render._launch_lines``):
+
+    # per node, one srun task each: build the torchrun command, run it, classify the end, write a verdict
+    srun --ntasks-per-node=1 --kill-on-bad-exit=1 python -m nuro.wrappers.launch --nproc-per-node=8 -- train.py ...
+
+    # in the batch step, around that srun: relay the batch shell's signals, then fold the nodes' verdicts
+    python -m nuro.wrappers.launch --step -- srun ... python -m nuro.wrappers.launch ... &
+
+Exit statuses (node mode and step mode alike): 0 = finished; 75 (``EXIT_REQUEUE``) = restart me (the batch script
+requeues within ``NURO_MAX_REQUEUES``); anything else = the user's code failed with that status (not requeued).
+How an end is classified and why the step folds verdicts instead of trusting srun's maximum: ``launch_outcome``.
+
+Signals (STYLE S5; chosen once, documented in docs/launch.md):
+
+| signal to nuro-launch | forwarded to | meaning |
+|---|---|---|
+| ``USR1`` (``NURO_PREEMPT_SIGNAL``) | every worker (not the agent)| preempted: checkpoint at the agreed step, exit 75|
+| ``USR2`` (``NURO_STOP_SIGNAL``) | every worker (not the agent) | time limit near: same protocol |
+| ``TERM``, ``INT`` | the agent and every worker | stop now |
+
+The torchrun agent is started with USR1/USR2 *ignored*: it has no handler for them and would die of their default
+action (and Slurm's proctrack signals every process of the step, the agent included). Workers inherit "ignored",
+so a script without a PreemptionGuard keeps training until the grace backstop; ``PreemptionGuard.start()``
+installs real handlers. Workers run in their own session, so forwarding walks the agent's descendants (psutil).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from nuro.wrappers.launch_outcome import (
+    EXIT_REQUEUE,
+    Evidence,
+    Kind,
+    Outcome,
+    WorkerFailure,
+    classify,
+    failure_from_error_file,
+    failures_from_summary,
+    fold,
+    last_exception_line,
+    merge_failures,
+)
+
+log = logging.getLogger("nuro.launch")
+
+#: Process-group/collective timeout handed to the training (``NURO_PG_TIMEOUT_S``, read by ``RunEnv.pg_timeout``)
+#: and to NCCL's watchdog. gloo's default is 30 min: a frozen peer would hold every GPU of the gang that long.
+DEFAULT_PG_TIMEOUT_S = 60
+#: How long a node whose verdict is only a *consequence* (it lost a peer) waits for the other nodes' verdicts before
+#: exiting: its non-zero exit makes srun kill the rest (--kill-on-bad-exit), which could otherwise kill the node with
+#: the root cause before it wrote its verdict. Measured: the nodes' torchruns end within ~1 s of each other.
+DEFAULT_SETTLE_S = 5.0
+RDZV_PORT_BASE = 29500
+RDZV_PORT_SPAN = 1000
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_TRAINING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+_TAIL_BYTES = 64 * 1024
+
+
+class LaunchError(RuntimeError):
+    """The launcher cannot start (missing Slurm variables, bad options); the message says what to set."""
+
+
+# --- the torchrun command, as data ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TorchrunPlan:
+    """What the node runs: argv and the environment added to the inherited one. Pure output of ``plan_torchrun``."""
+
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    node_id: int
+    num_nodes: int
+
+
+def rdzv_port(job_id: int, base: int = RDZV_PORT_BASE, span: int = RDZV_PORT_SPAN) -> int:
+    """The rendezvous port of a job: base + job id mod span (as the batch script computes it)."""
+    return base + job_id % span
+
+
+def _need(env: Mapping[str, str], name: str) -> str:
+    value = env.get(name)
+    if not value:
+        raise LaunchError(f"{name} is not set: nuro-launch runs as an srun task inside a Slurm job")
+    return value
+
+
+def plan_torchrun(
+    env: Mapping[str, str],
+    script: Sequence[str],
+    *,
+    nproc_per_node: int,
+    python: str,
+    local_addr: str,
+    rdzv_addr: str | None = None,
+    error_file: str,
+    log_dir: str,
+    pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S,
+) -> TorchrunPlan:
+    """The torchrun command for this node: a pure function of the Slurm environment and the resolved addresses.
+
+    Args:
+        env: the task's environment (``SLURM_JOB_ID``, ``SLURM_JOB_NUM_NODES``, ``SLURM_NODEID``; optional
+            ``NURO_RDZV_ADDR``/``NURO_RDZV_PORT`` exported by the batch script, which resolved the first node).
+        script: the training script and its arguments.
+        local_addr: this node's address (Slurm's NodeAddr): the address torchrun advertises to its peers.
+        rdzv_addr: the first node's address when the env does not carry ``NURO_RDZV_ADDR``.
+        error_file: torchrun's own ``TORCHELASTIC_ERROR_FILE`` (the first failure's cause lands there).
+        log_dir: where torchrun keeps per-worker error files and stderr copies (read by the classifier).
+
+    Raises:
+        LaunchError: a Slurm variable or the rendezvous address is missing, or ``script`` is empty.
+    """
+    if not script:
+        raise LaunchError("no training script: use nuro-launch [options] -- script.py [args]")
+    job_id = int(_need(env, "SLURM_JOB_ID"))
+    num_nodes = int(_need(env, "SLURM_JOB_NUM_NODES"))
+    node_id = int(_need(env, "SLURM_NODEID"))
+    addr = env.get("NURO_RDZV_ADDR") or rdzv_addr
+    if not addr:
+        raise LaunchError("no rendezvous address: export NURO_RDZV_ADDR (the first node's NodeAddr)")
+    port = int(env.get("NURO_RDZV_PORT") or rdzv_port(job_id))
+    argv = (
+        python, "-m", "torch.distributed.run",
+        f"--nnodes={num_nodes}", f"--node-rank={node_id}", f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={addr}:{port}", f"--rdzv-id={job_id}",
+        f"--local-addr={local_addr}",
+        "--max-restarts=0",  # Slurm's requeue is the restart: a fresh allocation, a restored checkpoint
+        "--monitor-interval=0.5",
+        f"--log-dir={log_dir}", "--tee=2",  # workers' stderr also to files: the classifier reads their tracebacks
+        *script,
+    )  # fmt: skip
+    extra = {
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        "NURO_PG_TIMEOUT_S": str(pg_timeout_s),
+        # NCCL's watchdog; gloo has no variable: the SDK passes RunEnv.pg_timeout to init_process_group
+        "TORCH_NCCL_TIMEOUT": str(pg_timeout_s),
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "NURO_RDZV_ADDR": addr,
+        "NURO_RDZV_PORT": str(port),
+    }
+    return TorchrunPlan(argv=argv, env=extra, node_id=node_id, num_nodes=num_nodes)
+
+
+_NODE_ADDR_RE = re.compile(r"\bNodeAddr=(\S+)")
+
+
+def node_addr(name: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run, timeout_s: int = 15) -> str:
+    """A node's address from ``scontrol show node -o NAME`` (NodeAddr), falling back to the name itself."""
+    try:
+        out = run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("scontrol show node %s failed (%s): using the name as the address", name, exc)
+        return name
+    m = _NODE_ADDR_RE.search(out.stdout or "")
+    return m.group(1) if m else name
+
+
+def first_node(env: Mapping[str, str], timeout_s: int = 15) -> str | None:
+    """The first host of the allocation (``scontrol show hostnames``), or None outside Slurm."""
+    nodelist = env.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return None
+    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                         timeout=timeout_s)  # fmt: skip
+    return (out.stdout.split() or [None])[0]
+
+
+# --- processes and signals -------------------------------------------------------------------------------------
+def descendants(pid: int) -> list[psutil.Process]:
+    """Every live descendant of ``pid`` (workers run in their own session: a process-group kill misses them)."""
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def forward(sig: int, root: int, *, include_root: bool) -> list[int]:
+    """Send ``sig`` to ``root``'s descendants (and ``root`` itself if asked); returns the PIDs signalled."""
+    procs = descendants(root)
+    sent = []
+    if include_root:
+        try:
+            os.kill(root, sig)
+            sent.append(root)
+        except ProcessLookupError:
+            pass
+    for p in procs:
+        try:
+            p.send_signal(sig)
+            sent.append(p.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return sent
+
+
+def _ignore_training_signals() -> None:
+    """preexec for torchrun: USR1/USR2 ignored (inherited through exec and by the workers); see module docstring."""
+    for sig in _TRAINING_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+class _Tail:
+    """Copies a pipe to a stream line by line and keeps the last bytes for the classifier."""
+
+    def __init__(self, src, dst) -> None:  # noqa: ANN001 - file objects
+        self.buf: collections.deque[str] = collections.deque()
+        self.size = 0
+        self.thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
+        self.thread.start()
+
+    def _pump(self, src, dst) -> None:  # noqa: ANN001
+        for line in iter(src.readline, ""):
+            dst.write(line)
+            dst.flush()
+            self.buf.append(line)
+            self.size += len(line)
+            while self.size > _TAIL_BYTES and self.buf:
+                self.size -= len(self.buf.popleft())
+
+    def text(self, join_s: float = 2.0) -> str:
+        self.thread.join(join_s)
+        return "".join(self.buf)
+
+
+@dataclass
+class _Signals:
+    """What the launcher was told while torchrun ran (set in handlers, read after)."""
+
+    first_stop: str | None = None
+    received: list[str] = field(default_factory=list)
+
+
+# --- node mode ---------------------------------------------------------------------------------------------------
+def collect_evidence(rc: int, tail: str, error_file: Path, log_dir: Path, stop: str | None) -> Evidence:
+    """Read torchrun's failure summary, its error file and the workers' error files/stderr into ``Evidence``."""
+    summary = failures_from_summary(tail)
+    local: list[WorkerFailure] = []
+    for err in sorted(log_dir.glob("*/attempt_*/*/error.json")):
+        f = failure_from_error_file(err.read_text(errors="replace"))
+        if f is not None:
+            local.append(f)
+    stderr_tails = []
+    for path in sorted(log_dir.glob("*/attempt_*/*/stderr.log")):
+        with open(path, "rb") as fh:
+            fh.seek(max(0, path.stat().st_size - _TAIL_BYTES))
+            stderr_tails.append(fh.read().decode(errors="replace"))
+    agent = failure_from_error_file(error_file.read_text(errors="replace")) if error_file.exists() else None
+    # torchrun's summary has ranks and exit codes; without @record its traceback is only a link: take the
+    # message from an error file or the worker's stderr instead.
+    fallback = (local[0].message if local else "") or (agent.message if agent else "") or next(
+        (last_exception_line(t) for t in stderr_tails if "Traceback" in t), "")  # fmt: skip
+    fixed = [
+        WorkerFailure(f.exitcode, fallback, f.rank) if ("To enable traceback" in f.message or not f.message) else f
+        for f in summary
+    ]
+    failures = merge_failures(fixed, [] if fixed else ([agent] if agent else local))
+    return Evidence(torchrun_rc=rc, failures=failures, stop_signal=stop, tail=tail + "".join(stderr_tails))
+
+
+def attempt_dir(base: Path, env: Mapping[str, str]) -> Path:
+    """Where this attempt's verdicts go: ``<base>/attempt-<SLURM_RESTART_COUNT>``."""
+    return base / f"attempt-{env.get('SLURM_RESTART_COUNT') or 0}"
+
+
+def verdict_base(env: Mapping[str, str], given: str | None) -> Path | None:
+    """``--verdict-dir``, else ``$NURO_LAUNCH_DIR``, else ``$NURO_JOB_DIR/launch``, else None (no fold)."""
+    if given:
+        return Path(given)
+    if env.get("NURO_LAUNCH_DIR"):
+        return Path(env["NURO_LAUNCH_DIR"])
+    if env.get("NURO_JOB_DIR"):
+        return Path(env["NURO_JOB_DIR"]) / "launch"
+    return None
+
+
+def write_verdict(directory: Path, outcome: Outcome) -> Path:
+    """Write ``node-<id>.json`` atomically (a half-written verdict must never be folded)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"node-{outcome.node}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(outcome.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def read_verdicts(directory: Path) -> list[Outcome]:
+    out = []
+    for path in sorted(directory.glob("node-*.json")):
+        try:
+            out.append(Outcome.from_json(path.read_text()))
+        except (ValueError, KeyError, OSError) as exc:
+            log.warning("unreadable verdict %s (%s): ignored", path, exc)
+    return out
+
+
+def settle(directory: Path, num_nodes: int, timeout_s: float) -> None:
+    """Wait until every node wrote a verdict or ``timeout_s`` passed (only for consequence verdicts)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and len(list(directory.glob("node-*.json"))) < num_nodes:
+        time.sleep(0.1)
+
+
+def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Node mode: plan, run torchrun with signal forwarding, classify, write the verdict, return the exit status."""
+    work = Path(tempfile.mkdtemp(prefix=f"nuro-launch-{env.get('SLURM_JOB_ID', 'x')}-"))
+    try:
+        name = env.get("SLURMD_NODENAME") or socket.gethostname()
+        local = args.local_addr or env.get("NURO_LOCAL_ADDR") or node_addr(name)
+        rdzv = None if env.get("NURO_RDZV_ADDR") else node_addr(first_node(env) or name)
+        plan = plan_torchrun(env, args.script, nproc_per_node=args.nproc_per_node, python=args.python,
+                             local_addr=local, rdzv_addr=rdzv, error_file=str(work / "agent-error.json"),
+                             log_dir=str(work / "logs"), pg_timeout_s=args.pg_timeout_s)  # fmt: skip
+        base = verdict_base(env, args.verdict_dir)
+        vdir = attempt_dir(base, env) if base else None
+        log.warning("node=%d/%d job=%s argv=%s", plan.node_id, plan.num_nodes, env.get("SLURM_JOB_ID"),
+                    " ".join(plan.argv))  # fmt: skip
+        t0 = time.monotonic()
+        rc, tail, sigs = _run_torchrun(plan, env)
+        evidence = collect_evidence(rc, tail, work / "agent-error.json", work / "logs", sigs.first_stop)
+        outcome = classify(evidence)
+        outcome = Outcome(outcome.kind, outcome.exit_code, outcome.why, node=plan.node_id, at=time.time(),
+                          details={"torchrun_rc": rc, "signals": sigs.received,
+                                   "ran_s": round(time.monotonic() - t0, 2)})  # fmt: skip
+        log.warning("node=%d verdict=%s exit=%d torchrun_rc=%d why=%s", plan.node_id, outcome.kind.value,
+                    outcome.exit_code, rc, outcome.why)  # fmt: skip
+        if vdir is not None:
+            write_verdict(vdir, outcome)
+            consequence = outcome.kind in (Kind.REQUEUE, Kind.STOPPED) and plan.num_nodes > 1
+            if consequence:
+                settle(vdir, plan.num_nodes, args.settle_s)
+        return outcome.exit_code
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_torchrun(plan: TorchrunPlan, env: Mapping[str, str]) -> tuple[int, str, _Signals]:
+    sigs = _Signals()
+    proc = subprocess.Popen(list(plan.argv), env={**env, **plan.env}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True,
+                            preexec_fn=_ignore_training_signals)  # fmt: skip
+    out, err = _Tail(proc.stdout, sys.stdout), _Tail(proc.stderr, sys.stderr)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        sigs.received.append(name)
+        sigs.first_stop = sigs.first_stop or name
+        pids = forward(signum, proc.pid, include_root=signum not in _TRAINING_SIGNALS)
+        log.warning("forwarded SIG%s to pids=%s", name, pids)
+
+    previous = {s: signal.signal(s, on_signal) for s in (*_STOP_SIGNALS, *_TRAINING_SIGNALS)}
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    # USR1/USR2 that reached training are not a stop by themselves: the guard's 75 (or a clean 0) says what happened
+    if sigs.first_stop in ("USR1", "USR2") and not any(s in ("TERM", "INT") for s in sigs.received):
+        sigs.first_stop = None
+    return rc, out.text() + err.text(), sigs
+
+
+# --- step mode ---------------------------------------------------------------------------------------------------
+def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Step mode (batch script): run srun, relay USR2/TERM/INT to it, then fold the nodes' verdicts."""
+    base = verdict_base(env, args.verdict_dir)
+    vdir = attempt_dir(base, env) if base else None
+    if vdir is not None:
+        shutil.rmtree(vdir, ignore_errors=True)  # a stale verdict of an earlier, identical attempt must not count
+        vdir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(list(args.script), env=dict(env))
+
+    def relay(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signum)
+
+    # USR1 is the controller's, sent to every step by scancel --full: srun gets its own copy; never relay it twice.
+    previous = {s: signal.signal(s, relay) for s in (signal.SIGUSR2, *_STOP_SIGNALS)}
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: None)
+    try:
+        while True:
+            try:
+                rc = proc.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+    if rc < 0:
+        rc = 128 - rc
+    if vdir is None:
+        return rc
+    num_nodes = int(env.get("SLURM_JOB_NUM_NODES") or 1)
+    status, why = fold(read_verdicts(vdir), rc, num_nodes)
+    print(f"nuro: step ended: srun exit {rc}, launch verdict {status} ({why})", flush=True)
+    return status
+
+
+# --- CLI ---------------------------------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="nuro-launch",
+        description="Run torchrun on this node (srun task), or with --step wrap the srun in the batch script.",
+        epilog="Exit: 0 done, 75 restart me (requeue), other = the training's failure status. See docs/launch.md.",
+    )
+    p.add_argument("--step", action="store_true", help="Batch-step mode: run the given srun command and fold.")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="Workers on this node (GPUs per node; 1 on CPU).")
+    p.add_argument("--python", default=sys.executable, help="Interpreter for torchrun (default: this one).")
+    p.add_argument("--local-addr", default=None, help="This node's address (default: its Slurm NodeAddr).")
+    p.add_argument("--pg-timeout-s", type=int, default=int(os.environ.get("NURO_PG_TIMEOUT_S") or DEFAULT_PG_TIMEOUT_S),
+                   help="Collective timeout given to the training (NURO_PG_TIMEOUT_S; default 60).")  # fmt: skip
+    p.add_argument("--settle-s", type=float, default=DEFAULT_SETTLE_S,
+                   help="Seconds a node that only lost a peer waits for other nodes' verdicts.")  # fmt: skip
+    p.add_argument(
+        "--verdict-dir", default=None, help="Shared dir for per-node verdicts (default $NURO_JOB_DIR/launch)."
+    )
+    p.add_argument("script", nargs=argparse.REMAINDER, help="-- script.py [args]  (or, with --step, -- srun ...)")
+    args = p.parse_args(argv)
+    if args.script and args.script[0] == "--":
+        args.script = args.script[1:]
+    if not args.script:
+        p.error("nothing to run: nuro-launch [options] -- script.py [args]")
+    if args.nproc_per_node < 1:
+        p.error(f"--nproc-per-node={args.nproc_per_node}: must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Console entry point ``nuro-launch``."""
+    logging.basicConfig(level=logging.WARNING, format="nuro-launch: %(message)s", stream=sys.stderr)
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    env = dict(os.environ)
+    try:
+        code = run_step(args, env) if args.step else run_node(args, env)
+    except LaunchError as exc:
+        print(f"nuro-launch: {exc}", file=sys.stderr)
+        code = 2
+    sys.exit(code)
+
+
+__all__ = [
+    "DEFAULT_PG_TIMEOUT_S",
+    "EXIT_REQUEUE",
+    "LaunchError",
+    "TorchrunPlan",
+    "descendants",
+    "forward",
+    "main",
+    "node_addr",
+    "plan_torchrun",
+    "rdzv_port",
+]
+
+if __name__ == "__main__":
+    main()

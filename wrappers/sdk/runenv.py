@@ -1,0 +1,136 @@
+"""What a training process knows about its run, read once from the environment (STYLE D6).
+
+Three layers set the variables, and this module is the one place that reads them:
+
+| source | variables | set by |
+|---|---|---|
+| nuro | ``NURO_TEAM``, ``NURO_RUN_NAME``, ``NURO_JOB_DIR``, ``NURO_EXIT_REQUEUE``, ``NURO_*_SIGNAL`` | batch script |
+| nuro | ``NURO_STAGING_DIR`` (prolog), ``NURO_PG_TIMEOUT_S`` (``nuro-launch``) | the node |
+| Slurm | ``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``, ``SLURM_NODEID``, ``SLURM_JOB_NUM_NODES`` | slurmstepd |
+| torchrun | ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` | the elastic agent |
+
+Outside Slurm and torchrun (a laptop, a unit test) every field has a single-process default, so the SDK works the
+same there: rank 0 of 1, no job id, restart count 0.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+#: "Stopped on purpose, restart me" (EX_TEMPFAIL); the batch script requeues on it. Same value as nuro.render.
+DEFAULT_EXIT_REQUEUE = 75
+#: Collective/process-group timeout when ``NURO_PG_TIMEOUT_S`` is unset. gloo's default is 30 min and NCCL's 10 min:
+#: a frozen peer would hold the whole gang that long (DATAPLANE_FACTS), so nuro always passes an explicit one.
+DEFAULT_PG_TIMEOUT_S = 60.0
+
+
+class RunEnvError(ValueError):
+    """A variable is present but malformed (a launcher bug, not a user error); the message names it."""
+
+
+def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise RunEnvError(f"{name}={raw!r} is not an integer; it is set by Slurm/torchrun/nuro-launch") from None
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise RunEnvError(f"{name}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise RunEnvError(f"{name}={raw!r} must be > 0 seconds")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunEnv:
+    """The run as one training process sees it.
+
+    Attributes:
+        team, run_name: from the job spec; None outside a nuro job.
+        job_id: Slurm job id; None outside Slurm (then nothing is written to a job comment).
+        restart_count: how many times Slurm requeued this job (``SLURM_RESTART_COUNT``, 0 on the first run).
+        rank, world_size, local_rank, local_world_size: torchrun's global/local rank and sizes (0/1 by default).
+        node_rank: this node's index in the job (torchrun ``GROUP_RANK``, else ``SLURM_NODEID``, else 0).
+        num_nodes: nodes in the job (``SLURM_JOB_NUM_NODES``, else 1).
+        job_dir: the job's directory on shared storage (``NURO_JOB_DIR``); None outside a nuro job.
+        staging_dir: node-local checkpoint staging dir (``NURO_STAGING_DIR``, set by the prolog); None = not staged.
+        exit_requeue: the exit status meaning "restart me" (``NURO_EXIT_REQUEUE``, default 75).
+        preempt_signal, stop_signal: signal names for "preempted" and "time limit near" (``USR1``/``USR2``).
+        pg_timeout_s: timeout for ``init_process_group`` and every collective (``NURO_PG_TIMEOUT_S``, default 60).
+    """
+
+    team: str | None = None
+    run_name: str | None = None
+    job_id: int | None = None
+    restart_count: int = 0
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    num_nodes: int = 1
+    job_dir: str | None = None
+    staging_dir: str | None = None
+    exit_requeue: int = DEFAULT_EXIT_REQUEUE
+    preempt_signal: str = "USR1"
+    stop_signal: str = "USR2"
+    pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> RunEnv:
+        """Read the run from ``env`` (default ``os.environ``). Raises RunEnvError on a malformed value."""
+        e = os.environ if env is None else env
+        slurm_node = _int(e, "SLURM_NODEID", 0) or 0
+        rank = _int(e, "RANK", 0) or 0
+        world = _int(e, "WORLD_SIZE", 1) or 1
+        if not 0 <= rank < world:
+            raise RunEnvError(f"RANK={rank} is outside WORLD_SIZE={world}")
+        return cls(
+            team=e.get("NURO_TEAM") or None,
+            run_name=e.get("NURO_RUN_NAME") or None,
+            job_id=_int(e, "SLURM_JOB_ID", None),
+            restart_count=_int(e, "SLURM_RESTART_COUNT", 0) or 0,
+            rank=rank,
+            world_size=world,
+            local_rank=_int(e, "LOCAL_RANK", 0) or 0,
+            local_world_size=_int(e, "LOCAL_WORLD_SIZE", 1) or 1,
+            node_rank=_int(e, "GROUP_RANK", slurm_node) or 0,
+            num_nodes=_int(e, "SLURM_JOB_NUM_NODES", 1) or 1,
+            job_dir=e.get("NURO_JOB_DIR") or None,
+            staging_dir=e.get("NURO_STAGING_DIR") or None,
+            exit_requeue=_int(e, "NURO_EXIT_REQUEUE", DEFAULT_EXIT_REQUEUE) or DEFAULT_EXIT_REQUEUE,
+            preempt_signal=(e.get("NURO_PREEMPT_SIGNAL") or "USR1").removeprefix("SIG"),
+            stop_signal=(e.get("NURO_STOP_SIGNAL") or "USR2").removeprefix("SIG"),
+            pg_timeout_s=_float(e, "NURO_PG_TIMEOUT_S", DEFAULT_PG_TIMEOUT_S),
+        )
+
+    @property
+    def is_rank0(self) -> bool:
+        """Rank 0 alone writes the job comment (checkpoint record, preemption ack)."""
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        """More than one process: collectives are needed for any decision all ranks must share."""
+        return self.world_size > 1
+
+    @property
+    def pg_timeout(self) -> timedelta:
+        """``pg_timeout_s`` as the ``timedelta`` ``torch.distributed.init_process_group(timeout=...)`` takes."""
+        return timedelta(seconds=self.pg_timeout_s)
+
+
+__all__ = ["DEFAULT_EXIT_REQUEUE", "DEFAULT_PG_TIMEOUT_S", "RunEnv", "RunEnvError"]
