@@ -48,6 +48,10 @@ class Limits:
             capping or idling, which are normal).
         critical_xids: XID codes that make a node unhealthy; None means every XID NVML reports as critical.
         agent_silent_s: the node agent's status file older than this is a problem (10 intervals of 1 s).
+        agent_start_grace_s: a missing or stale agent is not judged while slurmd is younger than this. slurmd runs
+            the HealthCheckProgram once as it starts, before the agent (systemd ``After=slurmd.service``, or the
+            dev cluster's supervisor) is up, and a file left by an earlier run is stale by then; without the grace
+            every node would be drained at every start until the next HealthCheckInterval.
     """
 
     max_temperature_c: int = 90
@@ -57,6 +61,7 @@ class Limits:
     )
     critical_xids: frozenset[int] | None = None
     agent_silent_s: float = 10.0
+    agent_start_grace_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.max_temperature_c <= 0 or self.agent_silent_s <= 0 or self.max_ecc_volatile_uncorrected < 0:
@@ -88,6 +93,7 @@ def evaluate(
     limits: Limits | None = None,
     *,
     staging_root: str = DEFAULT_STAGING_ROOT,
+    slurmd_uptime_s: float | None = None,
 ) -> list[Problem]:
     """Every health problem of a node, in a fixed order (probe, GPU count, per GPU, disk, agent); [] = healthy.
 
@@ -101,6 +107,8 @@ def evaluate(
             it never did (no status file).
         limits: thresholds (``Limits()`` when None).
         staging_root: the staging directory, only for the message.
+        slurmd_uptime_s: how long the slurmd that runs this check has been up; None = unknown (not run by
+            slurmd), then no start grace applies (see ``Limits.agent_start_grace_s``).
     """
     limits = limits or Limits()
     problems: list[Problem] = []
@@ -121,7 +129,8 @@ def evaluate(
                 f"staging disk {staging_root}: {_gib(disk_free_bytes)} free < {_gib(disk_min_bytes)}",
             )
         )
-    if agent_age_s is not None:
+    starting = slurmd_uptime_s is not None and slurmd_uptime_s < limits.agent_start_grace_s
+    if agent_age_s is not None and not starting:
         if math.isinf(agent_age_s):
             problems.append(Problem("agent", "node agent never reported"))
         elif agent_age_s > limits.agent_silent_s:

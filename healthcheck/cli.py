@@ -18,6 +18,7 @@ variable                        option                       meaning / default
 ``NURO_AGENT_STATUS_DIR``                                    agent liveness checked only when set
 ``NURO_HEALTH_MAX_TEMPERATURE_C``                            ``Limits.max_temperature_c`` (90)
 ``NURO_AGENT_SILENT_S``                                      ``Limits.agent_silent_s`` (10)
+``NURO_AGENT_START_GRACE_S``                                 ``Limits.agent_start_grace_s`` (30)
 ==============================  ===========================  ==========================================
 
 Exit status: 0 healthy, 1 unhealthy (drained unless ``--dry-run``), 2 bad usage or settings.
@@ -93,6 +94,7 @@ class HealthSettings:
             limits,
             max_temperature_c=number("NURO_HEALTH_MAX_TEMPERATURE_C", int, limits.max_temperature_c),
             agent_silent_s=number("NURO_AGENT_SILENT_S", float, limits.agent_silent_s),
+            agent_start_grace_s=number("NURO_AGENT_START_GRACE_S", float, limits.agent_start_grace_s),
         )
         min_free_gb = number("NURO_STAGING_MIN_FREE_GB", float, DEFAULT_STAGING_MIN_FREE_GB)
         return cls(
@@ -177,8 +179,23 @@ def check_node(node: str, settings: HealthSettings, mode: str = "periodic", prob
         age,
         settings.limits,
         staging_root=settings.staging_root,
+        slurmd_uptime_s=slurmd_uptime_s() if age is not None else None,
     )
     return Outcome(node, mode, tuple(problems), report, free, age)
+
+
+def slurmd_uptime_s() -> float | None:
+    """Seconds since our parent slurmd started, when slurmd runs us (HealthCheckProgram, prolog, epilog; the dev
+    cluster's ``#!/bin/sh`` wrapper ``exec``s, so slurmd stays the parent); None otherwise (run by hand or tests)."""
+    import psutil
+
+    try:
+        parent = psutil.Process(os.getppid())
+        if parent.name() != "slurmd":
+            return None
+        return max(0.0, time.time() - parent.create_time())
+    except psutil.Error:
+        return None
 
 
 def node_drain_state(backend, node: str) -> tuple[bool, str | None]:  # noqa: ANN001 - nuro.slurm.CliBackend

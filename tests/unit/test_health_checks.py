@@ -161,3 +161,19 @@ def test_report_to_dict_is_json_ready() -> None:
     report = FakeProbe(gpus=[GpuStatus(0, throttle_reasons=("HW slowdown",))], failure=ProbeFailure.TIMEOUT).read()
     data = json.loads(json.dumps(report.to_dict()))
     assert data["failure"] == "timeout" and data["gpus"][0]["throttle_reasons"] == ["HW slowdown"]
+
+
+@pytest.mark.parametrize(
+    "uptime,age,want",
+    [
+        (5.0, math.inf, []),  # slurmd just started: the agent is not up yet
+        (5.0, 3600.0, []),  # a status file left by an earlier run
+        (31.0, math.inf, ["node agent never reported"]),
+        (31.0, 12.0, ["node agent silent for 12 s"]),
+        (None, math.inf, ["node agent never reported"]),  # not run by slurmd: no grace
+    ],
+)
+def test_agent_start_grace(uptime: float | None, age: float, want: list[str]) -> None:
+    report = FakeProbe.healthy(8).read()
+    got = evaluate(report, 8, None, 0, age, Limits(), slurmd_uptime_s=uptime)
+    assert [p.message for p in got] == want
