@@ -1,0 +1,134 @@
+"""The heartbeat failure detector on the real dev cluster: node agents beat, nuro-controller (detector only) judges.
+
+A node is crashed like a host with ``devcluster kill-node`` (slurmd, slurmstepds, job processes, agent: SIGKILL) and
+brought back with ``revive-node``. Measured times are printed (``-s`` shows them) and kept in the event log.
+Each test uses its own node(s) so the controller's flap history of one test does not leak into another, and every
+test leaves its nodes idle and resumed for the rest of the session.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nuro.devcluster import manager
+from nuro.events import read_events
+from nuro.slurm import NodeInfo
+from tests.integration.conftest import LiveCluster, wait_until
+
+pytestmark = pytest.mark.slurm
+
+SLEEP_JOB = "#!/bin/bash\nsleep 900\n"
+
+
+def _node(cluster: LiveCluster, name: str) -> NodeInfo:
+    return next(n for n in cluster.backend.nodes() if n.name == name)
+
+
+@pytest.fixture
+def restore(cluster: LiveCluster) -> Iterator[list[str]]:
+    """Nodes a test touches: revived, resumed and idle again afterwards, whatever the test did."""
+    touched: list[str] = []
+    yield touched
+    status = manager.status(cluster.layout)
+    for name in touched:
+        if name in status.get("killed_nodes", {}):
+            manager.revive_node(cluster.layout, name)
+        node = _node(cluster, name)
+        if node.is_drained or "DOWN" in node.flags:
+            cluster.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
+    wait_until(
+        lambda: all(_node(cluster, n).state in ("IDLE", "MIXED", "ALLOCATED") for n in touched),
+        30,
+        f"{touched} back in service",
+    )
+
+
+def test_killed_node_goes_down_and_drained_fast_and_its_requeue_job_runs_elsewhere(
+    cluster: LiveCluster, restore: list[str]
+) -> None:
+    job_id = cluster.backend.submit(SLEEP_JOB, "--requeue", "-N1", "--exclude=gpu007,gpu008", "-o", "/dev/null")
+    job = wait_until(
+        lambda: (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING" and j.nodes and j, 60, "job running"
+    )
+    victim = job.nodes[0]
+    restore.append(victim)
+    killed = manager.kill_node(cluster.layout, victim)
+    assert {k["name"] for k in killed["killed"]} >= {"slurmd", "slurmstepd", "agent"}, killed
+
+    def down_with_our_reason() -> bool:
+        n = _node(cluster, victim)
+        return "DOWN" in n.flags and n.is_drained and (n.reason or "").startswith("nuro: no heartbeat for")
+
+    wait_until(down_with_our_reason, 10, f"{victim} DOWN+DRAIN with nuro's reason")
+    detect_s = time.time() - killed["at"]
+    print(f"\nkill -> DOWN+DRAIN observed after {detect_s:.2f} s")
+    assert detect_s < 10
+    lost = [e for e in read_events(cluster.layout.events_log, since=killed["at"] - 1, node=victim)]
+    kinds = [e["kind"] for e in lost]
+    assert kinds[:4] == ["node_lost", "node_down", "jobs_requeued", "node_drained"], kinds
+    assert lost[2]["jobs"] == [job_id]
+    print(f"event log: node_lost at +{lost[0]['ts'] - killed['at']:.2f} s, silent_s={lost[0]['silent_s']}")
+
+    elsewhere = wait_until(
+        lambda: (
+            (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING" and j.nodes and victim not in j.nodes and j
+        ),
+        60,
+        "the requeued job running on another node",
+    )
+    assert elsewhere.restart_count == 1
+    print(f"kill -> running again on {elsewhere.nodes[0]} after {time.time() - killed['at']:.1f} s")
+    cluster.run(["scancel", str(job_id)])
+
+    revived = manager.revive_node(cluster.layout, victim)
+    wait_until(lambda: _node(cluster, victim).state == "IDLE", 20, f"{victim} resumed by the detector")
+    print(f"revive -> resumed after {time.time() - revived['at']:.1f} s")
+    assert any(e["kind"] == "node_resumed" for e in read_events(cluster.layout.events_log, node=victim))
+
+
+def test_an_admin_drained_node_is_never_resumed(cluster: LiveCluster, restore: list[str]) -> None:
+    node = "gpu007"
+    restore.append(node)
+    cluster.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=admin: replace fan"])
+    killed = manager.kill_node(cluster.layout, node)
+    wait_until(lambda: "DOWN" in _node(cluster, node).flags, 15, f"{node} DOWN")
+    reason = _node(cluster, node).reason or ""
+    assert reason.startswith("nuro: no heartbeat") and reason.endswith("(admin drain: admin: replace fan)"), reason
+    manager.revive_node(cluster.layout, node)
+    wait_until(lambda: "DOWN" not in _node(cluster, node).flags, 20, f"{node}'s slurmd registered")
+    time.sleep(6)  # > 2 healthy intervals + a node poll: the detector would have resumed it by now
+    after = _node(cluster, node)
+    assert after.is_drained, f"{node} was resumed although an admin drained it: {after}"
+    assert not [e for e in read_events(cluster.layout.events_log, since=killed["at"], node=node)
+                if e["kind"] == "node_resumed"]  # fmt: skip
+
+
+def test_a_flapping_node_is_held_drained(cluster: LiveCluster, restore: list[str]) -> None:
+    node = "gpu008"
+    restore.append(node)
+    for loss in range(1, 4):
+        killed = manager.kill_node(cluster.layout, node)
+        wait_until(lambda: "DOWN" in _node(cluster, node).flags, 15, f"{node} DOWN (loss {loss})")
+        manager.revive_node(cluster.layout, node)
+        if loss < 3:
+            wait_until(lambda: _node(cluster, node).state == "IDLE", 20, f"{node} resumed after loss {loss}")
+    reason = _node(cluster, node).reason or ""
+    assert reason.startswith("nuro: flapping (3 losses in 600 s), held 30 s until"), reason
+    time.sleep(8)
+    held = _node(cluster, node)
+    assert held.is_drained and "DOWN" not in held.flags, held  # slurmd back, beating healthy, still held
+    flaps = [e for e in read_events(cluster.layout.events_log, since=killed["at"] - 1, node=node)]
+    assert any(e["kind"] == "node_flapping" and e["hold_s"] >= 29 for e in flaps), flaps
+    wait_until(lambda: _node(cluster, node).state == "IDLE", 40, f"{node} resumed when its 30 s hold ended")
+
+
+def test_nuro_env_and_exports_name_the_agent_dirs_and_event_log(cluster: LiveCluster) -> None:
+    env = dict(line.split("=", 1) for line in cluster.layout.nuro_env.read_text().splitlines())
+    assert env["NURO_EVENT_LOG"] == str(cluster.layout.events_log)
+    assert Path(env["NURO_AGENT_STATUS_DIR"]).is_dir() and Path(env["NURO_STAGING_ROOT"]).is_dir()
+    assert oct(cluster.layout.heartbeat_key.stat().st_mode & 0o777) == "0o600"
+    assert cluster.env["NURO_EVENT_LOG"] == env["NURO_EVENT_LOG"]
