@@ -1,0 +1,187 @@
+"""nuro-launch without a cluster: the torchrun command as data, node addresses, verdict files, and node mode run
+against a stand-in "python" (records its argv and signal dispositions, then behaves as told) — no torch needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from nuro.wrappers import launch
+from nuro.wrappers.launch import LaunchError, plan_torchrun, rdzv_port
+from nuro.wrappers.launch_outcome import Kind
+
+ENV = {"SLURM_JOB_ID": "4711", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}
+
+
+def plan(env: dict[str, str] | None = None, **kw: object) -> launch.TorchrunPlan:
+    args = {"nproc_per_node": 8, "python": "/venv/bin/python", "local_addr": "10.0.0.2", "error_file": "/t/err.json",
+            "log_dir": "/t/logs", **kw}  # fmt: skip
+    return plan_torchrun({**ENV, **(env or {})}, ["train.py", "--lr=3e-4"], **args)  # type: ignore[arg-type]
+
+
+def test_torchrun_command_is_a_pure_function_of_the_slurm_env() -> None:
+    p = plan({"NURO_RDZV_ADDR": "10.0.0.1", "NURO_RDZV_PORT": "30211"})
+    assert p.argv == (
+        "/venv/bin/python", "-m", "torch.distributed.run", "--nnodes=2", "--node-rank=1", "--nproc-per-node=8",
+        "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:30211", "--rdzv-id=4711", "--local-addr=10.0.0.2",
+        "--max-restarts=0", "--monitor-interval=0.5", "--log-dir=/t/logs", "--tee=2", "train.py", "--lr=3e-4",
+    )  # fmt: skip
+    assert p.env["TORCHELASTIC_ERROR_FILE"] == "/t/err.json"
+    assert p.env["NURO_PG_TIMEOUT_S"] == p.env["TORCH_NCCL_TIMEOUT"] == "60"
+    assert "GLOO_SOCKET_IFNAME" not in p.env  # a dev-cluster setting: comes from the job's environment, never here
+    assert plan({"NURO_RDZV_ADDR": "a"}) == plan({"NURO_RDZV_ADDR": "a"})
+
+
+def test_port_from_job_id_and_address_from_the_resolver_when_the_script_gave_none() -> None:
+    p = plan(rdzv_addr="10.0.0.9", pg_timeout_s=30)
+    assert f"--rdzv-endpoint=10.0.0.9:{rdzv_port(4711)}" in p.argv and rdzv_port(4711) == 29500 + 711
+    assert p.env["NURO_PG_TIMEOUT_S"] == "30"
+
+
+@pytest.mark.parametrize(
+    "env,kw,text",
+    [
+        ({"SLURM_JOB_ID": ""}, {"rdzv_addr": "x"}, "SLURM_JOB_ID is not set"),
+        ({}, {}, "no rendezvous address"),
+        ({}, {"rdzv_addr": "x", "script": []}, "no training script"),
+    ],  # fmt: skip
+)
+def test_missing_inputs_are_named(env: dict, kw: dict, text: str) -> None:
+    script = kw.pop("script", ["t.py"])
+    with pytest.raises(LaunchError, match=text):
+        plan_torchrun({**ENV, **env}, script, nproc_per_node=1, python="p", local_addr="l", error_file="e",
+                      log_dir="d", **kw)  # fmt: skip
+
+
+def test_node_addr_reads_nodeaddr_and_falls_back_to_the_name() -> None:
+    line = "NodeName=gpu002 Arch=x86_64 CoresPerSocket=1 NodeAddr=127.0.0.1 NodeHostName=box Version=22.05.8"
+
+    def fake(argv, **_):  # noqa: ANN001, ANN202
+        assert argv == ["scontrol", "show", "node", "-o", "gpu002"]
+        return subprocess.CompletedProcess(argv, 0, line, "")
+
+    assert launch.node_addr("gpu002", run=fake) == "127.0.0.1"
+    assert launch.node_addr("gpu002", run=lambda argv, **_: subprocess.CompletedProcess(argv, 1, "", "")) == "gpu002"
+
+
+def test_parse_args_takes_everything_after_the_double_dash() -> None:
+    a = launch.parse_args(["--nproc-per-node=2", "--", "train.py", "--nproc-per-node=9"])
+    assert a.nproc_per_node == 2 and a.script == ["train.py", "--nproc-per-node=9"] and not a.step
+    with pytest.raises(SystemExit):
+        launch.parse_args(["--nproc-per-node=2"])
+
+
+AGENT = """import os, signal, subprocess, sys, time
+# an "agent" that starts a worker in its own session, like torchrun; the worker records signals it gets
+worker = subprocess.Popen([sys.executable, "-c", '''
+import signal, sys, time
+def h(n, f):
+    open(sys.argv[1], "a").write(signal.Signals(n).name + "\\\\n")
+    if n == signal.SIGTERM: sys.exit(0)
+for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM): signal.signal(s, h)
+open(sys.argv[1] + ".ready", "w").close()
+while True: time.sleep(0.05)
+''', sys.argv[1]], start_new_session=True)
+signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # torchrun would stop its workers; the test sends both
+worker.wait()
+"""
+
+
+def test_forwarding_reaches_a_worker_in_its_own_session_and_spares_the_agent(tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+    agent = subprocess.Popen([sys.executable, "-c", AGENT, str(log)])
+    try:
+        deadline = time.monotonic() + 20
+        while not Path(str(log) + ".ready").exists():
+            assert time.monotonic() < deadline and agent.poll() is None
+            time.sleep(0.05)
+        workers = launch.descendants(agent.pid)
+        assert len(workers) == 1 and os.getsid(workers[0].pid) != os.getsid(agent.pid)
+        assert launch.forward(signal.SIGUSR1, agent.pid, include_root=False) == [workers[0].pid]
+        launch.forward(signal.SIGUSR2, agent.pid, include_root=False)
+        launch.forward(signal.SIGTERM, agent.pid, include_root=True)
+        assert agent.wait(timeout=20) == 0  # USR1/USR2 never reached the agent (their default action kills)
+        assert log.read_text().splitlines() == ["SIGUSR1", "SIGUSR2", "SIGTERM"]
+    finally:
+        agent.kill()
+
+
+FAKE_TORCHRUN = """#!/bin/bash
+printf '%s\\n' "$@" > "$FAKE_DIR/argv"
+grep -E '^SigIgn' /proc/self/status > "$FAKE_DIR/sigign"
+env | grep -E '^(TORCHELASTIC_ERROR_FILE|NURO_PG_TIMEOUT_S|NURO_RDZV_)' | sort > "$FAKE_DIR/env"
+case "$FAKE_MODE" in
+  exit:*) exit "${FAKE_MODE#exit:}" ;;
+  killed)
+    cat >&2 <<'SUMMARY'
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-30_07:40:37
+  host      : localhost
+  rank      : 1 (local_rank: 0)
+  exitcode  : -9 (pid: 28382)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 28382
+======================================================
+SUMMARY
+    exit 1 ;;
+esac
+"""
+
+
+@pytest.fixture
+def fake(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    py = tmp_path / "python"
+    py.write_text(FAKE_TORCHRUN)
+    py.chmod(0o755)
+    env = {**ENV, "SLURM_JOB_NUM_NODES": "1", "SLURM_NODEID": "0", "NURO_RDZV_ADDR": "127.0.0.1",
+           "NURO_LOCAL_ADDR": "127.0.0.1", "FAKE_DIR": str(tmp_path), "NURO_LAUNCH_DIR": str(tmp_path / "launch"),
+           "PATH": os.environ["PATH"]}  # fmt: skip
+    return py, env
+
+
+def run_launch(py: Path, env: dict[str, str], mode: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "nuro.wrappers.launch", f"--python={py}", "--", "train.py"]
+    return subprocess.run(argv, env={**env, "FAKE_MODE": mode}, capture_output=True, text=True, timeout=60)
+
+
+def test_node_mode_runs_torchrun_with_training_signals_ignored_and_writes_a_verdict(fake, tmp_path: Path) -> None:
+    py, env = fake
+    out = run_launch(py, env, "exit:0")
+    assert out.returncode == 0, out.stderr
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[:2] == ["-m", "torch.distributed.run"] and argv[-1] == "train.py"
+    ignored = int((tmp_path / "sigign").read_text().split()[1], 16)
+    assert ignored & (1 << (signal.SIGUSR1 - 1)) and ignored & (1 << (signal.SIGUSR2 - 1))
+    assert "NURO_PG_TIMEOUT_S=60" in (tmp_path / "env").read_text()
+    verdict = json.loads((tmp_path / "launch" / "attempt-0" / "node-0.json").read_text())
+    assert verdict["kind"] == Kind.DONE.value and verdict["exit_code"] == 0
+
+
+def test_node_mode_maps_a_killed_worker_to_requeue_and_a_failure_to_its_code(fake, tmp_path: Path) -> None:
+    py, env = fake
+    killed = run_launch(py, env, "killed")
+    assert killed.returncode == 75 and "killed by SIGKILL" in killed.stderr, killed.stderr
+    failed = run_launch(py, {**env, "SLURM_RESTART_COUNT": "1"}, "exit:2")
+    assert failed.returncode == 2
+    assert json.loads((tmp_path / "launch" / "attempt-1" / "node-0.json").read_text())["kind"] == "failure"
+
+
+def test_step_mode_folds_verdicts_and_clears_stale_ones(tmp_path: Path) -> None:
+    vdir = tmp_path / "launch" / "attempt-0"
+    vdir.mkdir(parents=True)
+    (vdir / "node-0.json").write_text('{"kind": "failure", "exit_code": 9, "why": "stale", "node": 0, "at": 1}')
+    verdict = '{"kind": "requeue", "exit_code": 75, "why": "lost a peer", "node": 1, "at": 2}'
+    step = f"mkdir -p {vdir} && echo '{verdict}' > {vdir}/node-1.json && exit 137"
+    env = {"NURO_LAUNCH_DIR": str(tmp_path / "launch"), "SLURM_JOB_NUM_NODES": "2", "PATH": os.environ["PATH"]}
+    out = subprocess.run([sys.executable, "-m", "nuro.wrappers.launch", "--step", "--", "bash", "-c", step],
+                         env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 75, out.stdout + out.stderr
+    assert "srun exit 137, launch verdict 75 (node 1: lost a peer)" in out.stdout
