@@ -1,15 +1,57 @@
-"""Slurm Epilog (once per allocated node after the job ends).
+"""Slurm Epilog (once per allocated node after the job ends, as root).
 
-For now it only succeeds (a non-zero exit drains the node). Later work flushes the job's pending checkpoint
-uploads before the node is released, cleans the staging dir and runs the health check.
+Checkpoint staging (``nuro.checkpoint.nodestage.finish_job``): the node is not released before the job's pending
+checkpoint uploads are committed, or the time is up (``NURO_EPILOG_FLUSH_TIMEOUT_S``, default 120 s; keep it below
+Slurm's ``PrologEpilogTimeout``) — leftovers get ``incomplete.json`` in S3 and are never valid. The newest committed
+copy stays in the node cache for a requeue on this node; the job's staging dir is removed.
+
+It always exits 0: a non-zero epilog drains the node, and neither a store outage nor a job's leftovers are the
+node's fault. Problems are logged (slurmd's log) with the job id.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+
+from nuro.nodeenv import load_node_env
+
+log = logging.getLogger("nuro.epilog")
+
+
+def flush_and_clean(job: str) -> None:
+    from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, staging_root
+    from nuro.objectstore import ObjectStore
+
+    timeout_s = float(os.environ.get("NURO_EPILOG_FLUSH_TIMEOUT_S") or 120)
+    cache_runs = int(os.environ.get("NURO_STAGING_CACHE_RUNS") or DEFAULT_CACHE_RUNS)
+    result, cached = finish_job(
+        ObjectStore.from_env(), staging_root(), job, flush_timeout_s=timeout_s, cache_runs=cache_runs
+    )
+    if result is None:
+        return
+    if result.incomplete:
+        log.warning(
+            "job=%s checkpoint uploads not committed within %.0f s, marked incomplete: steps %s %s",
+            job, timeout_s, result.incomplete, "; ".join(result.errors),
+        )  # fmt: skip
+    log.info(
+        "job=%s checkpoints committed=%s incomplete=%s waited=%.1fs cached=%s",
+        job, result.committed, result.incomplete, result.waited_s, cached or "-",
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="nuro-epilog: %(message)s", stream=sys.stderr)
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        return 0
+    try:
+        load_node_env()
+        flush_and_clean(job)
+    except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
+        log.exception("job=%s epilog checkpoint flush failed: %s", job, exc)
     return 0
 
 

@@ -7,6 +7,11 @@ For a job that carries nuro metadata (``{"nuro": {...}}`` in its comment) it che
    A verified digest is remembered in the node-local cache (``$NURO_CACHE_DIR``), so each node verifies a
    snapshot once, not once per job.
 
+3. (every job) the node-local checkpoint staging dir ``$NURO_STAGING_ROOT/<job id>`` exists, owned by the job's
+   user, mode 700; for a nuro job the newest valid checkpoint of its team/run is staged into ``<dir>/restore/``
+   (a verified local copy first, else S3), bounded by ``NURO_PROLOG_STAGE_TIMEOUT_S`` (default 120 s). Staging
+   problems are logged and never hold the job: it then restores from S3 by itself (``nuro.checkpoint.nodestage``).
+
 If a check fails the job is **requeued held** with the reason in its comment (``refused: {why, node, at}``), which
 ``nuro-train status`` shows, and the prolog still exits 0: a non-zero prolog would drain the node, and a user's
 tampered dataset is not the node's fault. Plain jobs without nuro metadata pass untouched. Everything read from the
@@ -96,19 +101,92 @@ def refuse(job_id: int, why: str) -> None:
         log.warning("job=%d node=%s refuse: %s", job_id, node, exc)
 
 
+def _job_owner() -> tuple[int, int]:
+    """The job's uid/gid from slurmd's prolog environment (gid from the passwd entry when SLURM_JOB_GID is unset)."""
+    import pwd
+
+    uid = int(os.environ["SLURM_JOB_UID"])
+    gid_raw = os.environ.get("SLURM_JOB_GID", "")
+    return uid, int(gid_raw) if gid_raw.isdigit() else pwd.getpwuid(uid).pw_gid
+
+
+def _run_of(comment: str | None) -> tuple[str, str] | None:
+    """(team, run) from the validated ``nuro`` record, or None for a plain job or a record that does not validate."""
+    from nuro.checkpoint.errors import InvalidCheckpointInput
+    from nuro.checkpoint.layout import validate_run, validate_team
+
+    meta = jobcomment.parse(comment).raw.get("nuro")
+    if not isinstance(meta, dict):
+        return None
+    try:
+        return validate_team(meta.get("team")), validate_run(meta.get("name"))
+    except InvalidCheckpointInput as exc:
+        log.warning("no checkpoint staging: %s", exc)
+        return None
+
+
+def stage(job: str) -> None:
+    """Create the job's staging dir and stage its run's newest valid checkpoint (see the module docstring)."""
+    from nuro.checkpoint.nodestage import prepare_job_dir, stage_latest, staging_root
+
+    uid, gid = _job_owner()
+    job_dir = prepare_job_dir(staging_root(), job, uid, gid)
+    run = _run_of(os.environ.get("SLURM_JOB_COMMENT"))
+    if run is None:
+        return
+    from nuro.objectstore import ObjectStore
+
+    timeout_s = float(os.environ.get("NURO_PROLOG_STAGE_TIMEOUT_S") or 120)
+    t0 = time.monotonic()
+    res = stage_latest(ObjectStore.from_env(), *run, job_dir, uid, gid, timeout_s=timeout_s)
+    took = time.monotonic() - t0
+    for why in res.skipped or []:
+        log.warning("job=%s team=%s run=%s checkpoint skipped: %s", job, *run, why)
+    if res.error:
+        log.warning("job=%s team=%s run=%s checkpoint not staged (%.1f s): %s", job, *run, took, res.error)
+    elif res.step is None:
+        log.info("job=%s team=%s run=%s no checkpoint to stage (%.1f s)", job, *run, took)
+    else:
+        log.info(
+            "job=%s team=%s run=%s staged step=%d source=%s path=%s (%.1f s)",
+            job, *run, res.step, res.source, res.path, took,
+        )  # fmt: skip
+
+
+def task_env() -> str:
+    """``--task`` (Slurm TaskProlog, as the job's user): the ``export`` line that tells the job's processes their
+    staging dir; slurmstepd adds it to each task's environment."""
+    from nuro.checkpoint.nodestage import staging_root
+
+    job = os.environ.get("SLURM_JOB_ID", "")
+    return f"export NURO_STAGING_DIR={staging_root() / job}" if job.isdigit() else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="nuro-prolog: %(message)s", stream=sys.stderr)
+    args = sys.argv[1:] if argv is None else argv
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job.isdigit():
         return 0
+    if args[:1] == ["--task"]:
+        load_node_env()
+        print(task_env(), flush=True)
+        return 0
+    refused = False
     try:
         load_node_env()
         check(os.environ.get("SLURM_JOB_COMMENT"))
     except Refusal as exc:
+        refused = True
         log.error("job=%s refused: %s", job, exc)
         refuse(int(job), str(exc))
     except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
         log.exception("job=%s prolog error (job allowed to start): %s", job, exc)
+    if not refused:
+        try:
+            stage(job)
+        except Exception as exc:  # staging is an optimisation: the job restores from S3 without it
+            log.exception("job=%s checkpoint staging failed (job allowed to start): %s", job, exc)
     return 0
 
 

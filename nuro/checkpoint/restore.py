@@ -155,7 +155,12 @@ def restore_step(
     if dest is not None:
         candidates.append(Path(dest) / name)
     for cand in candidates:
-        if cand.is_dir() and not verify_local(cand, manifest.shards):
+        try:
+            valid = cand.is_dir() and not verify_local(cand, manifest.shards)
+        except OSError as exc:  # e.g. the node cache is root's and this is the job: just not a candidate
+            log.debug("local copy %s not usable: %s", cand, exc)
+            continue
+        if valid:
             return Restored(manifest.step, cand, "local", manifest, reused_bytes=manifest.total_bytes)
     if dest is None:
         raise VerificationFailed(f"step {manifest.step}: no valid local copy and no dest to download into")

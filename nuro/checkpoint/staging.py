@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import json
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +42,15 @@ from nuro.checkpoint.manifest import UploadRequest, dumps, parse_request
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     """Write ``data`` to ``path`` so readers see the old state or the whole new file, even across a crash."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
+    # O_EXCL|O_NOFOLLOW: root (epilog, agent) writes markers into a directory the job's user owns, where a planted
+    # symlink at the temp name must not redirect the write; rename then replaces a symlink at ``path`` itself.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, mode)
+    except FileExistsError:
+        os.unlink(tmp)
+        fd = os.open(tmp, flags, mode)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
@@ -106,6 +114,8 @@ def job_steps(job_dir: Path) -> list[StagedStep]:
     """The step directories of one job, by step."""
     out: list[StagedStep] = []
     ckpt = job_ckpt_dir(job_dir)
+    if ckpt.is_symlink():
+        return []  # a job dir is ours to read only through real directories (see nuro.checkpoint.verify)
     try:
         names = os.listdir(ckpt)
     except (FileNotFoundError, NotADirectoryError):

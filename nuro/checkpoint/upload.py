@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -49,6 +50,7 @@ from nuro.checkpoint.staging import (
     safe_request,
     write_atomic,
 )
+from nuro.checkpoint.verify import open_beneath
 from nuro.objectstore import NotFound, ObjectStore, ObjectStoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -152,8 +154,9 @@ class UploadWorker:
         start = self.clock()
         deadline = start + timeout_s
         result = FlushResult(job_id)
+        committed: set[int] = set()
         while True:
-            self.run_once(job_id)
+            committed.update(step for _, step in self.run_once(job_id).committed)  # pruned dirs are gone after
             left = self.pending(job_id)
             if not left or self.clock() >= deadline:
                 break
@@ -161,12 +164,13 @@ class UploadWorker:
         for d in self._job_dirs(job_id):
             for s in job_steps(d):
                 if s.is_done:
-                    result.committed.append(s.step)
+                    committed.add(s.step)
                 elif s.is_pending:
                     err = self._give_up(s, f"epilog flush timed out after {timeout_s:.0f} s")
                     result.incomplete.append(s.step)
                     if err:
                         result.errors.append(err)
+        result.committed = sorted(committed)
         result.waited_s = round(self.clock() - start, 3)
         return result
 
@@ -248,13 +252,21 @@ class UploadWorker:
                 continue  # stored in an earlier pass
             local = step.path / f.path
             try:
-                self.store.put_file(L.shard_key(req.team, req.run, req.step, f.path), local, expected_sha256=f.sha256)
-            except FileNotFoundError as exc:
-                raise PermanentUploadError(f"{local} is gone: {exc}") from None
+                fd = open_beneath(step.path, f.path)  # never through a symlink: the worker may run as root
+            except OSError as exc:
+                raise PermanentUploadError(f"{local} cannot be read safely: {exc}") from None
+            try:
+                # /proc/self/fd/N reopens exactly the file we opened safely, whatever the path points at now
+                self.store.put_file(
+                    L.shard_key(req.team, req.run, req.step, f.path), Path(f"/proc/self/fd/{fd}"),
+                    expected_sha256=f.sha256,
+                )  # fmt: skip
             except ObjectStoreError as exc:
                 if "changed while it was uploaded" in str(exc):
                     raise PermanentUploadError(str(exc)) from None
                 raise
+            finally:
+                os.close(fd)
             done[f.path] = f.sha256
             write_atomic(state_path, json.dumps({"attempt": attempt, "files": done}).encode())
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,37 @@ def open_regular(path: Path) -> int:
         os.close(fd)
         raise OSError(f"{path} is not a regular file")
     return fd
+
+
+def open_beneath(root: Path, relpath: str) -> int:
+    """An fd for reading ``root/relpath`` that never follows a symlink in ``relpath``: each component is opened
+    with ``O_NOFOLLOW`` relative to its parent, and the last must be a regular file. Root uses this on directories
+    a job's user controls, where a planted ``sub -> /etc`` would otherwise make it read (and upload) other files."""
+    parts = relpath.split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(leaf).st_mode):
+        os.close(leaf)
+        raise OSError(f"{root / relpath} is not a regular file")
+    return leaf
+
+
+def hash_fd(fd: int) -> tuple[int, str]:
+    """(size, sha256 hex) of an open file, streamed from its start; closes ``fd``."""
+    digest = hashlib.sha256()
+    size = 0
+    with os.fdopen(fd, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def hash_file(path: Path) -> tuple[int, str]:
@@ -80,9 +112,8 @@ class Problem:
 
 
 def check_local_file(root: Path, entry: FileEntry) -> Problem | None:
-    path = root / entry.path
     try:
-        size, sha = hash_file(path)
+        size, sha = hash_fd(open_beneath(root, entry.path))
     except FileNotFoundError:
         return Problem(entry.path, "missing")
     except OSError as exc:
@@ -143,7 +174,7 @@ def download_verified(store: ObjectStore, manifest: Manifest, entry: FileEntry, 
     key = shard_key(manifest.team, manifest.run, manifest.step, entry.path)
     target = dest_root / entry.path
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.part")
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.part")
     digest = hashlib.sha256()
     size = 0
     try:

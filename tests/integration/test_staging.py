@@ -1,0 +1,133 @@
+"""Prolog/epilog checkpoint staging, called as slurmd calls them (root, a job-only environment, the node env file),
+against a real SeaweedFS: the prolog makes the job's staging dir and stages the newest valid checkpoint (node cache
+first, else S3); the epilog flushes the job's uploads (or marks them incomplete at its deadline), keeps the newest
+committed copy in the node cache and removes the job dir.
+
+No Slurm cluster is needed: the hooks are run as subprocesses with a crafted environment, like
+tests/integration/test_prolog.py's jobs would give them. Needs root (chown to the job's user).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from nuro.checkpoint import layout as L
+from nuro.checkpoint.restore import load_manifest, restore_latest
+from nuro.checkpoint.staging import read_request, write_request
+from nuro.devcluster import s3
+from nuro.devcluster.layout import PortPlan
+from nuro.objectstore import ObjectStore
+from nuro.wrappers.sdk.checkpointer import Checkpointer
+from nuro.wrappers.sdk.runenv import RunEnv
+
+REPO = Path(__file__).resolve().parents[2]
+PORT_BASE = int(os.environ.get("NURO_TEST_CKPT_PORT_BASE", "8800"))
+STATE_DIR = REPO / f".devcluster-test-{PORT_BASE}-staging"
+TEAM = "vision"
+NOBODY = 65534
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root and chown to the job's user")
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[ObjectStore]:
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    with s3.standalone(STATE_DIR, PORT_BASE):
+        yield s3.dev_store(PortPlan(PORT_BASE))
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+
+
+def _hook(module: str, node: Path, job: int, run: str, **extra: str) -> str:
+    """Run a hook like slurmd does: root, SLURM_* of the job, admin settings only in the env file."""
+    env_file = node / "nuro.env"
+    settings = {**s3.s3_env(PortPlan(PORT_BASE)), "NURO_STAGING_ROOT": str(node / "staging"),
+                "NURO_CACHE_DIR": str(node / "cache"), **extra}  # fmt: skip
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    comment = json.dumps({"nuro": {"v": 1, "name": run, "team": TEAM}})
+    env = {
+        "PATH": os.environ["PATH"], "NURO_ENV_FILE": str(env_file), "SLURM_JOB_ID": str(job),
+        "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY), "SLURM_JOB_COMMENT": comment,
+        "SLURMD_NODENAME": node.name, "PYTHONPATH": str(REPO),
+    }  # fmt: skip
+    res = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    return res.stderr
+
+
+def _train(store: ObjectStore, job_dir: Path, run: str, steps: tuple[int, ...]) -> None:
+    """What the job does: save through the SDK, leaving uploads to the node (upload="agent")."""
+    run_env = RunEnv(job_id=int(job_dir.name))
+    ck = Checkpointer(team=TEAM, run=run, store=store, staging_dir=job_dir, upload="agent", env=run_env)
+    for step in steps:
+        ck.save({"w": torch.full((128, 128), float(step))}, step, sync=True)
+    ck.close()
+
+
+def test_prolog_epilog_stage_flush_cache_and_restage(store: ObjectStore, tmp_path: Path) -> None:
+    run = f"s-{uuid.uuid4().hex[:8]}"
+    node = tmp_path / "node1"
+    node.mkdir()
+    root = node / "staging"
+
+    log = _hook("nuro.prolog_epilog.prolog", node, 1001, run)
+    job_dir = root / "1001"
+    st = job_dir.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (NOBODY, NOBODY, 0o700), log
+    assert "no checkpoint to stage" in log
+
+    _train(store, job_dir, run, (1, 2))
+    assert not store.exists(L.manifest_key(TEAM, run, 2))  # no agent runs here: the epilog must commit them
+    log = _hook("nuro.prolog_epilog.epilog", node, 1001, run)
+    assert "committed=[1, 2]" in log and "incomplete=[]" in log, log
+    assert load_manifest(store, TEAM, run, 2).parent == 1
+    cached = L.cache_dir(root, TEAM, run) / L.step_name(2)
+    assert cached.is_dir() and not job_dir.exists()
+
+    # the requeued job on the same node: staged from the node cache, no download, owned by the job's user
+    log = _hook("nuro.prolog_epilog.prolog", node, 1002, run)
+    staged = root / "1002" / "restore" / L.step_name(2)
+    assert "staged step=2 source=local" in log, log
+    assert (staged / "__0_0.distcp").stat().st_uid == NOBODY and not cached.exists()
+
+    # another node with an empty cache: from S3
+    other = tmp_path / "node2"
+    other.mkdir()
+    log = _hook("nuro.prolog_epilog.prolog", other, 1002, run)
+    assert "staged step=2 source=s3" in log, log
+    state = {"w": torch.zeros(128, 128)}
+    ck = Checkpointer(team=TEAM, run=run, store=store, staging_dir=other / "staging" / "1002", upload="agent")
+    assert ck.restore(state) == 2 and torch.all(state["w"] == 2.0)
+    ck.close()
+    _hook("nuro.prolog_epilog.epilog", other, 1002, run)
+    _hook("nuro.prolog_epilog.epilog", node, 1002, run)
+
+
+def test_epilog_deadline_marks_incomplete_never_a_manifest(store: ObjectStore, tmp_path: Path) -> None:
+    run = f"s-{uuid.uuid4().hex[:8]}"
+    node = tmp_path / "node1"
+    node.mkdir()
+    _hook("nuro.prolog_epilog.prolog", node, 2001, run)
+    _train(store, node / "staging" / "2001", run, (1,))
+    _hook("nuro.prolog_epilog.epilog", node, 2001, run)  # step 1 committed
+    # a 2-node job whose other node never uploads its part of step 5
+    _hook("nuro.prolog_epilog.prolog", node, 2002, run)
+    _train(store, node / "staging" / "2002", run, (5,))
+    step_dir = node / "staging" / "2002" / "ckpt" / L.step_name(5)
+    write_request(step_dir, dataclasses.replace(read_request(step_dir), parts_expected=2))
+    log = _hook("nuro.prolog_epilog.epilog", node, 2002, run, NURO_EPILOG_FLUSH_TIMEOUT_S="2")
+    assert "marked incomplete: steps [5]" in log, log
+    assert store.exists(L.incomplete_key(TEAM, run, 5)) and not store.exists(L.manifest_key(TEAM, run, 5))
+    assert not (node / "staging" / "2002").exists()
+    found = restore_latest(store, TEAM, run, dest=tmp_path / "r")
+    assert found is not None and found.step == 1 and "given up" in str(found.skipped[0])
