@@ -1,0 +1,86 @@
+"""Local verification and the staging protocol on a real file system (no store): hashing, symlink refusal, atomic
+markers, request hand-off, and the upload lock that lets two workers share a node."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from nuro.checkpoint import layout as L
+from nuro.checkpoint.manifest import FileEntry, UploadRequest
+from nuro.checkpoint.staging import StagedStep, claimed, job_steps, mark, read_request, write_atomic, write_request
+from nuro.checkpoint.verify import open_beneath, scan_dir, verify_local
+
+
+def _tree(root: Path) -> tuple[FileEntry, ...]:
+    (root / "sub").mkdir(parents=True)
+    (root / ".metadata").write_bytes(b"meta")
+    (root / "sub" / "__0_0.distcp").write_bytes(b"x" * 1000)
+    (root / L.REQUEST_FILE).write_bytes(b"{}")  # control files are not part of the checkpoint
+    return scan_dir(root)
+
+
+def test_scan_hashes_every_file_but_control_files(tmp_path: Path) -> None:
+    entries = _tree(tmp_path)
+    assert [e.path for e in entries] == [".metadata", "sub/__0_0.distcp"]
+    assert entries[1] == FileEntry("sub/__0_0.distcp", 1000, hashlib.sha256(b"x" * 1000).hexdigest())
+    assert verify_local(tmp_path, entries) == []
+
+
+def test_verify_names_missing_short_and_altered_files(tmp_path: Path) -> None:
+    entries = _tree(tmp_path)
+    (tmp_path / ".metadata").write_bytes(b"META")  # same size, other bytes
+    (tmp_path / "sub" / "__0_0.distcp").write_bytes(b"x" * 10)
+    problems = {p.path: p.why for p in verify_local(tmp_path, entries)}
+    assert "sha256" in problems[".metadata"] and "size 10" in problems["sub/__0_0.distcp"]
+    (tmp_path / ".metadata").unlink()
+    assert "missing" in {p.path: p.why for p in verify_local(tmp_path, entries)}[".metadata"]
+
+
+def test_symlinks_are_never_followed(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root only")
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    (root / "leaf").symlink_to(secret)
+    (root / "dir").symlink_to(tmp_path)
+    for rel in ("leaf", "dir/secret"):
+        with pytest.raises(OSError):
+            os.close(open_beneath(root, rel))
+    entry = FileEntry("dir/secret", 9, hashlib.sha256(b"root only").hexdigest())
+    assert verify_local(root, [entry])  # a symlinked copy never verifies
+    with pytest.raises(OSError, match="symlink"):
+        scan_dir(root)
+
+
+def test_write_atomic_replaces_a_planted_symlink_instead_of_following_it(tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep me")
+    (tmp_path / "marker").symlink_to(victim)
+    write_atomic(tmp_path / "marker", b"new")
+    assert victim.read_text() == "keep me" and (tmp_path / "marker").read_bytes() == b"new"
+
+
+def test_request_hand_off_and_states(tmp_path: Path) -> None:
+    step_dir = tmp_path / "job" / "ckpt" / L.step_name(3)
+    entries = _tree(step_dir)
+    (step_dir / L.REQUEST_FILE).unlink()
+    (tmp_path / "job" / "ckpt" / L.step_name(4)).mkdir()  # torn: no request
+    req = UploadRequest("vision", "r", 3, "job", 0, 0, 1, 1, entries, "t")
+    write_request(step_dir, req)
+    assert read_request(step_dir) == req
+    steps = job_steps(tmp_path / "job")
+    assert [(s.step, s.is_pending) for s in steps] == [(3, True), (4, False)]
+    mark(step_dir, L.DONE_FILE, {"state": "committed"})
+    assert not StagedStep(tmp_path / "job", 3, step_dir).is_pending
+
+
+def test_only_one_worker_holds_a_step(tmp_path: Path) -> None:
+    # a second open file description is excluded by flock, even in the same process
+    with claimed(tmp_path) as first, claimed(tmp_path) as second:
+        assert first and not second
+    with claimed(tmp_path) as again:
+        assert again
