@@ -27,6 +27,15 @@ pytestmark = pytest.mark.slurm
 PORT_BASE = int(os.environ.get("NURO_TEST_LIFECYCLE_PORT_BASE", "24800"))
 
 
+def _cmd(proc: psutil.Process) -> str:
+    """A process's command line, "" once it has exited (the tree now holds nuro-controller and node agents,
+    whose short-lived sinfo/squeue children are briefly zombies)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def _tree(pid: int) -> list[psutil.Process]:
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
@@ -47,7 +56,7 @@ def _up_run_a_job_then_down(layout: Layout, tmp_path: Path) -> None:
         "the sleep job to run",
     )
     wait_until(
-        lambda: sum("sleep" in " ".join(p.cmdline()) for p in _tree(supervisor_pid)[1:]) >= 2,
+        lambda: sum("sleep" in _cmd(p) for p in _tree(supervisor_pid)[1:]) >= 2,
         15,
         "the job's sleep processes to exist on both nodes",
     )
