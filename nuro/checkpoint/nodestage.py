@@ -26,6 +26,7 @@ import os
 import shutil
 import stat
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,9 +45,17 @@ DEFAULT_FLUSH_TIMEOUT_S = 120.0
 DEFAULT_CACHE_RUNS = 4
 
 
-def staging_root(env: dict[str, str] | None = None) -> Path:
+def staging_root(env: Mapping[str, str] | None = None) -> Path:
+    """``NURO_STAGING_ROOT`` (default ``/var/tmp/nuro-staging``). A ``{node}`` in it becomes ``SLURMD_NODENAME``:
+    emulated nodes that share one file system (the dev cluster) each need their own root."""
     e = os.environ if env is None else env
-    return Path(e.get("NURO_STAGING_ROOT") or L.DEFAULT_STAGING_ROOT)
+    raw = e.get("NURO_STAGING_ROOT") or L.DEFAULT_STAGING_ROOT
+    if "{node}" in raw:
+        node = e.get("SLURMD_NODENAME") or ""
+        if not node or "/" in node or node.startswith("."):
+            raise CheckpointError(f"NURO_STAGING_ROOT={raw} needs SLURMD_NODENAME, got {node!r}")
+        raw = raw.replace("{node}", node)
+    return Path(raw)
 
 
 def _ensure_root(root: Path) -> None:

@@ -132,7 +132,7 @@ class Checkpointer:
         self.upload: UploadMode = mode
 
         self.staging_dir = Path(staging_dir or self.env.staging_dir or self._default_staging_dir())
-        self.staging_root = Path(os.environ.get("NURO_STAGING_ROOT") or self.staging_dir.parent)
+        self.staging_root = self.staging_dir.parent
         self.job_id = str(self.env.job_id) if self.env.job_id is not None else self.staging_dir.name
         L.validate_job_id(self.job_id)
         self.staging_dir.mkdir(parents=True, exist_ok=True)
@@ -162,7 +162,9 @@ class Checkpointer:
 
     # -- set-up ------------------------------------------------------------------------------------------------
     def _default_staging_dir(self) -> Path:
-        root = Path(os.environ.get("NURO_STAGING_ROOT") or L.DEFAULT_STAGING_ROOT)
+        from nuro.checkpoint.nodestage import staging_root
+
+        root = staging_root()
         name = str(self.env.job_id) if self.env.job_id is not None else f"local-{os.getuid()}-{self.run}"
         return root / name
 
@@ -315,12 +317,9 @@ class Checkpointer:
         self._record_new_commits()
 
     def _record_new_commits(self) -> None:
-        newest = None
-        for step in list(self._requested):
-            if (self.step_dir(step) / L.DONE_FILE).is_file() or (
-                step == self._requested[-1] and self.is_committed(step)
-            ):
-                newest = step
+        # the node's worker marks each committed step; a pruned (older) step is superseded by a newer one anyway
+        done = [s for s in list(self._requested) if (self.step_dir(s) / L.DONE_FILE).is_file()]
+        newest = max(done, default=None)
         if newest is None or (self._last_recorded is not None and newest <= self._last_recorded):
             return
         try:
