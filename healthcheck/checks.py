@@ -46,7 +46,11 @@ class Limits:
             and reset.
         bad_throttle_reasons: clock event reasons that mean a hardware fault or failing cooling/power (not power
             capping or idling, which are normal).
-        critical_xids: XID codes that make a node unhealthy; None means every XID NVML reports as critical.
+        critical_xids: XID codes that make a node unhealthy; None means every XID NVML's critical-error event
+            reports. The default is the hardware set from NVIDIA's XID catalogue (DBE ECC 48, uncontained ECC 95,
+            unrecovered ECC 140, page retirement / row remap failure 64, high single-bit ECC rate 92, NVLink 74,
+            fallen off the bus 79, internal micro-controller 61/62, GSP 119/120): application faults such as 13,
+            31 or 43 also arrive as "critical" events and must not drain a node for a user's bug.
         agent_silent_s: the node agent's status file older than this is a problem (10 intervals of 1 s).
         agent_start_grace_s: a missing or stale agent is not judged while slurmd is younger than this. slurmd runs
             the HealthCheckProgram once as it starts, before the agent (systemd ``After=slurmd.service``, or the
@@ -59,7 +63,9 @@ class Limits:
     bad_throttle_reasons: frozenset[str] = field(
         default_factory=lambda: frozenset({"HW slowdown", "HW thermal slowdown", "HW power brake slowdown"})
     )
-    critical_xids: frozenset[int] | None = None
+    critical_xids: frozenset[int] | None = field(
+        default_factory=lambda: frozenset({48, 61, 62, 64, 74, 79, 92, 95, 119, 120, 140})
+    )
     agent_silent_s: float = 10.0
     agent_start_grace_s: float = 30.0
 

@@ -171,6 +171,8 @@ def check_node(node: str, settings: HealthSettings, mode: str = "periodic", prob
         log.warning("staging disk unreadable path=%s error=%s", settings.staging_root, exc)
         free = None
     age = agent_age_s(settings.agent_status_dir, node, time.time()) if settings.agent_status_dir else None
+    if age is not None and age <= settings.limits.agent_silent_s:
+        report = with_agent_xids(report, settings.agent_status_dir, node)  # type: ignore[arg-type]
     problems = evaluate(
         report,
         settings.expected_gpus,
@@ -182,6 +184,26 @@ def check_node(node: str, settings: HealthSettings, mode: str = "periodic", prob
         slurmd_uptime_s=slurmd_uptime_s() if age is not None else None,
     )
     return Outcome(node, mode, tuple(problems), report, free, age)
+
+
+def with_agent_xids(report: NodeGpuReport, status_dir: str, node: str) -> NodeGpuReport:
+    """Add the XIDs the live agent saw to this one-shot report.
+
+    Why: NVML delivers an XID event only to event sets that exist when it happens, so a health check that lives
+    for 0.1 s sees almost none; the agent listens all the time and keeps them (``NvmlProbe``) in its status file.
+    """
+    from nuro.healthcheck.agent import read_status
+
+    status = read_status(status_dir, node) or {}
+    seen = {
+        int(g["index"]): tuple(int(x) for x in g.get("xid_errors") or ())
+        for g in ((status.get("gpu_report") or {}).get("gpus") or [])
+        if g.get("xid_errors")
+    }
+    if not seen:
+        return report
+    gpus = tuple(replace(g, xid_errors=tuple(dict.fromkeys(seen.get(g.index, ()) + g.xid_errors))) for g in report.gpus)
+    return replace(report, gpus=gpus)
 
 
 def slurmd_uptime_s() -> float | None:

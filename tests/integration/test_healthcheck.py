@@ -140,38 +140,44 @@ def test_slurmd_wrapper_runs_with_a_bare_environment(cluster: LiveCluster, node:
     assert "healthy=True" in proc.stderr and "could not read" not in proc.stderr
 
 
-def test_agent_liveness_from_a_real_agent(
-    cluster: LiveCluster, node: str, lib_dir: Path, tmp_path: Path, env_file: Path
-) -> None:
+def _start_agent(lib_dir: Path, tmp_path: Path, port: int, scenario: dict) -> tuple[subprocess.Popen, Path]:
     status_dir = tmp_path / "agent"
     key = tmp_path / "hb.key"
     hb.write_key(key)
+    env = fake_nvml.env_for(lib_dir, fake_nvml.write_scenario(tmp_path / "agent-scenario.txt", scenario))
+    env.pop("NURO_ENV_FILE", None)
+    agent = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "nuro.healthcheck.agent",
+            "--node",
+            NODE,
+            "--controller",
+            f"127.0.0.1:{port}",
+            "--key-file",
+            str(key),
+            "--interval-s",
+            "0.2",
+            "--status-dir",
+            str(status_dir),
+            "--log-file",
+            str(tmp_path / "agent.log"),
+        ],  # fmt: skip
+        env=env,
+    )
+    wait_until(lambda: (status_dir / f"{NODE}.json").exists(), 10, "the agent's status file")
+    return agent, status_dir
+
+
+def test_agent_liveness_from_a_real_agent(
+    cluster: LiveCluster, node: str, lib_dir: Path, tmp_path: Path, env_file: Path
+) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
         sink.bind(("127.0.0.1", 0))
-        env = fake_nvml.env_for(lib_dir, fake_nvml.write_scenario(tmp_path / "agent-scenario.txt", {"gpus": 8}))
-        agent = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "nuro.healthcheck.agent",
-                "--node",
-                NODE,
-                "--controller",
-                f"127.0.0.1:{sink.getsockname()[1]}",
-                "--key-file",
-                str(key),
-                "--interval-s",
-                "0.2",
-                "--status-dir",
-                str(status_dir),
-                "--log-file",
-                str(tmp_path / "agent.log"),
-            ],  # fmt: skip
-            env=env,
-        )
+        agent, status_dir = _start_agent(lib_dir, tmp_path, sink.getsockname()[1], {"gpus": 8})
+        live = {"NURO_AGENT_STATUS_DIR": str(status_dir), "NURO_AGENT_SILENT_S": "1"}
         try:
-            wait_until(lambda: (status_dir / f"{NODE}.json").exists(), 10, "the agent's status file")
-            live = {"NURO_AGENT_STATUS_DIR": str(status_dir), "NURO_AGENT_SILENT_S": "1"}
             rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8}, **live)
             assert (rc, out["healthy"]) == (0, True) and out["agent_age_s"] < 1
         finally:
@@ -185,3 +191,21 @@ def test_agent_liveness_from_a_real_agent(
         rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8}, **live)
         assert _node(cluster)[1] == "nuro-health: node agent never reported"
         assert _check(lib_dir, tmp_path, env_file, {"gpus": 8})[1]["action"] == "resumed"  # no liveness check
+
+
+def test_xid_seen_by_the_agent_drains_through_the_health_check(
+    cluster: LiveCluster, node: str, lib_dir: Path, tmp_path: Path, env_file: Path
+) -> None:
+    """NVML hands an XID only to listeners alive when it happens: the agent's, which the health check reads."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
+        sink.bind(("127.0.0.1", 0))
+        agent, status_dir = _start_agent(lib_dir, tmp_path, sink.getsockname()[1], {"gpus": 8, "gpu6.xid": "13,79"})
+        try:
+            wait_until(lambda: "XID" in (status_dir / f"{NODE}.json").read_text(), 10, "the agent to see the XID")
+            rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8}, NURO_AGENT_STATUS_DIR=str(status_dir))
+            assert (rc, out["action"]) == (1, "drained")
+            assert _node(cluster)[1] == "nuro-health: gpu6: XID 79"  # 13 is an application fault: not a drain
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            assert agent.wait(timeout=5) == 0
+    assert _check(lib_dir, tmp_path, env_file, {"gpus": 8})[1]["action"] == "resumed"

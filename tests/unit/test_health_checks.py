@@ -177,3 +177,8 @@ def test_agent_start_grace(uptime: float | None, age: float, want: list[str]) ->
     report = FakeProbe.healthy(8).read()
     got = evaluate(report, 8, None, 0, age, Limits(), slurmd_uptime_s=uptime)
     assert [p.message for p in got] == want
+
+
+def test_application_xids_do_not_drain_by_default() -> None:
+    report = FakeProbe.healthy(2).with_gpu(0, xid_errors=(13, 31, 43)).with_gpu(1, xid_errors=(13, 79)).read()
+    assert [p.message for p in evaluate(report, 2, None, 0, None)] == ["gpu1: XID 79"]

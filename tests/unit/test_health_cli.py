@@ -97,3 +97,15 @@ def test_agent_age_from_status_file(tmp_path: Path) -> None:
     assert agent_age_s(str(tmp_path), "gpu001", 1000.0) == 10.0
     (tmp_path / "gpu001.json").write_text("{torn")
     assert agent_age_s(str(tmp_path), "gpu001", 1000.0) == math.inf
+
+
+def test_agent_xids_join_the_one_shot_report(tmp_path: Path) -> None:
+    from nuro.healthcheck.cli import with_agent_xids
+    from nuro.healthcheck.probes import FakeProbe
+
+    agent_report = FakeProbe.healthy(2).with_gpu(1, xid_errors=(79,)).read()
+    write_status(tmp_path, "gpu001", {"last_beat": 1.0, "gpu_report": agent_report.to_dict()})
+    own = FakeProbe.healthy(2).with_gpu(1, xid_errors=(79, 48)).read()
+    merged = with_agent_xids(own, str(tmp_path), "gpu001")
+    assert [g.xid_errors for g in merged.gpus] == [(), (79, 48)]
+    assert with_agent_xids(own, str(tmp_path), "other") == own
