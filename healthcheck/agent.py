@@ -349,7 +349,7 @@ class Agent:
 def _upload_workers(staging_root: str) -> list[Worker]:
     """The checkpoint UploadWorker for ``--staging-root``, when that module exists in this install."""
     try:
-        from nuro.checkpoint.upload import UploadWorker  # type: ignore[import-not-found]
+        from nuro.checkpoint.upload import UploadWorker
         from nuro.objectstore import ObjectStore
     except ImportError as exc:
         log.warning(

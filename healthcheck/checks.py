@@ -189,4 +189,4 @@ def drain_reason(problems: list[Problem]) -> str:
 
 def is_our_reason(reason: str | None) -> bool:
     """A drain reason nuro-health set (and so may lift); anything else is an admin's or another tool's."""
-    return bool(reason) and reason.startswith(REASON_PREFIX)  # type: ignore[union-attr]
+    return reason is not None and reason.startswith(REASON_PREFIX)

@@ -35,6 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from nuro.healthcheck.checks import (
     DEFAULT_STAGING_MIN_FREE_GB,
@@ -47,6 +48,9 @@ from nuro.healthcheck.checks import (
 )
 from nuro.healthcheck.probes import NodeGpuReport, make_probe
 from nuro.nodeenv import load_node_env
+
+if TYPE_CHECKING:  # nuro.slurm is imported at run time only where Slurm is touched (keeps --help and tests light)
+    from nuro.slurm import Action, CliBackend
 
 log = logging.getLogger("nuro.healthcheck")
 
@@ -171,8 +175,8 @@ def check_node(node: str, settings: HealthSettings, mode: str = "periodic", prob
         log.warning("staging disk unreadable path=%s error=%s", settings.staging_root, exc)
         free = None
     age = agent_age_s(settings.agent_status_dir, node, time.time()) if settings.agent_status_dir else None
-    if age is not None and age <= settings.limits.agent_silent_s:
-        report = with_agent_xids(report, settings.agent_status_dir, node)  # type: ignore[arg-type]
+    if settings.agent_status_dir and age is not None and age <= settings.limits.agent_silent_s:
+        report = with_agent_xids(report, settings.agent_status_dir, node)
     problems = evaluate(
         report,
         settings.expected_gpus,
@@ -220,7 +224,7 @@ def slurmd_uptime_s() -> float | None:
         return None
 
 
-def node_drain_state(backend, node: str) -> tuple[bool, str | None]:  # noqa: ANN001 - nuro.slurm.CliBackend
+def node_drain_state(backend: CliBackend, node: str) -> tuple[bool, str | None]:
     """(drained?, reason) from ``scontrol show -o node`` (one node; cheaper than sinfo for the whole cluster)."""
     from nuro.slurm import parse_scontrol_show_oneliner
 
@@ -235,7 +239,7 @@ def node_drain_state(backend, node: str) -> tuple[bool, str | None]:  # noqa: AN
     return drained, reason
 
 
-def plan_node_action(outcome: Outcome, drained: bool, reason: str | None) -> tuple[str, object | None, str]:
+def plan_node_action(outcome: Outcome, drained: bool, reason: str | None) -> tuple[str, Action | None, str]:
     """Pure: what to do about this outcome given the node's drain state; returns (action, Slurm action, detail).
 
     ==========  ======================================  =====================================================
@@ -263,7 +267,7 @@ def plan_node_action(outcome: Outcome, drained: bool, reason: str | None) -> tup
     return "none", None, ""
 
 
-def act(outcome: Outcome, backend, dry_run: bool = False) -> Outcome:  # noqa: ANN001 - nuro.slurm.Backend
+def act(outcome: Outcome, backend: CliBackend, dry_run: bool = False) -> Outcome:
     """Read the node's drain state, plan (``plan_node_action``), apply unless ``dry_run``."""
     drained, reason = node_drain_state(backend, outcome.node)
     action, slurm_action, detail = plan_node_action(outcome, drained, reason)
