@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
+WAIT_MAX_S = 5.0
 
 
 class PermanentUploadError(Exception):
@@ -196,6 +197,7 @@ class UploadWorker:
                     self._backoff.pop(step.path, None)
                     self._after_commit(step, req)
                 else:
+                    self._wait_for_peers(step)
                     report.waiting.append((step.job_id, step.step))
             except (ManifestError, PermanentUploadError) as exc:
                 log.error("checkpoint upload abandoned job=%s step=%d: %s", step.job_id, step.step, exc)
@@ -204,6 +206,13 @@ class UploadWorker:
             except ObjectStoreError as exc:
                 self._retry_later(step, exc)
                 report.waiting.append((step.job_id, step.step))
+
+    def _wait_for_peers(self, step: StagedStep) -> None:
+        """Poll a step that waits for other nodes' parts less and less often (0.5 s up to 5 s): with N nodes each
+        polling, S3 sees N LISTs per interval, not a storm."""
+        bo = self._backoff.setdefault(step.path, _Backoff())
+        bo.attempts += 1
+        bo.next_at = self.clock() + min(WAIT_MAX_S, BACKOFF_FIRST_S * 2 ** (bo.attempts - 1))
 
     def _retry_later(self, step: StagedStep, exc: Exception) -> None:
         bo = self._backoff.setdefault(step.path, _Backoff())
@@ -223,10 +232,14 @@ class UploadWorker:
             return True
         if self._given_up_remotely(req):
             raise PermanentUploadError(f"incomplete.json of job {req.job_id}.{req.restart} exists for this step")
-        self._upload_files(step, req)
-        self.store.put(
-            L.part_key(req.team, req.run, req.step, req.part), dumps(PartRecord.from_request(req).to_json_obj())
-        )
+        if not self._upload_files(step, req):
+            self.store.put(
+                L.part_key(req.team, req.run, req.step, req.part), dumps(PartRecord.from_request(req).to_json_obj())
+            )
+            self._save_state(step, req, part_written=True)
+        keys = list(self.store.list(L.parts_prefix(req.team, req.run, req.step)))
+        if len(keys) < req.parts_expected:  # cheap check first: one LIST, no GETs, while peers are still uploading
+            return False
         parts = self._parts_of_attempt(req)
         if len(parts) < req.parts_expected:
             log.debug("step=%d waiting for parts have=%s of %d", req.step, sorted(parts), req.parts_expected)
@@ -242,11 +255,21 @@ class UploadWorker:
         mark(step.path, L.DONE_FILE, {"state": "committed", "at": utc_now(), "by": "us" if created else "peer"})
         return True
 
-    def _upload_files(self, step: StagedStep, req: UploadRequest) -> None:
-        state_path = step.path / L.STATE_FILE
-        durable = read_marker(step.path, L.STATE_FILE) or {}
-        attempt = f"{req.job_id}.{req.restart}"
-        done: dict[str, str] = durable.get("files", {}) if durable.get("attempt") == attempt else {}
+    def _state(self, step: StagedStep, req: UploadRequest) -> dict:
+        """What earlier passes stored for this attempt: {"files": {path: sha256}, "part_written": bool}."""
+        state = read_marker(step.path, L.STATE_FILE) or {}
+        if state.get("attempt") != f"{req.job_id}.{req.restart}" or not isinstance(state.get("files"), dict):
+            return {"files": {}, "part_written": False}
+        return state
+
+    def _save_state(self, step: StagedStep, req: UploadRequest, **changes: object) -> None:
+        state = {**self._state(step, req), **changes, "attempt": f"{req.job_id}.{req.restart}"}
+        write_atomic(step.path / L.STATE_FILE, json.dumps(state, sort_keys=True).encode())
+
+    def _upload_files(self, step: StagedStep, req: UploadRequest) -> bool:
+        """Upload what is not durable yet; True when the part record was already written by an earlier pass."""
+        state = self._state(step, req)
+        done: dict[str, str] = state["files"]
         for f in req.files:
             if done.get(f.path) == f.sha256:
                 continue  # stored in an earlier pass
@@ -268,7 +291,8 @@ class UploadWorker:
             finally:
                 os.close(fd)
             done[f.path] = f.sha256
-            write_atomic(state_path, json.dumps({"attempt": attempt, "files": done}).encode())
+            self._save_state(step, req, files=done)
+        return bool(state.get("part_written")) and all(done.get(f.path) == f.sha256 for f in req.files)
 
     def _parts_of_attempt(self, req: UploadRequest) -> dict[int, PartRecord]:
         parts: dict[int, PartRecord] = {}
