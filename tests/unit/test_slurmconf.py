@@ -80,7 +80,7 @@ def test_each_required_setting_is_present() -> None:
         "AccountingStorageTRES=gres/gpu", "PriorityType=priority/multifactor", "PreemptType=preempt/qos",
         "PreemptMode=REQUEUE", "JobSubmitPlugins=lua", "PrologFlags=Alloc", "JobRequeue=1",
         "TopologyPlugin=topology/tree", "Prolog=/v/bin/nuro-prolog", "HealthCheckProgram=/v/bin/nuro-healthcheck",
-        "AuthInfo=socket=/s/munge/munge.socket,cred_expire=10", "AccountingStoragePass=/s/munge/munge.socket",
+        "AuthInfo=socket=/s/munge/munge.socket,cred_expire=5", "AccountingStoragePass=/s/munge/munge.socket",
     ):  # fmt: skip
         assert f"\n{line}\n" in text, line
 
