@@ -135,8 +135,13 @@ class Checkpointer:
         self.staging_root = self.staging_dir.parent
         self.job_id = str(self.env.job_id) if self.env.job_id is not None else self.staging_dir.name
         L.validate_job_id(self.job_id)
-        self.staging_dir.mkdir(parents=True, exist_ok=True)
-        (self.staging_dir / "ckpt").mkdir(exist_ok=True)
+        try:
+            (self.staging_dir / "ckpt").mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CheckpointError(
+                f"cannot create the checkpoint staging dir {self.staging_dir}: {exc}. Under nuro the prolog creates "
+                "it; elsewhere pass staging_dir= or set NURO_STAGING_DIR to a writable node-local directory"
+            ) from None
 
         self._dist, self._group, self._ctl_group = self._setup_groups(process_group)
         self.rank = self._dist.get_rank() if self._dist else self.env.rank
