@@ -345,10 +345,12 @@ def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         log.warning("node=%d verdict=%s exit=%d torchrun_rc=%d why=%s", plan.node_id, outcome.kind.value,
                     outcome.exit_code, rc, outcome.why)  # fmt: skip
         if vdir is not None:
-            write_verdict(vdir, outcome)
-            consequence = outcome.kind in (Kind.REQUEUE, Kind.STOPPED) and plan.num_nodes > 1
-            if consequence:
-                settle(vdir, plan.num_nodes, args.settle_s)
+            try:  # the verdict helps the fold; failing to write it must never change this node's exit status
+                write_verdict(vdir, outcome)
+                if outcome.kind in (Kind.REQUEUE, Kind.STOPPED) and plan.num_nodes > 1:  # a consequence: wait
+                    settle(vdir, plan.num_nodes, args.settle_s)
+            except OSError as exc:
+                log.warning("verdict not written to %s (%s): the step falls back to srun's status", vdir, exc)
         return outcome.exit_code
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -392,7 +394,10 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     vdir = attempt_dir(base, env) if base else None
     if vdir is not None:
         shutil.rmtree(vdir, ignore_errors=True)  # a stale verdict of an earlier, identical attempt must not count
-        vdir.mkdir(parents=True, exist_ok=True)
+        try:
+            vdir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("cannot create %s (%s): the nodes' verdicts will be missing", vdir, exc)
     proc = subprocess.Popen(list(args.script), env=dict(env))
 
     def relay(signum: int, _frame: object) -> None:
@@ -417,7 +422,12 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     if vdir is None:
         return rc
     num_nodes = int(env.get("SLURM_JOB_NUM_NODES") or 1)
-    status, why = fold(read_verdicts(vdir), rc, num_nodes)
+    try:
+        found = read_verdicts(vdir)
+    except OSError as exc:
+        log.warning("cannot read the verdicts in %s (%s): using srun's status %d", vdir, exc, rc)
+        found = []
+    status, why = fold(found, rc, num_nodes)
     print(f"nuro: step ended: srun exit {rc}, launch verdict {status} ({why})", flush=True)
     return status
 

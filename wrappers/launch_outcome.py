@@ -50,6 +50,12 @@ COMM_ERROR_PATTERNS: tuple[str, ...] = (
     r"ProcessGroupGloo.*(timeout|closed)",
 )
 _COMM_RE = re.compile("|".join(COMM_ERROR_PATTERNS), re.IGNORECASE)
+#: torchrun's agent itself was signalled (srun's --kill-on-bad-exit TERM, scancel): what it then records in its
+#: error file is "SignalException: Process 13244 got signal: 15" (captured on the dev cluster), not a user failure.
+#: Signals a process sends itself when it crashes (abort, bad memory access): a failure of the code, unless the text
+#: around it is a communication error (NCCL's watchdog aborts the process when a peer is lost).
+_CRASH_SIGNALS = frozenset({signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL})
+_AGENT_SIGNALLED_RE = re.compile(r"SignalException: Process \d+ got signal")
 
 
 class Kind(enum.StrEnum):
@@ -127,6 +133,10 @@ def is_comm_error(text: str) -> bool:
     return bool(_COMM_RE.search(text or ""))
 
 
+def _agent_signalled(f: WorkerFailure) -> bool:
+    return bool(_AGENT_SIGNALLED_RE.search(f.message))
+
+
 def _signame(num: int) -> str:
     try:
         return signal.Signals(num).name
@@ -139,21 +149,31 @@ def classify(ev: Evidence) -> Outcome:
 
     1. torchrun exited 0 → DONE, 0.
     2. a local worker failed with a non-communication error and an exit code other than 0/75 → FAILURE with that
-       code (a bug in the user's code beats the communication errors its peers then see).
+       code (a bug in the user's code beats the communication errors its peers then see). torchrun's own
+       "SignalException" (the agent was signalled) is not such a failure.
+    2b. a local worker crashed (SIGABRT/SIGSEGV/SIGBUS/SIGFPE/SIGILL) and no text mentions a communication error
+       → FAILURE with 128+signal (NCCL's watchdog also aborts on a lost peer: then its text says so → rule 5).
     3. a local worker exited 75 → REQUEUE (the PreemptionGuard's acknowledged stop).
-    4. the launcher got a stop signal → STOPPED, 75 (scancel, GraceTime, kill-on-bad-exit after a peer's end).
+    4. the launcher got a stop signal, or the agent reports it was signalled → STOPPED, 75 (scancel, GraceTime,
+       srun's kill-on-bad-exit TERM after a peer's end).
     5. a worker or torchrun was killed by a signal, or any failure/tail text is a communication error → REQUEUE.
     6. otherwise → FAILURE with the first worker's code (or torchrun's when no worker failed; 1 if that is 0).
     """
     if ev.torchrun_rc == 0:
         return Outcome(Kind.DONE, 0, "torchrun exited 0: every local worker finished")
     for f in ev.failures:
-        if f.exitcode > 0 and f.exitcode != EXIT_REQUEUE and not is_comm_error(f.message):
+        if f.exitcode > 0 and f.exitcode != EXIT_REQUEUE and not is_comm_error(f.message) and not _agent_signalled(f):
             return Outcome(Kind.FAILURE, f.exitcode, f"rank {f.rank} failed with exit {f.exitcode}: {f.message}"[:500])
+    for f in ev.failures:
+        if -f.exitcode in _CRASH_SIGNALS and not is_comm_error(f.message) and not is_comm_error(ev.tail):
+            return Outcome(Kind.FAILURE, 128 - f.exitcode,
+                           f"rank {f.rank} crashed with {_signame(-f.exitcode)}: {f.message}"[:500])  # fmt: skip
     if any(f.exitcode == EXIT_REQUEUE for f in ev.failures):
         return Outcome(Kind.REQUEUE, EXIT_REQUEUE, "a worker exited 75: stopped after its checkpoint, restart me")
     if ev.stop_signal:
         return Outcome(Kind.STOPPED, EXIT_REQUEUE, f"nuro-launch received SIG{ev.stop_signal}: stopped, restart me")
+    if any(_agent_signalled(f) for f in ev.failures):
+        return Outcome(Kind.STOPPED, EXIT_REQUEUE, "torchrun was signalled from outside: stopped, restart me")
     for f in ev.failures:
         if f.exitcode < 0:
             return Outcome(Kind.REQUEUE, EXIT_REQUEUE,

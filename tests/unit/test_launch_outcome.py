@@ -100,6 +100,18 @@ def test_a_stop_signal_beats_secondary_errors_but_not_a_user_bug(tmp_path: Path)
         ),  # fmt: skip
         (Evidence(1, (), tail="torch.distributed.DistNetworkError: Broken pipe"), (Kind.REQUEUE, 75)),
         (Evidence(2), (Kind.FAILURE, 2)),
+        (Evidence(1, (WorkerFailure(-6, "Signal 6 (SIGABRT) received by PID 9", 0),)), (Kind.FAILURE, 134)),
+        (
+            Evidence(
+                1,
+                (WorkerFailure(-6, "Signal 6 (SIGABRT) received by PID 9", 0),),
+                tail="Watchdog caught collective operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE)",
+            ),
+            (Kind.REQUEUE, 75),
+        ),  # fmt: skip
+        # captured on the dev cluster: srun's --kill-on-bad-exit TERM reached the agent after node 1's bug
+        (Evidence(1, (WorkerFailure(1, "SignalException: Process 13244 got signal: 15"),), "TERM"), (Kind.STOPPED, 75)),
+        (Evidence(1, (WorkerFailure(1, "SignalException: Process 13244 got signal: 15"),)), (Kind.STOPPED, 75)),
         (Evidence(-9), (Kind.REQUEUE, 75)),
     ],
     ids=[
@@ -111,6 +123,10 @@ def test_a_stop_signal_beats_secondary_errors_but_not_a_user_bug(tmp_path: Path)
         "bug-beats-comm",
         "store-lost",
         "torchrun-usage-error",
+        "abort-is-a-crash",
+        "nccl-watchdog-abort",
+        "agent-terminated",
+        "agent-signalled",
         "torchrun-killed",
     ],  # fmt: skip
 )

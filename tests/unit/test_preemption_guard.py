@@ -145,7 +145,7 @@ TWO_RANKS = textwrap.dedent("""
         if g.should_stop(step):
             break
     try:
-        g.checkpoint_and_exit(lambda: True, step)
+        g.checkpoint_and_exit(lambda: True, step)  # destroys the group: exiting with a live gloo group aborts
     except SystemExit:
         pass
     print(f"rank={env.rank} stop={step} reason={g.reason.label} acks={acks} per_step_us={per_step_us:.0f}", flush=True)

@@ -260,6 +260,13 @@ class PreemptionGuard:
             else:
                 log.warning("no ack: the checkpoint of step %d did not commit on every rank (save_s=%.2f)", step,
                             save_s)  # fmt: skip
+        if dist is not None and ok:
+            # every rank passed the agreement above, so tearing the group down cannot strand a peer; exiting with a
+            # live gloo group aborts the interpreter ("terminate called without an active exception", status -6)
+            try:
+                dist.destroy_process_group(self._group)
+            except Exception as exc:
+                log.warning("rank %d: destroy_process_group failed (%s); exiting anyway", self.env.rank, exc)
         self._exit_fn(self.env.exit_requeue)
         raise SystemExit(self.env.exit_requeue)  # exit_fn returned (a test double): still never fall through
 

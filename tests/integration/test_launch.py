@@ -1,0 +1,206 @@
+"""nuro-launch and PreemptionGuard on the real cluster: a 2-node gloo DDP job through the rendered batch script.
+
+The job is ``render_submission`` of a spec whose script is ``tests/fixtures/train/tiny_ddp.py`` (committed to a git
+repository owned by the job user, as submit would pin it), submitted with plain sbatch as a test user
+(``--account``/``--qos`` on the command line override the rendered team directives: no team policy needed here).
+Per node, one srun task runs ``nuro-launch``, which runs torchrun (c10d rendezvous on 127.0.0.1, gloo on ``lo``).
+
+* a node's workers SIGKILLed (found by their environment: this job, this node, a torchrun worker) → the survivor's
+  launcher says 75, the batch script requeues (restart count 1), the attempt is never COMPLETED;
+* ``scancel --signal=USR1 --full`` → every rank stops at the same step, rank 0 acks in the job comment, 75, requeue;
+* an exception in the user's script → the job FAILS with the script's status, no requeue.
+
+Each job costs ~10 s of torch imports (2 workers + 2 agents on 2 shared cores); requeued jobs are cancelled as soon
+as the requeue is seen rather than run again.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nuro import jobcomment
+from nuro.codepin import pin_code
+from nuro.jobspec import build_spec
+from nuro.jobspec.pins import DatasetPin
+from nuro.render import EXIT_REQUEUE, Pins, render_submission
+from nuro.slurm import JobPhase
+from tests.integration.conftest import TEST_ACCOUNT, LiveCluster, wait_until
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "tests" / "fixtures" / "train" / "tiny_ddp.py"
+USER = "nuro-alice"
+DIGEST = "sha256:" + "7e" * 32
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Path]:
+    """A directory every job user can reach, outside ``/tmp/pytest-of-root``: any pytest session that starts on this
+    machine (other engineers run theirs concurrently) chmods that tree back to 0700 and cuts running jobs off."""
+    d = Path(tempfile.mkdtemp(prefix="nuro-launch-it-", dir="/tmp"))
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def code(shared: Path) -> Pins:
+    """The training script in a git repository the job user owns (pinned as root first: git refuses others' repos)."""
+    repo = shared / "tiny"
+    repo.mkdir()
+    shutil.copy(TINY, repo / "tiny_ddp.py")
+    ident = ["-c", "user.name=t", "-c", "user.email=t@x"]
+    for argv in (["init", "-q"], ["add", "."], [*ident, "commit", "-qm", "tiny"]):
+        subprocess.run(["git", "-C", str(repo), *argv], check=True, capture_output=True)
+    pins = Pins(pin_code(str(repo)), DatasetPin("imagenet", DIGEST))
+    subprocess.run(["chown", "-R", USER, str(repo)], check=True)
+    return pins
+
+
+def submit(cluster: LiveCluster, shared: Path, code: Pins, name: str, *args: str, max_requeues: int = 2) -> int:
+    spec = build_spec({
+        "name": name, "team": "perception", "dataset": f"imagenet@{DIGEST}", "code.repo": code.code.repo,
+        "entrypoint.script": "tiny_ddp.py", "entrypoint.args": ["--step-sleep", "0.3", *args],
+        "entrypoint.python": sys.executable, "nodes": 2, "gpus_per_node": 0, "time_limit": 10,
+        "max_requeues": max_requeues, "run_root": str(shared / "runs"),
+        "env": {"GLOO_SOCKET_IFNAME": "lo"},  # dev cluster: every node is 127.0.0.1
+    })  # fmt: skip
+    req = render_submission(spec, code)
+    Path(req.output_dir).mkdir(parents=True, exist_ok=True)
+    Path(req.output_dir).chmod(0o777)
+    script = shared / f"{name}.sh"
+    script.write_text(req.script)
+    script.chmod(0o644)
+    out = cluster.run(["sbatch", "--parsable", f"--account={TEST_ACCOUNT}", "--qos=normal", str(script)], user=USER)
+    return int(out.stdout.strip().split(";")[0])
+
+
+def log_of(shared: Path, name: str, job_id: int) -> Path:
+    return shared / "runs" / name / f"slurm-{job_id}.out"
+
+
+def text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def wait_steps(path: Path, step: int, timeout_s: float = 120) -> None:
+    """Until both ranks logged ``step``."""
+    wait_until(
+        lambda: all(f"tiny rank={r} restart=0 step={step}\n" in text(path) for r in (0, 1)),
+        timeout_s,
+        f"both ranks at step {step} in {path}",
+    )
+
+
+def verdicts(shared: Path, name: str, job_id: int, attempt: int = 0) -> dict[int, dict]:
+    d = shared / "runs" / name / str(job_id) / "launch" / f"attempt-{attempt}"
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in sorted(d.glob("node-*.json"))}
+
+
+def restarted(cluster: LiveCluster, job_id: int):
+    job = cluster.backend.find_job(job_id)
+    return job if job is not None and job.restart_count >= 1 else None
+
+
+@pytest.fixture
+def jobs(cluster: LiveCluster) -> Iterator[list[int]]:
+    ids: list[int] = []
+    yield ids
+    for job_id in ids:
+        cluster.run(["scancel", str(job_id)], check=False)
+    wait_until(lambda: all(_ended(cluster, j) for j in ids), 60, f"jobs {ids} to end")
+
+
+def _ended(cluster: LiveCluster, job_id: int) -> bool:
+    job = cluster.backend.find_job(job_id)
+    return job is None or job.phase.is_terminal
+
+
+def workers_of(job_id: int, node: str) -> list[psutil.Process]:
+    """The torchrun workers of ``job_id`` on ``node``: processes whose environment names this job, this node and a
+    torchrun worker rank. Never by name across the machine: other jobs and other clusters run here too."""
+    found = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            env = proc.environ()
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            continue
+        if env.get("SLURM_JOB_ID") == str(job_id) and env.get("SLURMD_NODENAME") == node and "LOCAL_RANK" in env:
+            found.append(proc)
+    return found
+
+
+def test_a_killed_node_requeues_the_gang_and_the_survivor_exits_75(cluster, shared, code, jobs) -> None:
+    job_id = submit(cluster, shared, code, "kill")
+    jobs.append(job_id)
+    log = log_of(shared, "kill", job_id)
+    wait_steps(log, 3)
+    job = cluster.backend.find_job(job_id)
+    assert job is not None and len(job.nodes) == 2, job
+    victim_node = job.nodes[1]
+    victims = workers_of(job_id, victim_node)
+    assert len(victims) == 1, victims  # one worker per node (--nproc-per-node=1)
+    killed_at = time.time()
+    for proc in victims:
+        proc.send_signal(signal.SIGKILL)
+    requeued = wait_until(lambda: restarted(cluster, job_id), 90, f"job {job_id} to be requeued")
+    requeue_s = time.time() - killed_at
+    assert requeued.phase != JobPhase.COMPLETED
+    got = verdicts(shared, "kill", job_id)
+    assert {v["exit_code"] for v in got.values()} == {EXIT_REQUEUE}, got
+    assert any("killed by SIGKILL" in v["why"] for v in got.values()), got
+    survivor = [v for v in got.values() if "SIGKILL" not in v["why"]]
+    body = text(log)
+    assert "nuro: requeue 1 of 2 (exit 75)" in body, body[-3000:]
+    assert "not requeued" not in body
+    lag = {n: round(v["at"] - killed_at, 1) for n, v in got.items()}
+    print(f"\nkill→launcher verdicts (s): {lag}; kill→requeued seen: {requeue_s:.1f} s; survivor: {survivor}")
+    wait_until(lambda: "restart=1 started" in text(log), 120, "the second attempt to start")  # SLURM_RESTART_COUNT=1
+
+
+def test_usr1_stops_every_rank_at_the_same_step_acks_and_requeues(cluster, shared, code, jobs) -> None:
+    job_id = submit(cluster, shared, code, "preempt")
+    jobs.append(job_id)
+    log = log_of(shared, "preempt", job_id)
+    wait_steps(log, 3)
+    signalled_at = time.time()
+    cluster.run(["scancel", "--signal=USR1", "--full", str(job_id)], user=USER)
+    requeued = wait_until(lambda: restarted(cluster, job_id), 90, f"job {job_id} to be requeued")
+    assert requeued.phase != JobPhase.COMPLETED
+    body = text(log)
+    stops = {line.split("stopping ")[1].strip() for line in body.splitlines() if "restart=0 stopping step=" in line}
+    assert len(stops) == 1 and "reason=preempted" in next(iter(stops)), body[-3000:]  # one step, both ranks
+    step = int(next(iter(stops)).split()[0].removeprefix("step="))
+    assert sum("restart=0 stopping step=" in line for line in body.splitlines()) == 2
+    assert f"tiny rank=0 restart=0 saved step={step}" in body and f"tiny rank=1 restart=0 saved step={step}" in body
+    ack = jobcomment.parse(cluster.backend.job_comment(job_id)).raw.get("ack")
+    assert ack is not None and ack["step"] == step and ack["why"] == "preempted", ack
+    got = verdicts(shared, "preempt", job_id)
+    assert len(got) == 2 and {v["exit_code"] for v in got.values()} == {EXIT_REQUEUE}, got
+    assert "nuro: requeue 1 of 2 (preempted)" in body
+    whys = [v["why"] for v in got.values()]
+    print(f"\nUSR1→ack {ack['at'] - signalled_at:.1f} s (stop step {step}); verdicts {whys}")
+
+
+def test_an_exception_in_the_script_fails_the_job_with_its_status(cluster, shared, code, jobs) -> None:
+    job_id = submit(cluster, shared, code, "bug", "--raise-at", "3", "--raise-rank", "1")
+    jobs.append(job_id)
+    done = cluster.backend.wait_for_job(job_id, timeout_s=180)
+    body = text(log_of(shared, "bug", job_id))
+    assert done.phase == JobPhase.FAILED and done.exit_code == 1 and done.restart_count == 0, (done, body[-3000:])
+    assert "ValueError: tiny_ddp: deliberate bug at step 3 on rank 1" in body
+    assert "a failure, not a stop; not requeued" in body
+    kinds = sorted(v["kind"] for v in verdicts(shared, "bug", job_id).values())
+    assert kinds.count("failure") == 1 and set(kinds) <= {"failure", "stopped", "requeue"}, kinds  # peer: TERMed
