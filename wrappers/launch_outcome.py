@@ -153,7 +153,7 @@ def classify(ev: Evidence) -> Outcome:
        "SignalException" (the agent was signalled) is not such a failure.
     2b. a local worker crashed (SIGABRT/SIGSEGV/SIGBUS/SIGFPE/SIGILL) and no text mentions a communication error
        → FAILURE with 128+signal (NCCL's watchdog also aborts on a lost peer: then its text says so → rule 5).
-    3. a local worker exited 75 → REQUEUE (the PreemptionGuard's acknowledged stop).
+    3. a local worker (or the launched command itself) exited 75 → REQUEUE (the PreemptionGuard's acknowledged stop).
     4. the launcher got a stop signal, or the agent reports it was signalled → STOPPED, 75 (scancel, GraceTime,
        srun's kill-on-bad-exit TERM after a peer's end).
     5. a worker or torchrun was killed by a signal, or any failure/tail text is a communication error → REQUEUE.
@@ -168,7 +168,7 @@ def classify(ev: Evidence) -> Outcome:
         if -f.exitcode in _CRASH_SIGNALS and not is_comm_error(f.message) and not is_comm_error(ev.tail):
             return Outcome(Kind.FAILURE, 128 - f.exitcode,
                            f"rank {f.rank} crashed with {_signame(-f.exitcode)}: {f.message}"[:500])  # fmt: skip
-    if any(f.exitcode == EXIT_REQUEUE for f in ev.failures):
+    if ev.torchrun_rc == EXIT_REQUEUE or any(f.exitcode == EXIT_REQUEUE for f in ev.failures):
         return Outcome(Kind.REQUEUE, EXIT_REQUEUE, "a worker exited 75: stopped after its checkpoint, restart me")
     if ev.stop_signal:
         return Outcome(Kind.STOPPED, EXIT_REQUEUE, f"nuro-launch received SIG{ev.stop_signal}: stopped, restart me")

@@ -168,6 +168,7 @@ def test_a_killed_node_requeues_the_gang_and_the_survivor_exits_75(cluster, shar
     lag = {n: round(v["at"] - killed_at, 1) for n, v in got.items()}
     print(f"\nkill→launcher verdicts (s): {lag}; kill→requeued seen: {requeue_s:.1f} s; survivor: {survivor}")
     wait_until(lambda: "restart=1 started" in text(log), 120, "the second attempt to start")  # SLURM_RESTART_COUNT=1
+    print(f"kill→second attempt's first line: {time.time() - killed_at:.1f} s")
 
 
 def test_usr1_stops_every_rank_at_the_same_step_acks_and_requeues(cluster, shared, code, jobs) -> None:
@@ -204,3 +205,20 @@ def test_an_exception_in_the_script_fails_the_job_with_its_status(cluster, share
     assert "a failure, not a stop; not requeued" in body
     kinds = sorted(v["kind"] for v in verdicts(shared, "bug", job_id).values())
     assert kinds.count("failure") == 1 and set(kinds) <= {"failure", "stopped", "requeue"}, kinds  # peer: TERMed
+
+
+def test_the_time_limit_signal_to_the_batch_shell_reaches_every_rank(cluster, shared, code, jobs) -> None:
+    """``--signal=B:USR2@N`` as Slurm sends it (to the batch shell only): shell trap → step wrapper → srun → nuro-launch
+    → workers; every rank stops at one step and the ack says why."""
+    job_id = submit(cluster, shared, code, "timelimit")
+    jobs.append(job_id)
+    log = log_of(shared, "timelimit", job_id)
+    wait_steps(log, 3)
+    cluster.run(["scancel", "--signal=USR2", "--batch", str(job_id)], user=USER)
+    wait_until(lambda: restarted(cluster, job_id), 90, f"job {job_id} to be requeued")
+    body = text(log)
+    stops = [line.split("stopping ")[1] for line in body.splitlines() if "restart=0 stopping step=" in line]
+    assert len(stops) == 2 and len(set(stops)) == 1 and stops[0].endswith("reason=time_limit"), body[-3000:]
+    ack = jobcomment.parse(cluster.backend.job_comment(job_id)).raw.get("ack")
+    assert ack is not None and ack["why"] == "time_limit", ack
+    assert "nuro: requeue 1 of 2 (time_limit)" in body

@@ -100,6 +100,7 @@ def test_a_stop_signal_beats_secondary_errors_but_not_a_user_bug(tmp_path: Path)
         ),  # fmt: skip
         (Evidence(1, (), tail="torch.distributed.DistNetworkError: Broken pipe"), (Kind.REQUEUE, 75)),
         (Evidence(2), (Kind.FAILURE, 2)),
+        (Evidence(75), (Kind.REQUEUE, 75)),  # a stand-in torchrun that passes its worker's status through
         (Evidence(1, (WorkerFailure(-6, "Signal 6 (SIGABRT) received by PID 9", 0),)), (Kind.FAILURE, 134)),
         (
             Evidence(
@@ -123,6 +124,7 @@ def test_a_stop_signal_beats_secondary_errors_but_not_a_user_bug(tmp_path: Path)
         "bug-beats-comm",
         "store-lost",
         "torchrun-usage-error",
+        "launched-command-75",
         "abort-is-a-crash",
         "nccl-watchdog-abort",
         "agent-terminated",
