@@ -357,33 +357,50 @@ def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
 
 
 def _run_torchrun(plan: TorchrunPlan, env: Mapping[str, str]) -> tuple[int, str, _Signals]:
+    """Run torchrun in its own session with USR1/USR2 ignored, forward signals, and reap what it leaves behind.
+
+    Workers that outlive their agent (the agent SIGKILLed, e.g. by the OOM killer) are reparented away from this
+    process, where ``proctrack/linuxproc`` no longer sees them either: the PIDs seen while torchrun ran are kept
+    (psutil remembers each one's start time, so a reused PID is never hit) and killed once torchrun is gone.
+    """
     sigs = _Signals()
-    proc = subprocess.Popen(list(plan.argv), env={**env, **plan.env}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True,
-                            preexec_fn=_ignore_training_signals)  # fmt: skip
+    try:
+        proc = subprocess.Popen(list(plan.argv), env={**env, **plan.env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, errors="replace", start_new_session=True,
+                                preexec_fn=_ignore_training_signals)  # fmt: skip
+    except OSError as exc:
+        raise LaunchError(f"cannot start torchrun with {plan.argv[0]!r}: {exc}; check entrypoint.python") from exc
     out, err = _Tail(proc.stdout, sys.stdout), _Tail(proc.stderr, sys.stderr)
+    seen: dict[int, psutil.Process] = {}
 
     def on_signal(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name.removeprefix("SIG")
         sigs.received.append(name)
-        sigs.first_stop = sigs.first_stop or name
+        if signum in _STOP_SIGNALS and sigs.first_stop is None:
+            sigs.first_stop = name  # USR1/USR2 alone are no stop: the guard's 75 (or a clean 0) says what happened
         pids = forward(signum, proc.pid, include_root=signum not in _TRAINING_SIGNALS)
         log.warning("forwarded SIG%s to pids=%s", name, pids)
 
     previous = {s: signal.signal(s, on_signal) for s in (*_STOP_SIGNALS, *_TRAINING_SIGNALS)}
     try:
         while True:
+            seen.update((p.pid, p) for p in descendants(proc.pid) if p.pid not in seen)
             try:
-                rc = proc.wait(timeout=0.2)
+                rc = proc.wait(timeout=1.0)
                 break
             except subprocess.TimeoutExpired:
                 continue
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-    # USR1/USR2 that reached training are not a stop by themselves: the guard's 75 (or a clean 0) says what happened
-    if sigs.first_stop in ("USR1", "USR2") and not any(s in ("TERM", "INT") for s in sigs.received):
-        sigs.first_stop = None
+    left = []
+    for p in seen.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                p.kill()
+                left.append(p.pid)
+    if left:
+        log.warning("killed %d process(es) torchrun left behind: %s", len(left), left)
     return rc, out.text() + err.text(), sigs
 
 
