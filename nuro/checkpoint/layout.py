@@ -146,14 +146,36 @@ def tags_prefix(team: str, run: str) -> str:
 
 
 # -- node-local ------------------------------------------------------------------------------------------------
-REQUEST_FILE = ".upload.json"
+# Per step dir: one request per part (node), so nodes that share a file system (emulated nodes, a shared scratch)
+# never overwrite each other's request; "committed" and "given up" are facts about the step, one marker each.
 DONE_FILE = ".upload.done.json"
 ABANDONED_FILE = ".upload.abandoned.json"
-LOCK_FILE = ".upload.lock"
-STATE_FILE = ".upload.state.json"
 VERIFIED_FILE = ".verified.json"
-#: Files of ours inside a step directory; never uploaded as shards.
-CONTROL_FILES = frozenset({REQUEST_FILE, DONE_FILE, ABANDONED_FILE, LOCK_FILE, STATE_FILE, VERIFIED_FILE})
+_REQUEST = re.compile(r"\.upload-([0-9]{1,6})\.json")
+
+
+def request_file(part: int) -> str:
+    return f".upload-{part}.json"
+
+
+def lock_file(part: int) -> str:
+    return f".upload-{part}.lock"
+
+
+def state_file(part: int) -> str:
+    return f".upload-{part}.state"
+
+
+def parse_request_file(name: str) -> int | None:
+    """The part number of a request file name, else None."""
+    m = _REQUEST.fullmatch(name)
+    return int(m.group(1)) if m else None
+
+
+def is_control_file(relpath: str) -> bool:
+    """Files of ours inside a step directory (markers, locks, and their ``.<name>.tmp.*`` temp files): never part
+    of the checkpoint."""
+    return "/" not in relpath and relpath.lstrip(".").startswith(("upload", "verified"))
 
 
 def job_ckpt_dir(job_dir: Path) -> Path:

@@ -11,7 +11,8 @@ Manifest (``nuro.checkpoint/v1``)::
      "restart": 0, "created_at": "2026-01-02T03:04:05Z", "parent": 1100, "world_size": 16, "parts": 2,
      "shards": [{"path": ".metadata", "size": 812, "sha256": "<64 hex>"}, ...], "total_bytes": 123456}
 
-``parent`` is the previous committed step of the run when this one was committed (lineage), or null.
+``parent`` is the newest older step of the run that was committed when this one was (lineage), or null. Commits
+of different steps can land out of order (each waits for its slowest node), so it is a lower bound, not a chain.
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ def _newest_committed(job_dir: Path) -> tuple[Path, int, str, str] | None:
         if not s.is_done:
             continue
         try:
-            req = safe_request(s)
+            req = safe_request(s, s.parts[0]) if s.parts else None
         except ManifestError:
             continue
         if req is not None:

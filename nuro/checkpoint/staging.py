@@ -7,13 +7,14 @@ of them and never a half-written marker:
 | marker                      | meaning                                                   | who writes it |
 |-----------------------------|-----------------------------------------------------------|---------------|
 | (none)                      | DCP is writing, or died writing: never uploaded           | —             |
-| ``.upload.json``            | complete on this node; upload it (the request)            | the job       |
+| ``.upload-<part>.json``     | this node's share is complete; upload it (the request)    | the job       |
 | ``.upload.done.json``       | its manifest is committed in S3                            | a worker      |
 | ``.upload.abandoned.json``  | given up at the epilog's deadline (``incomplete.json``)   | the epilog    |
 
 Two workers (the node agent's and a job's inline one) may scan the same directory. A worker handles a step only
-while it holds ``flock`` on ``.upload.lock``: the kernel drops the lock when its holder dies, so a crashed worker
-never strands a request, and a second worker just skips it this round.
+while it holds ``flock`` on ``.upload-<part>.lock``: the kernel drops the lock when its holder dies, so a crashed worker
+never strands a request, and a second worker just skips it this round. Each node (part) has its own request, lock
+and state file, so nodes sharing one file system (the emulated dev cluster) never overwrite each other.
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ from nuro.checkpoint.errors import ManifestError
 from nuro.checkpoint.layout import (
     ABANDONED_FILE,
     DONE_FILE,
-    LOCK_FILE,
-    REQUEST_FILE,
     job_ckpt_dir,
+    lock_file,
+    parse_request_file,
     parse_step_name,
+    request_file,
 )
 from nuro.checkpoint.manifest import UploadRequest, dumps, parse_request
 
@@ -69,15 +71,27 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
 
 
 def write_request(step_dir: Path, req: UploadRequest) -> Path:
-    """Hand a finished local checkpoint to the upload worker (the last thing the job does for this step)."""
-    path = step_dir / REQUEST_FILE
+    """Hand a finished share of a checkpoint to the upload worker (the last thing the job does for this step)."""
+    path = step_dir / request_file(req.part)
     write_atomic(path, dumps(req.to_json_obj()))
     return path
 
 
-def read_request(step_dir: Path) -> UploadRequest:
-    path = step_dir / REQUEST_FILE
-    return parse_request(path.read_bytes(), what=str(path))
+def read_request(step_dir: Path, part: int = 0) -> UploadRequest:
+    path = step_dir / request_file(part)
+    req = parse_request(path.read_bytes(), what=str(path))
+    if req.part != part:
+        raise ManifestError(f"{path}: names part {req.part}, stored as part {part}")
+    return req
+
+
+def request_parts(step_dir: Path) -> list[int]:
+    """The parts (nodes) that left a request in ``step_dir``."""
+    try:
+        names = os.listdir(step_dir)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return sorted(p for p in map(parse_request_file, names) if p is not None)
 
 
 @dataclass(frozen=True)
@@ -93,8 +107,13 @@ class StagedStep:
         return self.job_dir.name
 
     @property
+    def parts(self) -> list[int]:
+        """Parts with a request here (one on a real node; several where nodes share the file system)."""
+        return request_parts(self.path)
+
+    @property
     def has_request(self) -> bool:
-        return (self.path / REQUEST_FILE).is_file()
+        return bool(self.parts)
 
     @property
     def is_done(self) -> bool:
@@ -150,10 +169,10 @@ def read_marker(step_dir: Path, marker: str) -> dict[str, Any] | None:
 
 
 @contextlib.contextmanager
-def claimed(step_dir: Path) -> Iterator[bool]:
-    """Hold the step's upload lock for the block; yields False (and holds nothing) when another worker has it."""
+def claimed(step_dir: Path, part: int = 0) -> Iterator[bool]:
+    """Hold the upload lock of one part for the block; yields False (holding nothing) when another worker has it."""
     try:
-        fd = os.open(step_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(step_dir / lock_file(part), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         yield False
         return
@@ -168,10 +187,10 @@ def claimed(step_dir: Path) -> Iterator[bool]:
         os.close(fd)
 
 
-def safe_request(step: StagedStep) -> UploadRequest | None:
-    """The step's request, or None if it is not there; a malformed one raises ManifestError."""
+def safe_request(step: StagedStep, part: int = 0) -> UploadRequest | None:
+    """The request of ``part``, or None if it is not there; a malformed one raises ManifestError."""
     try:
-        return read_request(step.path)
+        return read_request(step.path, part)
     except FileNotFoundError:
         return None
     except ManifestError:

@@ -2,7 +2,7 @@
 
 It runs in the node agent (one thread per node, outliving jobs), inside a job without an agent
 (``Checkpointer(upload="inline")``), and in the epilog (``flush``); any of them may run at once on the same files
-(see ``nuro.checkpoint.staging`` for the lock). For each pending step, holding its lock:
+(see ``nuro.checkpoint.staging`` for the lock). For each pending request (one per part), holding its lock:
 
 1. manifest already in S3 → mark done (someone committed it; a lost 412 reply looks the same). Never re-upload
    into a committed step.
@@ -119,7 +119,7 @@ class UploadWorker:
         self.only = [Path(p) for p in job_dirs] if job_dirs is not None else None
         self.on_commit = on_commit
         self.clock = clock
-        self._backoff: dict[Path, _Backoff] = {}
+        self._backoff: dict[tuple[Path, int], _Backoff] = {}
         self._lock = threading.Lock()  # one pass at a time per worker object (flush may run beside run())
 
     # -- public ------------------------------------------------------------------------------------------------
@@ -138,8 +138,8 @@ class UploadWorker:
         with self._lock:
             for job_dir in self._job_dirs(job_id):
                 for step in job_steps(job_dir):
-                    if step.is_pending:
-                        self._handle(step, report)
+                    for part in step.parts if step.is_pending else ():
+                        self._handle(step, part, report)
         return report
 
     def pending(self, job_id: str) -> list[int]:
@@ -180,42 +180,43 @@ class UploadWorker:
         dirs = self.only if self.only is not None else job_dirs(self.staging_root)
         return [d for d in dirs if job_id is None or d.name == job_id]
 
-    def _handle(self, step: StagedStep, report: PassReport) -> None:
-        bo = self._backoff.get(step.path)
+    def _handle(self, step: StagedStep, part: int, report: PassReport) -> None:
+        key = (step.path, part)
+        bo = self._backoff.get(key)
         if bo and self.clock() < bo.next_at:
             report.waiting.append((step.job_id, step.step))
             return
-        with claimed(step.path) as mine:
-            if not mine or not step.is_pending:  # another worker has it, or finished it while we waited
+        with claimed(step.path, part) as mine:
+            if not mine or not step.is_pending:  # another worker has it, or the step finished meanwhile
                 return
             try:
-                req = safe_request(step)
+                req = safe_request(step, part)
                 if req is None:
                     return
                 if self._process(step, req):
                     report.committed.append((step.job_id, step.step))
-                    self._backoff.pop(step.path, None)
+                    self._backoff.pop(key, None)
                     self._after_commit(step, req)
                 else:
-                    self._wait_for_peers(step)
+                    self._wait_for_peers(key)
                     report.waiting.append((step.job_id, step.step))
             except (ManifestError, PermanentUploadError) as exc:
                 log.error("checkpoint upload abandoned job=%s step=%d: %s", step.job_id, step.step, exc)
                 mark(step.path, L.ABANDONED_FILE, {"reason": str(exc)[:2000], "at": utc_now()})
                 report.abandoned.append((step.job_id, step.step))
             except ObjectStoreError as exc:
-                self._retry_later(step, exc)
+                self._retry_later(key, step, exc)
                 report.waiting.append((step.job_id, step.step))
 
-    def _wait_for_peers(self, step: StagedStep) -> None:
+    def _wait_for_peers(self, key: tuple[Path, int]) -> None:
         """Poll a step that waits for other nodes' parts less and less often (0.5 s up to 5 s): with N nodes each
         polling, S3 sees N LISTs per interval, not a storm."""
-        bo = self._backoff.setdefault(step.path, _Backoff())
+        bo = self._backoff.setdefault(key, _Backoff())
         bo.attempts += 1
         bo.next_at = self.clock() + min(WAIT_MAX_S, BACKOFF_FIRST_S * 2 ** (bo.attempts - 1))
 
-    def _retry_later(self, step: StagedStep, exc: Exception) -> None:
-        bo = self._backoff.setdefault(step.path, _Backoff())
+    def _retry_later(self, key: tuple[Path, int], step: StagedStep, exc: Exception) -> None:
+        bo = self._backoff.setdefault(key, _Backoff())
         bo.attempts += 1
         delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (bo.attempts - 1))
         bo.next_at = self.clock() + delay
@@ -257,14 +258,14 @@ class UploadWorker:
 
     def _state(self, step: StagedStep, req: UploadRequest) -> dict:
         """What earlier passes stored for this attempt: {"files": {path: sha256}, "part_written": bool}."""
-        state = read_marker(step.path, L.STATE_FILE) or {}
+        state = read_marker(step.path, L.state_file(req.part)) or {}
         if state.get("attempt") != f"{req.job_id}.{req.restart}" or not isinstance(state.get("files"), dict):
             return {"files": {}, "part_written": False}
         return state
 
     def _save_state(self, step: StagedStep, req: UploadRequest, **changes: object) -> None:
         state = {**self._state(step, req), **changes, "attempt": f"{req.job_id}.{req.restart}"}
-        write_atomic(step.path / L.STATE_FILE, json.dumps(state, sort_keys=True).encode())
+        write_atomic(step.path / L.state_file(req.part), json.dumps(state, sort_keys=True).encode())
 
     def _upload_files(self, step: StagedStep, req: UploadRequest) -> bool:
         """Upload what is not durable yet; True when the part record was already written by an earlier pass."""
@@ -340,11 +341,12 @@ class UploadWorker:
     def _give_up(self, step: StagedStep, reason: str) -> str | None:
         """Mark a leftover step incomplete, in S3 (best effort) and locally. Returns an error text or None."""
         err = None
-        with claimed(step.path) as mine:
+        part = step.parts[0] if step.parts else 0
+        with claimed(step.path, part) as mine:
             if not mine:
                 log.warning("step=%d still locked by another worker; marking it incomplete anyway", step.step)
             try:
-                req = safe_request(step)
+                req = safe_request(step, part)
             except ManifestError as exc:
                 req, err = None, str(exc)
             if req is not None:

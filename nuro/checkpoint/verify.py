@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from nuro.checkpoint.layout import CONTROL_FILES, shard_key
+from nuro.checkpoint.layout import is_control_file, shard_key
 from nuro.checkpoint.manifest import FileEntry, Manifest
 from nuro.objectstore import NotFound, ObjectStore
 
@@ -92,7 +92,7 @@ def scan_dir(root: Path) -> tuple[FileEntry, ...]:
                 raise OSError(f"{base / d} is a symlink; a checkpoint directory holds only regular files")
         for name in sorted(filenames):
             rel = (base / name).relative_to(root).as_posix()
-            if rel in CONTROL_FILES:
+            if is_control_file(rel):
                 continue
             size, sha = hash_file(base / name)
             entries.append(FileEntry(rel, size, sha))

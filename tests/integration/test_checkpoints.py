@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from nuro.checkpoint import layout as L
-from nuro.checkpoint.manifest import dumps
+from nuro.checkpoint.manifest import dumps, parse_part
 from nuro.checkpoint.restore import load_manifest, restore_latest
 from nuro.checkpoint.retention import tag_step
 from nuro.checkpoint.upload import UploadWorker
@@ -201,7 +201,7 @@ def test_s3_outage_during_training_retries_until_committed(server: S3Server, tmp
             steps_done += 1
         assert stall < 5 and steps_done == 50
         assert not ck.wait_committed(2, 3)  # nothing can commit while the store is down
-        assert (ck.step_dir(2) / L.REQUEST_FILE).is_file() and not (ck.step_dir(2) / L.DONE_FILE).exists()
+        assert (ck.step_dir(2) / L.request_file(0)).is_file() and not (ck.step_dir(2) / L.DONE_FILE).exists()
     finally:
         server.start()
     assert ck.wait_committed(2, 60)  # the worker's backoff retries (at most 30 s apart)
@@ -226,7 +226,7 @@ for step in range(1, 1000):
 
 def _mid_write(step_dir: Path) -> bool:
     step = L.parse_step_name(step_dir.name) or 0
-    return step >= 2 and (step_dir / "__0_0.distcp").exists() and not (step_dir / L.REQUEST_FILE).exists()
+    return step >= 2 and (step_dir / "__0_0.distcp").exists() and not (step_dir / L.request_file(0)).exists()
 
 
 def test_a_save_killed_mid_write_never_commits_a_torn_checkpoint(store: ObjectStore, tmp_path: Path) -> None:
@@ -247,7 +247,7 @@ def test_a_save_killed_mid_write_never_commits_a_torn_checkpoint(store: ObjectSt
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     staged = {p.name: p for p in (job / "ckpt").iterdir() if L.parse_step_name(p.name) is not None}
-    torn = [L.parse_step_name(n) for n, p in staged.items() if not (p / L.REQUEST_FILE).exists()]
+    torn = [L.parse_step_name(n) for n, p in staged.items() if not (p / L.request_file(0)).exists()]
     assert torn, f"expected the kill to land inside a write; staged: {sorted(staged)}"
     for step in torn:
         assert not store.exists(L.manifest_key(TEAM, run, step))
@@ -289,15 +289,16 @@ from pathlib import Path
 
 def main(rank, run, root, port, s3_port):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), SLURM_JOB_NUM_NODES="2",
+                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank),
                       GLOO_SOCKET_IFNAME="lo")
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     from nuro.devcluster import s3
     from nuro.devcluster.layout import PortPlan
     from nuro.wrappers.sdk.checkpointer import Checkpointer
     store = s3.dev_store(PortPlan(s3_port))
-    # each rank is its own "node": its own staging root, the same job id
-    ck = Checkpointer(team="vision", run=run, store=store, staging_dir=Path(root) / f"node{rank}" / "777",
+    # each rank is its own "node" (GROUP_RANK), and both share one staging dir, like the emulated dev cluster's
+    # nodes do: each node must upload only its own ranks' files, under its own request
+    ck = Checkpointer(team="vision", run=run, store=store, staging_dir=Path(root) / "shared" / "777",
                       upload="inline")
     def state(step):
         g = torch.Generator().manual_seed(step)
@@ -334,5 +335,9 @@ def test_two_process_gloo_group_commits_one_manifest_of_two_parts(store: ObjectS
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-4000:]
     m = load_manifest(store, TEAM, run, 2)
-    assert (m.parts, m.world_size, m.parent) == (2, 2, 1)
+    assert (m.parts, m.world_size) == (2, 2)
+    assert m.parent in (None, 1)  # two nodes' workers race: step 2 may commit before step 1 does
     assert {".metadata", "__0_0.distcp", "__1_0.distcp"} <= {s.path for s in m.shards}
+    parts = [parse_part(store.get(L.part_key(TEAM, run, 2, p))[0]) for p in (0, 1)]
+    assert {f.path for f in parts[0].files} == {".metadata", "__0_0.distcp"}
+    assert {f.path for f in parts[1].files} == {"__1_0.distcp"}

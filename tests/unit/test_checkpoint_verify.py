@@ -19,7 +19,9 @@ def _tree(root: Path) -> tuple[FileEntry, ...]:
     (root / "sub").mkdir(parents=True)
     (root / ".metadata").write_bytes(b"meta")
     (root / "sub" / "__0_0.distcp").write_bytes(b"x" * 1000)
-    (root / L.REQUEST_FILE).write_bytes(b"{}")  # control files are not part of the checkpoint
+    (root / L.request_file(0)).write_bytes(b"{}")  # control files are not part of the checkpoint
+    (root / L.DONE_FILE).write_bytes(b"{}")
+    (root / f".{L.request_file(1)}.tmp.12.34").write_bytes(b"{")  # another node's request being written
     return scan_dir(root)
 
 
@@ -67,20 +69,24 @@ def test_write_atomic_replaces_a_planted_symlink_instead_of_following_it(tmp_pat
 def test_request_hand_off_and_states(tmp_path: Path) -> None:
     step_dir = tmp_path / "job" / "ckpt" / L.step_name(3)
     entries = _tree(step_dir)
-    (step_dir / L.REQUEST_FILE).unlink()
+    (step_dir / L.request_file(0)).unlink()
+    (step_dir / L.DONE_FILE).unlink()
+    (step_dir / f".{L.request_file(1)}.tmp.12.34").unlink()
     (tmp_path / "job" / "ckpt" / L.step_name(4)).mkdir()  # torn: no request
-    req = UploadRequest("vision", "r", 3, "job", 0, 0, 1, 1, entries, "t")
+    req = UploadRequest("vision", "r", 3, "job", 0, 1, 2, 2, entries, "t")
     write_request(step_dir, req)
-    assert read_request(step_dir) == req
+    assert read_request(step_dir, 1) == req
     steps = job_steps(tmp_path / "job")
-    assert [(s.step, s.is_pending) for s in steps] == [(3, True), (4, False)]
+    assert [(s.step, s.is_pending, s.parts) for s in steps] == [(3, True, [1]), (4, False, [])]
+    write_request(step_dir, UploadRequest("vision", "r", 3, "job", 0, 0, 2, 2, entries, "t"))
+    assert job_steps(tmp_path / "job")[0].parts == [0, 1]  # two nodes sharing a file system: two requests
     mark(step_dir, L.DONE_FILE, {"state": "committed"})
     assert not StagedStep(tmp_path / "job", 3, step_dir).is_pending
 
 
 def test_only_one_worker_holds_a_step(tmp_path: Path) -> None:
     # a second open file description is excluded by flock, even in the same process
-    with claimed(tmp_path) as first, claimed(tmp_path) as second:
-        assert first and not second
+    with claimed(tmp_path, 0) as first, claimed(tmp_path, 0) as second, claimed(tmp_path, 1) as other:
+        assert first and not second and other
     with claimed(tmp_path) as again:
         assert again

@@ -4,7 +4,7 @@ Path of one save (STYLE N5)::
 
     save(state, step)                         # training thread: blocks only while DCP copies the state to memory
       └ dcp.async_save → $NURO_STAGING_DIR/ckpt/step-N/      (background thread, separate gloo group)
-          └ local rank 0: hash the files, write step-N/.upload.json   (the upload request, atomically)
+          └ local rank 0: hash this node's files, write step-N/.upload-<node>.json (the request, atomically)
               └ UploadWorker (node agent, or this process with upload="inline"): shards → parts/<node>.json →
                 manifest.json last (If-None-Match: *) → step-N/.upload.done.json on every node
                   └ rank 0: record_checkpoint(step) in the Slurm job comment (best effort)
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -42,7 +43,7 @@ from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import CheckpointError, InvalidCheckpointInput
 from nuro.checkpoint.manifest import UploadRequest, utc_now
 from nuro.checkpoint.restore import latest_committed_step, load_manifest, restore_latest, restore_step
-from nuro.checkpoint.staging import job_dirs, write_request
+from nuro.checkpoint.staging import job_dirs, request_parts, write_request
 from nuro.checkpoint.upload import FlushResult, UploadWorker
 from nuro.checkpoint.verify import scan_dir
 from nuro.objectstore import ObjectStore, ObjectStoreError
@@ -57,6 +58,7 @@ UploadMode = Literal["agent", "inline"]
 DEFAULT_INTERVAL_S = 600.0
 DEFAULT_CLOSE_TIMEOUT_S = 300.0
 _POLL_S = 0.1
+_RANK_FILE = re.compile(r"__([0-9]+)_")
 
 
 def _env_int(name: str) -> int | None:
@@ -148,6 +150,11 @@ class Checkpointer:
         self.world_size = self._dist.get_world_size() if self._dist else 1
         self.local_rank = self.env.local_rank if self._dist else 0
         self.local_world_size = self.env.local_world_size if self._dist else 1
+        self.node_rank = self.env.node_rank if self._dist else 0
+        self._rank_nodes = self._gather_nodes()
+        # parts = the nodes that actually run ranks (not SLURM_JOB_NUM_NODES: a job may train on fewer nodes)
+        nodes = sorted(set(self._rank_nodes))
+        self.part, self.parts_expected = nodes.index(self.node_rank), len(nodes)
 
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nuro-ckpt-finalize")
         self._inflight: tuple[int, Future[None]] | None = None
@@ -184,6 +191,25 @@ class Checkpointer:
         ctl = dist.new_group(backend="gloo", timeout=timeout)
         return dist, group, ctl
 
+    def _gather_nodes(self) -> list[int]:
+        """Every rank's node (collective): a node's share of a checkpoint is the files of its own ranks."""
+        if not self._dist:
+            return [0]
+        nodes: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(nodes, self.node_rank, group=self._ctl_group)
+        if any(type(n) is not int or n < 0 for n in nodes):
+            raise CheckpointError(f"node ranks {nodes}: GROUP_RANK/SLURM_NODEID must be set (torchrun and Slurm do)")
+        return [int(n) for n in nodes]
+
+    def _owns(self, relpath: str) -> bool:
+        """Is ``relpath`` (a file DCP wrote) this node's to upload? ``__<rank>_*`` files belong to that rank's
+        node, everything else (``.metadata``) to the coordinator's (rank 0). On a real node the dir holds only its
+        own files anyway; this matters where nodes share the staging file system."""
+        m = _RANK_FILE.match(relpath)
+        if m and int(m.group(1)) < len(self._rank_nodes):
+            return self._rank_nodes[int(m.group(1))] == self.node_rank
+        return self._rank_nodes[0] == self.node_rank
+
     def _start_thread(self, name: str, target: Callable[[], None]) -> None:
         t = threading.Thread(target=target, name=name, daemon=True)  # daemon: a forgotten close() must not hang exit
         t.start()
@@ -211,8 +237,8 @@ class Checkpointer:
         path = self.step_dir(step)
         if self.local_rank == 0:
             self._clear_stale(path)
-        if self._dist and self.local_world_size > 1:
-            self._dist.barrier(group=self._ctl_group)  # no rank writes before a stale dir is moved away
+        if self._dist:
+            self._dist.barrier(group=self._ctl_group)  # no rank writes before every stale dir is moved away
         path.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         timing = self.timings.setdefault(step, {})
@@ -237,19 +263,22 @@ class Checkpointer:
     def _clear_stale(self, path: Path) -> None:
         """A step dir left by an earlier attempt is moved aside, never mixed into this save."""
         if path.exists():
-            aside = path.with_name(f".stale-{path.name}-{time.time_ns()}")
+            aside = path.with_name(f".stale-{path.name}-{os.getpid()}-{time.time_ns()}")
             log.warning("moving stale checkpoint dir %s aside to %s before saving again", path, aside)
-            os.replace(path, aside)
+            try:
+                os.replace(path, aside)
+            except FileNotFoundError:  # another node sharing this file system moved it first
+                return
             shutil.rmtree(aside, ignore_errors=True)
 
     def _finalize(self, step: int, path: Path, t0: float) -> None:
         """After DCP finished on every rank: local rank 0 hands this node's files to the upload worker."""
         if self.local_rank != 0:
             return
-        files = scan_dir(path)
+        files = tuple(f for f in scan_dir(path) if self._owns(f.path))
         req = UploadRequest(
             team=self.team, run=self.run, step=step, job_id=self.job_id, restart=self.env.restart_count,
-            part=self.env.node_rank if self._dist else 0, parts_expected=self.env.num_nodes if self._dist else 1,
+            part=self.part, parts_expected=self.parts_expected,
             world_size=self.world_size, files=files, created_at=utc_now(), keep=self.keep,
         )  # fmt: skip
         write_request(path, req)
@@ -292,7 +321,7 @@ class Checkpointer:
             return True
         if (path / L.ABANDONED_FILE).is_file():
             return False
-        if path.is_dir() and (path / L.REQUEST_FILE).is_file():
+        if path.is_dir() and request_parts(path):
             return False  # the node's worker marks it when it sees the manifest
         try:
             return self.store.exists(L.manifest_key(self.team, self.run, step))
