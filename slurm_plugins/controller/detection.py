@@ -63,6 +63,7 @@ class FailureDetector:
         self.state = DetectorState.fresh(clock())
         self.slurm_nodes: dict[str, NodeInfo] = {}
         self._nodes_at = 0.0
+        self._guard_logged = 0.0
         self.ticks = 0
 
     def _refresh_nodes(self, now: float) -> None:
@@ -81,6 +82,12 @@ class FailureDetector:
         if now - self._nodes_at >= self.node_poll_s:
             self._refresh_nodes(now)
         actions, self.state = assess(self.state, beats, self.slurm_nodes, now, self.cfg)
+        if self.state.suppressed and now - self._guard_logged >= 60:
+            self._guard_logged = now
+            log.warning(
+                "mass-loss guard: %d nodes silent at once (%s…), none declared lost; check this controller's network "
+                "(Slurm's SlurmdTimeout still downs dead nodes)", len(self.state.suppressed), self.state.suppressed[:5],
+            )  # fmt: skip
         if not actions:
             return []
         done = self._apply(actions, now)

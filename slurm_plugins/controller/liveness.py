@@ -14,7 +14,10 @@ Rules (``interval`` = heartbeat interval, ``timeout`` = ``miss_limit`` × ``inte
 - we drained/downed it, it now beats healthy for ≥ 2 intervals and its hold has passed → RESUME, only if Slurm's
   reason still starts with ``nuro:``;
 - it never sent a beat → nothing (agent not deployed there: Slurm's SlurmdTimeout is the only detector);
-- the controller started less than one timeout ago → nothing (soft state is rebuilt from the next beats first).
+- the controller started less than one timeout ago → nothing (soft state is rebuilt from the next beats first);
+- more than half of the beating nodes (and ≥ 4) fall silent at once → nothing for them (mass-loss guard: more
+  likely the controller's side — paused, partitioned — than half the fleet dying in the same second; SlurmdTimeout
+  remains the backstop for a real mass failure).
 
 Why DOWN *and* DRAIN: DOWN makes slurmctld requeue the node's ``--requeue`` jobs at once (that is the point: Slurm
 alone waits SlurmdTimeout); DRAIN keeps it out afterwards, because with ``ReturnToService=2`` a DOWN node whose slurmd
@@ -79,6 +82,11 @@ class LivenessConfig:
     hold_base_s: float = 30.0
     hold_max_s: float = 900.0
     retry_s: float = 5.0  # re-issue an action Slurm did not take (a failed scontrol, a lost race)
+    # Mass-loss guard: when more than this fraction of the beating nodes (and at least ``mass_loss_min`` of them)
+    # fall silent in the same tick, the likelier cause is on our side (controller paused, its network partitioned),
+    # so nobody is declared lost; Slurm's SlurmdTimeout still takes truly dead nodes down.
+    mass_loss_fraction: float = 0.5
+    mass_loss_min: int = 4
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.miss_limit < 2:
@@ -142,8 +150,11 @@ class NodeLiveness:
 
 @dataclass(frozen=True)
 class DetectorState:
+    """All nodes' soft state. ``suppressed`` lists the nodes the mass-loss guard kept alive in the last call."""
+
     started_at: float
     nodes: Mapping[str, NodeLiveness] = field(default_factory=lambda: MappingProxyType({}))
+    suppressed: tuple[str, ...] = ()
 
     @classmethod
     def fresh(cls, now: float) -> DetectorState:
@@ -249,15 +260,20 @@ def assess(
     for name, node_beats in by_node.items():
         nodes[name] = _absorb(nodes.get(name), node_beats, cfg)
     actions: list[NodeAction] = []
+    suppressed: tuple[str, ...] = ()
     if now - state.started_at >= cfg.timeout_s:  # restart grace: judge nobody before one full timeout
+        newly_silent = [n for n, cur in nodes.items() if cur.lost_at is None and now - cur.last_beat > cfg.timeout_s]
+        alive = [n for n, cur in nodes.items() if cur.lost_at is None]
+        if len(newly_silent) >= cfg.mass_loss_min and len(newly_silent) > cfg.mass_loss_fraction * len(alive):
+            suppressed = tuple(sorted(newly_silent))
         for name in sorted(nodes):
             snode = slurm_nodes.get(name)
-            if snode is None:
-                continue  # an agent Slurm does not know (renamed node, typo): nothing to act on
+            if snode is None or name in suppressed:
+                continue  # an agent Slurm does not know (renamed node, typo), or held by the mass-loss guard
             new, acts = _judge(nodes[name], name, snode, now, cfg)
             nodes[name] = new
             actions.extend(acts)
-    return actions, DetectorState(started_at=state.started_at, nodes=MappingProxyType(nodes))
+    return actions, DetectorState(started_at=state.started_at, nodes=MappingProxyType(nodes), suppressed=suppressed)
 
 
 def _judge(

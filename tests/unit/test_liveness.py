@@ -218,3 +218,14 @@ def test_unknown_node_names_are_ignored() -> None:
 def test_config_refuses_a_miss_limit_of_one() -> None:
     with pytest.raises(ValueError, match="miss_limit"):
         LivenessConfig(miss_limit=1)
+
+
+def test_mass_loss_guard_declares_nobody_lost_when_most_nodes_fall_silent_together() -> None:
+    names = tuple(f"gpu{i:03d}" for i in range(1, 9))
+    sim = Sim(names)
+    sim.run(4, names)
+    assert sim.run(6, names[:3]) == []  # 5 of 8 silent at once: the controller's side, not 5 dead hosts
+    assert set(sim.state.suppressed) == set(names[3:])
+    sim.run(3, names)  # they were fine all along
+    acts = sim.run(4, names[1:])  # one real loss is still caught
+    assert [(a.node, a.kind) for a in acts] == [("gpu001", NodeActionKind.DOWN), ("gpu001", NodeActionKind.DRAIN)]
