@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -155,7 +156,10 @@ TWO_RANKS = textwrap.dedent("""
 def test_two_gloo_ranks_stop_at_the_same_step_when_only_one_was_signalled(tmp_path: Path) -> None:
     script = tmp_path / "two.py"
     script.write_text(TWO_RANKS)
-    base = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29391",
+    with socket.socket() as s:  # a free port: other sessions run their own groups on this machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "GLOO_SOCKET_IFNAME": "lo", "NURO_PG_TIMEOUT_S": "30"}  # fmt: skip
     procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
