@@ -40,8 +40,10 @@ NOBODY = 65534
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the hooks run as root and chown to the job's user")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="class")
 def store() -> Iterator[ObjectStore]:
+    """Our own SeaweedFS for the hook tests; class-scoped so it is gone before a Slurm cluster on the same port base
+    starts for the job test at the end."""
     shutil.rmtree(STATE_DIR, ignore_errors=True)
     with s3.standalone(STATE_DIR, PORT_BASE):
         yield s3.dev_store(PortPlan(PORT_BASE))
@@ -74,60 +76,125 @@ def _train(store: ObjectStore, job_dir: Path, run: str, steps: tuple[int, ...]) 
     ck.close()
 
 
-def test_prolog_epilog_stage_flush_cache_and_restage(store: ObjectStore, tmp_path: Path) -> None:
-    run = f"s-{uuid.uuid4().hex[:8]}"
-    node = tmp_path / "node1"
-    node.mkdir()
-    root = node / "staging"
+class TestHooksAsSlurmdRunsThem:
+    """The hooks as subprocesses with a crafted slurmd environment, against our own SeaweedFS."""
 
-    log = _hook("nuro.prolog_epilog.prolog", node, 1001, run)
-    job_dir = root / "1001"
-    st = job_dir.stat()
-    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (NOBODY, NOBODY, 0o700), log
-    assert "no checkpoint to stage" in log
+    def test_prolog_epilog_stage_flush_cache_and_restage(self, store: ObjectStore, tmp_path: Path) -> None:
+        run = f"s-{uuid.uuid4().hex[:8]}"
+        node = tmp_path / "node1"
+        node.mkdir()
+        root = node / "staging"
 
-    _train(store, job_dir, run, (1, 2))
-    assert not store.exists(L.manifest_key(TEAM, run, 2))  # no agent runs here: the epilog must commit them
-    log = _hook("nuro.prolog_epilog.epilog", node, 1001, run)
-    assert "committed=[1, 2]" in log and "incomplete=[]" in log, log
-    assert load_manifest(store, TEAM, run, 2).parent == 1
-    cached = L.cache_dir(root, TEAM, run) / L.step_name(2)
-    assert cached.is_dir() and not job_dir.exists()
+        log = _hook("nuro.prolog_epilog.prolog", node, 1001, run)
+        job_dir = root / "1001"
+        st = job_dir.stat()
+        assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (NOBODY, NOBODY, 0o700), log
+        assert "no checkpoint to stage" in log
 
-    # the requeued job on the same node: staged from the node cache, no download, owned by the job's user
-    log = _hook("nuro.prolog_epilog.prolog", node, 1002, run)
-    staged = root / "1002" / "restore" / L.step_name(2)
-    assert "staged step=2 source=local" in log, log
-    assert (staged / "__0_0.distcp").stat().st_uid == NOBODY and not cached.exists()
+        _train(store, job_dir, run, (1, 2))
+        assert not store.exists(L.manifest_key(TEAM, run, 2))  # no agent runs here: the epilog must commit them
+        log = _hook("nuro.prolog_epilog.epilog", node, 1001, run)
+        assert "committed=[1, 2]" in log and "incomplete=[]" in log, log
+        assert load_manifest(store, TEAM, run, 2).parent == 1
+        cached = L.cache_dir(root, TEAM, run) / L.step_name(2)
+        assert cached.is_dir() and not job_dir.exists()
 
-    # another node with an empty cache: from S3
-    other = tmp_path / "node2"
-    other.mkdir()
-    log = _hook("nuro.prolog_epilog.prolog", other, 1002, run)
-    assert "staged step=2 source=s3" in log, log
-    state = {"w": torch.zeros(128, 128)}
-    ck = Checkpointer(team=TEAM, run=run, store=store, staging_dir=other / "staging" / "1002", upload="agent")
-    assert ck.restore(state) == 2 and torch.all(state["w"] == 2.0)
-    ck.close()
-    _hook("nuro.prolog_epilog.epilog", other, 1002, run)
-    _hook("nuro.prolog_epilog.epilog", node, 1002, run)
+        # the requeued job on the same node: staged from the node cache, no download, owned by the job's user
+        log = _hook("nuro.prolog_epilog.prolog", node, 1002, run)
+        staged = root / "1002" / "restore" / L.step_name(2)
+        assert "staged step=2 source=local" in log, log
+        assert (staged / "__0_0.distcp").stat().st_uid == NOBODY and not cached.exists()
+
+        # another node with an empty cache: from S3
+        other = tmp_path / "node2"
+        other.mkdir()
+        log = _hook("nuro.prolog_epilog.prolog", other, 1002, run)
+        assert "staged step=2 source=s3" in log, log
+        state = {"w": torch.zeros(128, 128)}
+        ck = Checkpointer(team=TEAM, run=run, store=store, staging_dir=other / "staging" / "1002", upload="agent")
+        assert ck.restore(state) == 2 and torch.all(state["w"] == 2.0)
+        ck.close()
+        _hook("nuro.prolog_epilog.epilog", other, 1002, run)
+        _hook("nuro.prolog_epilog.epilog", node, 1002, run)
+
+    def test_epilog_deadline_marks_incomplete_never_a_manifest(self, store: ObjectStore, tmp_path: Path) -> None:
+        run = f"s-{uuid.uuid4().hex[:8]}"
+        node = tmp_path / "node1"
+        node.mkdir()
+        _hook("nuro.prolog_epilog.prolog", node, 2001, run)
+        _train(store, node / "staging" / "2001", run, (1,))
+        _hook("nuro.prolog_epilog.epilog", node, 2001, run)  # step 1 committed
+        # a 2-node job whose other node never uploads its part of step 5
+        _hook("nuro.prolog_epilog.prolog", node, 2002, run)
+        _train(store, node / "staging" / "2002", run, (5,))
+        step_dir = node / "staging" / "2002" / "ckpt" / L.step_name(5)
+        write_request(step_dir, dataclasses.replace(read_request(step_dir), parts_expected=2))
+        log = _hook("nuro.prolog_epilog.epilog", node, 2002, run, NURO_EPILOG_FLUSH_TIMEOUT_S="2")
+        assert "marked incomplete: steps [5]" in log, log
+        assert store.exists(L.incomplete_key(TEAM, run, 5)) and not store.exists(L.manifest_key(TEAM, run, 5))
+        assert not (node / "staging" / "2002").exists()
+        found = restore_latest(store, TEAM, run, dest=tmp_path / "r")
+        assert found is not None and found.step == 1 and "given up" in str(found.skipped[0])
 
 
-def test_epilog_deadline_marks_incomplete_never_a_manifest(store: ObjectStore, tmp_path: Path) -> None:
-    run = f"s-{uuid.uuid4().hex[:8]}"
-    node = tmp_path / "node1"
-    node.mkdir()
-    _hook("nuro.prolog_epilog.prolog", node, 2001, run)
-    _train(store, node / "staging" / "2001", run, (1,))
-    _hook("nuro.prolog_epilog.epilog", node, 2001, run)  # step 1 committed
-    # a 2-node job whose other node never uploads its part of step 5
-    _hook("nuro.prolog_epilog.prolog", node, 2002, run)
-    _train(store, node / "staging" / "2002", run, (5,))
-    step_dir = node / "staging" / "2002" / "ckpt" / L.step_name(5)
-    write_request(step_dir, dataclasses.replace(read_request(step_dir), parts_expected=2))
-    log = _hook("nuro.prolog_epilog.epilog", node, 2002, run, NURO_EPILOG_FLUSH_TIMEOUT_S="2")
-    assert "marked incomplete: steps [5]" in log, log
-    assert store.exists(L.incomplete_key(TEAM, run, 5)) and not store.exists(L.manifest_key(TEAM, run, 5))
-    assert not (node / "staging" / "2002").exists()
-    found = restore_latest(store, TEAM, run, dest=tmp_path / "r")
-    assert found is not None and found.step == 1 and "given up" in str(found.skipped[0])
+_JOB_SCRIPT = """#!/bin/bash
+exec {python} - <<'PYEOF'
+import torch
+from nuro.wrappers.sdk.checkpointer import Checkpointer
+ck = Checkpointer()  # team, run, S3 and staging root from the job's environment
+state = {{"w": torch.zeros(8)}}
+restored = ck.restore(state)
+start = 0 if restored is None else restored + 1
+for step in range(start, start + 3):
+    state["w"] += 1
+    ck.save(state, step)
+ok = ck.wait_committed(start + 2, 60)
+ck.close()
+print("RESULT", restored, start + 2, ok, state["w"][0].item(), flush=True)
+PYEOF
+"""
+
+
+@pytest.mark.slurm
+def test_a_slurm_job_checkpoints_and_its_successor_restores_from_the_node_cache(cluster) -> None:
+    """Real Slurm: the prolog makes the staging dir for the job's user, the job saves and commits through the SDK
+    (inline upload), rank 0 records the step in the job comment, the epilog caches the newest copy, and the next
+    job of the run on that node restores it without downloading."""
+    from nuro import jobcomment
+    from nuro.slurm import JobPhase
+
+    table = Path(cluster.env["SLURM_CONF"]).parent / "nuro_policy.lua"
+    saved = table.read_bytes() if table.exists() else None
+    table.unlink(missing_ok=True)  # bridge in pass-through: this test's record is not a full nuro submission
+    run = f"e2e-{uuid.uuid4().hex[:6]}"
+    store = ObjectStore.from_env(cluster.env)
+    script = _JOB_SCRIPT.format(python=sys.executable)
+    # job output under the repo, not pytest's tmp: a concurrent pytest session resets /tmp/pytest-of-root to 0700
+    shared_tmp = REPO / f".devcluster-test-{PORT_BASE}-e2e" / run
+    shared_tmp.mkdir(parents=True)
+    shared_tmp.parent.chmod(0o755)
+    shared_tmp.chmod(0o777)
+    try:
+        results = []
+        for n in (1, 2):
+            out = shared_tmp / f"job{n}.out"
+            comment = json.dumps({"nuro": {"v": 1, "name": run, "team": TEAM}})
+            res = cluster.run(
+                ["sbatch", "--parsable", "--nodes=1", "--nodelist=gpu003", f"--output={out}", f"--comment={comment}",
+                 f"--export=ALL,NURO_TEAM={TEAM},NURO_RUN_NAME={run}", "--wrap", script],
+                user="nuro-alice",
+            )  # fmt: skip
+            job_id = int(res.stdout.strip())
+            job = cluster.backend.wait_for_job(job_id, timeout_s=180)
+            text = out.read_text() if out.exists() else ""
+            assert job.phase is JobPhase.COMPLETED, text
+            results.append(next(line for line in text.splitlines() if line.startswith("RESULT")))
+            assert jobcomment.parse(job.comment).checkpoint.step == 3 * n - 1, job.comment
+        assert results == ["RESULT None 2 True 3.0", "RESULT 2 5 True 6.0"]
+        assert load_manifest(store, TEAM, run, 5).parent == 4
+        staging = Path(cluster.env["NURO_STAGING_ROOT"])
+        assert (L.cache_dir(staging, TEAM, run) / L.step_name(5)).is_dir()  # left for the next job on the node
+    finally:
+        if saved is not None:
+            table.write_bytes(saved)
+        shutil.rmtree(shared_tmp.parent, ignore_errors=True)
