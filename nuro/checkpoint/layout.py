@@ -11,7 +11,7 @@ S3 (all under the bucket)::
 Node-local staging (``NURO_STAGING_ROOT``, default ``/var/tmp/nuro-staging``)::
 
     <root>/<job_id>/ckpt/step-<N:012d>/...           what DCP wrote on this node
-    <root>/<job_id>/ckpt/step-<N:012d>/.upload.json  the upload request (written atomically, after DCP finished)
+    <root>/<job_id>/ckpt/step-<N:012d>/.upload-<part>.json  a node's upload request (atomic, after DCP finished)
     <root>/<job_id>/restore/step-<N:012d>/           a checkpoint the prolog staged for this job
     <root>/cache/<team>/<run>/step-<N:012d>/         the newest committed copy an ended job left on this node
 

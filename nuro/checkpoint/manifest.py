@@ -68,7 +68,7 @@ class Attempt:
 
 @dataclass(frozen=True)
 class UploadRequest:
-    """What one node asks its upload worker to do (``step-N/.upload.json``). ``part`` is the node's rank among
+    """What one node asks its upload worker to do (``step-N/.upload-<part>.json``). ``part`` is the node's rank among
     ``parts_expected`` nodes; ``keep`` is the retention count (None = keep everything)."""
 
     team: str
