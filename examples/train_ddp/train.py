@@ -75,7 +75,7 @@ def main() -> int:
         runevents.record_later("restored", step=restored, seconds=round(time.monotonic() - t_restore, 3))
         if rank == 0:
             print(f"resumed from the checkpoint of step {restored}", flush=True)
-    guard = PreemptionGuard()
+    guard = PreemptionGuard().start()  # handlers for USR1 (preemption) and USR2 (time limit)
 
     last_progress = 0.0
     step = start

@@ -141,7 +141,7 @@ SPEC_OPTIONS: tuple[Opt, ...] = (
         "torch.distributed.run.", "--python", "python"),
     Opt("env", EnvMap(), (), "", "Environment for the training processes (KEY=VALUE; repeat the flag).", "--env",
         "env", multiple=True),
-    Opt("checkpoint.interval_s", Int(minimum=60, maximum=7 * 86400), 1800, "s", "Checkpoint every this many "
+    Opt("checkpoint.interval_s", Int(minimum=1, maximum=7 * 86400), 1800, "s", "Checkpoint every this many "
         "seconds (NURO_CKPT_INTERVAL_S for the SDK).", "--ckpt-interval", "ckpt_interval_s", sbatch=True),
     Opt("checkpoint.keep", Int(minimum=1, maximum=1000), 3, "checkpoints", "Keep the newest this many checkpoints "
         "(plus tagged ones).", "--ckpt-keep", "ckpt_keep", sbatch=True),

@@ -98,7 +98,7 @@ def test_every_problem_is_reported_at_once() -> None:
         ({"time_limit": "0:30"}, "time_limit: must be from 1 minute(s) to 30 days, got 0:30"),
         ({"time_limit": "1:2:3"}, "time_limit: must be a Slurm time limit"),
         ({"time_limit": "31-00:00:00"}, "must be from 1 minute(s) to 30 days"),
-        ({"checkpoint.interval_s": 10}, "checkpoint.interval_s: must be from 60 to 604800, got 10"),
+        ({"checkpoint.interval_s": 0}, "checkpoint.interval_s: must be from 1 to 604800, got 0"),
         ({"dataset": "imagenet"}, "dataset: must be NAME@TAG or NAME@sha256:<64 lower-case hex>"),
         ({"dataset": "imagenet@sha256:abc"}, "dataset: must be NAME@TAG or NAME@sha256"),
         ({"code.commit": "HEAD"}, "code.commit: must be a commit id of 7 to 64 lower-case hex digits"),
