@@ -33,9 +33,9 @@ from nuro import jobcomment
 from nuro.codepin import pin_code
 from nuro.jobspec import build_spec
 from nuro.jobspec.pins import DatasetPin
-from nuro.render import EXIT_REQUEUE, Pins, render_submission
+from nuro.render import EXIT_REQUEUE, ClusterFacts, Pins, render_submission
 from nuro.slurm import JobPhase
-from tests.integration.conftest import TEST_ACCOUNT, LiveCluster, wait_until
+from tests.integration.conftest import TEST_ACCOUNT, TEST_PORT_BASE, LiveCluster, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -77,7 +77,9 @@ def submit(cluster: LiveCluster, shared: Path, code: Pins, name: str, *args: str
         "max_requeues": max_requeues, "run_root": str(shared / "runs"),
         "env": {"GLOO_SOCKET_IFNAME": "lo"},  # dev cluster: every node is 127.0.0.1
     })  # fmt: skip
-    req = render_submission(spec, code)
+    # rendezvous ports from this cluster's port base, not 29500 + job id: every fresh test cluster starts at job 1,
+    # and other sessions' clusters on this machine run torchrun jobs too
+    req = render_submission(spec, code, ClusterFacts(rdzv_port_base=TEST_PORT_BASE + 500, rdzv_port_span=100))
     Path(req.output_dir).mkdir(parents=True, exist_ok=True)
     Path(req.output_dir).chmod(0o777)
     script = shared / f"{name}.sh"
