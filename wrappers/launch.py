@@ -323,7 +323,10 @@ def settle(directory: Path, num_nodes: int, timeout_s: float) -> None:
 
 def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Node mode: plan, run torchrun with signal forwarding, classify, write the verdict, return the exit status."""
-    work = Path(tempfile.mkdtemp(prefix=f"nuro-launch-{env.get('SLURM_JOB_ID', 'x')}-"))
+    # node-local scratch for torchrun's error files and stderr copies; in the job's staging dir when the prolog made
+    # one (the epilog cleans it even when Slurm SIGKILLs this launcher before its own clean-up runs)
+    work = Path(tempfile.mkdtemp(prefix=f"nuro-launch-{env.get('SLURM_JOB_ID', 'x')}-",
+                                 dir=env.get("NURO_STAGING_DIR") or None))  # fmt: skip
     try:
         name = env.get("SLURMD_NODENAME") or socket.gethostname()
         local = args.local_addr or env.get("NURO_LOCAL_ADDR") or node_addr(name)
