@@ -1,83 +1,84 @@
-"""`make demo`: bring up the local cluster, run a 4-node GPU job through nuro's Slurm adapter, show where each task
-ran and when it started.
+"""`make demo`: a real 2-node DDP training run through nuro survives the loss of a node.
 
-Later work grows this into the full training demo (pinned dataset, real DDP, checkpoints, live metrics).
+1. bring up the local cluster (Slurm, SeaweedFS, one node agent per node, the controller's failure detector);
+2. apply the team policy, snapshot the synthetic dataset, commit the example code to a throwaway git repository;
+3. submit `examples/train_ddp/train.py` as alice (team perception) with `nuro-train submit` on 2 nodes;
+4. once a checkpoint is committed, crash the second node (its slurmd, its job processes and its agent: SIGKILL);
+5. the controller notices the silent node, sets it DOWN+DRAIN, Slurm requeues the job, it starts again on healthy
+   nodes, restores the latest valid checkpoint and finishes;
+6. print the run's timeline (`nuro-train events`) and bring the node back.
 """
 
 from __future__ import annotations
 
+import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from nuro.devcluster import manager
+from nuro.devcluster import manager, scenario
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
-from nuro.slurm import CliBackend, JobPhase, JobWaitTimeout
+from nuro.objectstore import ObjectStore
+from nuro.slurm import CliBackend, JobPhase
 
-SCRIPT = """#!/bin/bash
-#SBATCH --job-name=nuro-demo
-#SBATCH --nodes=4
-#SBATCH --ntasks-per-node=1
-#SBATCH --gpus-per-node=8
-#SBATCH --switches=1@0:10
-srun bash -c 'echo TASK $SLURMD_NODENAME $SLURM_PROCID $(date +%s.%N) $CUDA_VISIBLE_DEVICES'
-"""
+WORK = Path(os.environ.get("NURO_DEMO_DIR", "/tmp/nuro-demo"))
+CKPT_INTERVAL_S = 4
+
+out = Console(soft_wrap=True)
 
 
 def main() -> int:
-    out = Console(soft_wrap=True)
-    layout = Layout(default_state_dir())
-    out.print(f"[bold]1.[/] bringing up the local Slurm cluster in {layout.root} …")
-    res = manager.up(layout, DEFAULT_NODES, DEFAULT_PORT_BASE)
-    out.print(
-        "   already running" if res.already_running
-        else f"   {res.nodes} nodes × 8 GPUs idle after {res.seconds_to_idle:.1f} s"
-    )  # fmt: skip
-    backend = CliBackend(env=manager.env_exports(layout))
-    leaf = {n.name: n.switch for n in backend.nodes()}
+    from nuro.checkpoint.restore import latest_committed_step
+    from nuro.wrappers import events_cli
 
-    workdir = Path(tempfile.mkdtemp(prefix="nuro-demo-"))
-    output = workdir / "job.out"
-    out.print("[bold]2.[/] submitting a 4-node × 8-GPU job (one leaf switch) through nuro's Slurm adapter")
-    submitted = time.time()
-    job_id = backend.submit(SCRIPT, f"--output={output}", f"--chdir={workdir}")
-    out.print(f"   job {job_id} submitted")
-    try:
-        job = backend.wait_for_job(job_id, timeout_s=120)
-    except JobWaitTimeout as exc:
-        out.print(f"[red]{exc}[/]")
-        return 1
-    if job.phase != JobPhase.COMPLETED:
-        out.print(f"[red]job {job_id} ended {job.state}; its output is in {output}[/]")
-        return 1
-    tasks = sorted(
-        (line.split() for line in output.read_text().splitlines() if line.startswith("TASK ")),
-        key=lambda t: int(t[2]),
-    )
-    first = min(float(t[3]) for t in tasks)
-    table = Table(title=f"job {job_id}: {job.node_count} nodes, {job.gpus_per_node} GPUs per node, state {job.state}")
-    for col in ("rank", "node", "leaf", "started (UTC)", "+ms", "GPUs (CUDA_VISIBLE_DEVICES)"):
-        table.add_column(col)
-    for _, node, rank, ts, gpus in tasks:
-        t = float(ts)
-        table.add_row(
-            rank, node, leaf.get(node) or "-", time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1000):03d}",
-            f"{(t - first) * 1000:.1f}", f"{len(gpus.split(','))} ({gpus})",
-        )  # fmt: skip
-    out.print("[bold]3.[/] result")
-    out.print(table)
-    spread_ms = (max(float(t[3]) for t in tasks) - first) * 1000
-    out.print(
-        f"all {len(tasks)} tasks started within {spread_ms:.1f} ms (gang allocation); "
-        f"submit → last task start {max(float(t[3]) for t in tasks) - submitted:.1f} s"
-    )
+    layout = Layout(default_state_dir())
+    out.print(f"[bold]1.[/] local cluster in {layout.root} (Slurm, SeaweedFS, node agents, failure detector)")
+    res = manager.up(layout, DEFAULT_NODES, DEFAULT_PORT_BASE)
+    out.print("   already running" if res.already_running else f"   {res.nodes} nodes up: {res.seconds_to_idle:.1f} s")
+    env = manager.env_exports(layout)
+    backend = CliBackend(env=env)
+    store = ObjectStore.from_env(env)
+
+    out.print("[bold]2.[/] team policy, dataset snapshot, code commit")
+    WORK.mkdir(parents=True, exist_ok=True)
+    dataset, repo = scenario.prepare(env, WORK)
+    out.print(f"   dataset {dataset}\n   code    {repo} (git)")
+
+    out.print(f"[bold]3.[/] nuro-train submit as alice: 2 nodes, DDP over gloo, checkpoint every {CKPT_INTERVAL_S} s")
+    run = scenario.submit(env, WORK, dataset, repo, ckpt_interval_s=CKPT_INTERVAL_S)
+    out.print(f"   job {run.job_id} ({run.name}); output {run.log}")
+
+    def running():
+        j = backend.find_job(run.job_id)
+        return j if j is not None and j.phase == JobPhase.RUNNING else None
+
+    job = scenario.wait_for("the job to start", running, 120)
+    out.print(f"   running on {', '.join(job.nodes)}")
+    step = scenario.wait_for("a committed checkpoint", lambda: latest_committed_step(store, run.team, run.name), 180)
+    out.print(f"   checkpoint of step {step} committed")
+
+    victim = job.nodes[-1]
+    time.sleep(2)  # a few more steps past the checkpoint, as in real life
+    out.print(f"[bold]4.[/] crashing {victim}: SIGKILL its slurmd, its job processes and its node agent")
+    scenario.kill_node(env, victim)
+
+    out.print("[bold]5.[/] detection, requeue, restart on healthy nodes, restore, and the end of the run")
+    final = backend.wait_for_job(run.job_id, timeout_s=400)
+    out.print(f"   job {run.job_id} ended {final.state} after {final.restart_count} restart(s)")
+    for line in run.log.read_text().splitlines():
+        if "resumed from" in line:
+            out.print(f"   [green]{line}[/]")
+
+    out.print(f"[bold]6.[/] nuro-train events {run.job_id}")
+    tl, notes = events_cli.gather(run.job_id, backend, Path(env["NURO_EVENT_LOG"]), store)
+    events_cli.render(tl, notes)
+    scenario.revive_node(env, victim)
+    out.print(f"   {victim} revived; the controller returns it once its heartbeats are healthy again")
     out.print('plain Slurm tools work too:  eval "$(.venv/bin/nuro-admin devcluster env)"; squeue; sinfo')
     out.print("stop the cluster with:  make down")
-    return 0
+    return 0 if final.phase == JobPhase.COMPLETED and final.restart_count >= 1 else 1
 
 
 if __name__ == "__main__":

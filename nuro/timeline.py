@@ -130,6 +130,10 @@ def _slurm_entries(attempts: Sequence[JobInfo]) -> list[Entry]:
     for i, a in enumerate(attempts):
         if i == 0 and a.submit_time is not None:
             out.append(Entry(_ts(a.submit_time) or 0, "submitted", "slurm", f"job {a.job_id} submitted", i))
+        eligible = _ts(a.eligible_time)
+        if i > 0 and eligible is not None and a.start_time is not None:
+            # after a requeue Slurm holds the job until requeue + cred_expire + 1 s (its revoked credential)
+            out.append(Entry(eligible, "eligible", "slurm", f"attempt {i} may start (after the requeue delay)", i))
         start = _ts(a.start_time)
         if start is not None:
             kind = "started" if i == 0 else "restarted"
@@ -170,6 +174,8 @@ def _controller_entries(attempts: Sequence[JobInfo], events: Iterable[dict[str, 
             continue
         reason = str(ev.get("reason", "")).strip()
         detail = f"{node}: {reason}" if reason else (node or kind)
+        if kind == "jobs_requeued":
+            detail = f"{node}: Slurm requeues job(s) {', '.join(str(j) for j in jobs)}"
         if kind == "node_lost" and isinstance(ev.get("silent_s"), int | float):  # the detection's own measure
             detail = f"{node}: no heartbeat for {ev['silent_s']:.1f} s"
         out.append(Entry(float(ts), kind, "controller", detail, attempt, node=node))

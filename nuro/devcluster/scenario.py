@@ -100,6 +100,8 @@ def submit(
     steps: int = 240,
     step_time_s: float = 0.1,
     ckpt_interval_s: int = 4,
+    ckpt_keep: int = 100,
+    progress_every_s: float = 1.0,
     name: str | None = None,
 ) -> Run:
     name = name or f"ddp-{int(time.time() * 1000) % 10**9}"
@@ -107,7 +109,9 @@ def submit(
         str(BIN / "nuro-train"), "submit", "--name", name, "--team", team, "--nodes", str(nodes),
         "--gpus-per-node", "1", "--time", "15:00", "--dataset", dataset, "--code", str(repo), "--script", "train.py",
         "--arg", "--steps", "--arg", str(steps), "--arg", "--step-time", "--arg", str(step_time_s),
-        "--python", sys.executable, "--ckpt-interval", str(ckpt_interval_s), "--run-root", str(work / "runs"),
+        "--arg", "--progress-every-s", "--arg", str(progress_every_s),
+        "--python", sys.executable, "--ckpt-interval", str(ckpt_interval_s), "--ckpt-keep", str(ckpt_keep),
+        "--run-root", str(work / "runs"),
         "--env", "GLOO_SOCKET_IFNAME=lo", "--json",
     ]  # fmt: skip
     res = json.loads(run_cmd(argv, env, user=user, cwd=work).stdout)

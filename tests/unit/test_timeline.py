@@ -53,7 +53,7 @@ def test_a_node_loss_is_measured_from_the_last_heartbeat_to_the_first_step_after
 
 def test_without_controller_or_run_records_the_slurm_part_still_shows() -> None:
     tl = build(1, attempts())
-    assert [e.kind for e in tl.entries] == ["submitted", "started", "requeued", "restarted"]
+    assert [e.kind for e in tl.entries] == ["submitted", "started", "requeued", "eligible", "restarted"]
     (rec,) = tl.recoveries
     assert rec.detected is None and rec.to_json()["steps_lost"] is None
     assert tl.to_json()["events"][0]["kind"] == "submitted"
