@@ -142,6 +142,8 @@ def status(as_json: bool, state_dir: Path | None) -> None:
         for state in info["nodes"].values():
             counts[state] = counts.get(state, 0) + 1
         out.print("nodes: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False)
+    if info.get("killed_nodes"):
+        out.print(f"killed on purpose (revive-node to restart): {', '.join(sorted(info['killed_nodes']))}")
     sys.exit(0 if healthy else 1)
 
 
