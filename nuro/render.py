@@ -336,6 +336,8 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         *code_exports(pins.code, _q(run_dir)),
         f"export NURO_CKPT_INTERVAL_S={spec.ckpt_interval_s}",
         f"export NURO_CKPT_KEEP={spec.ckpt_keep}",
+        "# the node-local staging dir the prolog created for this job (checkpoints are written here, then uploaded)",
+        'export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}"',
         *([f"export NURO_RESUME_FROM={_q(spec.resume_from)}"] if spec.resume_from else []),
         f"export NURO_MAX_REQUEUES={spec.max_requeues}",
         f"export NURO_PREEMPT_SIGNAL={PREEMPT_SIGNAL}",

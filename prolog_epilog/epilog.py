@@ -5,8 +5,9 @@ checkpoint uploads are committed, or the time is up (``NURO_EPILOG_FLUSH_TIMEOUT
 Slurm's ``PrologEpilogTimeout``) — leftovers get ``incomplete.json`` in S3 and are never valid. The newest committed
 copy stays in the node cache for a requeue on this node; the job's staging dir is removed.
 
-It always exits 0: a non-zero epilog drains the node, and neither a store outage nor a job's leftovers are the
-node's fault. Problems are logged (slurmd's log) with the job id.
+Then the node's health check (``nuro.prolog_epilog.health``): an unhealthy node is drained with the precise reason
+and the epilog exits 1. Otherwise it exits 0: neither a store outage nor a job's leftovers are the node's fault.
+Problems are logged (slurmd's log) with the job id.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import os
 import sys
 
 from nuro.nodeenv import load_node_env
+from nuro.prolog_epilog.health import node_is_healthy
 
 log = logging.getLogger("nuro.epilog")
 
@@ -52,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         flush_and_clean(job)
     except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
         log.exception("job=%s epilog checkpoint flush failed: %s", job, exc)
-    return 0
+    return 0 if node_is_healthy(job, "epilog") else 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,10 @@ For a job that carries nuro metadata (``{"nuro": {...}}`` in its comment) it che
    (a verified local copy first, else S3), bounded by ``NURO_PROLOG_STAGE_TIMEOUT_S`` (default 120 s). Staging
    problems are logged and never hold the job: it then restores from S3 by itself (``nuro.checkpoint.nodestage``).
 
-If a check fails the job is **requeued held** with the reason in its comment (``refused: {why, node, at}``), which
+First of all the node's own health (``nuro.prolog_epilog.health``): an unhealthy node is drained with the precise
+reason and the prolog exits 1, so the job does not start there and Slurm requeues it elsewhere.
+
+If a check of the job fails it is **requeued held** with the reason in its comment (``refused: {why, node, at}``), which
 ``nuro-train status`` shows, and the prolog still exits 0: a non-zero prolog would drain the node, and a user's
 tampered dataset is not the node's fault. Plain jobs without nuro metadata pass untouched. Everything read from the
 comment is user-controlled: it is parsed as JSON and matched against strict patterns, and never reaches a shell.
@@ -28,6 +31,7 @@ from pathlib import Path
 
 from nuro import jobcomment
 from nuro.nodeenv import load_node_env
+from nuro.prolog_epilog.health import node_is_healthy
 
 log = logging.getLogger("nuro.prolog")
 
@@ -175,6 +179,11 @@ def main(argv: list[str] | None = None) -> int:
     refused = False
     try:
         load_node_env()
+    except (OSError, ValueError) as exc:
+        log.error("job=%s cannot read node settings $NURO_ENV_FILE: %s", job, exc)
+    if not node_is_healthy(job, "prolog"):
+        return 1  # the node is drained with the reason; slurmd does not start the job here, Slurm requeues it
+    try:
         check(os.environ.get("SLURM_JOB_COMMENT"))
     except Refusal as exc:
         refused = True

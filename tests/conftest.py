@@ -1,11 +1,19 @@
-"""Shared pytest options: ``--update-golden`` rewrites the recorded files under tests/golden/."""
+"""Shared pytest options and fixtures: ``--update-golden`` rewrites the recorded files under tests/golden/; the one
+real cluster of the session (``cluster``) serves both tests/integration and tests/e2e, so it is defined here once."""
 
 from __future__ import annotations
 
 import difflib
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from nuro.devcluster import manager
+from nuro.devcluster.layout import Layout
+from nuro.slurm import CliBackend
+from tests.integration.conftest import TEST_NODES, TEST_PORT_BASE, TEST_STATE_DIR, LiveCluster, ensure_test_users
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
@@ -37,3 +45,31 @@ def golden(request: pytest.FixtureRequest):
             pytest.fail(f"{name} differs from the recorded file:\n{diff}\nIf this is intended: pytest --update-golden")
 
     return check
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[LiveCluster]:
+    """The session's real cluster (8 nodes, own state dir and ports, agents and failure detector included)."""
+    if os.geteuid() != 0:
+        pytest.fail("integration tests need root: they start a real Slurm cluster (run 'make test' as root)")
+    layout = Layout(TEST_STATE_DIR.absolute())
+    manager.down(layout, purge=True)
+    manager.up(layout, TEST_NODES, TEST_PORT_BASE)
+    env = manager.env_exports(layout)
+    tc = LiveCluster(layout=layout, backend=CliBackend(env=env), env=env)
+    try:
+        ensure_test_users(tc)
+        yield tc
+    finally:
+        manager.down(layout)
+
+
+@pytest.fixture
+def shared_tmp(tmp_path: Path) -> Path:
+    """A directory every job user can write (job output files land here)."""
+    tmp_path.chmod(0o777)
+    for parent in tmp_path.parents:
+        if parent == Path("/"):
+            break
+        parent.chmod(parent.stat().st_mode | 0o011)  # traversable by the job users
+    return tmp_path

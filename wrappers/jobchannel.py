@@ -52,9 +52,17 @@ def record_checkpoint(step: int, job_id: int | None = None, backend: CliBackend 
     return _update("ckpt", {"step": step, "at": round(time.time(), 3)}, job_id, backend)
 
 
-def acknowledge_preemption(step: int, job_id: int | None = None, backend: CliBackend | None = None) -> str:
-    """Tell the controller the checkpoint it asked for is committed: it requeues the job at once."""
-    return _update("ack", {"step": step, "at": round(time.time(), 3)}, job_id, backend)
+def acknowledge_preemption(
+    step: int, job_id: int | None = None, backend: CliBackend | None = None, why: str | None = None
+) -> str:
+    """Tell the controller the checkpoint it asked for is committed: it requeues the job at once.
+
+    ``why`` (``preempted`` or ``time_limit``) says which stop signal the job answered; readers that predate it
+    (``nuro.jobcomment.Mark``) read only step and time."""
+    ack: dict = {"step": step, "at": round(time.time(), 3)}
+    if why:
+        ack["why"] = why
+    return _update("ack", ack, job_id, backend)
 
 
 @click.group()

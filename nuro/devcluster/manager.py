@@ -186,7 +186,15 @@ def _check_previous(layout: Layout, n_nodes: int) -> RunRecord | None:
 
 def _write_hooks(layout: Layout) -> None:
     """nuro.env (the settings node-side hooks need) and the Prolog/Epilog/HealthCheckProgram wrappers."""
-    env = {**env_exports(layout), "NURO_CACHE_DIR": str(layout.cache)}
+    env = {
+        **env_exports(layout),
+        "NURO_CACHE_DIR": str(layout.cache),
+        # The emulated nodes share one disk: production's 20 GiB staging floor would drain them all on a small box.
+        "NURO_STAGING_MIN_FREE_GB": "1",
+        # Bounded prolog staging and epilog upload flush, well inside one resume budget (production defaults: 120 s).
+        "NURO_PROLOG_STAGE_TIMEOUT_S": "60",
+        "NURO_EPILOG_FLUSH_TIMEOUT_S": "60",
+    }
     layout.cache.mkdir(exist_ok=True)
     layout.staging.mkdir(exist_ok=True)
     layout.agents_dir.mkdir(parents=True, exist_ok=True)

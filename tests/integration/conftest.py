@@ -10,13 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
-from nuro.devcluster import manager
 from nuro.devcluster.layout import Layout
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.slurm import CliBackend
@@ -72,36 +69,9 @@ def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: floa
     )
 
 
-def _ensure_users(cluster: LiveCluster) -> None:
+def ensure_test_users(cluster: LiveCluster) -> None:
     ensure_unix_users(TEST_USERS + POLICY_USERS)
     cluster.run(
         ["sacctmgr", "-i", "add", "account", TEST_ACCOUNT, "Description=nuro test fixture", "Organization=nurotest"]
     )
     cluster.run(["sacctmgr", "-i", "add", "user", *TEST_USERS, f"Account={TEST_ACCOUNT}"])
-
-
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[LiveCluster]:
-    if os.geteuid() != 0:
-        pytest.fail("integration tests need root: they start a real Slurm cluster (run 'make test' as root)")
-    layout = Layout(TEST_STATE_DIR.absolute())
-    manager.down(layout, purge=True)
-    manager.up(layout, TEST_NODES, TEST_PORT_BASE)
-    env = manager.env_exports(layout)
-    tc = LiveCluster(layout=layout, backend=CliBackend(env=env), env=env)
-    try:
-        _ensure_users(tc)
-        yield tc
-    finally:
-        manager.down(layout)
-
-
-@pytest.fixture
-def shared_tmp(tmp_path: Path) -> Path:
-    """A directory every job user can write (job output files land here)."""
-    tmp_path.chmod(0o777)
-    for parent in tmp_path.parents:
-        if parent == Path("/"):
-            break
-        parent.chmod(parent.stat().st_mode | 0o011)  # traversable by the job users
-    return tmp_path

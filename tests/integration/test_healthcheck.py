@@ -209,3 +209,27 @@ def test_xid_seen_by_the_agent_drains_through_the_health_check(
             agent.send_signal(signal.SIGTERM)
             assert agent.wait(timeout=5) == 0
     assert _check(lib_dir, tmp_path, env_file, {"gpus": 8})[1]["action"] == "resumed"
+
+
+@pytest.mark.parametrize("hook", ["nuro-prolog", "nuro-epilog"])
+def test_prolog_and_epilog_gate_a_job_on_the_node_health(
+    cluster: LiveCluster, node: str, lib_dir: Path, tmp_path: Path, env_file: Path, hook: str
+) -> None:
+    """The hooks run the same check: a hot GPU drains the node with the precise reason and fails the hook (slurmd
+    then does not start the job there); a healthy node passes."""
+    bin_ = Path(sys.executable).parent
+    base = {"SLURMD_NODENAME": NODE, "NURO_ENV_FILE": str(env_file), "LD_LIBRARY_PATH": str(lib_dir),
+            "SLURM_JOB_ID": "999999", "SLURM_JOB_UID": "65534", "SLURM_JOB_GID": "65534"}  # fmt: skip
+    healthy = fake_nvml.write_scenario(tmp_path / "ok.txt", {"gpus": 8})
+    proc = subprocess.run([str(bin_ / hook)], env={**base, "FAKE_NVML_CONFIG": str(healthy)}, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert not _node(cluster)[0] & {"DRAIN", "DRAINED", "DRAINING"}
+
+    hot = fake_nvml.write_scenario(tmp_path / "hot.txt", {"gpus": 8, "gpu2.temp": 95})
+    proc = subprocess.run([str(bin_ / hook)], env={**base, "FAKE_NVML_CONFIG": str(hot)}, capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    flags, reason = _node(cluster)
+    assert "DRAIN" in flags and reason == "nuro-health: gpu2: temperature 95 C ≥ 90 C"
+    assert f"node={NODE} unhealthy at {hook.split('-')[1]}" in proc.stderr

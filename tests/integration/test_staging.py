@@ -54,7 +54,7 @@ def _hook(module: str, node: Path, job: int, run: str, **extra: str) -> str:
     """Run a hook like slurmd does: root, SLURM_* of the job, admin settings only in the env file."""
     env_file = node / "nuro.env"
     settings = {**s3.s3_env(PortPlan(PORT_BASE)), "NURO_STAGING_ROOT": str(node / "staging"),
-                "NURO_CACHE_DIR": str(node / "cache"), **extra}  # fmt: skip
+                "NURO_CACHE_DIR": str(node / "cache"), "NURO_STAGING_MIN_FREE_GB": "1", **extra}  # fmt: skip
     env_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
     comment = json.dumps({"nuro": {"v": 1, "name": run, "team": TEAM}})
     env = {

@@ -41,7 +41,8 @@ GIT_ID = {"GIT_AUTHOR_NAME": "alice", "GIT_AUTHOR_EMAIL": "a@x", "GIT_COMMITTER_
 
 FAKE_TORCHRUN = """import argparse, os, subprocess, sys
 p = argparse.ArgumentParser()
-for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id"):
+for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--node-rank",
+             "--local-addr", "--max-restarts", "--monitor-interval", "--log-dir", "--tee"):
     p.add_argument(flag)
 p.add_argument("script")
 p.add_argument("args", nargs=argparse.REMAINDER)

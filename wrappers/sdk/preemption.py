@@ -66,14 +66,12 @@ AckFn = Callable[[int, StopReason, RunEnv], object]
 
 
 def _default_ack(step: int, reason: StopReason, env: RunEnv) -> None:
-    """Write ``ack = {step, at, why}`` into the job comment, as ``nuro.wrappers.jobchannel.acknowledge_preemption``
-    does, plus why the job stopped (``why`` is ignored by older readers: ``nuro.jobcomment.Mark`` reads step/at)."""
+    """``ack = {step, at, why}`` in the job comment (``nuro.wrappers.jobchannel.acknowledge_preemption``)."""
     if env.job_id is None:
         return
-    from nuro.slurm import CliBackend  # only rank 0 inside a Slurm job pays this import
+    from nuro.wrappers.jobchannel import acknowledge_preemption  # only rank 0 inside a Slurm job pays this import
 
-    CliBackend(timeout_s=15).merge_comment(env.job_id, ack={"step": step, "at": round(time.time(), 3),
-                                                            "why": reason.label})  # fmt: skip
+    acknowledge_preemption(step, job_id=int(env.job_id), why=reason.label)
 
 
 def _signum(name: str) -> signal.Signals:
