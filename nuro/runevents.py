@@ -17,18 +17,17 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from nuro.checkpoint.layout import validate_run, validate_team
 from nuro.objectstore import ObjectExists, ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
 KINDS = ("started", "restored", "first_step", "progress", "preempted", "finished", "failed")
-_SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 @dataclass(frozen=True)
@@ -47,10 +46,8 @@ class RunEvent:
 
 
 def run_prefix(team: str, run: str) -> str:
-    for what, value in (("team", team), ("run", run)):
-        if not _SEGMENT.fullmatch(value):
-            raise ValueError(f"{what} {value!r} is not a valid name (letters, digits, . _ -)")
-    return f"runs/{team}/{run}/events/"
+    """Validated like checkpoint keys (the same team and run names), so nothing user-given escapes the prefix."""
+    return f"runs/{validate_team(team)}/{validate_run(run)}/events/"
 
 
 def event_key(team: str, run: str, event: RunEvent) -> str:
