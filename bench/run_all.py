@@ -15,6 +15,9 @@ for module in (
     "bench.bench_decide",
     "bench.bench_trace_replay",
     "bench.bench_dataset_snapshot",
+    "bench.bench_checkpoint_stall",
+    "bench.bench_detection",
+    "bench.bench_resume",
 ):
     print(f"== {module}", flush=True)
     subprocess.run([sys.executable, "-m", module], cwd=REPO, check=True)
