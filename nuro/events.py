@@ -31,6 +31,10 @@ Kinds, when each is written, and their extra keys:
 - ``node_unhealthy``: its agent reported ``healthy=false``. ``problems`` (list[str]).
 - ``node_resumed``: healthy again and the reason was ours: scontrol RESUME. ``reason`` (the one removed), ``ok``,
   ``error``.
+- ``job_preempt_signalled``: the policy cycle signalled a preemption victim (``jobs`` = [victim]). ``for_job``,
+  ``gpus``, ``reason``.
+- ``job_preempt_requeued``: the victim was requeued, at once on its checkpoint ack or at grace end. ``acked``,
+  ``reason``.
 - ``jobs_requeued``: right after node_down, the jobs that were running there. ``jobs`` (the ``--requeue`` ones,
   which Slurm requeues), ``not_requeued`` (list[int]: jobs Slurm ends instead).
 
@@ -62,6 +66,8 @@ KINDS = (
     "node_unhealthy",
     "node_resumed",
     "jobs_requeued",
+    "job_preempt_signalled",
+    "job_preempt_requeued",
 )
 MAX_LINE = 64 * 1024  # one record stays far below what a single write() appends whole
 

@@ -38,7 +38,7 @@ from nuro.policy import Policy, PolicyError, load_policy
 from nuro.slurm import Backend, CliBackend, SlurmError
 from nuro.slurm_plugins.controller.apply import Outcome, apply_decision
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
-from nuro.slurm_plugins.controller.decisions import Preempt, SetSiteFactor
+from nuro.slurm_plugins.controller.decisions import Preempt, Requeue, SetSiteFactor
 from nuro.slurm_plugins.controller.detection import FailureDetector
 from nuro.slurm_plugins.controller.engine import ControllerState, decide, rebuild_state
 from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
@@ -66,11 +66,13 @@ class Controller:
         policy: Policy,
         dry_run: bool = False,
         clock: Callable[[], float] = time.time,
+        events: EventLog | None = None,
     ) -> None:
         self.backend = backend
         self.policy = policy
         self.dry_run = dry_run
         self.clock = clock
+        self.events = events
         self.state: ControllerState | None = None
         self.cycles = 0
 
@@ -112,6 +114,8 @@ class Controller:
             )  # fmt: skip
             if not outcome.applied:
                 failed.add(decision.job_id)
+            else:
+                self._record(decision)
         self.state = _state_after(decisions.next_state, decisions, failed)
         report.apply_s = time.monotonic() - t2
         log.debug(
@@ -120,6 +124,19 @@ class Controller:
             decisions.cycle_stats.log_fields(),
         )  # fmt: skip
         return report
+
+    def _record(self, decision: object) -> None:
+        """Preemptions go to the event log (``nuro-train events`` shows them in the victim's timeline)."""
+        if self.events is None or self.dry_run or not isinstance(decision, Preempt | Requeue):
+            return
+        if isinstance(decision, Preempt):
+            kind, fields = "job_preempt_signalled", {"for_job": decision.for_job_id, "gpus": decision.gpus}
+        else:
+            kind, fields = "job_preempt_requeued", {"acked": decision.acked}
+        try:
+            self.events.append(kind, jobs=[decision.job_id], reason=decision.reason, **fields)
+        except (OSError, ValueError) as exc:
+            log.warning("event log: %s not recorded: %s", kind, exc)
 
     def reload_policy(self, path: Path) -> None:
         try:
@@ -282,7 +299,8 @@ def main(
             detector_thread.join(5)
         log.info("nuro-controller stopped")
         return
-    controller = Controller(_backend(cfg), policy, cfg.dry_run)
+    events = EventLog(cfg.event_log) if cfg.event_log else None
+    controller = Controller(_backend(cfg), policy, cfg.dry_run, events=events)
     policy_file = cfg.policy
     signal.signal(signal.SIGHUP, lambda *_: controller.reload_policy(policy_file))
     log.info("nuro-controller started: policy=%s interval_s=%s dry_run=%s", cfg.policy, cfg.interval_s, cfg.dry_run)

@@ -258,6 +258,10 @@ class PreemptionGuard:
             else:
                 log.warning("no ack: the checkpoint of step %d did not commit on every rank (save_s=%.2f)", step,
                             save_s)  # fmt: skip
+        if self.env.is_rank0:  # the run's own record of the stop, for `nuro-train events` (never raises)
+            from nuro import runevents
+
+            runevents.record("preempted", step=step, why=reason.label, acked=ok, save_s=round(save_s, 3))
         if dist is not None and ok:
             # every rank passed the agreement above, so tearing the group down cannot strand a peer; exiting with a
             # live gloo group aborts the interpreter ("terminate called without an active exception", status -6)
