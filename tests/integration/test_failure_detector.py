@@ -57,7 +57,9 @@ def test_killed_node_goes_down_and_drained_fast_and_its_requeue_job_runs_elsewhe
     victim = job.nodes[0]
     restore.append(victim)
     killed = manager.kill_node(cluster.layout, victim)
-    assert {k["name"] for k in killed["killed"]} >= {"slurmd", "slurmstepd", "agent"}, killed
+    names = {k["name"] for k in killed["killed"]}
+    # the job's slurmstepd, or the slurmd child about to become it when the kill lands mid double-fork
+    assert names >= {"slurmd", "agent"} and names & {"slurmstepd", "slurmd child"}, killed
 
     def down_with_our_reason() -> bool:
         n = _node(cluster, victim)

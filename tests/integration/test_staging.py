@@ -191,7 +191,8 @@ def test_a_slurm_job_checkpoints_and_its_successor_restores_from_the_node_cache(
             results.append(next(line for line in text.splitlines() if line.startswith("RESULT")))
             assert jobcomment.parse(job.comment).checkpoint.step == 3 * n - 1, job.comment
         assert results == ["RESULT None 2 True 3.0", "RESULT 2 5 True 6.0"]
-        assert load_manifest(store, TEAM, run, 5).parent == 4
+        # lineage: a parent is an earlier committed step (a lower bound: two nodes' workers may commit out of order)
+        assert load_manifest(store, TEAM, run, 5).parent in (3, 4)
         staging = Path(cluster.env["NURO_STAGING_ROOT"])
         assert (L.cache_dir(staging, TEAM, run) / L.step_name(5)).is_dir()  # left for the next job on the node
     finally:
