@@ -4,11 +4,12 @@ Why a fixed schema: the CLI (`nuro-train metrics`), the Grafana dashboards and t
 the node agent write; one table of measurements, tags and fields keeps them from drifting. Tags are the indexed,
 low-cardinality identifiers; fields are the values.
 
-| measurement | tags | fields | written by |
-|---|---|---|---|
-| ``train`` | team, run, job, restart, rank | step (int), loss, step_time_s, samples_per_s, + custom scalars (float) | SDK ``MetricsLogger`` (every rank) |
-| ``gpu`` | node, gpu (index), uuid, model | util_pct, mem_used_bytes, mem_total_bytes, temp_c, sm_clock_mhz, power_w | node agent, 1 Hz |
-| ``nuro_metrics`` | source (``rank<N>`` or ``agent``), node, + team, run, job when a run's | written, dropped, buffered, errors (ints, cumulative) | every buffered writer, on each flush |
+- ``train`` (SDK ``MetricsLogger``, every rank): tags team, run, job, restart, rank; fields step (int), loss,
+  step_time_s, samples_per_s, and custom scalars (float).
+- ``gpu`` (node agent, 1 Hz): tags node, gpu (index), uuid, model; fields util_pct, mem_used_bytes,
+  mem_total_bytes, temp_c, sm_clock_mhz, power_w.
+- ``nuro_metrics`` (every buffered writer, on each flush): tags source (``rank<N>`` or ``agent``), node, and team,
+  run, job when a run's; fields written, dropped, buffered, errors (cumulative ints).
 
 Timestamps are integer nanoseconds since the Unix epoch (InfluxDB's native precision).
 """
