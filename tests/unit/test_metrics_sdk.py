@@ -26,7 +26,7 @@ class MemoryWriter:
     def __init__(self) -> None:
         self.points: list[Point] = []
         self.full = False
-        self.flushed: list[float] = []
+        self.flushed: list[float] = []  # close() timeouts
         self.closed = False
         self.stats = {"written": 0, "dropped": 0, "buffered": 0, "errors": 0}
 
@@ -38,10 +38,10 @@ class MemoryWriter:
         return True
 
     def flush(self, timeout_s: float) -> bool:
-        self.flushed.append(timeout_s)
         return True
 
-    def close(self) -> None:
+    def close(self, timeout_s: float) -> None:
+        self.flushed.append(timeout_s)
         self.closed = True
 
 
@@ -160,3 +160,34 @@ def test_window_is_pure() -> None:
     w.observe(6)
     assert w.take(13.0) == (1.5, 4.0)
     assert w.take(13.0) == (None, None)  # no calls in between: unknown, not zero
+
+
+class MemorySink:
+    """An in-memory MetricsSink: what the real BufferedWriter hands it is kept in order."""
+
+    name = "memory"
+
+    def __init__(self) -> None:
+        self.points: list[Point] = []
+
+    def write(self, points) -> None:  # noqa: ANN001
+        self.points.extend(points)
+
+    def query(self, q):  # noqa: ANN001, ANN201
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def test_through_the_real_buffered_writer_with_its_self_report() -> None:
+    sink = MemorySink()
+    m = MetricsLogger(sink, env=ENV)
+    for step in range(5):
+        m.log(step, loss=1.0 / (step + 1), samples=8)
+    m.close(timeout_s=5)
+    train = [p for p in sink.points if p.measurement == TRAIN]
+    assert [p.fields["step"] for p in train] == [0, 1, 2, 3, 4]
+    selfs = [p for p in sink.points if p.measurement == "nuro_metrics"]
+    assert selfs and selfs[-1].tags["source"] == "rank3" and selfs[-1].tags["job"] == "4711"
+    assert selfs[-1].fields["dropped"] == 0

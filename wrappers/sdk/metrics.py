@@ -56,14 +56,15 @@ DEFAULT_CLOSE_TIMEOUT_S = 5.0
 class PointWriter(Protocol):
     """What the logger writes through: ``nuro.metrics.buffer.BufferedWriter`` (or a test double).
 
-    ``add`` must not block; it returns False when the point was dropped.
+    ``add`` must not block; it returns False when the point was dropped. ``close`` flushes for at most
+    ``timeout_s`` and then stops the writer.
     """
 
     def add(self, point: Point) -> bool: ...
 
     def flush(self, timeout_s: float) -> Any: ...
 
-    def close(self) -> Any: ...
+    def close(self, timeout_s: float) -> Any: ...
 
 
 def train_tags(env: RunEnv) -> dict[str, str]:
@@ -251,11 +252,7 @@ class MetricsLogger:
         if self._writer is None:
             return
         try:
-            self._writer.flush(timeout_s)
-        except Exception as exc:  # noqa: BLE001
-            log.warning("metrics flush at close failed: %s", exc)
-        try:
-            self._writer.close()
+            self._writer.close(timeout_s)  # flushes for at most timeout_s, then counts the rest as dropped
         except Exception as exc:  # noqa: BLE001
             log.warning("metrics writer close failed: %s", exc)
         if self._own_sink is not None:
