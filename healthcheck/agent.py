@@ -15,6 +15,11 @@ Threads, and why each is separate:
 * **probe loop**: reads the GPUs (bounded, see ``NvmlProbe``), the staging disk, and evaluates the pure checks at the
   same interval. A hung NVML call therefore never delays a heartbeat; if the probe loop itself produces nothing for
   ``stale_after_s``, the heartbeat carries the problem "health probe stale for N s".
+* **GPU telemetry** (only when ``NURO_METRICS_URL`` is set in the node env): after each probe the report becomes one
+  ``gpu`` point per GPU (``gpu_points``), handed to a ``BufferedWriter`` whose own thread writes to the sink. ``add``
+  never blocks, so a slow or dead TSDB costs dropped points (counted in its ``nuro_metrics`` self-report,
+  ``source=agent``), never a probe or a heartbeat. With ``--probe none`` (the dev cluster) there are no GPUs and
+  nothing is written.
 * **workers**: objects with ``.run(stop: threading.Event)`` (e.g. the checkpoint ``UploadWorker``), each in its own
   thread; a worker that raises is logged and restarted after ``WORKER_RESTART_S``.
 
@@ -41,10 +46,12 @@ from nuro import heartbeat as hb
 from nuro.healthcheck.checks import evaluate
 from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport, make_probe
+from nuro.metrics.model import GPU, Point
 
 log = logging.getLogger("nuro.nodeagent")
 
 WORKER_RESTART_S = 5.0
+METRICS_CLOSE_S = 2.0
 STATUS_FORMAT = 1
 
 
@@ -116,6 +123,44 @@ def parse_controller(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: ``gpu`` measurement field <- ``GpuStatus`` attribute (nuro.metrics.model). All written as floats, so a field never
+#: changes type between points (InfluxDB refuses a point whose field type differs from the shard's).
+GPU_FIELDS = (
+    ("util_pct", "utilization_pct"),
+    ("mem_used_bytes", "memory_used_bytes"),
+    ("mem_total_bytes", "memory_total_bytes"),
+    ("temp_c", "temperature_c"),
+    ("sm_clock_mhz", "sm_clock_mhz"),
+    ("power_w", "power_w"),
+)
+
+
+def gpu_points(report: NodeGpuReport, node: str, ts_ns: int | None = None) -> list[Point]:
+    """One ``gpu`` point per GPU the report read (tags node, gpu, uuid, model). Pure.
+
+    A GPU with no readable value (lost, or the whole probe failed) gives no point: a gap in the series is the
+    honest record, and its problem is already in the heartbeat. Unknown uuid/model tags are left out (tag values
+    may not be empty). ``ts_ns`` defaults to the report's ``taken_at``.
+    """
+    ts = ts_ns if ts_ns is not None else int(report.taken_at * 1e9)
+    points = []
+    for g in report.gpus:
+        fields = {name: float(v) for name, attr in GPU_FIELDS if (v := getattr(g, attr)) is not None}
+        if not fields:
+            continue
+        tags = {"node": node, "gpu": str(g.index), "uuid": g.uuid, "model": g.name}
+        points.append(Point(GPU, {k: v for k, v in tags.items() if v}, fields, ts))
+    return points
+
+
+class MetricsWriter(Protocol):
+    """``nuro.metrics.buffer.BufferedWriter`` as the agent uses it: ``add`` never blocks."""
+
+    def add(self, point: Point) -> bool: ...
+
+    def close(self, timeout_s: float) -> Any: ...
+
+
 @dataclass
 class Health:
     """The probe loop's latest verdict (``at`` = monotonic time it was made)."""
@@ -168,8 +213,10 @@ class Agent:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         disk_free: Callable[[str], int] = disk_free_bytes,
+        metrics: MetricsWriter | None = None,
     ) -> None:
         self.config = config
+        self.metrics = metrics
         self.probe = probe
         self.workers = list(workers)
         self.clock = clock
@@ -211,7 +258,17 @@ class Agent:
         with self._lock:
             self._health = health
         self._first_probe.set()
+        if self.metrics is not None:
+            self._emit_telemetry(report)
         return health
+
+    def _emit_telemetry(self, report: NodeGpuReport) -> None:
+        """Queue the report's ``gpu`` points (non-blocking); a telemetry bug is logged, never fatal to probing."""
+        try:
+            for point in gpu_points(report, self.config.node, int((report.taken_at or self.clock()) * 1e9)):
+                self.metrics.add(point)  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - health reporting matters more than telemetry
+            log.exception("gpu telemetry point not queued node=%s", self.config.node)
 
     def current_problems(self) -> tuple[str, ...]:
         """The latest verdict's problems, plus "health probe stale" when the probe loop stopped producing."""
@@ -340,6 +397,11 @@ class Agent:
             stop.wait(delay)
         for t in threads:
             t.join(timeout=2.0)  # a hung NVML call cannot be joined; its thread is a daemon
+        if self.metrics is not None:
+            try:
+                self.metrics.close(METRICS_CLOSE_S)  # bounded: a dead TSDB must not hold up the agent's exit
+            except Exception:  # noqa: BLE001
+                log.exception("metrics writer close failed")
         self.probe.close()
         self._sock.close()
         log.info("agent stopped node=%s beats=%d", self.config.node, self.seq)
@@ -360,6 +422,29 @@ def _upload_workers(staging_root: str) -> list[Worker]:
         )
         return []
     return [UploadWorker(ObjectStore.from_env(), staging_root)]
+
+
+def _metrics_writer(node: str) -> MetricsWriter | None:
+    """A BufferedWriter to ``$NURO_METRICS_URL``'s sink, or None when the node env names no sink.
+
+    Only an explicit URL enables telemetry: the SQLite default would silently fill a file on every node. A sink
+    that cannot be opened is logged and telemetry stays off; the agent's real job (heartbeats) goes on.
+    """
+    from nuro.metrics.sink import ENV_URL
+
+    if not os.environ.get(ENV_URL, "").strip():
+        return None
+    try:
+        from nuro.metrics.buffer import BufferedWriter
+        from nuro.metrics.sink import sink_from_env
+
+        sink = sink_from_env()
+        writer = BufferedWriter(sink, self_tags={"source": "agent", "node": node})
+    except Exception as exc:  # noqa: BLE001 - telemetry is optional; the agent must start anyway
+        log.warning("gpu telemetry off: cannot open the metrics sink %s (%s)", os.environ.get(ENV_URL), exc)
+        return None
+    log.info("gpu telemetry on node=%s sink=%s", node, getattr(sink, "name", "?"))
+    return writer
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -422,7 +507,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    Agent(config, probe, workers=workers).run(stop)
+    # --probe none (the dev cluster): no GPUs, so no telemetry and no sink connection to hold open.
+    metrics = _metrics_writer(config.node) if settings.probe != "none" else None
+    Agent(config, probe, workers=workers, metrics=metrics).run(stop)
     return 0
 
 
@@ -433,6 +520,7 @@ __all__ = [
     "Worker",
     "build_heartbeat",
     "fit_problems",
+    "gpu_points",
     "main",
     "parse_controller",
     "read_status",
