@@ -1,0 +1,173 @@
+"""BufferedWriter against in-memory fake sinks (pure: no I/O): order, back-off, capacity, rejection, close/flush."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from nuro.metrics.buffer import BufferedWriter
+from nuro.metrics.model import SELF, TRAIN, Point, Query, Row
+from nuro.metrics.sink import SinkRejected, SinkUnavailable
+
+
+def pt(i: int, **fields: float) -> Point:
+    return Point(TRAIN, {"run": "r1", "rank": "0"}, {"step": i, **fields}, 1_000_000_000 + i)
+
+
+class FakeSink:
+    """Records what it stores; can be switched down (SinkUnavailable) and refuses points whose loss < 0."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.stored: list[Point] = []
+        self.calls: list[tuple[float, int]] = []  # (monotonic time, batch size) of every write attempt
+        self.down = False
+        self.lock = threading.Lock()
+
+    def write(self, points: Sequence[Point]) -> None:
+        with self.lock:
+            self.calls.append((time.monotonic(), len(points)))
+            if self.down:
+                raise SinkUnavailable("fake http://x: connection refused")
+            if any(p.fields.get("loss", 0) < 0 for p in points):
+                raise SinkRejected("fake http://x: 400 field type conflict")
+            self.stored.extend(points)
+
+    def query(self, q: Query) -> list[Row]:
+        return []
+
+    def close(self) -> None:
+        pass
+
+    def data(self) -> list[Point]:
+        with self.lock:
+            return [p for p in self.stored if p.measurement != SELF]
+
+    def selfs(self) -> list[Point]:
+        with self.lock:
+            return [p for p in self.stored if p.measurement == SELF]
+
+
+def test_writes_everything_in_order_in_batches() -> None:
+    sink = FakeSink()
+    w = BufferedWriter(sink, batch=100, flush_interval_s=0.05, self_tags={"source": "rank0"})
+    for i in range(1050):
+        assert w.add(pt(i))
+    assert w.flush(5)
+    w.close()
+    assert [p.fields["step"] for p in sink.data()] == list(range(1050))
+    assert max(n for _, n in sink.calls) <= 101  # a batch, plus at most the self-report
+    assert w.stats == {"written": 1050, "dropped": 0, "buffered": 0, "errors": 0, "retries": 0}
+    last = sink.selfs()[-1]
+    assert last.tags == {"source": "rank0"} and last.fields["written"] == 1050 and last.fields["dropped"] == 0
+
+
+def test_add_never_blocks_while_sink_down_and_backs_off_exponentially() -> None:
+    sink = FakeSink()
+    sink.down = True
+    w = BufferedWriter(sink, batch=10, flush_interval_s=0.01, retry_initial_s=0.02, retry_max_s=0.16)
+    t0 = time.perf_counter()
+    for i in range(500):
+        w.add(pt(i))
+    assert time.perf_counter() - t0 < 0.5  # 500 adds while every write fails
+    time.sleep(1.0)
+    gaps = [b[0] - a[0] for a, b in zip(sink.calls, sink.calls[1:], strict=False)]
+    assert gaps[0] < 0.1 and max(gaps) < 0.3  # back-off grows and is capped at retry_max_s
+    assert len(sink.calls) < 20  # ~0.02+0.04+0.08+0.16*k in 1 s, not a busy loop
+    sink.down = False
+    assert w.flush(5)
+    w.close()
+    assert [p.fields["step"] for p in sink.data()] == list(range(500))  # nothing lost, order kept
+    assert w.stats["retries"] >= 3 and w.stats["dropped"] == 0
+
+
+def test_full_buffer_drops_and_the_self_report_shows_it_once_back() -> None:
+    sink = FakeSink()
+    sink.down = True
+    w = BufferedWriter(sink, capacity=100, batch=10, flush_interval_s=0.01, retry_initial_s=0.01, retry_max_s=0.02,
+                       self_tags={"source": "agent", "node": "gpu001"})  # fmt: skip
+    accepted = [w.add(pt(i)) for i in range(150)]
+    assert accepted.count(True) == 100 and accepted[100:] == [False] * 50
+    assert w.stats["dropped"] == 50 and w.stats["buffered"] == 100
+    assert sink.selfs() == []
+    sink.down = False
+    assert w.flush(5)
+    w.close()
+    assert [p.fields["step"] for p in sink.data()] == list(range(100))
+    last = sink.selfs()[-1]
+    assert last.fields == {"written": 100, "dropped": 50, "buffered": 0, "errors": 0}
+    assert last.tags == {"source": "agent", "node": "gpu001"}
+
+
+def test_rejected_points_are_counted_and_dropped_the_rest_written() -> None:
+    sink = FakeSink()
+    w = BufferedWriter(sink, batch=64, flush_interval_s=0.01)
+    bad = {5, 40, 41}
+    for i in range(64):
+        w.add(pt(i, loss=-1.0 if i in bad else 0.5))
+    assert w.flush(5)
+    w.close()
+    assert [p.fields["step"] for p in sink.data()] == [i for i in range(64) if i not in bad]
+    assert w.stats["errors"] == 3 and w.stats["written"] == 61
+    assert len(sink.calls) < 40  # bisection, not one write per point
+
+
+def test_close_gives_up_at_its_timeout_and_counts_the_rest_as_dropped() -> None:
+    sink = FakeSink()
+    sink.down = True
+    w = BufferedWriter(sink, batch=10, flush_interval_s=0.01, retry_initial_s=0.05, retry_max_s=0.05)
+    for i in range(30):
+        w.add(pt(i))
+    assert w.flush(0.2) is False
+    t0 = time.monotonic()
+    w.close(timeout_s=0.3)
+    assert time.monotonic() - t0 < 1.0
+    assert w.stats == {"written": 0, "dropped": 30, "buffered": 0, "errors": 0, "retries": w.stats["retries"]}
+    assert w.add(pt(99)) is False  # closed: refused, counted
+    w.close()  # idempotent
+
+
+def test_close_flushes_what_is_queued() -> None:
+    sink = FakeSink()
+    w = BufferedWriter(sink, batch=1000, flush_interval_s=60)
+    for i in range(10):
+        w.add(pt(i))
+    w.close()
+    assert len(sink.data()) == 10 and w.stats["written"] == 10
+
+
+def test_a_sink_bug_does_not_kill_the_writer() -> None:
+    class Buggy(FakeSink):
+        def write(self, points: Sequence[Point]) -> None:
+            if any(p.fields["step"] == 3 for p in points):
+                raise KeyError("bug")
+            super().write(points)
+
+    sink = Buggy()
+    w = BufferedWriter(sink, batch=4, flush_interval_s=0.01)
+    for i in range(8):
+        w.add(pt(i))
+    assert w.flush(5)
+    w.add(pt(8))
+    assert w.flush(5)
+    w.close()
+    assert [p.fields["step"] for p in sink.data()] == [0, 1, 2, 4, 5, 6, 7, 8]
+    assert w.stats["errors"] == 1
+
+
+def test_idle_writer_sends_no_self_reports() -> None:
+    sink = FakeSink()
+    w = BufferedWriter(sink, flush_interval_s=0.01)
+    time.sleep(0.1)
+    w.close()
+    assert sink.calls == []
+
+
+@pytest.mark.parametrize("kw", [{"capacity": 0}, {"batch": 0}, {"flush_interval_s": 0}, {"retry_max_s": 0.1}])
+def test_bad_settings_refused(kw: dict) -> None:
+    with pytest.raises(ValueError):
+        BufferedWriter(FakeSink(), **kw)
