@@ -241,7 +241,8 @@ _IDENT = re.compile(r'"([^"]+)"')
 _FROM = re.compile(r'\bFROM\s+"([^"]+)"', re.IGNORECASE)
 _ALIAS = re.compile(r'\bAS\s+"([^"]+)"', re.IGNORECASE)
 _SHOW_KEY = re.compile(r'\bWITH\s+KEY\s*=\s*"([^"]+)"', re.IGNORECASE)
-_STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|/(?:[^/\\]|\\.)*/")
+# String literals and regex literals (only after =~ or !~: elsewhere "/" divides), blanked before names are checked.
+_STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|(?<=~)\s*/(?:[^/\\]|\\.)*/")
 
 
 def measurements(query: str) -> list[str]:
