@@ -13,8 +13,8 @@ Expansion rules (Grafana's InfluxQL datasource):
 ``$__interval``,           the panel's group-by interval, e.g. ``5s``, ``1m``, ``500ms``
 ``$interval``
 ``$__interval_ms``         the same interval in integer milliseconds
-``$var``, ``${var}``,      a template variable: a single-value variable is substituted as its value with
-``[[var]]``                ``\\`` and ``'`` escaped (it sits in a ``'…'`` string); a multi-value or include-all
+``$var``, ``${var}``,      a template variable: a single-value variable is substituted verbatim (it sits in a
+``[[var]]``                ``'…'`` string; a value with ``'`` or ``\\`` is refused); a multi-value or include-all
                            variable is regex-escaped and, with several values, joined as ``(a|b)`` (it sits
                            in a ``/^…$/`` regex)
 =========================  ==========================================================================
@@ -169,10 +169,6 @@ def format_interval(interval_s: float) -> str:
     return f"{ms}ms"
 
 
-def _escape_string(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("'", "\\'")
-
-
 def _escape_regex(value: str) -> str:
     # InfluxQL regexes are Go RE2 between slashes: escape regex metacharacters and the delimiter itself.
     return re.sub(r"([\\/^$.|?*+()\[\]{}])", r"\\\1", value)
@@ -185,7 +181,11 @@ def _format_value(name: str, value: VarValue, is_regex: bool) -> str:
     if not is_regex:
         if len(values) != 1:
             raise DashboardError(f"variable ${name} is single-value but got {values}; pass one value")
-        return _escape_string(values[0])
+        if "'" in values[0] or "\\" in values[0]:
+            # Grafana substitutes a single value verbatim (its influxdb datasource tests: "should return the value
+            # as it is"), so a quote would end the InfluxQL string early there too: refuse rather than differ.
+            raise DashboardError(f"variable ${name} = {values[0]!r}: Grafana would insert ' or \\ unescaped")
+        return values[0]
     escaped = [_escape_regex(v) for v in values]
     return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
 
