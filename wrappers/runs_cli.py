@@ -238,8 +238,80 @@ def quota(policy_path: Path, as_json: bool) -> None:
     out.print(table)
 
 
-def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20) -> list[dict]:
-    """The run and its ancestors (``resume_from``), newest first: what each was pinned to and how it went."""
+def checkpoint_record(manifest) -> dict:  # noqa: ANN001 - a nuro.checkpoint.manifest.Manifest
+    """One committed checkpoint as the CLI shows it: from its S3 manifest only (the system of record)."""
+    return {
+        "step": manifest.step,
+        "job_id": int(manifest.job_id) if str(manifest.job_id).isdigit() else manifest.job_id,
+        "restart": manifest.restart,
+        "parent": manifest.parent,
+        "committed_at": manifest.created_at,
+        "bytes": manifest.total_bytes,
+        "world_size": manifest.world_size,
+    }
+
+
+def run_checkpoints(store, team: str, run: str) -> tuple[list[dict], list[dict]]:  # noqa: ANN001 - ObjectStore
+    """A run's checkpoints in S3, oldest first: (committed, not committed).
+
+    Committed = a manifest that parses and names this team/run/step (``checkpoint_record``). Not committed = a step
+    prefix without one: ``{"step", "status": "incomplete" | "torn", "bytes"}`` (given up by its upload, or still
+    uploading / torn). No extra database: the listing and the manifests are the record (ARCHITECTURE principle 1).
+    Raises ObjectStoreError when the store cannot be listed; ValueError for a team/run name S3 keys cannot hold.
+    """
+    from nuro.checkpoint import layout as L
+    from nuro.checkpoint.errors import ManifestError
+    from nuro.checkpoint.restore import load_manifest, step_numbers
+    from nuro.objectstore import NotFound
+
+    committed: list[dict] = []
+    other: list[dict] = []
+    for step in sorted(step_numbers(store, team, run)):
+        try:
+            committed.append(checkpoint_record(load_manifest(store, team, run, step)))
+            continue
+        except NotFound:
+            status = "incomplete" if store.exists(L.incomplete_key(team, run, step)) else "torn"
+        except ManifestError as exc:
+            status = f"bad manifest: {exc}"
+        size = sum(o.size for o in store.list(L.step_prefix(team, run, step)))
+        if size:  # an emptied prefix of a deleted step (some stores keep listing it) is not an artifact
+            other.append({"step": step, "status": status, "bytes": size})
+    return committed, other
+
+
+def _attach_checkpoints(chain: list[dict], store) -> list[str]:  # noqa: ANN001
+    """Add each run's committed checkpoints (those its job wrote) to the lineage; returns notes for what failed."""
+    from nuro.objectstore import ObjectStore, ObjectStoreError
+
+    notes: list[str] = []
+    cache: dict[tuple[str, str], list[dict]] = {}
+    for run in chain:
+        if "missing" in run:
+            continue
+        team, name = run.get("team_record"), run.get("run")
+        if not team or not name:
+            run["checkpoints"] = None
+            continue
+        try:
+            store = store or ObjectStore.from_env()
+            if (team, name) not in cache:
+                cache[(team, name)] = run_checkpoints(store, team, name)[0]
+        except (ObjectStoreError, ValueError) as exc:
+            notes.append(f"checkpoints of {team}/{name} not shown: {exc}")
+            run["checkpoints"] = None
+            continue
+        run["checkpoints"] = [c for c in cache[(team, name)] if str(c["job_id"]) == str(run["job_id"])]
+    return notes
+
+
+def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20, store=None) -> list[dict]:  # noqa: ANN001
+    """The run and its ancestors (``resume_from``), newest first: what each was pinned to and how it went.
+
+    With ``store`` (an ObjectStore, or True for ``ObjectStore.from_env()``), each run also gets ``checkpoints``:
+    the committed checkpoints its job wrote, from the S3 manifests (step, parent, job, restart, committed at); a
+    store that cannot be read adds ``notes`` to the first entry instead.
+    """
     chain: list[dict] = []
     seen: set[int] = set()
     current: int | None = job_id
@@ -257,6 +329,8 @@ def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20) -> list[di
                 "job_id": job.job_id,
                 "name": job.name,
                 "team": job.account,
+                "team_record": meta.get("team"),
+                "run": meta.get("name"),
                 "state": job.state,
                 "restarts": job.restart_count,
                 "dataset": meta.get("dataset"),
@@ -269,6 +343,10 @@ def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20) -> list[di
         )
         parent = meta.get("resume_from")
         current = int(parent) if isinstance(parent, int | str) and str(parent).isdigit() else None
+    if store is not None and chain:
+        notes = _attach_checkpoints(chain, None if store is True else store)
+        if notes:
+            chain[0]["notes"] = notes
     return chain
 
 
@@ -283,8 +361,12 @@ def _find_or_none(backend: CliBackend, job_id: int) -> JobInfo | None:
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True)
 def lineage(job_id: int, as_json: bool) -> None:
-    """What a run was pinned to (dataset digest, code commit), its restarts and checkpoints, and its parents."""
-    chain = lineage_of(_backend(), job_id)
+    """What a run was pinned to (dataset digest, code commit), its restarts and checkpoints, and its parents.
+
+    Checkpoints come from the run's S3 manifests (each names its job, restart and parent step); Slurm's comment
+    and accounting give the ``resume_from`` chain. Nothing else is consulted.
+    """
+    chain = lineage_of(_backend(), job_id, store=True)
     if as_json:
         click.echo(json.dumps(chain, indent=2))
         return
@@ -302,6 +384,24 @@ def lineage(job_id: int, as_json: bool) -> None:
         ck = run["last_checkpoint"]
         last = f"step {ck['step']}" if ck else "none recorded"
         out.print(f"{'  ' * depth}   last checkpoint: {last}", highlight=False)
+        for line in checkpoint_lines(run.get("checkpoints")):
+            out.print(f"{'  ' * depth}     {line}", highlight=False)
+    for note in chain[0].get("notes", []) if chain else []:
+        err.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def checkpoint_lines(ckpts: list[dict] | None) -> list[str]:
+    """The lineage view of one run's committed checkpoints, oldest first. Pure."""
+    if ckpts is None:
+        return ["checkpoints in S3: not known (no run record, or the store could not be read)"]
+    if not ckpts:
+        return ["checkpoints in S3: none committed by this job"]
+    lines = [f"checkpoints in S3 ({len(ckpts)} committed):"]
+    for c in ckpts:
+        parent = "—" if c["parent"] is None else f"step {c['parent']}"
+        lines.append(f"  step {c['step']:>6}  parent {parent:<11} job {c['job_id']}.{c['restart']}  "
+                     f"{c['committed_at']}")  # fmt: skip
+    return lines
 
 
 COMMANDS = (ls_cmd, status, cancel, logs, quota, lineage)

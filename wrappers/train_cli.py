@@ -10,7 +10,7 @@ import logging
 
 import click
 
-from nuro.wrappers import runs_cli
+from nuro.wrappers import metrics_cli, runs_cli
 from nuro.wrappers.dataset_cli import dataset
 from nuro.wrappers.events_cli import events
 from nuro.wrappers.resume_cli import resume
@@ -32,6 +32,8 @@ main.add_command(dataset)
 main.add_command(submit)
 main.add_command(resume)
 main.add_command(events)
+for _command in metrics_cli.COMMANDS:
+    main.add_command(_command)
 
 
 if __name__ == "__main__":
