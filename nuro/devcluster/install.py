@@ -23,6 +23,7 @@ PACKAGES: dict[str, str] = {
     "mariadb-server": "/usr/sbin/mariadbd",
     "mariadb-client": "/usr/bin/mariadb-admin",
     "lua5.1": "/usr/bin/lua5.1",
+    "influxdb": "/usr/bin/influxd",  # 1.6.7, v1 API: the dev cluster's metrics store (nuro.metrics.servers)
 }
 
 
@@ -44,9 +45,10 @@ def missing_packages(packages: list[str] | None = None) -> list[str]:
     return [n for n in names if n not in installed]
 
 
-def ensure_packages(timeout_s: float = 900.0) -> list[str]:
-    """Install what is missing; return what was installed (empty when all were present)."""
-    missing = missing_packages()
+def ensure_packages(timeout_s: float = 900.0, packages: dict[str, str] | None = None) -> list[str]:
+    """Install what is missing of ``packages`` (default: the dev cluster's); return what was installed."""
+    names = list(packages or PACKAGES)
+    missing = missing_packages(names)
     if not missing:
         log.debug("devcluster packages present")
         return []
@@ -67,7 +69,7 @@ def ensure_packages(timeout_s: float = 900.0) -> list[str]:
                 f"{' '.join(argv)} failed (exit {proc.returncode}):\n{proc.stderr.strip()[-2000:]}\n"
                 "Check that the Debian mirror is reachable and no other apt/dpkg is running."
             )
-    still = missing_packages()
+    still = missing_packages(names)
     if still:
         raise InstallError(f"apt-get reported success but these are still missing: {' '.join(still)}")
     return missing
