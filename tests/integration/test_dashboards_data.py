@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -33,6 +31,7 @@ from nuro.metrics.dashboards import (
     output_columns,
     variables,
 )
+from nuro.metrics.servers import standalone_influx
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -46,13 +45,16 @@ INTERVAL_S = 5
 HTTP_TIMEOUT_S = 10
 
 
-# --- a private influxd until nuro.metrics.servers.standalone_influx lands (do not copy elsewhere) --------------------
+# --- the server ---------------------------------------------------------------------------------------------------
 
 
 def _free_port_pair(lo: int = 9000, hi: int = 9099) -> tuple[int, int]:
-    """Two free loopback ports in [lo, hi]: HTTP and influxd's RPC (backup) listener, which cannot be turned off."""
-    free = []
-    for port in range(lo + os.getpid() % 40, hi + 1):
+    """Two free loopback ports in [lo, hi]: HTTP and influxd's RPC (backup) listener, which cannot be turned off.
+
+    The scan starts at a pid-dependent offset so that two test sessions running at once rarely race for a port.
+    """
+    free: list[int] = []
+    for port in [*range(lo + os.getpid() % 50, hi + 1), *range(lo, lo + os.getpid() % 50)]:
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
@@ -64,57 +66,12 @@ def _free_port_pair(lo: int = 9000, hi: int = 9099) -> tuple[int, int]:
     pytest.fail(f"no two free ports in {lo}-{hi} on 127.0.0.1")
 
 
-def _ensure_influxd() -> str:
-    path = shutil.which("influxd")
-    if path:
-        return path
-    if os.geteuid() != 0:
-        pytest.fail("influxd is missing and installing it needs root: apt-get install influxdb")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], env=env, check=True, capture_output=True, timeout=300)
-    subprocess.run(
-        ["apt-get", "install", "-y", "-q", "influxdb"], env=env, check=True, capture_output=True, timeout=300
-    )
-    return shutil.which("influxd") or pytest.fail("apt-get install influxdb left no influxd on PATH")
-
-
 @pytest.fixture(scope="module")
 def influx_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A throwaway influxd: HTTP on 127.0.0.1 only, RPC moved to loopback, reporting/monitor/other services off."""
-    influxd = _ensure_influxd()
-    state = tmp_path_factory.mktemp("influx")
+    """One influxd 1.6.7 for the module (loopback only, database ``nuro``), stopped by PID at the end."""
     http_port, rpc_port = _free_port_pair()
-    conf = state / "influxdb.conf"
-    conf.write_text(
-        f'reporting-disabled = true\nbind-address = "127.0.0.1:{rpc_port}"\n'
-        f'[meta]\n  dir = "{state}/meta"\n'
-        f'[data]\n  dir = "{state}/data"\n  wal-dir = "{state}/wal"\n  query-log-enabled = false\n'
-        "[monitor]\n  store-enabled = false\n"
-        f'[http]\n  bind-address = "127.0.0.1:{http_port}"\n  log-enabled = false\n'
-        "[ifql]\n  enabled = false\n[subscriber]\n  enabled = false\n[continuous_queries]\n  enabled = false\n"
-    )
-    log = (state / "influxd.log").open("w")
-    proc = subprocess.Popen([influxd, "-config", str(conf)], stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{http_port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/ping", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"influxd did not answer /ping: see {state}/influxd.log")
-                time.sleep(0.1)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+    with standalone_influx(tmp_path_factory.mktemp("influx"), http_port, db=DB, rpc_port=rpc_port) as server:
+        yield server.url
 
 
 # --- the data ----------------------------------------------------------------------------------------------------
@@ -194,7 +151,6 @@ def data(influx_url: str) -> TimeRange:
     """Write the run (and another team's smaller one); return the time range that covers it."""
     t0_s = int(time.time()) - 2 * SECONDS
     t0_ns = t0_s * 10**9
-    _post(influx_url, "/query?" + urllib.parse.urlencode({"q": f'CREATE DATABASE "{DB}"'}))
     lines = [
         *_train_lines(t0_ns, TEAM, RUN, JOB, ranks=2, seconds=SECONDS),
         *_train_lines(t0_ns, OTHER_TEAM, OTHER_RUN, OTHER_JOB, ranks=1, seconds=10),
