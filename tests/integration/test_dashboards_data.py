@@ -40,6 +40,7 @@ NODES = ("gpu-a01", "gpu-a02")
 GPUS_PER_NODE = 8
 SECONDS = 60
 TEAM, RUN, JOB = "vision", "resnet-sweep-3", "4711"
+TEAM_RUN2, TEAM_JOB2 = "resnet-sweep-4", "4712"  # the team's second, shorter run: the team view shows both
 OTHER_TEAM, OTHER_RUN, OTHER_JOB = "nlp", "llama-ft", "4800"
 INTERVAL_S = 5
 HTTP_TIMEOUT_S = 10
@@ -148,11 +149,12 @@ def _self_lines(t0_ns: int, seconds: int) -> list[str]:
 
 @pytest.fixture(scope="module")
 def data(influx_url: str) -> TimeRange:
-    """Write the run (and another team's smaller one); return the time range that covers it."""
+    """Write the run (plus a second run of the team and another team's run); return the range that covers it."""
     t0_s = int(time.time()) - 2 * SECONDS
     t0_ns = t0_s * 10**9
     lines = [
         *_train_lines(t0_ns, TEAM, RUN, JOB, ranks=2, seconds=SECONDS),
+        *_train_lines(t0_ns, TEAM, TEAM_RUN2, TEAM_JOB2, ranks=1, seconds=30),
         *_train_lines(t0_ns, OTHER_TEAM, OTHER_RUN, OTHER_JOB, ranks=1, seconds=10),
         *_gpu_lines(t0_ns, SECONDS),
         *_self_lines(t0_ns, SECONDS),
@@ -166,6 +168,20 @@ def data(influx_url: str) -> TimeRange:
 
 _DASH = {path.stem: load_dashboard(path) for path in DASHBOARDS}
 _WANTED = {"team": TEAM, "run": RUN, "job": JOB}
+_GPU_INDEXES = {str(g) for g in range(GPUS_PER_NODE)}
+# What each group-by tag must take across a panel's series, per dashboard (cluster: All nodes; team: its runs only;
+# run: our run's ranks, writers and nodes).
+_EXPECTED_TAG_VALUES = {
+    "cluster": {"node": set(NODES), "gpu": _GPU_INDEXES},
+    "team": {"run": {RUN, TEAM_RUN2}},
+    "run": {
+        "rank": {"0", "1"},
+        "restart": {"0"},
+        "source": {"rank0", "rank1"},
+        "node": set(NODES),
+        "gpu": _GPU_INDEXES,
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -191,12 +207,19 @@ def variable_values(influx_url: str, data: TimeRange) -> dict[str, dict[str, lis
     return resolved
 
 
-def test_run_variables_follow_the_chosen_team_and_run(variable_values: dict[str, dict[str, list[str]]]) -> None:
-    """The run view's chained variables see only our run: its job, and the two nodes it reports from."""
-    run = variable_values["run"]
-    assert run["run"] == [RUN] and run["job"] == [JOB]
-    assert sorted(run["node"]) == sorted(NODES)
-    assert sorted(variable_values["cluster"]["node"]) == sorted(NODES)
+def test_run_variables_follow_the_chosen_team_and_run(influx_url: str, data: TimeRange) -> None:
+    """The run view's chained variables list only what the chosen team and run have: the team's two runs (not the
+    other team's), the run's job, and the two nodes it reports from."""
+    listed: dict[str, list[str]] = {}
+    for var in variables(_DASH["run"]):
+        q = expand(var.query, data, INTERVAL_S, {k: _WANTED[k] for k in listed if k in _WANTED}, {"node"})
+        listed[var.name] = sorted(row[1] for s in _query(influx_url, q).get("series", []) for row in s["values"])
+    assert listed == {
+        "team": sorted([TEAM, OTHER_TEAM]),
+        "run": sorted([RUN, TEAM_RUN2]),
+        "job": [JOB],
+        "node": sorted(NODES),
+    }
 
 
 def _cases() -> list[tuple[str, DashboardQuery]]:
@@ -209,7 +232,7 @@ def test_panel_query_returns_rows(
     dq: DashboardQuery,
 ) -> None:  # fmt: skip
     """Each panel query, expanded, returns series with the columns and group-by tags the panel is drawn from,
-    at least one non-null value, and nothing of the other team's run."""
+    every value of those tags the data has (and only those), at least one non-null value."""
     dash = _DASH[dash_name]
     regex = {v.name for v in variables(dash) if v.is_regex}
     q = expand(dq.query, data, INTERVAL_S, variable_values[dash_name], regex)
@@ -220,5 +243,8 @@ def test_panel_query_returns_rows(
         assert s["columns"] == columns, f"{dash_name} / {dq.title}: columns {s['columns']} != {columns}: {q}"
         assert set(s.get("tags", {})) == tags, f"{dash_name} / {dq.title}: tags {s.get('tags')} != {tags}: {q}"
         assert OTHER_RUN not in s.get("tags", {}).values()
+    for tag in tags:
+        got = {s["tags"][tag] for s in series}
+        assert got == _EXPECTED_TAG_VALUES[dash_name][tag], f"{dash_name} / {dq.title}: {tag} values {got}: {q}"
     values = [v for s in series for row in s["values"] for v in row[1:]]
     assert any(v is not None for v in values), f"{dash_name} / {dq.title}: only nulls for {q}"
