@@ -6,7 +6,9 @@ Everything that makes it survive is the nuro SDK, a few lines each:
   background upload → manifest last), and ``restore`` of the newest valid one after a requeue;
 - ``PreemptionGuard``: on USR1 (preemption) or USR2 (time limit) every rank stops at the same step, checkpoints,
   rank 0 acknowledges, and the job exits 75 ("requeue me");
-- ``runevents``: started / restored / first step / progress / finished, for ``nuro-train events``.
+- ``runevents``: started / restored / first step / progress / finished, for ``nuro-train events``;
+- ``MetricsLogger``: every rank's loss, samples/s and step time to the metrics sink (``NURO_METRICS_URL``), never
+  blocking a step, for ``nuro-train metrics JOB``.
 
     torchrun --nproc-per-node 2 train.py --steps 200      # locally (needs NURO_* env for data and checkpoints)
 """
@@ -27,6 +29,7 @@ from torch import nn
 from nuro import runevents
 from nuro.datasets.reader import PinnedDataset
 from nuro.wrappers.sdk.checkpointer import Checkpointer
+from nuro.wrappers.sdk.metrics import MetricsLogger
 from nuro.wrappers.sdk.preemption import PreemptionGuard
 
 
@@ -40,10 +43,16 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def save_committed(ckpt: Checkpointer, state: dict, step: int) -> bool:
-    """Save now and wait until the checkpoint is committed in S3: a preemption may only be acknowledged then."""
+def save_committed(ckpt: Checkpointer, state: dict, step: int, metrics: MetricsLogger | None = None) -> bool:
+    """Save now and wait until the checkpoint is committed in S3: a preemption may only be acknowledged then.
+
+    The metrics still buffered are flushed after the save (bounded), so the steps before a preemption show too.
+    """
     ckpt.save(state, step, sync=True)
-    return ckpt.wait_committed(step, 60)
+    committed = ckpt.wait_committed(step, 60)
+    if metrics is not None:
+        metrics.close(timeout_s=2.0)
+    return committed
 
 
 def main() -> int:
@@ -76,6 +85,7 @@ def main() -> int:
         if rank == 0:
             print(f"resumed from the checkpoint of step {restored}", flush=True)
     guard = PreemptionGuard().start()  # handlers for USR1 (preemption) and USR2 (time limit)
+    metrics = MetricsLogger()  # never blocks a step; a sink that is down costs points, not the run
 
     last_progress = 0.0
     step = start
@@ -88,6 +98,7 @@ def main() -> int:
         opt.step()
         time.sleep(args.step_time)
         state["progress"]["step"] = step
+        metrics.log(step, loss=loss.item(), samples=args.batch)
         if step == start:
             runevents.record_later("first_step", step=step)
         if rank == 0:
@@ -97,11 +108,12 @@ def main() -> int:
                 runevents.record_later("progress", step=step, loss=round(loss.item(), 5))
         ckpt.maybe_save(lambda: state, step)
         if guard.should_stop(step):  # every rank answers the same at the same step
-            guard.checkpoint_and_exit(lambda s=step: save_committed(ckpt, state, s), step)
+            guard.checkpoint_and_exit(lambda s=step: save_committed(ckpt, state, s, metrics), step)
 
     ckpt.save(state, step, sync=True)
     committed = ckpt.wait_committed(step, 120)
     ckpt.close()
+    metrics.close()
     runevents.record("finished", step=step, committed=committed)
     if world > 1:
         dist.destroy_process_group()

@@ -1,0 +1,210 @@
+"""What a run logs is what ``nuro-train metrics`` shows: a real 2-rank Slurm job logs through MetricsLogger into a
+real sink (the embedded SQLite file, and influxd 1.6.7), and ``nuro-train metrics JOB --json`` returns exactly those
+values; GPU telemetry comes from a real ``nuro-nodeagent`` reading the fake libnvidia-ml through pynvml.
+
+Why a tiny loop instead of the torch example: torch costs ~5 s of CPU per process on these 2 cores, and the
+MetricsLogger path is the same. The loop tees what it hands the BufferedWriter into a JSON file per rank, so the
+test compares the CLI's output with exactly what was logged (timestamps and measured step times included).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from nuro import heartbeat as hb
+from nuro import jobcomment
+from nuro.datasets.snapshot import snapshot
+from nuro.metrics.servers import influx1_url, standalone_influx
+from nuro.objectstore import ObjectStore
+from nuro.slurm import JobPhase
+from tests import fake_nvml
+from tests.integration.conftest import TEST_PORT_BASE, LiveCluster
+
+pytestmark = pytest.mark.slurm
+
+BIN = Path(sys.executable).parent
+STEPS = 15
+
+LOOP = """
+import json, sys, time
+from pathlib import Path
+from nuro import runevents
+from nuro.metrics.buffer import BufferedWriter
+from nuro.metrics.sink import sink_from_env
+from nuro.wrappers.sdk.metrics import MetricsLogger, self_tags
+from nuro.wrappers.sdk.runenv import RunEnv
+
+
+class Tee:
+    def __init__(self, inner):
+        self.inner, self.points = inner, []
+
+    def add(self, p):
+        self.points.append(p)
+        return self.inner.add(p)
+
+    def flush(self, t):
+        return self.inner.flush(t)
+
+    def close(self, t):
+        return self.inner.close(t)
+
+    @property
+    def stats(self):
+        return self.inner.stats
+
+
+env = RunEnv.from_env()
+sink = sink_from_env()
+tee = Tee(BufferedWriter(sink, self_tags=self_tags(env, "test")))
+metrics = MetricsLogger(env=env, writer=tee)
+runevents.record("started", world=env.world_size)
+for step in range(int(sys.argv[2])):
+    time.sleep(0.05)
+    metrics.log(step, loss=round(1.0 / (step + 1) + env.rank, 6), samples=32, lr=0.1)
+metrics.close(timeout_s=10)
+sink.close()
+dump = [{"ts_ns": p.ts_ns, "tags": dict(p.tags), "fields": dict(p.fields)} for p in tee.points]
+Path(sys.argv[1], f"rank{env.rank}.json").write_text(json.dumps({"stats": metrics.stats, "points": dump}))
+"""
+
+
+def _free_port(lo: int, hi: int) -> int:
+    for port in range(lo + os.getpid() % 20, hi):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    pytest.fail(f"no free port in {lo}-{hi}")
+
+
+@pytest.fixture(scope="module")
+def influx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """influxd 1.6.7 of this module, on ports above the test cluster's (base + 150 …)."""
+    http = _free_port(TEST_PORT_BASE + 150, TEST_PORT_BASE + 175)
+    rpc = _free_port(TEST_PORT_BASE + 175, TEST_PORT_BASE + 199)
+    with standalone_influx(tmp_path_factory.mktemp("influx"), http, db="nuro", rpc_port=rpc) as server:
+        yield influx1_url(server, "nuro")
+
+
+@pytest.fixture(scope="module")
+def dataset_digest(cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    data = tmp_path_factory.mktemp("data")
+    (data / "x.bin").write_bytes(b"metrics" * 100)
+    return snapshot(ObjectStore.from_env(cluster.env), data, "metrics-test").digest  # the prolog verifies it
+
+
+@pytest.fixture(scope="module")
+def lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_nvml.build(tmp_path_factory.mktemp("fake_nvml"))
+
+
+def _submit(cluster: LiveCluster, work: Path, url: str, run: str, digest: str) -> int:
+    (work / "loop.py").write_text(LOOP)
+    meta = {"team": "perception", "name": run, "dataset": {"name": "metrics-test", "digest": digest},
+            "code": {"repo": "/srv/repo", "commit": "b" * 40},
+            "entry": {"launcher": "python", "script": "loop.py", "args": [str(STEPS)]}}  # fmt: skip
+    script = (
+        "#!/bin/bash\n"
+        f"srun bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS exec {sys.executable} {work}/loop.py {work} "
+        f"{STEPS}'\n"
+    )
+    env = {"NURO_METRICS_URL": url, "NURO_TEAM": "perception", "NURO_RUN_NAME": run}
+    res = subprocess.run(
+        ["runuser", "-u", "alice", "--", "env", *(f"{k}={v}" for k, v in {**cluster.env, **env}.items()),
+         "sbatch", "--parsable", "-N2", "--ntasks-per-node=1", f"--output={work}/job.out",
+         f"--comment={jobcomment.merge(None, nuro=meta)}"],
+        input=script, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return int(res.stdout.strip())
+
+
+def _start_agent(lib_dir: Path, work: Path, node: str, url: str) -> subprocess.Popen:
+    """A real node agent on ``node`` reading the fake NVML (2 GPUs, util 55/66 %), writing gpu points to ``url``."""
+    key = work / "hb.key"
+    hb.write_key(key)
+    scenario = {"gpus": 2, "gpu0.util": 55, "gpu1.util": 66, "gpu0.temp": 61, "gpu0.power_mw": 350000,
+                "gpu0.sm_clock": 1980, "gpu0.mem_used_mib": 1024, "gpu0.mem_total_mib": 81920}  # fmt: skip
+    env = fake_nvml.env_for(lib_dir, fake_nvml.write_scenario(work / "nvml.txt", scenario))
+    env.pop("NURO_ENV_FILE", None)
+    env["NURO_METRICS_URL"] = url
+    argv = [sys.executable, "-m", "nuro.healthcheck.agent", "--node", node, "--controller", "127.0.0.1:9",
+            "--key-file", str(key), "--interval-s", "0.5", "--probe", "nvml", "--expect-gpus", "2",
+            "--log-file", str(work / "agent.log")]  # fmt: skip
+    return subprocess.Popen(argv, env=env)
+
+
+def _train(cluster: LiveCluster, url: str, *args: str) -> dict:
+    res = subprocess.run([str(BIN / "nuro-train"), *args], env={**os.environ, **cluster.env, "NURO_METRICS_URL": url},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "influx1"])
+def test_what_a_run_logs_is_what_metrics_shows(
+    kind: str, cluster: LiveCluster, shared_tmp: Path, lib_dir: Path, dataset_digest: str,
+    request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    url = f"sqlite://{shared_tmp}/metrics.sqlite" if kind == "sqlite" else request.getfixturevalue("influx")
+    run = f"metrics-{kind}-{int(time.time()) % 100000}"
+    job_id = _submit(cluster, shared_tmp, url, run, dataset_digest)
+    final = cluster.backend.wait_for_job(job_id, timeout_s=120)
+    assert final.phase == JobPhase.COMPLETED, (shared_tmp / "job.out").read_text(errors="replace")
+
+    logged = {r: json.loads((shared_tmp / f"rank{r}.json").read_text()) for r in (0, 1)}
+    for r in (0, 1):
+        assert logged[r]["stats"]["dropped"] == 0 and logged[r]["stats"]["written"] >= STEPS
+    want = sorted(
+        ({"ts_ns": p["ts_ns"], "rank": int(p["tags"]["rank"]), "restart": 0, **p["fields"]}
+         for r in (0, 1) for p in logged[r]["points"]),
+        key=lambda h: (h["ts_ns"], h["rank"]),
+    )  # fmt: skip
+    assert {p["tags"]["job"] for r in (0, 1) for p in logged[r]["points"]} == {str(job_id)}
+
+    agent = _start_agent(lib_dir, shared_tmp, final.nodes[0], url)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            shown = _train(cluster, url, "metrics", str(job_id), "--json", "--plot")
+            if shown["gpus"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+
+    assert (shown["team"], shown["run"], shown["job_id"]) == ("perception", run, job_id)
+    assert shown["history"] == want  # every value, every timestamp, exactly as logged
+    assert [r["rank"] for r in shown["ranks"]] == [0, 1]
+    assert shown["ranks"][1]["step"] == STEPS - 1 and shown["ranks"][1]["loss"] == round(1.0 / STEPS + 1, 6)
+    assert shown["plot"]["loss_steps"] == list(range(STEPS))
+    gpus = {(g["node"], g["gpu"]): g for g in shown["gpus"]}
+    assert set(gpus) == {(final.nodes[0], 0), (final.nodes[0], 1)}, shown["gpus"]
+    g0 = gpus[(final.nodes[0], 0)]
+    assert (g0["util_pct"], g0["temp_c"], g0["power_w"], g0["sm_clock_mhz"]) == (55.0, 61.0, 350.0, 1980.0)
+    assert g0["mem_used_bytes"] == 1024 * 2**20 and gpus[(final.nodes[0], 1)]["util_pct"] == 66.0
+
+    if kind == "sqlite":  # the S3 and Slurm views, once
+        arts = _train(cluster, url, "artifacts", str(job_id), "--json")
+        assert arts["checkpoints"] == [] and "run event started" in {o["kind"] for o in arts["objects"]}
+        cmp = _train(cluster, url, "compare", str(job_id), str(job_id), "--json")
+        assert all(r["same"] for r in cmp["rows"])
+        assert cmp["a"]["metrics"]["last_step"] == STEPS - 1 and cmp["a"]["params"]["nodes"] == 2
+        assert cmp["a"]["checkpoints"]["committed"] == 0
+        human = subprocess.run([str(BIN / "nuro-train"), "metrics", str(job_id)], capture_output=True, text=True,
+                               env={**os.environ, **cluster.env, "NURO_METRICS_URL": url}, timeout=60)  # fmt: skip
+        assert human.returncode == 0 and "latest per rank" in human.stdout, human.stderr
