@@ -242,6 +242,9 @@ _FROM = re.compile(r'\bFROM\s+"([^"]+)"', re.IGNORECASE)
 _ALIAS = re.compile(r'\bAS\s+"([^"]+)"', re.IGNORECASE)
 _SHOW_KEY = re.compile(r'\bWITH\s+KEY\s*=\s*"([^"]+)"', re.IGNORECASE)
 # String literals and regex literals (only after =~ or !~: elsewhere "/" divides), blanked before names are checked.
+_GROUP_BY = re.compile(r'\bGROUP\s+BY\s+((?:time\([^)]*\)|"[^"]+"|[\s,])+)', re.IGNORECASE)
+_TAG_CMP = re.compile(r'"([^"]+)"\s*(?:=~|!~|!=|<>|=)\s*\'')  # after blanking, a regex literal is '' too
+_CALL_ARG = re.compile(r'\b[A-Za-z_]\w*\(\s*"([^"]+)"')
 _STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|(?<=~)\s*/(?:[^/\\]|\\.)*/")
 
 
@@ -326,8 +329,10 @@ def schema_problems(query: str) -> list[str]:
     """What in ``query`` is not in nuro's metric schema; empty when every name checks out.
 
     Checked: every measurement after FROM is one of ``train``, ``gpu``, ``nuro_metrics``; every double-quoted
-    identifier is a tag or field of one of the query's measurements or an alias the query defines; every
-    ``WITH KEY`` of a ``SHOW TAG VALUES`` is a tag. Unquoted identifiers are refused, so nothing escapes the check.
+    identifier is a tag or field of one of the query's measurements or an alias the query defines; and by position,
+    because InfluxDB answers a misplaced name with silence rather than an error: GROUP BY and ``WITH KEY`` name
+    tags, a string or regex comparison (``"x" = '…'``, ``"x" =~ /…/``) names a tag, and a function's first argument
+    names a field (or an alias from a subquery). Unquoted identifiers are refused, so nothing escapes the check.
     """
     problems: list[str] = []
     bare = _STRINGS.sub("''", query)
@@ -344,6 +349,16 @@ def schema_problems(query: str) -> list[str]:
     for ident in _IDENT.findall(bare):
         if ident not in allowed and ident not in names:
             problems.append(f"{ident!r} is neither a tag nor a field of {', '.join(known) or 'the measurement'}")
+    tags = {t for n in known for t in SCHEMA_TAGS[n]}
+    fields = {f for n in known for f in SCHEMA_FIELDS[n]} | set(_ALIAS.findall(bare))
+    group_by = [i for clause in _GROUP_BY.findall(bare) for i in _IDENT.findall(clause)]
+    problems += [f"GROUP BY {i!r}: not a tag (group by tags only)" for i in group_by if i in allowed and i not in tags]
+    problems += [
+        f"{i!r} compared with a string or regex: not a tag"
+        for i in _TAG_CMP.findall(bare)
+        if i in allowed and i not in tags
+    ]
+    problems += [f"function of {i!r}: not a field" for i in _CALL_ARG.findall(bare) if i in allowed and i not in fields]
     unquoted = re.findall(r"\b(?:FROM|BY|KEY\s*=)\s+([A-Za-z_]\w*)", bare, re.IGNORECASE)
     problems += [f'identifier {u!r} is unquoted; write "{u}"' for u in unquoted if u.lower() != "time"]
     return problems

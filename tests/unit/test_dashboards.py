@@ -216,6 +216,10 @@ def test_columns_and_group_by_of_the_outer_query() -> None:
         ('SHOW TAG VALUES FROM "train" WITH KEY = "loss"', "WITH KEY = 'loss'"),
         ('SELECT mean("loss") AS "l" FROM train', "no FROM"),
         ('SELECT mean("loss") AS "l" FROM "train" GROUP BY rank', "'rank' is unquoted"),
+        ('SELECT mean("loss") AS "l" FROM "train" GROUP BY time(1s), "step"', "GROUP BY 'step': not a tag"),
+        ('SELECT mean("loss") AS "l" FROM "train" WHERE "step" = \'3\'', "'step' compared with a string"),
+        ('SELECT count("u") AS "n" FROM "gpu" WHERE "uuid" =~ /x/ AND "util_pct" =~ /9/', "'util_pct' compared"),
+        ('SELECT mean("rank") AS "r" FROM "train"', "function of 'rank': not a field"),
     ],
 )
 def test_schema_problems_are_named(query: str, problem: str) -> None:
