@@ -241,11 +241,12 @@ _IDENT = re.compile(r'"([^"]+)"')
 _FROM = re.compile(r'\bFROM\s+"([^"]+)"', re.IGNORECASE)
 _ALIAS = re.compile(r'\bAS\s+"([^"]+)"', re.IGNORECASE)
 _SHOW_KEY = re.compile(r'\bWITH\s+KEY\s*=\s*"([^"]+)"', re.IGNORECASE)
-# String literals and regex literals (only after =~ or !~: elsewhere "/" divides), blanked before names are checked.
 _GROUP_BY = re.compile(r'\bGROUP\s+BY\s+((?:time\([^)]*\)|"[^"]+"|[\s,])+)', re.IGNORECASE)
 _TAG_CMP = re.compile(r'"([^"]+)"\s*(?:=~|!~|!=|<>|=)\s*\'')  # after blanking, a regex literal is '' too
 _CALL_ARG = re.compile(r'\b[A-Za-z_]\w*\(\s*"([^"]+)"')
+# String literals and regex literals (only after =~ or !~: elsewhere "/" divides), blanked before names are checked.
 _STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|(?<=~)\s*/(?:[^/\\]|\\.)*/")
+_SUBQUERY = re.compile(r"\(\s*SELECT\b", re.IGNORECASE)
 
 
 def measurements(query: str) -> list[str]:
@@ -301,8 +302,7 @@ def _without_subqueries(query: str) -> str:
     """``query`` with every parenthesised ``(SELECT …)`` replaced by ``()``, leaving the outermost query's text."""
     out, i = [], 0
     while i < len(query):
-        m = re.compile(r"\(\s*SELECT\b", re.IGNORECASE).match(query, i)
-        if not m:
+        if not _SUBQUERY.match(query, i):
             out.append(query[i])
             i += 1
             continue
