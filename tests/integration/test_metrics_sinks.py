@@ -156,7 +156,7 @@ def test_outage_add_never_blocks_nothing_lost_then_drops_reported(tmp_path: Path
         server.start()
         assert w.flush(15)
         w.close()
-        assert worst < 0.1, f"add() took {worst:.3f} s during an outage"
+        assert worst < 0.25, f"add() took {worst:.3f} s during an outage"
         steps = [r.fields["step"] for r in sink.query(Query(TRAIN, where={"run": "outage"}))]
         assert steps == list(range(6000))
         report = sink.query(Query(SELF, where={"run": "outage"}, limit=1))[0]
