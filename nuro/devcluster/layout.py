@@ -25,6 +25,7 @@ DB_PASSWORD = "nuro-devcluster"  # local loopback-only MariaDB of a throwaway cl
 S3_ACCESS_KEY = "nuro-dev"
 S3_SECRET_KEY = "nuro-devcluster-s3"
 S3_BUCKET = "nuro"
+METRICS_DB = "nuro"  # the InfluxDB database the dev cluster creates and exports in NURO_METRICS_URL
 
 
 def default_state_dir() -> Path:
@@ -82,9 +83,20 @@ class PortPlan:
         """The controller's UDP heartbeat port (base+50; UDP, so it is checked apart from the TCP ports)."""
         return self.base + 50
 
+    @property
+    def influx(self) -> int:
+        """influxd's HTTP API (the metrics store): base+86, an echo of InfluxDB's default 8086."""
+        return self.base + 86
+
+    @property
+    def influx_rpc(self) -> int:
+        """influxd's RPC/backup listener (base+88, echo of 8088): it cannot be disabled, only moved to loopback."""
+        return self.base + 88
+
     def all(self, n_nodes: int) -> dict[str, int]:
         ports = {"mariadb": self.mariadb, "slurmctld": self.slurmctld, "slurmdbd": self.slurmdbd}
         ports.update({f"seaweedfs -{flag}": port for flag, port in self.weed().items()})
+        ports.update({"influxd http": self.influx, "influxd rpc": self.influx_rpc})
         ports.update({f"slurmd gpu{i + 1:03d}": self.slurmd(i) for i in range(n_nodes)})
         return ports
 
@@ -151,6 +163,11 @@ class Layout:
     def s3_data(self) -> Path:
         """SeaweedFS's data dir (volumes, filer metadata, IAM identity): survives down/up, removed by --purge."""
         return self.root / "s3"
+
+    @property
+    def influx_dir(self) -> Path:
+        """influxd's config, meta, data and WAL (``nuro.metrics.servers``): survives down/up, removed by --purge."""
+        return self.root / "influxdb"
 
     @property
     def ports_file(self) -> Path:

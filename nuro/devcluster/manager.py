@@ -27,10 +27,11 @@ import psutil
 
 from nuro.devcluster import s3
 from nuro.devcluster.install import ensure_packages
-from nuro.devcluster.layout import DEFAULT_PORT_BASE, GPUS_PER_NODE, Layout, PortPlan, bin_dir, describe
+from nuro.devcluster.layout import DEFAULT_PORT_BASE, GPUS_PER_NODE, METRICS_DB, Layout, PortPlan, bin_dir, describe
 from nuro.devcluster.procs import stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
 from nuro.heartbeat import write_key
+from nuro.metrics.sink import ENV_URL as ENV_METRICS_URL
 from nuro.slurmconf import (
     render_gres_conf,
     render_hook_wrapper,
@@ -72,7 +73,8 @@ def env_exports(layout: Layout) -> dict[str, str]:
     """What a shell needs so plain sbatch/squeue/sinfo/sacctmgr and nuro's S3 clients talk to this cluster.
 
     The S3 variables (``NURO_S3_ENDPOINT``, ``NURO_S3_BUCKET``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``)
-    need the port base, recorded by ``up``: a state dir that never ran exports only the Slurm ones rather than
+    and ``NURO_METRICS_URL`` (the cluster's influxd) need the port base, recorded by ``up``: a state dir that
+    never ran exports only the Slurm ones rather than
     guess an endpoint.
     """
     env = {
@@ -85,7 +87,13 @@ def env_exports(layout: Layout) -> dict[str, str]:
     base = recorded_port_base(layout)
     if base is not None:
         env.update(s3.s3_env(PortPlan(base)))
+        env[ENV_METRICS_URL] = metrics_url(PortPlan(base))
     return env
+
+
+def metrics_url(ports: PortPlan) -> str:
+    """``NURO_METRICS_URL`` for the dev cluster's influxd (read by ``nuro.metrics.sink.sink_from_env``)."""
+    return f"influx1://127.0.0.1:{ports.influx}/{METRICS_DB}"
 
 
 def render_env_sh(layout: Layout) -> str:
@@ -283,7 +291,8 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
         what = ", ".join(f"{port} ({name}, held by {_port_owner(port)})" for name, port in busy[:5])
         raise DevClusterError(
             f"ports in use: {what}{' …' if len(busy) > 5 else ''}. The dev cluster uses {port_base}+6, +17, +19, "
-            f"+33..+43 (SeaweedFS), udp +50 (heartbeats) and {port_base + 1000}..{port_base + 999 + n_nodes}: "
+            f"+33..+43 (SeaweedFS), +86/+88 (InfluxDB), udp +50 (heartbeats) and "
+            f"{port_base + 1000}..{port_base + 999 + n_nodes}: "
             "choose free ones with --port-base (e.g. --port-base 20800) or stop the process holding them."
         )
     _prepare(layout, n_nodes, port_base)
@@ -367,6 +376,7 @@ def status(layout: Layout) -> dict:
         "nodes_configured": record.nodes,
         "port_base": record.port_base,
         "s3_endpoint": s3.endpoint(PortPlan(record.port_base)),
+        "metrics_url": metrics_url(PortPlan(record.port_base)),
         "error": error,
         "processes": procs,
         "nodes": nodes,

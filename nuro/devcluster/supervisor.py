@@ -4,10 +4,12 @@ PID 1 on these machines does not reap orphans, so daemonised slurmctld/slurmd/sl
 supervisor marks itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), runs every daemon in the foreground
 as its own child, adopts the slurmstepd processes slurmd double-forks, and reaps them all. On SIGTERM it stops what
 it started in reverse order: slurmd, then whatever job processes it adopted, then slurmctld, slurmdbd, MariaDB,
-SeaweedFS and munge. Start order and readiness checks follow SLURM_FACTS (munge → MariaDB → slurmdbd → cluster row →
-slurmctld → slurmd); SeaweedFS (the S3 store, ``nuro.devcluster.s3``) starts right after munge, before anything
-that could run a job whose prolog reads datasets. After the slurmds come nuro's own daemons: ``nuro-controller``
-(failure detector; plus the policy when ``STATE/etc/teams.yaml`` exists) and one node agent per node. Run as
+InfluxDB, SeaweedFS and munge. Start order and readiness checks follow SLURM_FACTS (munge → MariaDB → slurmdbd →
+cluster row → slurmctld → slurmd); SeaweedFS (the S3 store, ``nuro.devcluster.s3``) starts right after munge,
+before anything that could run a job whose prolog reads datasets; influxd (metrics, ``nuro.metrics.servers``)
+right after it, so the agents and the first job find their metrics store. After the slurmds come nuro's own
+daemons: ``nuro-controller`` (failure detector; plus the policy when ``STATE/etc/teams.yaml`` exists) and one node
+agent per node. Run as
 ``python -m nuro.devcluster.supervisor``; ``nuro-admin devcluster up`` does that.
 
 Crashing and reviving a node (``devcluster kill-node/revive-node``) is done *here*, on request: the manager drops a
@@ -36,7 +38,16 @@ from pathlib import Path
 import psutil
 
 from nuro.devcluster import s3
-from nuro.devcluster.layout import CLUSTER_NAME, DB_PASSWORD, DB_USER, Layout, PortPlan, bin_dir, node_names
+from nuro.devcluster.layout import (
+    CLUSTER_NAME,
+    DB_PASSWORD,
+    DB_USER,
+    METRICS_DB,
+    Layout,
+    PortPlan,
+    bin_dir,
+    node_names,
+)
 from nuro.devcluster.procs import ProcRef, stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, write_record
 
@@ -166,6 +177,19 @@ class Supervisor:
         # cwd = its data dir: weed also reads master.toml/security.toml from the working directory.
         proc = self._spawn("seaweedfs", argv, "seaweedfs.log", env=s3.weed_env(self.env), cwd=lay.s3_data)
         self._ready("seaweedfs", proc, lambda: s3.is_ready(self.ports), 60, "seaweedfs.log")
+
+    def start_influxdb(self) -> None:
+        """influxd 1.6.7 (metrics store, ``nuro.metrics.servers``): HTTP and RPC on loopback only, data in
+        ``influxdb/``; ready when ``/ping`` answers 204, then database ``nuro`` is created (idempotent)."""
+        from nuro.metrics import servers
+
+        lay = self.layout
+        config = servers.write_influx_config(lay.influx_dir, self.ports.influx, self.ports.influx_rpc)
+        argv = servers.influx_argv(servers.ensure_influxd(), config)
+        proc = self._spawn("influxd", argv, "influxd.log", cwd=lay.influx_dir)
+        url = f"http://127.0.0.1:{self.ports.influx}"
+        self._ready("influxd", proc, lambda: servers.influx_ready(url), 30, "influxd.log")
+        servers.create_database(url, METRICS_DB)
 
     def start_mariadb(self) -> None:
         lay = self.layout
@@ -366,6 +390,7 @@ class Supervisor:
     def start(self) -> None:
         self.start_munge()
         self.start_seaweedfs()
+        self.start_influxdb()
         self.start_mariadb()
         self.start_slurmdbd()
         self.start_slurmctld()
@@ -417,7 +442,7 @@ class Supervisor:
         if adopted:
             log.info("stopping %d adopted job processes: %s", len(adopted), [p.pid for p in adopted])
             stop_processes(adopted, 5, "job process")
-        for name in ("slurmctld", "slurmdbd", "mariadbd", "seaweedfs", "munged"):
+        for name in ("slurmctld", "slurmdbd", "mariadbd", "influxd", "seaweedfs", "munged"):
             stop_processes(live([name]), 20, name)
         leftovers = me.children(recursive=True)
         if leftovers:
