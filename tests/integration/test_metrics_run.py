@@ -28,7 +28,7 @@ from nuro.metrics.servers import influx1_url, standalone_influx
 from nuro.objectstore import ObjectStore
 from nuro.slurm import JobPhase
 from tests import fake_nvml
-from tests.integration.conftest import TEST_PORT_BASE, LiveCluster
+from tests.integration.conftest import REPO, TEST_PORT_BASE, LiveCluster
 
 pytestmark = pytest.mark.slurm
 
@@ -101,6 +101,8 @@ def influx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def dataset_digest(cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The example team policy (alice is in perception) and a dataset snapshot for the jobs' nuro record."""
+    cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(REPO / "examples" / "policy" / "teams.yaml")])
     data = tmp_path_factory.mktemp("data")
     (data / "x.bin").write_bytes(b"metrics" * 100)
     return snapshot(ObjectStore.from_env(cluster.env), data, "metrics-test").digest  # the prolog verifies it
@@ -140,10 +142,11 @@ def _start_agent(lib_dir: Path, work: Path, node: str, url: str) -> subprocess.P
                 "gpu0.sm_clock": 1980, "gpu0.mem_used_mib": 1024, "gpu0.mem_total_mib": 81920}  # fmt: skip
     env = fake_nvml.env_for(lib_dir, fake_nvml.write_scenario(work / "nvml.txt", scenario))
     env.pop("NURO_ENV_FILE", None)
+    env.pop("NURO_AGENT_STATUS_DIR", None)  # never the cluster's: its health checks read the real agents' files
     env["NURO_METRICS_URL"] = url
     argv = [sys.executable, "-m", "nuro.healthcheck.agent", "--node", node, "--controller", "127.0.0.1:9",
             "--key-file", str(key), "--interval-s", "0.5", "--probe", "nvml", "--expect-gpus", "2",
-            "--log-file", str(work / "agent.log")]  # fmt: skip
+            "--status-dir", str(work / "agent-status"), "--log-file", str(work / "agent.log")]  # fmt: skip
     return subprocess.Popen(argv, env=env)
 
 
@@ -159,11 +162,16 @@ def test_what_a_run_logs_is_what_metrics_shows(
     kind: str, cluster: LiveCluster, shared_tmp: Path, lib_dir: Path, dataset_digest: str,
     request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
-    url = f"sqlite://{shared_tmp}/metrics.sqlite" if kind == "sqlite" else request.getfixturevalue("influx")
+    if kind == "sqlite":
+        url = f"sqlite://{shared_tmp}/metrics.sqlite"
+    else:  # the dev cluster's own influxd when it runs one (devcluster env exports it), else one of our own
+        url = cluster.env.get("NURO_METRICS_URL", "")
+        url = url if url.startswith("influx1://") else request.getfixturevalue("influx")
     run = f"metrics-{kind}-{int(time.time()) % 100000}"
     job_id = _submit(cluster, shared_tmp, url, run, dataset_digest)
     final = cluster.backend.wait_for_job(job_id, timeout_s=120)
-    assert final.phase == JobPhase.COMPLETED, (shared_tmp / "job.out").read_text(errors="replace")
+    out = shared_tmp / "job.out"
+    assert final.phase == JobPhase.COMPLETED, (final.state, final.reason, out.exists() and out.read_text())
 
     logged = {r: json.loads((shared_tmp / f"rank{r}.json").read_text()) for r in (0, 1)}
     for r in (0, 1):
