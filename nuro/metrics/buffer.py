@@ -114,11 +114,12 @@ class BufferedWriter:
             want = self._flush_requested
             self._cv.notify_all()
             while True:
-                if self._flush_done >= want and not self._queue and not self._inflight_n:
+                # Cycles started after this request drain everything queued before it (see _run/_cycle).
+                if self._flush_done >= want:
                     return True
                 left = deadline - time.monotonic()
                 if left <= 0 or not self._thread.is_alive():
-                    return not self._queue and not self._inflight_n
+                    return False
                 self._cv.wait(left)
 
     def close(self, timeout_s: float = 5.0) -> None:
@@ -174,6 +175,9 @@ class BufferedWriter:
                 # add() refuses points now, so this ends: empty, or the close deadline passed.
                 while (self._queue or self._inflight_n) and not self._past_deadline():
                     self._safe_cycle()
+                with self._cv:
+                    if not self._queue and not self._inflight_n:
+                        self._flush_done = self._flush_requested
                 self._abandon()
                 return
 
@@ -202,7 +206,6 @@ class BufferedWriter:
             self._queue.clear()
             self._inflight.clear()
             self._inflight_n = 0
-            self._flush_done = self._flush_requested
             self._cv.notify_all()
 
     def _cycle(self) -> bool:

@@ -171,3 +171,28 @@ def test_idle_writer_sends_no_self_reports() -> None:
 def test_bad_settings_refused(kw: dict) -> None:
     with pytest.raises(ValueError):
         BufferedWriter(FakeSink(), **kw)
+
+
+def test_flush_returns_under_sustained_adds_from_another_thread() -> None:
+    sink = FakeSink()
+    w = BufferedWriter(sink, batch=50, flush_interval_s=0.01)
+    stop = threading.Event()
+
+    def produce() -> None:
+        i = 0
+        while not stop.is_set():
+            w.add(pt(i))
+            i += 1
+            time.sleep(0.0001)
+
+    t = threading.Thread(target=produce)
+    t.start()
+    time.sleep(0.1)
+    before = w.stats["written"] + w.stats["buffered"]
+    assert w.flush(5)  # everything queued before the call is written, though the queue never empties
+    assert w.stats["written"] >= before
+    stop.set()
+    t.join()
+    w.close()
+    steps = [p.fields["step"] for p in sink.data()]
+    assert steps == list(range(len(steps)))
