@@ -9,6 +9,7 @@ test compares the CLI's output with exactly what was logged (timestamps and meas
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -216,3 +217,48 @@ def test_what_a_run_logs_is_what_metrics_shows(
         human = subprocess.run([str(BIN / "nuro-train"), "metrics", str(job_id)], capture_output=True, text=True,
                                env={**os.environ, **cluster.env, "NURO_METRICS_URL": url}, timeout=60)  # fmt: skip
         assert human.returncode == 0 and "latest per rank" in human.stdout, human.stderr
+
+
+def test_lineage_and_artifacts_read_checkpoints_from_s3_manifests(cluster: LiveCluster, dataset_digest: str) -> None:
+    """A run resumed by a second job: lineage shows which job committed which step with which parent, read from the
+    manifests in S3 (written here as the upload worker writes them: manifest last, under the step's prefix)."""
+    from nuro.checkpoint import layout as L
+    from nuro.checkpoint.manifest import FileEntry, Manifest
+
+    run = f"lineage-{int(time.time()) % 100000}"
+    meta = {"team": "perception", "name": run, "dataset": {"name": "metrics-test", "digest": dataset_digest},
+            "code": {"repo": "/srv/repo", "commit": "b" * 40}}  # fmt: skip
+
+    def submit(m: dict) -> int:
+        res = cluster.run(["sbatch", "--parsable", "--output=/dev/null", f"--comment={jobcomment.merge(None, nuro=m)}",
+                           "--wrap", "true"], user="alice")  # fmt: skip
+        job_id = int(res.stdout.strip())
+        assert cluster.backend.wait_for_job(job_id, timeout_s=60).phase == JobPhase.COMPLETED
+        return job_id
+
+    parent = submit(meta)
+    child = submit({**meta, "resume_from": str(parent)})
+    store = ObjectStore.from_env(cluster.env)
+    for step, job, restart, prev in ((10, parent, 0, None), (20, child, 0, 10), (30, child, 1, 20)):
+        data = f"weights of step {step}".encode()
+        store.put(L.shard_key("perception", run, step, "model.bin"), data)
+        shard = FileEntry("model.bin", len(data), hashlib.sha256(data).hexdigest())
+        manifest = Manifest(team="perception", run=run, step=step, job_id=str(job), restart=restart,
+                            created_at=f"2026-01-01T00:00:{step}Z", parent=prev, world_size=2, parts=1,
+                            shards=(shard,), total_bytes=len(data))  # fmt: skip
+        store.put(L.manifest_key("perception", run, step), manifest.to_bytes())
+    store.put(L.shard_key("perception", run, 40, "model.bin"), b"torn")  # shards, no manifest: not committed
+
+    url = f"sqlite:///tmp/nuro-test-metrics-{os.getpid()}.sqlite"  # lineage/artifacts never read metrics
+    chain = _train(cluster, url, "lineage", str(child), "--json")
+    assert [r["job_id"] for r in chain] == [child, parent]
+    assert [(c["step"], c["parent"], c["job_id"], c["restart"]) for c in chain[0]["checkpoints"]] == [
+        (20, 10, child, 0), (30, 20, child, 1)]  # fmt: skip
+    assert [(c["step"], c["parent"], c["job_id"]) for c in chain[1]["checkpoints"]] == [(10, None, parent)]
+    human = subprocess.run([str(BIN / "nuro-train"), "lineage", str(child)], capture_output=True, text=True,
+                           env={**os.environ, **cluster.env}, timeout=60)  # fmt: skip
+    assert "checkpoints in S3 (2 committed):" in human.stdout and "parent step 20" in human.stdout, human.stderr
+
+    arts = _train(cluster, url, "artifacts", str(child), "--json")
+    assert [(c["step"], c["job_id"]) for c in arts["checkpoints"]] == [(10, parent), (20, child), (30, child)]
+    assert arts["uncommitted"] == [{"step": 40, "status": "torn", "bytes": 4}]
