@@ -6,7 +6,9 @@
 4. once a checkpoint is committed, crash the second node (its slurmd, its job processes and its agent: SIGKILL);
 5. the controller notices the silent node, sets it DOWN+DRAIN, Slurm requeues the job, it starts again on healthy
    nodes, restores the latest valid checkpoint and finishes;
-6. print the run's timeline (`nuro-train events`) and bring the node back.
+6. print the run's timeline (`nuro-train events`) and bring the node back;
+7. show what the run logged through MetricsLogger (`nuro-train metrics JOB --plot`): loss, samples/s and step time per
+   rank, across the restart.
 """
 
 from __future__ import annotations
@@ -76,9 +78,27 @@ def main() -> int:
     events_cli.render(tl, notes)
     scenario.revive_node(env, victim)
     out.print(f"   {victim} revived; the controller returns it once its heartbeats are healthy again")
+    out.print(f"[bold]7.[/] nuro-train metrics {run.job_id} --plot")
+    _show_metrics(env, run.job_id, backend)
     out.print('plain Slurm tools work too:  eval "$(.venv/bin/nuro-admin devcluster env)"; squeue; sinfo')
     out.print("stop the cluster with:  make down")
     return 0 if final.phase == JobPhase.COMPLETED and final.restart_count >= 1 else 1
+
+
+def _show_metrics(env: dict[str, str], job_id: int, backend: CliBackend) -> None:
+    """The metrics view; a sink that cannot be read is a note, not a failed demo (the run itself survived)."""
+    from nuro.wrappers import metrics_cli
+
+    try:
+        summary, plot = scenario.metrics_view(env, job_id, backend)
+    except Exception as exc:  # noqa: BLE001 - the demo's point was made in steps 1-6
+        out.print(f"   [yellow]metrics not shown:[/] {exc}")
+        return
+    out.print(metrics_cli.render_metrics(summary))
+    if plot:
+        out.print(plot, highlight=False, markup=False)
+    out.print(f"   {len(summary['history'])} points from {len(summary['ranks'])} ranks "
+              f"(sink: {env.get('NURO_METRICS_URL') or 'embedded SQLite'})", highlight=False)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -138,3 +138,23 @@ def steps_logged(log: Path) -> list[tuple[float, int]]:
         if len(parts) >= 2 and parts[0] == "step" and parts[1].isdigit():
             found.append((n, int(parts[1])))
     return found
+
+
+def metrics_view(env: dict[str, str], job_id: int, backend, plot: bool = True) -> tuple[dict, str | None]:  # noqa: ANN001
+    """What ``nuro-train metrics JOB [--plot]`` shows, read with the cluster's env (its ``NURO_METRICS_URL``).
+
+    Returns (the summary, the plot text or None). Raises ``nuro.metrics.sink.SinkError`` when the sink cannot be
+    read, LookupError/SlurmError when the job cannot be found.
+    """
+    from nuro.metrics.sink import sink_from_env
+    from nuro.wrappers import metrics_cli
+
+    sink = sink_from_env(env)
+    try:
+        ref = metrics_cli.resolve_run(backend, job_id)
+        train, gpus = metrics_cli.read_rows(sink, ref, time.time_ns())
+    finally:
+        sink.close()
+    summary = metrics_cli.summarize(ref, train, gpus)
+    text = metrics_cli.plot_text(metrics_cli.plot_series(train), width=100, height=24) if plot and train else None
+    return summary, text
