@@ -164,3 +164,24 @@ def test_outage_add_never_blocks_nothing_lost_then_drops_reported(tmp_path: Path
         assert report.fields == {"written": 6000, "dropped": 500, "buffered": 0, "errors": 0}
     finally:
         server.stop()
+
+
+@pytest.mark.slurm
+def test_dev_cluster_runs_influxd_and_exports_its_url(cluster) -> None:
+    """The session cluster's supervisor started influxd on base+86 (+88 RPC), both loopback only, created ``nuro``,
+    and ``devcluster env`` / nuro.env carry NURO_METRICS_URL, which sink_from_env turns into a working sink."""
+    from nuro.devcluster.layout import PortPlan
+    from nuro.devcluster.record import read_record
+
+    record = read_record(cluster.layout.record)
+    ports = PortPlan(record.port_base)
+    url = f"influx1://127.0.0.1:{ports.influx}/nuro"
+    assert cluster.env["NURO_METRICS_URL"] == url
+    assert f"NURO_METRICS_URL={url}\n" in cluster.layout.nuro_env.read_text()
+    (influxd,) = [d for d in record.daemons if d.name == "influxd"]
+    assert servers.listening_ports(influxd.pid) == {("127.0.0.1", ports.influx), ("127.0.0.1", ports.influx_rpc)}
+    sink = sink_from_env(cluster.env)
+    p = Point(GPU, {"node": "gpu001", "gpu": "0"}, {"util_pct": 12.5}, time.time_ns())
+    sink.write([p])
+    assert as_tuples(sink.query(Query(GPU, where={"node": "gpu001"}, since_ns=p.ts_ns))) == as_tuples([p])
+    sink.close()
