@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -85,6 +86,7 @@ class BufferedWriter:
         self._flush_requested = 0  # generation counters: flush() waits until done >= its request
         self._flush_done = 0
         self._closing = False
+        self._pid = os.getpid()
         self._close_deadline = float("inf")  # monotonic
         self._stop = threading.Event()  # wakes the back-off sleep when close() starts
         self._thread = threading.Thread(target=self._run, name=f"nuro-metrics-writer {sink.name}", daemon=True)
@@ -92,7 +94,12 @@ class BufferedWriter:
 
     # -- caller side --------------------------------------------------------------------------------------------
     def add(self, point: Point) -> bool:
-        """Queue one point; never blocks on I/O. False = dropped (buffer full or writer closed), counted in stats."""
+        """Queue one point; never blocks on I/O. False = dropped (buffer full, writer closed, or called in a forked
+        child, e.g. a DataLoader worker: the writer thread and the sink's connections stay with the parent, so a
+        child must make its own writer), counted in stats."""
+        if self._pid != os.getpid():  # checked before the lock: the parent's writer thread may hold it at fork
+            self._dropped += 1
+            return False
         with self._cv:
             if self._closing or len(self._queue) + self._inflight_n >= self.capacity:
                 self._dropped += 1

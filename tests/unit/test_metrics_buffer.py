@@ -196,3 +196,18 @@ def test_flush_returns_under_sustained_adds_from_another_thread() -> None:
     w.close()
     steps = [p.fields["step"] for p in sink.data()]
     assert steps == list(range(len(steps)))
+
+
+def test_a_forked_child_does_not_queue_into_the_parents_writer() -> None:
+    import os
+
+    sink = FakeSink()
+    w = BufferedWriter(sink, flush_interval_s=0.01)
+    pid = os.fork()
+    if pid == 0:  # child: no writer thread here; add must refuse instead of queueing forever
+        os._exit(0 if w.add(pt(1)) is False and w._dropped == 1 else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert w.add(pt(2)) and w.flush(5)
+    w.close()
+    assert [p.fields["step"] for p in sink.data()] == [2]
