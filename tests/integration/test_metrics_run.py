@@ -170,7 +170,21 @@ def test_what_a_run_logs_is_what_metrics_shows(
         url = url if url.startswith("influx1://") else request.getfixturevalue("influx")
     run = f"metrics-{kind}-{int(time.time()) % 100000}"
     job_id = _submit(cluster, shared_tmp, url, run, dataset_digest)
+    follow = None
+    if kind == "sqlite":  # --follow from submit to the end: it must return by itself once the job ended
+        # As alice, like a user following their run: a root reader would create the SQLite file root-owned
+        # before the job's first write, and the job (alice) could then not open it.
+        env = {**cluster.env, "NURO_METRICS_URL": url}
+        follow = subprocess.Popen(
+            ["runuser", "-u", "alice", "--", "env", *(f"{k}={v}" for k, v in env.items()), str(BIN / "nuro-train"),
+             "metrics", str(job_id), "--follow", "--interval-s", "0.5"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
     final = cluster.backend.wait_for_job(job_id, timeout_s=120)
+    if follow is not None:
+        stdout, stderr = follow.communicate(timeout=30)
+        assert follow.returncode == 0 and "latest per rank" in stdout, stderr
+        assert f"{STEPS - 1}" in stdout.split("latest per rank")[-1]  # its last view has the last step
     out = shared_tmp / "job.out"
     assert final.phase == JobPhase.COMPLETED, (final.state, final.reason, out.exists() and out.read_text())
 

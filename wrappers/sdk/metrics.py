@@ -35,6 +35,7 @@ Non-finite values (a NaN loss) are not errors: the field is left out of that poi
 
 from __future__ import annotations
 
+import atexit
 import logging
 import math
 import os
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 #: Field names the logger computes itself; a scalar may not reuse them.
 BUILTIN_FIELDS = ("step", "loss", "step_time_s", "samples_per_s")
 DEFAULT_CLOSE_TIMEOUT_S = 5.0
+#: close() bound when the interpreter exits without an explicit close().
+ATEXIT_CLOSE_S = 2.0
 
 
 class PointWriter(Protocol):
@@ -168,6 +171,8 @@ class MetricsLogger:
         self.emitted = 0
         self.closed = False
         self._writer: PointWriter | None = writer if writer is not None else self._open_writer(sink)
+        # A script that ends without close() would lose the last second of points (the writer thread is a daemon).
+        atexit.register(self.close, ATEXIT_CLOSE_S)
 
     def _open_writer(self, sink: Any) -> PointWriter | None:
         """A BufferedWriter over ``sink`` (or the env's sink); None, with one warning, when none can be had."""
@@ -249,6 +254,7 @@ class MetricsLogger:
         if self.closed:
             return
         self.closed = True
+        atexit.unregister(self.close)
         if self._writer is None:
             return
         try:
