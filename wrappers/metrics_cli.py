@@ -276,12 +276,14 @@ def _open_sink() -> Any:
         _fail(f"cannot open the metrics sink: {exc}", EXIT_SINK)
 
 
-def _snapshot(backend: CliBackend, sink: Any, job_id: int) -> tuple[RunRef, list[Row], list[Row]]:
+def _snapshot(
+    backend: CliBackend, sink: Any, job_id: int, limit: int | None = DEFAULT_HISTORY
+) -> tuple[RunRef, list[Row], list[Row]]:
     from nuro.metrics.sink import SinkError
 
     ref = _resolve_or_exit(backend, job_id)
     try:
-        train, gpus = read_rows(sink, ref, time.time_ns())
+        train, gpus = read_rows(sink, ref, time.time_ns(), limit)
     except SinkError as exc:
         _fail(f"cannot read metrics from {getattr(sink, 'name', 'the sink')}: {exc}", EXIT_SINK)
     return ref, train, gpus
@@ -293,15 +295,20 @@ def _snapshot(backend: CliBackend, sink: Any, job_id: int) -> tuple[RunRef, list
 @click.option("--plot", is_flag=True, help="Draw loss and throughput over steps in the terminal.")
 @click.option("--json", "as_json", is_flag=True, help="Latest per rank, GPUs and the whole history as JSON.")
 @click.option("--interval-s", type=float, default=2.0, show_default=True, help="Refresh period of --follow.")
-def metrics(job_id: int, follow: bool, plot: bool, as_json: bool, interval_s: float) -> None:
-    """Show run JOB_ID's training metrics: latest loss, samples/s and step time per rank, and its GPUs."""
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_HISTORY, show_default=True,
+              help="Read at most the newest N training points (all ranks together).")  # fmt: skip
+def metrics(job_id: int, follow: bool, plot: bool, as_json: bool, interval_s: float, limit: int) -> None:
+    """Show run JOB_ID's training metrics: latest loss, samples/s and step time per rank, and its GPUs.
+
+    --json prints once (with --plot: the plotted series too); --follow refreshes until the job ends.
+    """
     backend = CliBackend(timeout_s=30)
     sink = _open_sink()
     try:
         if follow and not as_json:
-            _follow(backend, sink, job_id, plot, interval_s)
+            _follow(backend, sink, job_id, plot, interval_s, limit)
             return
-        ref, train, gpus = _snapshot(backend, sink, job_id)
+        ref, train, gpus = _snapshot(backend, sink, job_id, limit)
         summary = summarize(ref, train, gpus)
         if as_json:
             if plot:
@@ -315,11 +322,11 @@ def metrics(job_id: int, follow: bool, plot: bool, as_json: bool, interval_s: fl
         sink.close()
 
 
-def _follow(backend: CliBackend, sink: Any, job_id: int, plot: bool, interval_s: float) -> None:
+def _follow(backend: CliBackend, sink: Any, job_id: int, plot: bool, interval_s: float, limit: int) -> None:
     from rich.live import Live
 
     def view() -> tuple[Any, bool]:
-        ref, train, gpus = _snapshot(backend, sink, job_id)
+        ref, train, gpus = _snapshot(backend, sink, job_id, limit)
         group = render_metrics(summarize(ref, train, gpus))
         if plot:
             group = Group(group, Text(plot_text(plot_series(train), width=min(out.width, 120), height=24)))
@@ -492,11 +499,14 @@ def _cell(v: Any) -> str:
 def render_compare(a: Mapping[str, Any], b: Mapping[str, Any], rows: Sequence[dict]) -> Table:
     """Side by side; differing inputs in bold yellow, differing results in yellow, identical rows dim."""
     t = Table(title=f"job {a['job_id']} vs job {b['job_id']}", title_justify="left")
-    for col in ("", "", f"job {a['job_id']}", f"job {b['job_id']}"):
-        t.add_column(col)
+    t.add_column("")
+    t.add_column("")
+    t.add_column(f"job {a['job_id']}", overflow="fold")  # digests and commits are what people compare: never cut
+    t.add_column(f"job {b['job_id']}", overflow="fold")
+    t.add_column("")
     for r in rows:
         style = "dim" if r["same"] else ("bold yellow" if r["section"] in INPUT_SECTIONS else "yellow")
-        t.add_row(r["section"], r["key"], _cell(r["a"]), _cell(r["b"]) + ("" if r["same"] else "  ≠"), style=style)
+        t.add_row(r["section"], r["key"], _cell(r["a"]), _cell(r["b"]), "" if r["same"] else "≠", style=style)
     return t
 
 

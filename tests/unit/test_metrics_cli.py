@@ -124,7 +124,8 @@ def test_compare_highlights_what_differs() -> None:
     same = {(r["section"], r["key"]) for r in rows if r["same"]}
     assert {("data", "digest"), ("params", "script"), ("params", "gpus")} <= same
     text = _text(M.render_compare(a, b, rows))
-    assert "--steps 100" in text and "--steps 200  ≠" in text and "job 42 vs job 43" in text
+    assert "--steps 100" in text and "--steps 200" in text and "job 42 vs job 43" in text
+    assert text.count("≠") == len(diff) and "e" * 40 in text.replace("\n", "").replace("│", "").replace(" ", "")
 
 
 def test_artifact_kinds() -> None:
