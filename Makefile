@@ -37,8 +37,10 @@ unit: venv
 	$(PY) -m pytest tests/unit -q
 
 # The whole suite: lint, unit tests, then the integration tests on a real local cluster the tests bring up.
+# Own temp base: pytest re-sets /tmp/pytest-of-root to 0700 at every root session, which would cut the job users
+# of a concurrent session off from their files.
 test: venv lint
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q --basetemp=$(CURDIR)/.pytest-tmp
 
 bench: venv
 	$(PY) bench/run_all.py
