@@ -14,6 +14,7 @@ retries, rather than a training step waiting on the file.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -59,8 +60,23 @@ class SQLiteSink:
             # busy file fails fast in BEGIN instead of half-way through a batch.
             self._db = sqlite3.connect(self.path, timeout=busy_timeout_s, isolation_level=None, check_same_thread=False)
             self._init_schema(busy_timeout_s)
+            self._keep_owner()
         except sqlite3.Error as exc:
             raise SinkError(f"{self.name}: cannot open ({exc}); check the path and its permissions") from exc
+
+    def _keep_owner(self) -> None:
+        """Root opening a user's file (``nuro-train metrics`` run by an admin) creates the ``-wal``/``-shm`` files
+        as root; the run's own writers could then no longer write. Hand them to the database file's owner."""
+        if os.geteuid() != 0:
+            return
+        st = self.path.stat()
+        for suffix in ("-wal", "-shm"):
+            extra = self.path.with_name(self.path.name + suffix)
+            try:
+                if extra.stat().st_uid != st.st_uid:
+                    os.chown(extra, st.st_uid, st.st_gid)
+            except FileNotFoundError:
+                continue
 
     def _init_schema(self, busy_timeout_s: float) -> None:
         """WAL + schema. Switching a new file to WAL does not wait on the busy handler: when several ranks open

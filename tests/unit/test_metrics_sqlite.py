@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sqlite3
 from pathlib import Path
 
@@ -92,3 +93,17 @@ def test_locked_file_is_retryable(tmp_path: Path) -> None:
     other.execute("ROLLBACK")
     sink.write([train(0)])
     assert len(sink.query(Query(TRAIN))) == 1
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to own files as another user")
+def test_root_reading_a_users_file_leaves_it_writable_by_that_user(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.sqlite"
+    SQLiteSink(path).close()
+    os.chown(path, 65534, 65534)
+    reader = SQLiteSink(path)  # as root, like an admin running nuro-train metrics
+    reader.query(Query("train"))
+    for suffix in ("-wal", "-shm"):
+        extra = path.with_name(path.name + suffix)
+        if extra.exists():
+            assert extra.stat().st_uid == 65534, f"{extra.name} left owned by root"
+    reader.close()
