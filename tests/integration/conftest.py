@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from nuro.devcluster import scenario
 from nuro.devcluster.layout import Layout
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.slurm import CliBackend
@@ -42,15 +42,11 @@ class LiveCluster:
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.25):
-    """Poll until ``predicate()`` is truthy; fail with ``what`` (what we waited for) on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(interval_s)
+    """Poll until ``predicate()`` is truthy; fail the test with ``what`` (what we waited for) on timeout."""
+    try:
+        return scenario.wait_for(what, predicate, timeout_s, interval_s)
+    except scenario.ScenarioError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: float = 60) -> None:
