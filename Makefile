@@ -37,10 +37,10 @@ unit: venv
 	$(PY) -m pytest tests/unit -q
 
 # The whole suite: lint, unit tests, then the integration tests on a real local cluster the tests bring up.
-# Own temp base: pytest re-sets /tmp/pytest-of-root to 0700 at every root session, which would cut the job users
-# of a concurrent session off from their files.
+# Own temp base per checkout, outside it (tests need directories that are not inside a git repository): pytest
+# re-sets /tmp/pytest-of-root to 0700 at every root session, which would cut a concurrent session's job users off.
 test: venv lint
-	$(PY) -m pytest tests -q --basetemp=$(CURDIR)/.pytest-tmp
+	$(PY) -m pytest tests -q --basetemp=/tmp/nuro-pytest$(subst /,-,$(CURDIR))
 
 bench: venv
 	$(PY) bench/run_all.py
