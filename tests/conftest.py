@@ -12,6 +12,7 @@ import pytest
 
 from nuro.devcluster import manager
 from nuro.devcluster.layout import Layout
+from nuro.devcluster.sshhosts import SSHHosts
 from nuro.slurm import CliBackend
 from tests.integration.conftest import TEST_NODES, TEST_PORT_BASE, TEST_STATE_DIR, LiveCluster, ensure_test_users
 
@@ -62,6 +63,23 @@ def cluster() -> Iterator[LiveCluster]:
         yield tc
     finally:
         manager.down(layout)
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHHosts]:
+    """4 SSH test hosts (network namespaces with their own sshd; ``nuro.devcluster.sshhosts``) for the session.
+
+    ``ssh_hosts.hosts`` are the ``Host`` records; ``write_inventory`` makes an Ansible inventory of them. Shared by
+    every test: do not stop or re-key these hosts (make a private ``SSHHosts`` for destructive tests).
+    """
+    if os.geteuid() != 0:
+        pytest.fail("SSH test hosts need root: they create network namespaces and run sshd (run as root)")
+    hosts = SSHHosts()
+    hosts.up(4, tmp_path_factory.mktemp("sshhosts"))
+    try:
+        yield hosts
+    finally:
+        hosts.down()
 
 
 @pytest.fixture
