@@ -55,6 +55,7 @@ SSH_KEYGEN = "/usr/bin/ssh-keygen"
 TEST_RANGE_PREFIX = "10.231"
 MAX_HOSTS = 63
 SSH_PORT = 22
+SYSTEM_PYTHON = "/usr/bin/python3"
 NS_PREFIX = "nuro-t-"
 STATE_FILE = "sshhosts.json"
 SSHD_READY_TIMEOUT_S = 10.0
@@ -419,6 +420,8 @@ def write_inventory(
             "ansible_user": h.user,
             "ansible_ssh_private_key_file": str(h.key_file),
             "ansible_ssh_common_args": f"-o UserKnownHostsFile={h.known_hosts} -o StrictHostKeyChecking=yes",
+            # The system Python: interpreter discovery would otherwise find root's pyenv shim, which fails.
+            "ansible_python_interpreter": SYSTEM_PYTHON,
             **(host_vars or {}).get(h.name, {}),
         }
 
