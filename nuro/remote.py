@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import shlex
-import socket
 import stat
 import time
 from dataclasses import dataclass
@@ -161,7 +160,12 @@ def _connect(host: Host, timeout_s: float, check_host_key: bool) -> paramiko.SSH
         raise HostUnreachable(
             host.name, f"no answer from {host.address}:{host.port} in {timeout_s:g} s ({exc})"
         ) from None
-    except (paramiko.ssh_exception.NoValidConnectionsError, OSError, socket.gaierror) as exc:
+    except paramiko.ssh_exception.NoValidConnectionsError as exc:
+        client.close()
+        # paramiko wraps the per-address socket errors; name the real one ("Connection refused", "No route…").
+        why = "; ".join(sorted({(e.strerror or str(e)) for e in exc.errors.values()})) or str(exc)
+        raise HostUnreachable(host.name, f"cannot connect to {host.address}:{host.port}: {why}") from None
+    except OSError as exc:  # socket.gaierror included (an unknown name)
         client.close()
         raise HostUnreachable(host.name, f"cannot connect to {host.address}:{host.port}: {exc}") from None
     except paramiko.SSHException as exc:

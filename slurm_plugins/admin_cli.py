@@ -1,5 +1,5 @@
 """``nuro-admin``: the administrator's CLI: ``devcluster up | down | status | env | kill-node | revive-node``,
-``policy ...``.
+``policy ...``, ``nodes exec | collect-logs``.
 
 Exit codes: 0 success, 1 the operation failed or was refused (the message says why and what to do), 2 usage error.
 """
@@ -17,6 +17,7 @@ from rich.table import Table
 
 from nuro.devcluster import manager
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
+from nuro.slurm_plugins.nodes_cli import nodes as nodes_group
 from nuro.slurm_plugins.policy_cli import policy
 
 err = Console(stderr=True, soft_wrap=True)
@@ -188,6 +189,7 @@ def revive_node(node: str, as_json: bool, state_dir: Path | None) -> None:
 
 
 main.add_command(policy)
+main.add_command(nodes_group)
 
 if __name__ == "__main__":
     main()
