@@ -23,6 +23,9 @@ class NodeSpec:
     gpus: int = 8
     #: Device-file pattern for gres.conf, e.g. ``/dev/nvidia[0-7]``. Slurm drops file-less GPUs.
     gpu_files: str = "/dev/nvidia[0-7]"
+    #: GPU model as a gres Type (``a100``, ``h100``): ``Gres=gpu:<type>:<n>`` and ``Type=`` in gres.conf, so jobs
+    #: may ask for ``--gpus=h100:8``. None (the dev cluster) renders untyped GPUs, as before this field existed.
+    gpu_type: str | None = None
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ def _node_runs(nodes: tuple[NodeSpec, ...]) -> list[list[NodeSpec]]:
     """Split nodes into runs that one ``NodeName=`` line can describe: same attributes, ports consecutive."""
 
     def attrs(n: NodeSpec) -> tuple:
-        return (n.addr, n.hostname, n.cpus, n.memory_mb, n.gpus, n.gpu_files, n.port is None)
+        return (n.addr, n.hostname, n.cpus, n.memory_mb, n.gpus, n.gpu_files, n.gpu_type, n.port is None)
 
     runs: list[list[NodeSpec]] = []
     for _, group in groupby(nodes, key=attrs):
@@ -47,7 +47,7 @@ def _node_line(run: list[NodeSpec]) -> str:
         parts.append(f"Port={first.port}" if len(run) == 1 else f"Port=[{first.port}-{run[-1].port}]")
     parts += [f"CPUs={first.cpus}", f"RealMemory={first.memory_mb}"]
     if first.gpus:
-        parts.append(f"Gres=gpu:{first.gpus}")
+        parts.append(f"Gres=gpu:{first.gpu_type}:{first.gpus}" if first.gpu_type else f"Gres=gpu:{first.gpus}")
     parts.append("State=UNKNOWN")
     return " ".join(parts)
 
@@ -163,9 +163,10 @@ def render_gres_conf(desc: ClusterDescription) -> str:
     """gres.conf: one line per run of nodes that share a GPU device-file pattern."""
     lines = []
     gpu_nodes = [n for n in desc.nodes if n.gpus]
-    for (files, count), group in groupby(gpu_nodes, key=lambda n: (n.gpu_files, n.gpus)):
+    for (files, count, gpu_type), group in groupby(gpu_nodes, key=lambda n: (n.gpu_files, n.gpus, n.gpu_type)):
         names = [n.name for n in group]
-        lines.append(f"NodeName={compress_hostlist(names)} Name=gpu Count={count} File={files}")
+        typed = f" Type={gpu_type}" if gpu_type else ""
+        lines.append(f"NodeName={compress_hostlist(names)} Name=gpu{typed} Count={count} File={files}")
     return HEADER + "\n".join(lines) + "\n"
 
 
