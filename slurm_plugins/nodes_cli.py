@@ -100,13 +100,13 @@ def parse_inventory(text: str, defaults: HostDefaults = HostDefaults()) -> Inven
     Raises:
         UsageError: the text is neither, or a host line is malformed.
     """
-    stripped = text.lstrip()
-    if stripped.startswith("[") or not stripped:
+    meaningful = [x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith(("#", ";"))]
+    if not meaningful or meaningful[0].startswith("["):  # INI starts with a [group] header
         return _parse_ini(text, defaults)
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UsageError(f"inventory is not valid YAML: {exc}") from None
+        raise UsageError(f"inventory is neither INI ([group] lines) nor valid YAML: {exc}") from None
     if not isinstance(data, dict):
         return _parse_ini(text, defaults)
     inv = Inventory()
