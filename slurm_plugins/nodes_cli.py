@@ -323,6 +323,10 @@ def _render_table(outcomes: list[HostOutcome], wall_s: float) -> None:
     s = summarize(outcomes)
     failed = s["total"] - s.get("ok", 0)
     out.print(f"{s['total']} hosts, {s.get('ok', 0)} ok, {failed} failed, {wall_s:.2f} s")
+
+
+def _report_failures(outcomes: list[HostOutcome]) -> None:
+    """One stderr line per failed host, in both output modes (stdout stays clean JSON with --json)."""
     for o in outcomes:
         if not o.ok:
             err.print(f"[red]FAILED[/] {escape(o.host)} ({o.address}): {o.status}: {escape(o.error)}")
@@ -539,6 +543,7 @@ def exec_(
         click.echo(json.dumps(payload, indent=2))
     else:
         _render_table(outcomes, wall_s)
+    _report_failures(outcomes)
     sys.exit(code)
 
 
@@ -642,7 +647,7 @@ def collect_logs(
             )
         out.print(table)
         out.print(f"{len(results)} nodes, {sum(r.ok for r in results)} ok, {wall_s:.2f} s")
-        for r in results:
-            if not r.ok:
-                err.print(f"[red]FAILED[/] {r.node} via {r.host} ({r.address}): {r.status}: {escape(r.error)}")
+    for r in results:
+        if not r.ok:
+            err.print(f"[red]FAILED[/] {r.node} via {r.host} ({r.address}): {r.status}: {escape(r.error)}")
     sys.exit(code)
