@@ -162,8 +162,11 @@ def test_collect_logs_for_a_real_job(
     assert json.loads((dest / "summary.json").read_text())["ok"] is True
 
 
-def test_collect_logs_reports_an_unreachable_node(cluster: LiveCluster, tmp_path: Path) -> None:
-    """A node whose host cannot be reached fails that node, clearly, with exit 1 (the job: any finished one)."""
+@pytest.mark.slurm
+def test_collect_logs_reports_an_unreachable_node(cluster: LiveCluster, ssh_hosts: SSHHosts, tmp_path: Path) -> None:
+    """A node whose host cannot be reached fails that node, clearly, with exit 1. The address is in the session's
+    claimed /24 with no namespace behind it (the unreachable route answers at once; nothing leaves the machine)."""
+    nowhere = f"10.231.{ssh_hosts.subnet}.250"
     res = cluster.run(
         ["sbatch", "--parsable", "--nodes=1", f"--account={TEST_ACCOUNT}", "--output=/dev/null", "--wrap", "true"],
         user="nuro-alice",
@@ -173,9 +176,8 @@ def test_collect_logs_reports_an_unreachable_node(cluster: LiveCluster, tmp_path
     node = job.nodes[0]
     res = CliRunner().invoke(
         nodes,
-        ["collect-logs", str(job_id), "--out", str(tmp_path), "--host-map", f"{node}=10.231.255.254",
-         "--timeout", "2"],
+        ["collect-logs", str(job_id), "--out", str(tmp_path), "--host-map", f"{node}={nowhere}", "--timeout", "2"],
         env=cluster.env,
     )  # fmt: skip
     assert res.exit_code == 1, res.output
-    assert f"FAILED {node} via 10.231.255.254" in res.stderr
+    assert f"FAILED {node} via {nowhere} ({nowhere}): unreachable" in res.stderr
