@@ -181,3 +181,19 @@ def test_collect_logs_reports_an_unreachable_node(cluster: LiveCluster, ssh_host
     )  # fmt: skip
     assert res.exit_code == 1, res.output
     assert f"FAILED {node} via {nowhere} ({nowhere}): unreachable" in res.stderr
+
+
+def test_teardown_from_the_record_removes_exactly_what_was_made(tmp_path: Path) -> None:
+    """Another process (after a crash) tears a session down from ``sshhosts.json``: sshd stopped by PID, the
+    namespace, the veth and the claimed route gone."""
+    made = SSHHosts()
+    (host,) = made.up(1, tmp_path)
+    record = SSHHosts.load(tmp_path)
+    assert record.hosts == [host] and record.subnet == made.subnet
+    pid = int((tmp_path / "sshhosts" / host.name / "sshd.pid").read_text())
+    record.down()
+    assert host.name not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    routes = subprocess.run(["ip", "route", "show", "type", "unreachable"], capture_output=True, text=True).stdout
+    assert f"10.231.{made.subnet}.0/24" not in routes
+    assert not Path(f"/proc/{pid}").exists() or "sshd" not in Path(f"/proc/{pid}/cmdline").read_text()
+    assert not (tmp_path / "sshhosts" / "sshhosts.json").exists()
