@@ -1,0 +1,301 @@
+"""The Ansible roles against real SSH hosts (network namespaces with sshd) and the real dev cluster as Slurm.
+
+Mapping: the session's 4 SSH hosts (``ssh_hosts``, ``nuro.devcluster.sshhosts``) play compute nodes gpu001…gpu004
+of the dev cluster; gpu001 is also the login node. The controller is this machine (``ansible_connection: local``),
+where scontrol/squeue reach the dev cluster; the inventory is built from the dev cluster's own description
+(``nuro.inventory.inventory_from_description``) so the Slurm files the play renders must equal the dev cluster's
+byte for byte. gpu005…gpu008 are in the inventory (slurm.conf lists every node) but outside ``--limit``.
+
+Namespaces share the filesystem: each host writes under its own ``nuro_root`` in the test's temp dir, and all use
+the checkout's venv (``nuro_venv`` = this venv, ``nuro_install_venv: false``). systemd is not PID 1 here, so units
+are installed but not started (``nuro_manage_services: false``).
+
+Run with NURO_TEST_PORT_BASE=12800 NURO_TEST_CLUSTER_DIR=.devcluster-test-12800 to keep clear of CI's cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nuro.devcluster.layout import describe
+from nuro.devcluster.sshhosts import SSHHosts, write_inventory
+from nuro.inventory import inventory_from_description
+from tests.integration.conftest import TEST_ACCOUNT, TEST_NODES, TEST_PORT_BASE, LiveCluster, wait_until
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+ANSIBLE_DIR = REPO / "ansible"
+VENV_BIN = Path(sys.executable).parent
+ROLLED = ("gpu001", "gpu002", "gpu003", "gpu004")
+BYSTANDER = "gpu005"  # runs a job through every rollout; never in the play's --limit
+LIMIT = ",".join(("ctl", *ROLLED))
+NO_SLURM = {"SLURM_CONF": "/nonexistent/slurm.conf"}
+RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", re.M)
+
+
+@dataclass
+class Deploy:
+    """One test deployment: inventory, per-host roots and a way to run the playbook."""
+
+    root: Path
+    inventory: Path
+    cluster: LiveCluster
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def host_root(self, host: str) -> Path:
+        return self.root / "roots" / host
+
+    def play(self, *extra: str, check: bool = True, label: str = "") -> subprocess.CompletedProcess:
+        """ansible-playbook site.yml with this inventory; returns the process (stdout holds the recap)."""
+        env = {
+            **os.environ,
+            "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
+            "ANSIBLE_HOME": str(self.root / "ansible-home"),
+            "ANSIBLE_NOCOLOR": "1",
+            "ANSIBLE_FORCE_COLOR": "0",
+            "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        }
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), "site.yml", "--limit", LIMIT, *extra]
+        t0 = time.monotonic()
+        proc = subprocess.run(argv, cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=300)
+        if label:
+            self.timings[label] = time.monotonic() - t0
+        if check and proc.returncode != 0:
+            tail = proc.stdout[-6000:]
+            raise AssertionError(f"ansible-playbook {' '.join(extra)} failed ({proc.returncode}):\n{tail}")
+        return proc
+
+
+def recap(proc: subprocess.CompletedProcess) -> dict[str, dict[str, int]]:
+    """PLAY RECAP → host → {ok, changed, unreachable, failed}."""
+    return {
+        m[0]: {"ok": int(m[1]), "changed": int(m[2]), "unreachable": int(m[3]), "failed": int(m[4])}
+        for m in RECAP.findall(proc.stdout)
+    }
+
+
+def _test_inventory(root: Path, ssh_hosts: SSHHosts, cluster: LiveCluster) -> Path:
+    """The dev cluster's description as an inventory, gpu001…4 reached over SSH, test settings as group vars."""
+    desc = describe(cluster.layout, TEST_NODES, TEST_PORT_BASE)
+    inv = inventory_from_description(desc, controller="ctl")
+    ssh_inv = yaml.safe_load(write_inventory(root / "ssh-hosts.yml", ssh_hosts.hosts).read_text())
+    conn = list(ssh_inv["all"]["hosts"].values())
+    if len(conn) < len(ROLLED):
+        pytest.fail(f"need {len(ROLLED)} SSH hosts, the session has {len(conn)}")
+    children = inv["all"]["children"]
+    for name, conn_vars in zip(ROLLED, conn, strict=False):
+        children["compute"]["hosts"][name].update(conn_vars)
+    children["slurm_controller"]["hosts"]["ctl"].update(
+        {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    )
+    children["login"] = {"hosts": {"gpu001": None}}
+    env = cluster.env
+    inv["all"]["vars"] = {
+        "nuro_root": str(root / "roots" / "{{ inventory_hostname }}"),
+        "nuro_venv": str(VENV_BIN.parent),
+        "nuro_install_venv": False,
+        "nuro_manage_services": False,
+        "nuro_slurm_conf": str(cluster.layout.slurm_conf),
+        "nuro_slurm_admin_env": {**env, "PATH": f"{VENV_BIN}:/usr/sbin:/usr/bin:/sbin:/bin"},
+        "nuro_s3_endpoint": env.get("NURO_S3_ENDPOINT", "http://127.0.0.1:1"),
+        "nuro_metrics_url": env.get("NURO_METRICS_URL", "influx1://127.0.0.1:1/nuro"),
+        # Test stand-ins for the vault (the real ones are ansible-vault encrypted in the site's inventory).
+        "vault_nuro_s3_access_key": "test-access",
+        "vault_nuro_s3_secret_key": "test-secret",
+        "vault_nuro_metrics_token": "test-token",
+        "vault_nuro_heartbeat_key": "00" * 32,
+        # No GPUs in the namespaces: no probe, no expected count (an empty value leaves the key out).
+        "nuro_node_env_extra": {"NURO_HEALTH_PROBE": "none", "NURO_EXPECT_GPUS": ""},
+        # slurmctld listens on the root namespace's loopback, which a namespace cannot reach: the dry-run health
+        # check's read of the node state would only add a 4 s connect failure, so it gets no Slurm config.
+        "nuro_healthcheck_env": NO_SLURM,
+        "nuro_agent_status_dir": "",  # no agents in the namespaces: do not judge their liveness
+        "nuro_staging_min_free_gb": 1,
+        "nuro_rollout_poll_s": 1,
+        "nuro_rollout_drain_timeout_s": 60,
+    }
+    path = root / "inventory.yml"
+    path.write_text(yaml.safe_dump(inv, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def deploy(cluster: LiveCluster, ssh_hosts: SSHHosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deploy]:
+    root = tmp_path_factory.mktemp("ansible")
+    d = Deploy(root=root, inventory=_test_inventory(root, ssh_hosts, cluster), cluster=cluster)
+    yield d
+    for node in ROLLED:  # leave the shared cluster as we found it
+        cluster.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
+    print(f"\nansible timings (s): {', '.join(f'{k}={v:.1f}' for k, v in d.timings.items())}")
+
+
+class NodeWatch:
+    """Polls sinfo in a thread: when each node was drained, and the most nodes drained at once."""
+
+    def __init__(self, cluster: LiveCluster, nodes: tuple[str, ...]) -> None:
+        self.cluster, self.nodes = cluster, nodes
+        self.drained_at: dict[str, float] = {}
+        self.resumed_at: dict[str, float] = {}
+        self.max_drained = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> NodeWatch:
+        self._t0 = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            out = self.cluster.run(["sinfo", "-h", "-N", "-o", "%N|%T"], check=False).stdout
+            states = dict(line.split("|", 1) for line in out.split() if "|" in line)
+            now = time.monotonic() - self._t0
+            drained = {n for n in self.nodes if "drain" in states.get(n, "")}
+            self.max_drained = max(self.max_drained, len(drained))
+            for n in drained:
+                self.drained_at.setdefault(n, now)
+            for n in self.nodes:
+                if n in self.drained_at and n not in drained:
+                    self.resumed_at.setdefault(n, now)
+            self._stop.wait(0.2)
+
+
+def _node_state(cluster: LiveCluster, node: str) -> tuple[str, str]:
+    out = cluster.run(["sinfo", "-h", "-n", node, "-o", "%T|%E"]).stdout.strip()
+    state, _, reason = out.partition("|")
+    return state, reason
+
+
+def _bystander_job(cluster: LiveCluster) -> int:
+    res = cluster.run(
+        ["sbatch", "--parsable", f"--account={TEST_ACCOUNT}", "-w", BYSTANDER, "--output=/dev/null",
+         "--job-name=bystander", "--wrap", "sleep 600"],
+        user="nuro-alice",
+    )  # fmt: skip
+    job_id = int(res.stdout.strip().split(";")[0])
+    wait_until(lambda: _job(cluster, job_id)[0] == "RUNNING", 30, f"bystander job {job_id} RUNNING on {BYSTANDER}")
+    return job_id
+
+
+def _job(cluster: LiveCluster, job_id: int) -> tuple[str, int]:
+    """(state, restart count) of a job from scontrol."""
+    out = cluster.run(["scontrol", "show", "job", "-o", str(job_id)], check=False).stdout
+    state = re.search(r"JobState=(\S+)", out)
+    restarts = re.search(r"Restarts=(\d+)", out)
+    return (state[1] if state else "GONE", int(restarts[1]) if restarts else -1)
+
+
+# ---- tests ---------------------------------------------------------------------------------------------------
+
+
+def test_ansible_lint_production_profile_is_clean() -> None:
+    proc = subprocess.run(
+        [str(VENV_BIN / "ansible-lint"), "--offline", "--profile", "production", "--nocolor"],
+        cwd=ANSIBLE_DIR, capture_output=True, text=True, timeout=180,
+        env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_first_run_changes_second_run_changes_nothing(deploy: Deploy) -> None:
+    first = recap(deploy.play(label="first_run"))
+    assert set(first) == {"ctl", *ROLLED}
+    assert all(r["changed"] > 0 and r["failed"] == 0 for r in first.values()), first
+    second = recap(deploy.play(label="second_run"))
+    assert all(r["changed"] == 0 and r["failed"] == 0 for r in second.values()), second
+    for node in ROLLED:  # the first run drained and resumed them; nothing left drained
+        assert "drain" not in _node_state(deploy.cluster, node)[0]
+
+
+def test_rendered_slurm_files_equal_the_dev_clusters(deploy: Deploy) -> None:
+    etc = deploy.host_root("ctl") / "etc" / "slurm"
+    if not (etc / "slurm.conf").exists():
+        deploy.play(label="converge")
+    for name in ("slurm.conf", "topology.conf", "gres.conf", "job_submit.lua"):
+        assert (etc / name).read_bytes() == (deploy.cluster.layout.etc / name).read_bytes(), name
+
+
+def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> None:
+    node = deploy.host_root("gpu002")
+    if not (node / "etc" / "nuro" / "nodeagent.env").exists():
+        deploy.play(label="converge")
+    env_file = node / "etc" / "nuro" / "nodeagent.env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    assert "AWS_SECRET_ACCESS_KEY=test-secret" in env_file.read_text()
+    prolog = node / "usr" / "local" / "bin" / "nuro-prolog"
+    assert prolog.read_text() == f'#!/bin/sh\nNURO_ENV_FILE={env_file} exec {VENV_BIN}/nuro-prolog "$@"\n'
+    assert (node / "etc" / "systemd" / "system" / "nuro-nodeagent.service").read_bytes() == (
+        REPO / "healthcheck" / "systemd" / "nuro-nodeagent.service"
+    ).read_bytes()
+    login = deploy.host_root("gpu001")
+    profile = (login / "etc" / "profile.d" / "nuro.sh").read_text()
+    assert "NURO_S3_ENDPOINT" in profile and "NURO_METRICS_URL" in profile
+    assert "test-secret" not in profile and "test-token" not in profile
+    assert (login / "etc" / "nuro" / "credentials.env").stat().st_mode & 0o777 == 0o640
+
+
+def test_check_diff_shows_the_change_and_changes_nothing(deploy: Deploy) -> None:
+    deploy.play(label="converge")  # a known state
+    env_file = deploy.host_root("gpu003") / "etc" / "nuro" / "nodeagent.env"
+    before = env_file.read_text()
+    proc = deploy.play("--check", "--diff", "-e", "nuro_staging_min_free_gb=2", label="check_diff")
+    assert "-NURO_STAGING_MIN_FREE_GB=1" in proc.stdout and "+NURO_STAGING_MIN_FREE_GB=2" in proc.stdout
+    assert env_file.read_text() == before
+    assert all("drain" not in _node_state(deploy.cluster, n)[0] for n in ROLLED)
+
+
+def test_rolling_update_drains_in_batches_of_two_and_spares_other_jobs(deploy: Deploy) -> None:
+    deploy.play(label="converge")
+    job_id = _bystander_job(deploy.cluster)
+    try:
+        with NodeWatch(deploy.cluster, ROLLED) as watch:
+            t0 = time.monotonic()
+            proc = deploy.play("-e", "nuro_release=rollout-2", "-e", "nuro_rollout_batch=2", label="rollout")
+            total = time.monotonic() - t0
+        changed = recap(proc)
+        assert all(changed[n]["changed"] > 0 for n in ROLLED), changed
+        assert set(watch.drained_at) == set(ROLLED), watch.drained_at
+        assert watch.max_drained <= 2, f"more than one batch drained at once: {watch.max_drained}"
+        first_batch_back = max(watch.resumed_at[n] for n in ROLLED[:2])
+        second_batch_drained = min(watch.drained_at[n] for n in ROLLED[2:])
+        assert second_batch_drained >= first_batch_back - 0.5, (watch.drained_at, watch.resumed_at)
+        assert all("drain" not in _node_state(deploy.cluster, n)[0] for n in ROLLED)
+        assert _job(deploy.cluster, job_id) == ("RUNNING", 0), "the bystander job was disturbed"
+        deploy.timings["rollout_per_batch"] = total / 2
+    finally:
+        deploy.cluster.run(["scancel", str(job_id)], check=False)
+
+
+def test_failing_health_check_stops_the_rollout_with_the_node_drained(deploy: Deploy) -> None:
+    deploy.play(label="converge")
+    proc = deploy.play(
+        "-e", "nuro_release=rollout-bad", "-e", "nuro_rollout_batch=2",
+        "-e", json.dumps({"nuro_healthcheck_env": {**NO_SLURM, "NURO_STAGING_MIN_FREE_GB": "1000000"}}),
+        check=False, label="failing_rollout",
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    assert "staging disk" in proc.stdout  # nuro-healthcheck's own reason reaches the operator
+    for node in ROLLED[:2]:
+        assert _node_state(deploy.cluster, node) == ("drained", "nuro-rollout"), node
+    for node in ROLLED[2:]:  # the next batch was never started
+        assert "drain" not in _node_state(deploy.cluster, node)[0], node
+    # Fixing the cause and re-running resumes them (the digest still differs, the drain is ours).
+    deploy.play("-e", "nuro_release=rollout-bad", label="recovery")
+    assert all("drain" not in _node_state(deploy.cluster, n)[0] for n in ROLLED)
