@@ -54,11 +54,18 @@ class Deploy:
     inventory: Path
     cluster: LiveCluster
     timings: dict[str, float] = field(default_factory=dict)
+    converged: bool = False
 
     def host_root(self, host: str) -> Path:
         return self.root / "roots" / host
 
-    def play(self, *extra: str, check: bool = True, label: str = "") -> subprocess.CompletedProcess:
+    def ensure_converged(self) -> None:
+        """The first run's state, for a test run on its own (in module order the first-run test made it)."""
+        if not self.converged:
+            self.play(label="converge")
+            self.converged = True
+
+    def play(self, *extra: str, check: bool = True, label: str = "", limit: str = LIMIT) -> subprocess.CompletedProcess:
         """ansible-playbook site.yml with this inventory; returns the process (stdout holds the recap)."""
         env = {
             **os.environ,
@@ -68,7 +75,7 @@ class Deploy:
             "ANSIBLE_FORCE_COLOR": "0",
             "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         }
-        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), "site.yml", "--limit", LIMIT, *extra]
+        argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), "site.yml", "--limit", limit, *extra]
         t0 = time.monotonic()
         proc = subprocess.run(argv, cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=300)
         if label:
@@ -214,28 +221,48 @@ def test_ansible_lint_production_profile_is_clean() -> None:
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
-def test_first_run_changes_second_run_changes_nothing(deploy: Deploy) -> None:
-    first = recap(deploy.play(label="first_run"))
-    assert set(first) == {"ctl", *ROLLED}
-    assert all(r["changed"] > 0 and r["failed"] == 0 for r in first.values()), first
+def test_first_run_rolls_out_in_batches_of_two_and_spares_other_jobs(deploy: Deploy) -> None:
+    """A fresh deployment is already a rolling update: no node has a rollout digest, so every node is drained
+    (2 at a time), configured, health-checked and resumed, while a job on a node outside the play keeps running."""
+    job_id = _bystander_job(deploy.cluster)
+    try:
+        with NodeWatch(deploy.cluster, ROLLED) as watch:
+            proc = deploy.play("-e", "nuro_rollout_batch=2", label="first_run")
+        deploy.converged = True
+        first = recap(proc)
+        assert set(first) == {"ctl", *ROLLED}
+        assert all(r["changed"] > 0 and r["failed"] == 0 for r in first.values()), first
+        assert set(watch.drained_at) == set(ROLLED), watch.drained_at
+        assert watch.max_drained <= 2, f"more than one batch drained at once: {watch.max_drained}"
+        first_batch_back = max(watch.resumed_at[n] for n in ROLLED[:2])
+        second_batch_drained = min(watch.drained_at[n] for n in ROLLED[2:])
+        assert second_batch_drained >= first_batch_back - 0.5, (watch.drained_at, watch.resumed_at)
+        for n in ROLLED:
+            deploy.timings[f"{n}_drained_s"] = watch.resumed_at[n] - watch.drained_at[n]
+        assert all("drain" not in _node_state(deploy.cluster, n)[0] for n in ROLLED)
+        assert _job(deploy.cluster, job_id) == ("RUNNING", 0), "the bystander job was disturbed"
+    finally:
+        deploy.cluster.run(["scancel", str(job_id)], check=False)
+
+
+def test_second_run_changes_nothing(deploy: Deploy) -> None:
+    deploy.ensure_converged()
     second = recap(deploy.play(label="second_run"))
+    assert set(second) == {"ctl", *ROLLED}
     assert all(r["changed"] == 0 and r["failed"] == 0 for r in second.values()), second
-    for node in ROLLED:  # the first run drained and resumed them; nothing left drained
-        assert "drain" not in _node_state(deploy.cluster, node)[0]
+    assert all("drain" not in _node_state(deploy.cluster, n)[0] for n in ROLLED)  # no drain when nothing changes
 
 
 def test_rendered_slurm_files_equal_the_dev_clusters(deploy: Deploy) -> None:
+    deploy.ensure_converged()
     etc = deploy.host_root("ctl") / "etc" / "slurm"
-    if not (etc / "slurm.conf").exists():
-        deploy.play(label="converge")
     for name in ("slurm.conf", "topology.conf", "gres.conf", "job_submit.lua"):
         assert (etc / name).read_bytes() == (deploy.cluster.layout.etc / name).read_bytes(), name
 
 
 def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> None:
+    deploy.ensure_converged()
     node = deploy.host_root("gpu002")
-    if not (node / "etc" / "nuro" / "nodeagent.env").exists():
-        deploy.play(label="converge")
     env_file = node / "etc" / "nuro" / "nodeagent.env"
     assert env_file.stat().st_mode & 0o777 == 0o600
     assert "AWS_SECRET_ACCESS_KEY=test-secret" in env_file.read_text()
@@ -244,6 +271,8 @@ def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> No
     assert (node / "etc" / "systemd" / "system" / "nuro-nodeagent.service").read_bytes() == (
         REPO / "healthcheck" / "systemd" / "nuro-nodeagent.service"
     ).read_bytes()
+    staging = node / "var" / "tmp" / "nuro-staging"
+    assert staging.is_dir() and staging.stat().st_mode & 0o777 == 0o755
     login = deploy.host_root("gpu001")
     profile = (login / "etc" / "profile.d" / "nuro.sh").read_text()
     assert "NURO_S3_ENDPOINT" in profile and "NURO_METRICS_URL" in profile
@@ -252,39 +281,19 @@ def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> No
 
 
 def test_check_diff_shows_the_change_and_changes_nothing(deploy: Deploy) -> None:
-    deploy.play(label="converge")  # a known state
+    deploy.ensure_converged()
     env_file = deploy.host_root("gpu003") / "etc" / "nuro" / "nodeagent.env"
     before = env_file.read_text()
-    proc = deploy.play("--check", "--diff", "-e", "nuro_staging_min_free_gb=2", label="check_diff")
+    proc = deploy.play("--check", "--diff", "-e", "nuro_staging_min_free_gb=2", label="check_diff", limit="ctl,gpu003")
     assert "-NURO_STAGING_MIN_FREE_GB=1" in proc.stdout and "+NURO_STAGING_MIN_FREE_GB=2" in proc.stdout
+    assert recap(proc)["gpu003"]["changed"] > 0
     assert env_file.read_text() == before
-    assert all("drain" not in _node_state(deploy.cluster, n)[0] for n in ROLLED)
-
-
-def test_rolling_update_drains_in_batches_of_two_and_spares_other_jobs(deploy: Deploy) -> None:
-    deploy.play(label="converge")
-    job_id = _bystander_job(deploy.cluster)
-    try:
-        with NodeWatch(deploy.cluster, ROLLED) as watch:
-            t0 = time.monotonic()
-            proc = deploy.play("-e", "nuro_release=rollout-2", "-e", "nuro_rollout_batch=2", label="rollout")
-            total = time.monotonic() - t0
-        changed = recap(proc)
-        assert all(changed[n]["changed"] > 0 for n in ROLLED), changed
-        assert set(watch.drained_at) == set(ROLLED), watch.drained_at
-        assert watch.max_drained <= 2, f"more than one batch drained at once: {watch.max_drained}"
-        first_batch_back = max(watch.resumed_at[n] for n in ROLLED[:2])
-        second_batch_drained = min(watch.drained_at[n] for n in ROLLED[2:])
-        assert second_batch_drained >= first_batch_back - 0.5, (watch.drained_at, watch.resumed_at)
-        assert all("drain" not in _node_state(deploy.cluster, n)[0] for n in ROLLED)
-        assert _job(deploy.cluster, job_id) == ("RUNNING", 0), "the bystander job was disturbed"
-        deploy.timings["rollout_per_batch"] = total / 2
-    finally:
-        deploy.cluster.run(["scancel", str(job_id)], check=False)
+    assert "drain" not in _node_state(deploy.cluster, "gpu003")[0]  # check mode never drains
 
 
 def test_failing_health_check_stops_the_rollout_with_the_node_drained(deploy: Deploy) -> None:
-    deploy.play(label="converge")
+    """A release bump rolls (digest differs); the first batch fails its health check, so the play stops there."""
+    deploy.ensure_converged()
     proc = deploy.play(
         "-e", "nuro_release=rollout-bad", "-e", "nuro_rollout_batch=2",
         "-e", json.dumps({"nuro_healthcheck_env": {**NO_SLURM, "NURO_STAGING_MIN_FREE_GB": "1000000"}}),
@@ -296,6 +305,6 @@ def test_failing_health_check_stops_the_rollout_with_the_node_drained(deploy: De
         assert _node_state(deploy.cluster, node) == ("drained", "nuro-rollout"), node
     for node in ROLLED[2:]:  # the next batch was never started
         assert "drain" not in _node_state(deploy.cluster, node)[0], node
-    # Fixing the cause and re-running resumes them (the digest still differs, the drain is ours).
-    deploy.play("-e", "nuro_release=rollout-bad", label="recovery")
+    # Fixing the cause and re-running resumes them (their digest still differs and the drain is ours).
+    deploy.play("-e", "nuro_release=rollout-bad", label="recovery", limit=",".join(("ctl", *ROLLED[:2])))
     assert all("drain" not in _node_state(deploy.cluster, n)[0] for n in ROLLED)
