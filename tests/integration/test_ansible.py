@@ -168,19 +168,23 @@ class NodeWatch:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        self._sample()  # the last resume may land after the thread's last look
+
+    def _sample(self) -> None:
+        out = self.cluster.run(["sinfo", "-h", "-N", "-o", "%N|%T"], check=False).stdout
+        states = dict(line.split("|", 1) for line in out.split() if "|" in line)
+        now = time.monotonic() - self._t0
+        drained = {n for n in self.nodes if "drain" in states.get(n, "")}
+        self.max_drained = max(self.max_drained, len(drained))
+        for n in drained:
+            self.drained_at.setdefault(n, now)
+        for n in self.nodes:
+            if n in self.drained_at and n not in drained:
+                self.resumed_at.setdefault(n, now)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            out = self.cluster.run(["sinfo", "-h", "-N", "-o", "%N|%T"], check=False).stdout
-            states = dict(line.split("|", 1) for line in out.split() if "|" in line)
-            now = time.monotonic() - self._t0
-            drained = {n for n in self.nodes if "drain" in states.get(n, "")}
-            self.max_drained = max(self.max_drained, len(drained))
-            for n in drained:
-                self.drained_at.setdefault(n, now)
-            for n in self.nodes:
-                if n in self.drained_at and n not in drained:
-                    self.resumed_at.setdefault(n, now)
+            self._sample()
             self._stop.wait(0.2)
 
 
@@ -258,6 +262,9 @@ def test_rendered_slurm_files_equal_the_dev_clusters(deploy: Deploy) -> None:
     etc = deploy.host_root("ctl") / "etc" / "slurm"
     for name in ("slurm.conf", "topology.conf", "gres.conf", "job_submit.lua"):
         assert (etc / name).read_bytes() == (deploy.cluster.layout.etc / name).read_bytes(), name
+    node_etc = deploy.host_root("gpu004") / "etc" / "slurm"  # slurmd's copies on a compute node
+    for name in ("slurm.conf", "topology.conf", "gres.conf"):
+        assert (node_etc / name).read_bytes() == (deploy.cluster.layout.etc / name).read_bytes(), name
 
 
 def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> None:
