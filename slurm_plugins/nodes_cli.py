@@ -391,7 +391,7 @@ class NodeLogs:
 
 
 def job_nodes(backend, job_id: int) -> list[str]:
-    """Every node any attempt of ``job_id`` ran on (accounting, requeues included), else squeue's view.
+    """Every node any attempt of ``job_id`` ran on (accounting, requeues included), plus squeue's view.
 
     Raises:
         click.ClickException: Slurm knows no such job, or it never got nodes.
@@ -402,10 +402,11 @@ def job_nodes(backend, job_id: int) -> list[str]:
             nodes.extend(attempt.nodes)
     except Exception as exc:  # accounting may be down; squeue still knows running/recent jobs
         log.warning("job=%d sacct failed, trying squeue: %s", job_id, exc)
-    if not nodes:
-        job = backend.find_job(job_id)
-        if job is None:
-            raise click.ClickException(f"job {job_id}: Slurm knows no such job (squeue and sacct)")
+    # squeue's view too: right after a job ends, accounting may still hold a partial node list for it
+    job = backend.find_job(job_id)
+    if job is None and not nodes:
+        raise click.ClickException(f"job {job_id}: Slurm knows no such job (squeue and sacct)")
+    if job is not None:
         nodes.extend(job.nodes)
     if not nodes:
         raise click.ClickException(f"job {job_id} has no nodes yet (pending?): nothing to collect")
