@@ -32,19 +32,20 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def _checkpoints(store: ObjectStore, team: str, run: str, job_id: int) -> list[timeline.CommittedCheckpoint]:
-    from nuro.checkpoint.restore import load_manifest, step_numbers
+    """This job's committed checkpoints, from the same manifest listing ``nuro-train lineage/artifacts`` use."""
+    from nuro.wrappers.runs_cli import run_checkpoints
 
-    found = []
-    for step in step_numbers(store, team, run):
-        try:
-            m = load_manifest(store, team, run, step)
-        except Exception:  # noqa: BLE001 - an uncommitted or unreadable step is simply not a committed checkpoint
-            continue
-        if str(m.job_id) != str(job_id):
-            continue
-        at = datetime.fromisoformat(m.created_at.replace("Z", "+00:00")).timestamp()
-        found.append(timeline.CommittedCheckpoint(step=m.step, at=at, job_id=int(m.job_id), restart=m.restart))
-    return found
+    committed, _uncommitted = run_checkpoints(store, team, run)
+    return [
+        timeline.CommittedCheckpoint(
+            step=c["step"],
+            at=datetime.fromisoformat(str(c["committed_at"]).replace("Z", "+00:00")).timestamp(),
+            job_id=job_id,
+            restart=c["restart"],
+        )
+        for c in committed
+        if str(c["job_id"]) == str(job_id)
+    ]
 
 
 def gather(job_id: int, backend: CliBackend, event_log: Path | None, store: ObjectStore | None) -> tuple:
