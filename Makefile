@@ -40,7 +40,7 @@ unit: venv
 # Own temp base per checkout, outside it (tests need directories that are not inside a git repository): pytest
 # re-sets /tmp/pytest-of-root to 0700 at every root session, which would cut a concurrent session's job users off.
 test: venv lint
-	$(PY) -m pytest tests -q --basetemp=/tmp/nuro-pytest$(subst /,-,$(CURDIR))
+	$(PY) -m pytest tests -q --durations=25 --basetemp=/tmp/nuro-pytest$(subst /,-,$(CURDIR))
 
 bench: venv
 	$(PY) bench/run_all.py

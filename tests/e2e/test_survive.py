@@ -54,7 +54,7 @@ def test_a_crashed_node_is_detected_and_the_run_resumes_from_its_checkpoint(
         job = scenario.wait_for("the run to start on 2 nodes", running, 180)
         scenario.wait_for("a committed checkpoint", lambda: latest_committed_step(store, run.team, run.name), 180)
         victim = job.nodes[-1]
-        scenario.kill_node(env, victim)
+        killed = scenario.kill_node(env, victim)
         final = backend.wait_for_job(run.job_id, timeout_s=400)
     finally:
         cancel_jobs_of(cluster, ("alice",))
@@ -68,6 +68,9 @@ def test_a_crashed_node_is_detected_and_the_run_resumes_from_its_checkpoint(
     (rec,) = tl.recoveries
     summary = rec.to_json()
     print(f"\nrecovery of job {run.job_id}: {summary}")
+    # nuro's detector found the loss (from the last heartbeat), not Slurm's SlurmdTimeout. The issue's acceptance
+    # limits (the brief's: 10 s, 90 s) are checked here with their full slack; our own targets (3 s, 30 s) are speed
+    # targets, measured side by side with Slurm alone in bench/detection.py and bench/resume.py.
     assert summary["node"] == victim and summary["from"] == "last_heartbeat"
     assert summary["detect_s"] <= 10, f"detection took {summary['detect_s']} s (issue: ≤ 10 s, target 3 s)"
     assert summary["resume_s"] <= 90, f"first step after resume at {summary['resume_s']} s (issue: ≤ 90 s)"
@@ -77,10 +80,11 @@ def test_a_crashed_node_is_detected_and_the_run_resumes_from_its_checkpoint(
     resumed_line = next(n for n, line in enumerate(lines) if "resumed from the checkpoint of step" in line)
     restored = int(lines[resumed_line].rsplit(" ", 1)[1])
     lost = max(s for n, s in scenario.steps_logged(run.log) if n < resumed_line) - restored
-    progress = [e for e in tl.entries if e.kind == "progress" and e.attempt == 0 and e.step is not None]
-    rate = (progress[-1].step - progress[0].step) / (progress[-1].ts - progress[0].ts)  # steps per second
-    print(f"lost {lost} steps = {lost / rate:.1f} s of training at {rate:.1f} steps/s (interval {CKPT_INTERVAL_S} s)")
-    assert lost / rate <= CKPT_INTERVAL_S + 1.5, "lost more than one checkpoint interval (+ the commit's latency)"
+    print(f"lost {lost} steps (checkpoint interval {CKPT_INTERVAL_S} s)")
+    # Nothing committed is lost: the restart resumed from the newest checkpoint committed before the crash (or one
+    # whose commit landed just after it), never an older one.
+    before = [e.step for e in tl.entries if e.kind == "checkpoint_committed" and e.ts < killed["at"]]
+    assert before and restored >= max(before), (restored, before)
     assert summary["resumed_step"] == restored + 1
 
     # The crashed node comes back only through its agent's healthy heartbeats (the controller resumes it).

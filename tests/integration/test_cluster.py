@@ -53,7 +53,9 @@ def test_four_node_gang_starts_together(cluster: LiveCluster, shared_tmp: Path) 
     assert len(tasks) == 4 and len(set(nodes)) == 4, lines
     assert sorted(job.nodes) == nodes
     starts = [float(t[2]) for t in tasks]
-    assert max(starts) - min(starts) < 1.0, f"tasks started {max(starts) - min(starts):.3f} s apart"
+    # together: one allocation of all four nodes, one srun launch (slack for a loaded box; a job that got its nodes
+    # one at a time would show the scheduler's cycles between them, and a 4-node job cannot start with fewer)
+    assert max(starts) - min(starts) < 5.0, f"tasks started {max(starts) - min(starts):.3f} s apart"
 
 
 def test_switches_one_lands_on_a_single_leaf(cluster: LiveCluster, shared_tmp: Path) -> None:

@@ -115,6 +115,24 @@ def _env(cluster: LiveCluster) -> dict[str, str]:
     return {**os.environ, **cluster.env}
 
 
+def _preempted(log_path: Path, *job_ids: int) -> list[int]:
+    """Which of ``job_ids`` the controller has decided to preempt so far, in decision order (its log)."""
+    found = []
+    for line in log_path.read_text().splitlines():
+        for job_id in job_ids:
+            if f"decision=Preempt job={job_id} " in line and job_id not in found:
+                found.append(job_id)
+    return found
+
+
+def _why(cluster: LiveCluster, log_path: Path) -> str:
+    """What to look at when a victim choice surprises: the controller's decisions and the node event log."""
+    decisions = [line for line in log_path.read_text().splitlines() if "decision=" in line]
+    events = cluster.layout.events_log.read_text().splitlines() if cluster.layout.events_log.exists() else []
+    jobs = [f"{j.job_id} {j.state} {j.qos} start={j.start_time} {j.comment}" for j in cluster.backend.jobs()]
+    return "\n".join(["decisions:", *decisions[-20:], "node events:", *events[-10:], "jobs:", *jobs])
+
+
 class QuotaSampler(threading.Thread):
     """Samples guaranteed GPUs per team every 0.5 s for the whole test: no team may ever exceed its quota."""
 
@@ -181,20 +199,19 @@ def test_borrow_then_reclaim_with_checkpoint_ack(
         _running(cluster, *fillers)
         wait_until(lambda: jobcomment.parse(_job(cluster, fresh).comment).checkpoint, 20, "the fresh checkpoint mark")
         claimant = _submit(cluster, "prediction")
-        victim = wait_until(
-            lambda: next(
-                (j for j in (_job(cluster, stale), _job(cluster, fresh)) if j.phase is not JobPhase.RUNNING), None
-            ),
-            40,
-            "a borrower to be requeued",
+        log_path = tmp_path / "controller.log"
+        preempted = wait_until(
+            lambda: _preempted(log_path, stale, fresh), 40, f"the controller to preempt borrower {stale} or {fresh}"
         )
-        assert victim.job_id == fresh, f"expected the fresh-checkpoint borrower {fresh}, got {victim.job_id}"
+        assert preempted == [fresh], f"expected only the fresh-checkpoint borrower {fresh}; {_why(cluster, log_path)}"
+        wait_until(lambda: _job(cluster, fresh).restart_count >= 1, 40, f"borrower {fresh} to be requeued")
         _running(cluster, claimant)
         marks = jobcomment.parse(cluster.backend.job_comment(fresh))
         assert marks.ack is not None and marks.ack.step == 42
         requeued = _job(cluster, fresh)
-        assert requeued.restart_count == 1 and _job(cluster, stale).phase is JobPhase.RUNNING
-        log = (tmp_path / "controller.log").read_text()
+        assert requeued.restart_count == 1, _why(cluster, log_path)
+        assert _job(cluster, stale).phase is JobPhase.RUNNING, _why(cluster, log_path)
+        log = log_path.read_text()
         assert f"decision=Requeue job={fresh} applied=True" in log and "requeued after ack" in log, log[-3000:]
 
 

@@ -7,6 +7,7 @@ GPU scenarios come from the fake libnvidia-ml.so.1 (tests/fake_nvml.py). Every t
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import socket
@@ -180,17 +181,17 @@ def test_agent_liveness_from_a_real_agent(
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sink:
         sink.bind(("127.0.0.1", 0))
         agent, status_dir = _start_agent(lib_dir, tmp_path, sink.getsockname()[1], {"gpus": 8})
-        live = {"NURO_AGENT_STATUS_DIR": str(status_dir), "NURO_AGENT_SILENT_S": "1"}
+        live = {"NURO_AGENT_STATUS_DIR": str(status_dir), "NURO_AGENT_SILENT_S": "3"}
         try:
             rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8}, **live)
-            assert (rc, out["healthy"]) == (0, True) and out["agent_age_s"] < 1
+            assert (rc, out["healthy"]) == (0, True) and out["agent_age_s"] < 3
         finally:
             agent.send_signal(signal.SIGTERM)
             assert agent.wait(timeout=5) == 0
-        time.sleep(1.5)
+        time.sleep(3.5)
         rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8}, **live)
         assert (rc, out["action"]) == (1, "drained")
-        assert _node(cluster)[1] in ("nuro-health: node agent silent for 1 s", "nuro-health: node agent silent for 2 s")
+        assert re.fullmatch(r"nuro-health: node agent silent for [3-9] s", _node(cluster)[1] or ""), _node(cluster)
         (status_dir / f"{NODE}.json").unlink()
         rc, out = _check(lib_dir, tmp_path, env_file, {"gpus": 8}, **live)
         assert _node(cluster)[1] == "nuro-health: node agent never reported"

@@ -94,11 +94,10 @@ def test_authenticated_heartbeats_and_clean_stop(
         assert all(b.healthy and b.problems == () for b in beats)
         status = read_status(tmp_path / "status", "gpu007")
         assert status is not None and status["pid"] == proc.pid and status["healthy"] is True
-        assert abs(status["last_beat"] - time.time()) < 2 and len(status["gpu_report"]["gpus"]) == 8
+        assert status["last_beat"] >= beats[0].sent and len(status["gpu_report"]["gpus"]) == 8
     finally:
-        t0 = time.monotonic()
         rc = _stop(proc)
-    assert rc == 0 and time.monotonic() - t0 < 2.0
+    assert rc == 0  # a clean exit on SIGTERM within _stop's 5 s
     log = (tmp_path / "agent.log").read_text()
     assert "agent started node=gpu007" in log and "agent stopped node=gpu007" in log
     assert log.count("node=gpu007 healthy") == 1  # one line per state change, not per beat
@@ -118,12 +117,14 @@ def test_unhealthy_gpu_is_reported_in_beats(
 def test_hung_nvml_does_not_delay_heartbeats(
     lib_dir: Path, tmp_path: Path, receiver: socket.socket, key_file: Path
 ) -> None:
+    """The NVML call hangs for a minute and the probe gives up after 3 s: beats tied to the probe would stop for
+    those 3 s, while the agent's beats keep their 0.2 s interval (gaps far below 3 s, slack for a loaded box)."""
     scenario = {"gpus": 8, "gpu0.hang_ms": 60000}
-    proc = _start(lib_dir, tmp_path, receiver.getsockname()[1], key_file, scenario, "--probe-timeout-s", "0.5")
+    proc = _start(lib_dir, tmp_path, receiver.getsockname()[1], key_file, scenario, "--probe-timeout-s", "3")
     try:
-        beats = _beats(receiver, hb.load_key(key_file), 12)
+        beats = _beats(receiver, hb.load_key(key_file), 25)  # about 5 s of beats: the probe's timeout falls inside
         gaps = [b[0] - a[0] for a, b in zip(beats, beats[1:], strict=False)]
-        assert max(gaps) < 0.6, f"heartbeat gaps {gaps} (interval 0.2 s)"
+        assert max(gaps) < 2.0, f"heartbeat gaps {gaps} (interval 0.2 s, probe stuck 3 s)"
         problems = {p for _, b in beats for p in b.problems}
         assert any(p.startswith("NVML") for p in problems), problems  # timeout reported as a problem
     finally:

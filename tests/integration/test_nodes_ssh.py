@@ -59,8 +59,9 @@ def test_per_host_timeout_is_honoured(ssh_hosts: SSHHosts, tmp_path: Path) -> No
     wall_s = time.monotonic() - t0
     assert res.exit_code == 1
     assert {h["status"] for h in payload["hosts"]} == {"timeout"}
-    assert all(1.9 <= h["duration_s"] < 4 for h in payload["hosts"])
-    assert wall_s < 6, f"4 hosts in parallel with --timeout 2 took {wall_s:.1f} s"
+    assert all(1.9 <= h["duration_s"] < 15 for h in payload["hosts"])  # cut at 2 s, not the command's 30 s
+    serial_s = sum(h["duration_s"] for h in payload["hosts"])
+    assert wall_s < 0.75 * serial_s, f"4 hosts took {wall_s:.1f} s, one after another would be {serial_s:.1f} s"
     assert "did not finish in 2 s" in payload["hosts"][0]["error"]
 
 
@@ -81,7 +82,7 @@ def test_dead_hosts_are_reported_unreachable_and_others_succeed(private_hosts: S
     assert by_host[alive.name]["status"] == "ok"
     assert by_host[dead.name]["status"] == "unreachable" and "Connection refused" in by_host[dead.name]["error"]
     assert by_host["nowhere"]["status"] == "unreachable"
-    assert wall_s < 3 + 2
+    assert wall_s < 3 + 15  # the unroutable address is cut at the 3 s timeout, not TCP's two-minute connect
     assert f"FAILED {dead.name} ({dead.address}): unreachable" in res.stderr
 
 

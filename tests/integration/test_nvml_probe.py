@@ -78,7 +78,6 @@ SCENARIOS = {
 def test_scenario(lib_dir: Path, tmp_path: Path, scenario: dict, want: list[str]) -> None:
     first, _second = _read(lib_dir, tmp_path, scenario)
     assert first["problems"] == want
-    assert first["wall_s"] < 2.0
 
 
 def test_healthy_report_carries_telemetry(lib_dir: Path, tmp_path: Path) -> None:
@@ -106,8 +105,10 @@ def test_library_not_found(tmp_path: Path) -> None:
 
 
 def test_hung_call_is_bounded_and_fails_fast_after(lib_dir: Path, tmp_path: Path) -> None:
-    first, second = _read(lib_dir, tmp_path, {"gpus": 2, "gpu1.hang_ms": 3000}, timeout_s=0.5)
+    """The call hangs 30 s; the read returns at its 0.5 s timeout (an unbounded read would take the 30 s), and the
+    next read does not call NVML again while that call is still stuck (it would wait another full timeout)."""
+    first, second = _read(lib_dir, tmp_path, {"gpus": 2, "gpu1.hang_ms": 30000}, timeout_s=0.5)
     assert first["report"]["failure"] == "timeout" and first["problems"] == ["NVML did not answer within 0.5 s"]
-    assert 0.4 < first["wall_s"] < 1.5
-    assert second["report"]["failure"] == "timeout" and second["wall_s"] < 0.1
+    assert 0.4 < first["wall_s"] < 15
+    assert second["report"]["failure"] == "timeout"
     assert second["problems"][0].startswith("NVML call hung for ")
