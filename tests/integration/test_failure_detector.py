@@ -119,7 +119,8 @@ def test_a_flapping_node_is_held_drained(cluster: LiveCluster, restore: list[str
             wait_until(lambda: _node(cluster, node).state == "IDLE", 20, f"{node} resumed after loss {loss}")
     reason = _node(cluster, node).reason or ""
     assert reason.startswith("nuro: flapping (3 losses in 600 s), held 30 s until"), reason
-    time.sleep(8)
+    wait_until(lambda: "DOWN" not in _node(cluster, node).flags, 20, f"{node}'s slurmd registered again")
+    time.sleep(3)  # > 2 healthy intervals + a node poll: a detector ignoring the hold would have resumed it by now
     held = _node(cluster, node)
     assert held.is_drained and "DOWN" not in held.flags, held  # slurmd back, beating healthy, still held
     flaps = [e for e in read_events(cluster.layout.events_log, since=killed["at"] - 1, node=node)]

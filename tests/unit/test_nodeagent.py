@@ -195,8 +195,10 @@ def test_run_beats_restarts_workers_and_stops(monkeypatch: pytest.MonkeyPatch) -
     assert worker.running.wait(5), "worker was not restarted after its failure"
     probe.on_read = lambda: hung.wait(10)  # the probe now hangs: beats must go on
     seq_at_hang = agent.seq
-    time.sleep(0.5)
-    assert agent.seq >= seq_at_hang + 5
+    deadline = time.monotonic() + 8  # the probe stays hung for 10 s: beats tied to it would not move before then
+    while agent.seq < seq_at_hang + 5:
+        assert time.monotonic() < deadline, f"beats stopped while the probe hung (seq {agent.seq})"
+        time.sleep(0.02)
     stop.set()
     hung.set()
     t.join(5)
