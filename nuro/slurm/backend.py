@@ -50,6 +50,7 @@ from nuro.slurm.errors import (
     InvalidJobId,
     JobWaitTimeout,
     SlurmCommandNotFound,
+    SlurmConfigMissing,
     SlurmError,
     SlurmTimeout,
     SlurmUnavailable,
@@ -255,6 +256,10 @@ class CliBackend(Backend):
         full = self._resolve(argv)
         self._calls += 1
         log.debug("slurm call n=%d argv=%s", self._calls, shlex.join(full))
+        env = {**os.environ, **self._env_overrides}
+        conf = env.get("SLURM_CONF")
+        if conf and not os.path.exists(conf):
+            raise SlurmConfigMissing(f"SLURM_CONF={conf} does not exist", argv=full)
         start = time.monotonic()
         try:
             proc = subprocess.run(
@@ -263,7 +268,7 @@ class CliBackend(Backend):
                 stdin=None if stdin is not None else subprocess.DEVNULL,
                 capture_output=True,
                 text=True,
-                env={**os.environ, **self._env_overrides},
+                env=env,
                 cwd=cwd,
                 timeout=self.timeout_s,
                 check=False,

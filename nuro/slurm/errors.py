@@ -54,6 +54,13 @@ class SlurmTimeout(SlurmError):
     """The command did not finish within the backend's timeout_s; the process was killed."""
 
 
+class SlurmConfigMissing(SlurmError):
+    """``SLURM_CONF`` names a file that does not exist. Checked before running anything: Slurm's clients retry a
+    missing slurm.conf for 60 s before giving up, which would look like a hung controller."""
+
+    hint = "Point SLURM_CONF at the cluster's slurm.conf (or unset it to use the default path or configless mode)."
+
+
 class JobWaitTimeout(TimeoutError):
     """A job did not reach the awaited state in time (Slurm answered; the job is just not there yet)."""
 

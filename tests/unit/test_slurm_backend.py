@@ -19,6 +19,7 @@ from nuro.slurm import (
     InvalidState,
     JobPhase,
     SlurmCommandNotFound,
+    SlurmConfigMissing,
     SlurmTimeout,
     SlurmUnavailable,
     SubmissionRejected,
@@ -58,6 +59,8 @@ class FakeSlurm:
         self.bin.mkdir()
         self.log = root / "calls.jsonl"
         self.table_path = root / "table.json"
+        self.conf = root / "slurm.conf"  # the backend checks that SLURM_CONF exists; the fakes never read it
+        self.conf.write_text("ClusterName=fake\n")
         self.table: list[list[object]] = []
         for name in COMMANDS:
             path = self.bin / name
@@ -74,7 +77,7 @@ class FakeSlurm:
             "FAKE_LOG": str(self.log),
             "FAKE_TABLE": str(self.table_path),
             "FAKE_FIXTURES": str(FIXTURES),
-            "SLURM_CONF": "/etc/nuro-test/slurm.conf",
+            "SLURM_CONF": str(self.conf),
         }
         return CliBackend(env=env, timeout_s=timeout_s, bin_dir=str(self.bin))
 
@@ -115,7 +118,7 @@ def test_snapshot_from_real_outputs(fake: FakeSlurm, caplog: pytest.LogCaptureFi
     argvs = fake.argvs()
     assert argvs.count(["scontrol", "show", "topology"]) == 1
     assert argvs.count(["squeue", "--json"]) == 2 and argvs.count(["sinfo", "--json"]) == 2
-    assert all(c["slurm_conf"] == "/etc/nuro-test/slurm.conf" for c in fake.calls())
+    assert all(c["slurm_conf"] == str(fake.conf) for c in fake.calls())
     assert any("argv=" in r.getMessage() and "squeue --json" in r.getMessage() for r in caplog.records)
     backend.refresh_topology()
     backend.nodes()
@@ -225,6 +228,15 @@ def test_command_not_found(tmp_path: Path) -> None:
         backend.version()
     result = backend.apply(Submit("#!/bin/bash\ntrue\n"))
     assert not result.ok and isinstance(result.error, SlurmCommandNotFound)
+
+
+def test_missing_slurm_conf_fails_at_once_without_running_anything(tmp_path: Path) -> None:
+    """scontrol retries a missing slurm.conf for 60 s; the backend says what is wrong before that."""
+    fake = FakeSlurm(tmp_path).on("squeue", stdout="{}")
+    backend = CliBackend(env={"SLURM_CONF": str(tmp_path / "nope.conf")}, bin_dir=str(fake.bin))
+    with pytest.raises(SlurmConfigMissing, match=r"SLURM_CONF=.*nope.conf does not exist.*Point SLURM_CONF"):
+        backend.jobs()
+    assert not fake.log.exists()  # nothing ran
 
 
 def test_invalid_timeout_is_refused() -> None:
