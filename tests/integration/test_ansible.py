@@ -277,9 +277,14 @@ def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> No
     assert "AWS_SECRET_ACCESS_KEY=test-secret" in env_file.read_text()
     prolog = node / "usr" / "local" / "bin" / "nuro-prolog"
     assert prolog.read_text() == f'#!/bin/sh\nNURO_ENV_FILE={env_file} exec {VENV_BIN}/nuro-prolog "$@"\n'
-    assert (node / "etc" / "systemd" / "system" / "nuro-nodeagent.service").read_bytes() == (
-        REPO / "healthcheck" / "systemd" / "nuro-nodeagent.service"
-    ).read_bytes()
+    # the shipped unit, pointed at this deployment's venv and settings dir (the test's are not /opt, /etc)
+    shipped = (REPO / "healthcheck" / "systemd" / "nuro-nodeagent.service").read_text()
+    unit = (node / "etc" / "systemd" / "system" / "nuro-nodeagent.service").read_text()
+    assert unit == shipped.replace("/opt/nuro/venv/", f"{VENV_BIN.parent}/").replace("/etc/nuro/", f"{node}/etc/nuro/")
+    assert f"ExecStart={VENV_BIN}/nuro-nodeagent " in unit and f"EnvironmentFile={env_file}\n" in unit
+    ctl_unit = (deploy.host_root("ctl") / "etc" / "systemd" / "system" / "nuro-controller.service").read_text()
+    ctl_etc = deploy.host_root("ctl") / "etc" / "nuro"
+    assert f"ExecStart={VENV_BIN}/nuro-controller --config {ctl_etc}/controller.yaml\n" in ctl_unit
     staging = node / "var" / "tmp" / "nuro-staging"
     assert staging.is_dir() and staging.stat().st_mode & 0o777 == 0o755
     login = deploy.host_root("gpu001")
