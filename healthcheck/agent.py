@@ -37,12 +37,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from nuro import heartbeat as hb
+from nuro.gpujobs import gpu_tags
 from nuro.healthcheck.checks import evaluate
 from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport, make_probe
@@ -135,8 +136,11 @@ GPU_FIELDS = (
 )
 
 
-def gpu_points(report: NodeGpuReport, node: str, ts_ns: int | None = None) -> list[Point]:
-    """One ``gpu`` point per GPU the report read (tags node, gpu, uuid, model). Pure.
+def gpu_points(
+    report: NodeGpuReport, node: str, ts_ns: int | None = None, jobs: Mapping[int, Mapping[str, str]] | None = None
+) -> list[Point]:
+    """One ``gpu`` point per GPU the report read (tags node, gpu, uuid, model, and job/team/run for a GPU a job
+    holds: ``jobs`` is ``nuro.gpujobs.gpu_tags``). Pure.
 
     A GPU with no readable value (lost, or the whole probe failed) gives no point: a gap in the series is the
     honest record, and its problem is already in the heartbeat. Unknown uuid/model tags are left out (tag values
@@ -148,7 +152,7 @@ def gpu_points(report: NodeGpuReport, node: str, ts_ns: int | None = None) -> li
         fields = {name: float(v) for name, attr in GPU_FIELDS if (v := getattr(g, attr)) is not None}
         if not fields:
             continue
-        tags = {"node": node, "gpu": str(g.index), "uuid": g.uuid, "model": g.name}
+        tags = {**(jobs or {}).get(g.index, {}), "node": node, "gpu": str(g.index), "uuid": g.uuid, "model": g.name}
         points.append(Point(GPU, {k: v for k, v in tags.items() if v}, fields, ts))
     return points
 
@@ -265,7 +269,9 @@ class Agent:
     def _emit_telemetry(self, report: NodeGpuReport) -> None:
         """Queue the report's ``gpu`` points (non-blocking); a telemetry bug is logged, never fatal to probing."""
         try:
-            for point in gpu_points(report, self.config.node, int((report.taken_at or self.clock()) * 1e9)):
+            root = self.config.health.staging_root.replace("{node}", self.config.node)
+            jobs = gpu_tags(Path(root), self.config.node)
+            for point in gpu_points(report, self.config.node, int((report.taken_at or self.clock()) * 1e9), jobs):
                 self.metrics.add(point)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - health reporting matters more than telemetry
             log.exception("gpu telemetry point not queued node=%s", self.config.node)

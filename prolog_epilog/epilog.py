@@ -44,6 +44,16 @@ def flush_and_clean(job: str) -> None:
     )  # fmt: skip
 
 
+def forget_gpus(job: str) -> None:
+    """The job no longer holds its GPUs: the agent's next points are untagged (``nuro.gpujobs``)."""
+    from nuro.checkpoint.nodestage import staging_root
+    from nuro.gpujobs import forget
+
+    node = os.environ.get("SLURMD_NODENAME", "")
+    if node:
+        forget(staging_root(), node, job)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="nuro-epilog: %(message)s", stream=sys.stderr)
     job = os.environ.get("SLURM_JOB_ID", "")
@@ -51,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         load_node_env()
+        forget_gpus(job)
         flush_and_clean(job)
     except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
         log.exception("job=%s epilog checkpoint flush failed: %s", job, exc)

@@ -11,6 +11,8 @@ For a job that carries nuro metadata (``{"nuro": {...}}`` in its comment) it che
    user, mode 700; for a nuro job the newest valid checkpoint of its team/run is staged into ``<dir>/restore/``
    (a verified local copy first, else S3), bounded by ``NURO_PROLOG_STAGE_TIMEOUT_S`` (default 120 s). Staging
    problems are logged and never hold the job: it then restores from S3 by itself (``nuro.checkpoint.nodestage``).
+4. (every job with GPUs here) the job's claim on them (``SLURM_JOB_GPUS``) for the node agent, which tags its
+   ``gpu`` points with the job, team and run (``nuro.gpujobs``); the epilog removes it.
 
 First of all the node's own health (``nuro.prolog_epilog.health``): an unhealthy node is drained with the precise
 reason and the prolog exits 1, so the job does not start there and Slurm requeues it elsewhere.
@@ -157,6 +159,19 @@ def stage(job: str) -> None:
         )  # fmt: skip
 
 
+def record_gpus(job: str) -> None:
+    """Tell the node agent which GPUs this job holds here, so its ``gpu`` points carry the job (``nuro.gpujobs``)."""
+    from nuro.checkpoint.nodestage import staging_root
+    from nuro.gpujobs import parse_gpu_ids, record
+
+    node = os.environ.get("SLURMD_NODENAME", "")
+    gpus = parse_gpu_ids(os.environ.get("SLURM_JOB_GPUS"))
+    if not node or not gpus:
+        return
+    team, run = _run_of(os.environ.get("SLURM_JOB_COMMENT")) or (os.environ.get("SLURM_JOB_ACCOUNT", ""), "")
+    record(staging_root(), node, job, gpus, {"team": team, "run": run})
+
+
 def task_env() -> str:
     """``--task`` (Slurm TaskProlog, as the job's user): the ``export`` line that tells the job's processes their
     staging dir; slurmstepd adds it to each task's environment."""
@@ -196,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
             stage(job)
         except Exception as exc:  # staging is an optimisation: the job restores from S3 without it
             log.exception("job=%s checkpoint staging failed (job allowed to start): %s", job, exc)
+        try:
+            record_gpus(job)
+        except Exception as exc:  # telemetry only: the job's GPUs stay untagged
+            log.exception("job=%s GPU claim not recorded (job allowed to start): %s", job, exc)
     return 0
 
 

@@ -4,7 +4,7 @@ Every view is assembled from the systems of record (ARCHITECTURE principle 1), n
 
 | view | Slurm (comment, accounting) | metrics sink | S3 |
 |---|---|---|---|
-| ``metrics JOB`` | team/run, its nodes, whether it ended | ``train`` rows of the job, ``gpu`` rows of its nodes | — |
+| ``metrics JOB`` | team/run, its nodes, whether it ended | ``train`` rows of the job, ``gpu`` rows of its GPUs | — |
 | ``artifacts JOB`` | team/run of the job | — | checkpoint manifests and step prefixes, run events |
 | ``compare A B`` | script, args, tier, nodes, GPUs, dataset, code | final loss, throughput, steps | checkpoints |
 
@@ -112,12 +112,18 @@ def train_query(ref: RunRef, limit: int | None = DEFAULT_HISTORY) -> Query:
 
 
 def read_rows(sink: Any, ref: RunRef, now_ns: int, limit: int | None = DEFAULT_HISTORY) -> tuple[list[Row], list[Row]]:
-    """``(train rows, recent gpu rows of the job's nodes)``; raises the sink's SinkError."""
+    """``(train rows, recent gpu rows)``; raises the sink's SinkError.
+
+    The GPUs are the job's own (points the agents tagged with it, ``nuro.gpujobs``); when there are none (an older
+    agent, a node without the prolog's claims, or a job that ended more than ``GPU_RECENT_S`` ago), every GPU of
+    the job's nodes, which on a shared node includes other jobs' GPUs; ``summarize`` says which.
+    """
     train = sink.query(train_query(ref, limit))
     since = now_ns - int(GPU_RECENT_S * 1e9)
-    gpus: list[Row] = []
-    for node in ref.nodes:
-        gpus += sink.query(Query(GPU, where={"node": node}, since_ns=since))
+    gpus: list[Row] = sink.query(Query(GPU, where={"job": str(ref.job_id)}, since_ns=since))
+    if not gpus:
+        for node in ref.nodes:
+            gpus += sink.query(Query(GPU, where={"node": node}, since_ns=since))
     return train, gpus
 
 
@@ -172,6 +178,8 @@ def summarize(ref: RunRef, train: Sequence[Row], gpus: Sequence[Row], notes: Seq
         "nodes": list(ref.nodes),
         "ranks": latest_per_rank(train),
         "gpus": gpu_latest(gpus),
+        # "job": exactly the job's GPUs; "nodes": every GPU of its nodes (no claims seen, see read_rows)
+        "gpus_of": "job" if gpus and all(r.tags.get("job") == str(ref.job_id) for r in gpus) else "nodes",
         "history": history(train),
         "notes": list(notes),
     }
@@ -224,7 +232,9 @@ def render_metrics(summary: Mapping[str, Any]) -> Group:
         )  # fmt: skip
     parts: list[Any] = [ranks if summary["ranks"] else Text(f"job {summary['job_id']}: no training metrics yet")]
     if summary["gpus"]:
-        gpus = Table(title=f"GPUs of {', '.join(summary['nodes'])} (last {GPU_RECENT_S:.0f} s)", title_justify="left")
+        whose = (f"job {summary['job_id']}" if summary.get("gpus_of") == "job"
+                 else f"nodes {', '.join(summary['nodes'])}")  # fmt: skip
+        gpus = Table(title=f"GPUs of {whose} (last {GPU_RECENT_S:.0f} s)", title_justify="left")
         for col in ("node", "gpu", "util", "memory", "temp", "SM clock", "power"):
             gpus.add_column(col, justify="left" if col == "node" else "right")
         for g in summary["gpus"]:

@@ -120,6 +120,8 @@ def _gpu_lines(t0_ns: int, seconds: int) -> list[str]:
             for g in range(GPUS_PER_NODE):
                 tags = f"node={node},gpu={g},uuid=GPU-{n:02d}{g:02d}-nuro,model=NVIDIA\\ H100\\ 80GB\\ HBM3"
                 busy = 1.0 if g < 4 else 0.1  # only half of each node's GPUs run our ranks: spread in the graphs
+                if g < 4:  # the GPUs our job holds carry it (nuro.gpujobs); the others belong to nobody here
+                    tags += f",job={JOB},team={TEAM},run={RUN}"
                 fields = (
                     f"util_pct={min(100.0, 90 * busy + (s + g) % 7):.1f},mem_used_bytes={int(total * 0.6 * busy)}i,"
                     f"mem_total_bytes={total}i,temp_c={40 + 30 * busy + n + g % 3 + s % 2:.1f},"
@@ -179,7 +181,7 @@ _EXPECTED_TAG_VALUES = {
         "restart": {"0"},
         "source": {"rank0", "rank1"},
         "node": set(NODES),
-        "gpu": _GPU_INDEXES,
+        "gpu": {"0", "1", "2", "3"},  # the job's own GPUs, not every GPU of its nodes
     },
 }
 

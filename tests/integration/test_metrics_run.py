@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -22,14 +23,14 @@ from pathlib import Path
 
 import pytest
 
+from nuro import gpujobs, jobcomment
 from nuro import heartbeat as hb
-from nuro import jobcomment
 from nuro.datasets.snapshot import snapshot
 from nuro.metrics.servers import influx1_url, standalone_influx
 from nuro.objectstore import ObjectStore
 from nuro.slurm import JobPhase
 from tests import fake_nvml
-from tests.integration.conftest import REPO, TEST_PORT_BASE, LiveCluster
+from tests.integration.conftest import REPO, TEST_PORT_BASE, LiveCluster, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -135,18 +136,24 @@ def _submit(cluster: LiveCluster, work: Path, url: str, run: str, digest: str) -
     return int(res.stdout.strip())
 
 
-def _start_agent(lib_dir: Path, work: Path, node: str, url: str) -> subprocess.Popen:
-    """A real node agent on ``node`` reading the fake NVML (2 GPUs, util 55/66 %), writing gpu points to ``url``."""
+TWO_GPUS = {"gpus": 2, "gpu0.util": 55, "gpu1.util": 66, "gpu0.temp": 61, "gpu0.power_mw": 350000,
+            "gpu0.sm_clock": 1980, "gpu0.mem_used_mib": 1024, "gpu0.mem_total_mib": 81920}  # fmt: skip
+
+
+def _start_agent(
+    lib_dir: Path, work: Path, node: str, url: str, scenario: dict = TWO_GPUS, staging_root: str | None = None
+) -> subprocess.Popen:
+    """A real node agent on ``node`` reading the fake NVML (default: 2 GPUs, util 55/66 %), writing gpu points to
+    ``url``; with ``staging_root`` it reads the GPU claims the cluster's prologs write there (no upload worker)."""
     key = work / "hb.key"
     hb.write_key(key)
-    scenario = {"gpus": 2, "gpu0.util": 55, "gpu1.util": 66, "gpu0.temp": 61, "gpu0.power_mw": 350000,
-                "gpu0.sm_clock": 1980, "gpu0.mem_used_mib": 1024, "gpu0.mem_total_mib": 81920}  # fmt: skip
     env = fake_nvml.env_for(lib_dir, fake_nvml.write_scenario(work / "nvml.txt", scenario))
     env.pop("NURO_ENV_FILE", None)
     env.pop("NURO_AGENT_STATUS_DIR", None)  # never the cluster's: its health checks read the real agents' files
     env["NURO_METRICS_URL"] = url
+    env["NURO_STAGING_ROOT"] = staging_root or str(work / "no-staging")
     argv = [sys.executable, "-m", "nuro.healthcheck.agent", "--node", node, "--controller", "127.0.0.1:9",
-            "--key-file", str(key), "--interval-s", "0.5", "--probe", "nvml", "--expect-gpus", "2",
+            "--key-file", str(key), "--interval-s", "0.5", "--probe", "nvml", "--expect-gpus", str(scenario["gpus"]),
             "--status-dir", str(work / "agent-status"), "--log-file", str(work / "agent.log")]  # fmt: skip
     return subprocess.Popen(argv, env=env)
 
@@ -276,3 +283,43 @@ def test_lineage_and_artifacts_read_checkpoints_from_s3_manifests(cluster: LiveC
     arts = _train(cluster, url, "artifacts", str(child), "--json")
     assert [(c["step"], c["job_id"]) for c in arts["checkpoints"]] == [(10, parent), (20, child), (30, child)]
     assert arts["uncommitted"] == [{"step": 40, "status": "torn", "bytes": 4}]
+
+
+def test_each_job_sees_its_own_gpus_on_a_shared_node(cluster: LiveCluster, shared_tmp: Path, lib_dir: Path) -> None:
+    """Two jobs share one node (2 + 6 GPUs): each prolog claims the job's GPUs, the node agent tags its ``gpu``
+    points with the job, ``nuro-train metrics`` shows each job exactly its own GPUs, and the epilogs drop the
+    claims."""
+    node = "gpu006"
+    url = f"sqlite://{shared_tmp}/gpus.sqlite"
+    root = Path(cluster.env["NURO_STAGING_ROOT"])
+    jobs = [cluster.backend.submit("#!/bin/bash\nsleep 300\n", f"--gres=gpu:{n}", "-w", node, "-o", "/dev/null")
+            for n in (2, 6)]  # fmt: skip
+    agent = None
+    try:
+        for job in jobs:
+            cluster.backend.wait_for_job(job, {JobPhase.RUNNING}, timeout_s=60)
+        paths = {job: root / gpujobs.DIR / node / f"{job}.json" for job in jobs}
+        wait_until(lambda: all(p.exists() for p in paths.values()), 30, "the prologs' GPU claims")  # after RUNNING
+        claims = {job: json.loads(path.read_text()) for job, path in paths.items()}
+        for job in jobs:  # the prolog's claim is what Slurm allocated
+            detail = cluster.run(["scontrol", "show", "job", "-d", str(job)]).stdout
+            idx = re.search(r"GRES=gpu(?::\w+)?:\d+\(IDX:([0-9,-]+)\)", detail)
+            assert idx and tuple(claims[job]["gpus"]) == gpujobs.parse_gpu_ids(idx[1]), (claims[job], detail)
+        assert sorted(claims[jobs[0]]["gpus"] + claims[jobs[1]]["gpus"]) == list(range(8))
+
+        scenario = {"gpus": 8, **{f"gpu{g}.util": 10 + g for g in range(8)}}
+        agent = _start_agent(lib_dir, shared_tmp, node, url, scenario, staging_root=str(root))
+        for job in jobs:
+            shown = wait_until(
+                lambda job=job: (v := _train(cluster, url, "metrics", str(job), "--json"))["gpus_of"] == "job" and v,
+                30, f"gpu points tagged with job {job}",
+            )  # fmt: skip
+            assert [g["gpu"] for g in shown["gpus"]] == claims[job]["gpus"], shown["gpus"]
+            assert all(g["node"] == node and g["util_pct"] == 10 + g["gpu"] for g in shown["gpus"])
+    finally:
+        for job in jobs:
+            cluster.run(["scancel", str(job)], check=False)
+        if agent is not None:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=10)
+    wait_until(lambda: not list((root / gpujobs.DIR / node).glob("*.json")), 30, "the epilogs to drop the claims")

@@ -212,7 +212,7 @@ def test_columns_and_group_by_of_the_outer_query() -> None:
         ('SELECT mean("loss") AS "l" FROM "training"', "measurement 'training'"),
         ('SELECT mean("los") AS "l" FROM "train"', "'los' is neither"),
         ('SELECT mean("loss") AS "l" FROM "train" GROUP BY "node"', "'node' is neither"),
-        ('SELECT mean("util_pct") AS "u" FROM "gpu" WHERE "team" = \'$team\'', "'team' is neither"),
+        ('SELECT mean("util_pct") AS "u" FROM "gpu" WHERE "rank" = \'0\'', "'rank' is neither"),
         ('SHOW TAG VALUES FROM "train" WITH KEY = "loss"', "WITH KEY = 'loss'"),
         ('SELECT mean("loss") AS "l" FROM train', "no FROM"),
         ('SELECT mean("loss") AS "l" FROM "train" GROUP BY rank', "'rank' is unquoted"),
