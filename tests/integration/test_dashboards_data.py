@@ -112,6 +112,20 @@ def _train_lines(t0_ns: int, team: str, run: str, job: str, ranks: int, seconds:
     return lines
 
 
+def _claim(node: int, gpu: int) -> str:
+    """The job tags a GPU's points carry (``nuro.gpujobs``): GPUs 0-3 of both nodes run our job, 4-5 of the first
+    node the team's second run, 4-5 of the second another team's job; 6-7 are idle."""
+    if gpu < 4:
+        return f",job={JOB},team={TEAM},run={RUN}"
+    if gpu < 6:
+        return (
+            f",job={TEAM_JOB2},team={TEAM},run={TEAM_RUN2}"
+            if node == 0
+            else f",job={OTHER_JOB},team={OTHER_TEAM},run={OTHER_RUN}"
+        )
+    return ""
+
+
 def _gpu_lines(t0_ns: int, seconds: int) -> list[str]:
     total = 80 * 2**30
     lines = []
@@ -120,8 +134,7 @@ def _gpu_lines(t0_ns: int, seconds: int) -> list[str]:
             for g in range(GPUS_PER_NODE):
                 tags = f"node={node},gpu={g},uuid=GPU-{n:02d}{g:02d}-nuro,model=NVIDIA\\ H100\\ 80GB\\ HBM3"
                 busy = 1.0 if g < 4 else 0.1  # only half of each node's GPUs run our ranks: spread in the graphs
-                if g < 4:  # the GPUs our job holds carry it (nuro.gpujobs); the others belong to nobody here
-                    tags += f",job={JOB},team={TEAM},run={RUN}"
+                tags += _claim(n, g)
                 fields = (
                     f"util_pct={min(100.0, 90 * busy + (s + g) % 7):.1f},mem_used_bytes={int(total * 0.6 * busy)}i,"
                     f"mem_total_bytes={total}i,temp_c={40 + 30 * busy + n + g % 3 + s % 2:.1f},"
@@ -250,3 +263,20 @@ def test_panel_query_returns_rows(
         assert got == _EXPECTED_TAG_VALUES[dash_name][tag], f"{dash_name} / {dq.title}: {tag} values {got}: {q}"
     values = [v for s in series for row in s["values"] for v in row[1:]]
     assert any(v is not None for v in values), f"{dash_name} / {dq.title}: only nulls for {q}"
+
+
+@pytest.mark.parametrize(("dash_name", "title", "want"), [("team", "GPUs in use", 10), ("run", "GPU utilisation", 8)])
+def test_gpus_counted_are_the_claimed_ones(
+    influx_url: str, data: TimeRange, variable_values: dict[str, dict[str, list[str]]], dash_name: str, title: str,
+    want: int,
+) -> None:  # fmt: skip
+    """The team holds GPUs 0-5 of the first node and 0-3 of the second (10); the run's job holds 0-3 of each (8).
+    Idle GPUs and another team's never count, though they share the nodes."""
+    dq = next(q for q in extract_queries(_DASH[dash_name]) if q.kind == "panel" and q.title == title)
+    regex = {v.name for v in variables(_DASH[dash_name]) if v.is_regex}
+    q = expand(dq.query, data, INTERVAL_S, variable_values[dash_name], regex)
+    series = _query(influx_url, q).get("series", [])
+    if dash_name == "run":  # one series per (node, gpu)
+        assert len(series) == want, [s["tags"] for s in series]
+    else:  # one count over the range
+        assert [row[1] for s in series for row in s["values"] if row[1] is not None] == [want], series
