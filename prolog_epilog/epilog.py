@@ -3,7 +3,9 @@
 Checkpoint staging (``nuro.checkpoint.nodestage.finish_job``): the node is not released before the job's pending
 checkpoint uploads are committed, or the time is up (``NURO_EPILOG_FLUSH_TIMEOUT_S``, default 120 s; keep it below
 Slurm's ``PrologEpilogTimeout``) — leftovers get ``incomplete.json`` in S3 and are never valid. The newest committed
-copy stays in the node cache for a requeue on this node; the job's staging dir is removed.
+copy stays in the node cache for a requeue on this node (the least recently cached runs go first when the disk
+has less than ``NURO_STAGING_CACHE_KEEP_FREE_GB`` free, default twice ``NURO_STAGING_MIN_FREE_GB``); the job's
+staging dir is removed.
 
 Then the node's health check (``nuro.prolog_epilog.health``): an unhealthy node is drained with the precise reason
 and the epilog exits 1. Otherwise it exits 0: neither a store outage nor a job's leftovers are the node's fault.
@@ -15,11 +17,26 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Mapping
 
 from nuro.nodeenv import load_node_env
 from nuro.prolog_epilog.health import node_is_healthy
 
 log = logging.getLogger("nuro.epilog")
+
+
+def cache_keep_free_bytes(env: Mapping[str, str]) -> int:
+    """``NURO_STAGING_CACHE_KEEP_FREE_GB``, default twice the health check's ``NURO_STAGING_MIN_FREE_GB`` (20 GiB
+    → 40 GiB): the node cache gives way well before the staging disk is full enough to drain the node."""
+    from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
+
+    raw = env.get("NURO_STAGING_CACHE_KEEP_FREE_GB", "").strip()
+    try:
+        gib = float(raw) if raw else 2 * float(env.get("NURO_STAGING_MIN_FREE_GB") or DEFAULT_STAGING_MIN_FREE_GB)
+    except ValueError:
+        log.warning("NURO_STAGING_CACHE_KEEP_FREE_GB or _MIN_FREE_GB is not a number: the cache keeps 40 GiB free")
+        gib = 2 * DEFAULT_STAGING_MIN_FREE_GB
+    return int(max(gib, 0.0) * (1 << 30))
 
 
 def flush_and_clean(job: str) -> None:
@@ -29,8 +46,9 @@ def flush_and_clean(job: str) -> None:
     timeout_s = float(os.environ.get("NURO_EPILOG_FLUSH_TIMEOUT_S") or 120)
     cache_runs = int(os.environ.get("NURO_STAGING_CACHE_RUNS") or DEFAULT_CACHE_RUNS)
     result, cached = finish_job(
-        ObjectStore.from_env(), staging_root(), job, flush_timeout_s=timeout_s, cache_runs=cache_runs
-    )
+        ObjectStore.from_env(), staging_root(), job, flush_timeout_s=timeout_s, cache_runs=cache_runs,
+        cache_keep_free_bytes=cache_keep_free_bytes(os.environ),
+    )  # fmt: skip
     if result is None:
         return
     if result.incomplete:

@@ -11,7 +11,10 @@ Epilog (``finish_job``):
   1. ``UploadWorker.flush``: wait (bounded) until the job's requests are committed; leftovers get
      ``incomplete.json`` — never a manifest;
   2. keep the newest committed copy in ``<staging_root>/cache/<team>/<run>/`` (one step per run, at most
-     ``NURO_STAGING_CACHE_RUNS`` runs) so a requeue on this node restores without downloading;
+     ``NURO_STAGING_CACHE_RUNS`` runs) so a requeue on this node restores without downloading; then evict the
+     least recently cached runs while the disk has less than ``keep_free_bytes`` free (the epilog passes
+     ``NURO_STAGING_CACHE_KEEP_FREE_GB``, default twice the health check's ``NURO_STAGING_MIN_FREE_GB``): a cache is
+     an optimisation and must never be what drains the node for a full staging disk;
   3. remove the job dir.
 
 Everything read here was written by the job's user: records are parsed strictly, files are opened without
@@ -26,7 +29,7 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,7 +204,7 @@ def _newest_committed(job_dir: Path) -> tuple[Path, int, str, str] | None:
     return None
 
 
-def _cache(root: Path, job_dir: Path, max_runs: int) -> str | None:
+def _cache(root: Path, job_dir: Path, max_runs: int, keep_free_bytes: int = 0) -> str | None:
     newest = _newest_committed(job_dir)
     if newest is None:
         return None
@@ -213,19 +216,34 @@ def _cache(root: Path, job_dir: Path, max_runs: int) -> str | None:
     dest_parent.mkdir(mode=0o700)
     os.replace(path, dest_parent / L.step_name(step))
     _chown_tree(dest_parent, 0, 0)  # root's until the next prolog of the run adopts it
-    _evict(root, max_runs)
-    return f"{team}/{run}@{step}"
+    _evict(root, max_runs, keep_free_bytes)
+    return f"{team}/{run}@{step}" if dest_parent.exists() else None
 
 
-def _evict(root: Path, max_runs: int) -> None:
-    """Keep the ``max_runs`` most recently cached runs on this node."""
+def _disk_free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def _evict(
+    root: Path, max_runs: int, keep_free_bytes: int = 0, disk_free: Callable[[Path], int] = _disk_free_bytes
+) -> list[Path]:
+    """Keep the ``max_runs`` most recently cached runs on this node, then drop the least recent ones (the newest
+    last) while the disk has less than ``keep_free_bytes`` free. Returns what was removed, in that order."""
     runs = sorted(
         (p for team in (root / L.CACHE_DIR).glob("*") if team.is_dir() for p in team.iterdir() if p.is_dir()),
         key=lambda p: p.stat().st_mtime,
         reverse=True,
     )
-    for old in runs[max_runs:]:
+    removed = []
+    for old in reversed(runs[max_runs:]):  # over the count
         shutil.rmtree(old, ignore_errors=True)
+        removed.append(old)
+    kept = runs[:max_runs]
+    while kept and keep_free_bytes > 0 and disk_free(root) < keep_free_bytes:  # over the disk
+        old = kept.pop()
+        shutil.rmtree(old, ignore_errors=True)
+        removed.append(old)
+    return removed
 
 
 def finish_job(
@@ -235,6 +253,7 @@ def finish_job(
     *,
     flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
     cache_runs: int = DEFAULT_CACHE_RUNS,
+    cache_keep_free_bytes: int = 0,
 ) -> tuple[FlushResult | None, str | None]:
     """Epilog: flush the job's uploads (bounded), cache its newest committed copy, remove its staging dir.
 
@@ -247,7 +266,7 @@ def finish_job(
     cached = None
     try:
         if cache_runs > 0:
-            cached = _cache(root, job_dir, cache_runs)
+            cached = _cache(root, job_dir, cache_runs, cache_keep_free_bytes)
     except OSError as exc:
         log.warning("job=%s could not cache its newest checkpoint: %s", job_id, exc)
     shutil.rmtree(job_dir, ignore_errors=True)
