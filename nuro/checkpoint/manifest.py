@@ -17,6 +17,7 @@ of different steps can land out of order (each waits for its slowest node), so i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -67,38 +68,9 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class UploadRequest:
-    """What one node asks its upload worker to do (``step-N/.upload-<part>.json``). ``part`` is the node's rank among
-    ``parts_expected`` nodes; ``keep`` is the retention count (None = keep everything)."""
-
-    team: str
-    run: str
-    step: int
-    job_id: str
-    restart: int
-    part: int
-    parts_expected: int
-    world_size: int
-    files: tuple[FileEntry, ...]
-    created_at: str
-    keep: int | None = None
-
-    @property
-    def attempt(self) -> Attempt:
-        return Attempt(self.job_id, self.restart)
-
-    def to_json_obj(self) -> dict[str, Any]:
-        return {
-            "format": REQUEST_FORMAT, "team": self.team, "run": self.run, "step": self.step, "job_id": self.job_id,
-            "restart": self.restart, "part": self.part, "parts_expected": self.parts_expected,
-            "world_size": self.world_size, "files": [f.to_json_obj() for f in self.files],
-            "created_at": self.created_at, "keep": self.keep,
-        }  # fmt: skip
-
-
-@dataclass(frozen=True)
-class PartRecord:
-    """What one node uploaded for a step (``parts/<part>.json``): the manifest is the union of all parts."""
+class _NodePart:
+    """What an upload request and the part record made from it share: one node's files of one step of an attempt.
+    ``part`` is the node's rank among ``parts_expected`` nodes."""
 
     team: str
     run: str
@@ -115,20 +87,37 @@ class PartRecord:
     def attempt(self) -> Attempt:
         return Attempt(self.job_id, self.restart)
 
-    @classmethod
-    def from_request(cls, req: UploadRequest) -> PartRecord:
-        return cls(
-            req.team, req.run, req.step, req.job_id, req.restart, req.part, req.parts_expected, req.world_size,
-            req.files, utc_now(),
-        )  # fmt: skip
-
-    def to_json_obj(self) -> dict[str, Any]:
+    def _json_obj(self, fmt: str) -> dict[str, Any]:
         return {
-            "format": PART_FORMAT, "team": self.team, "run": self.run, "step": self.step, "job_id": self.job_id,
+            "format": fmt, "team": self.team, "run": self.run, "step": self.step, "job_id": self.job_id,
             "restart": self.restart, "part": self.part, "parts_expected": self.parts_expected,
             "world_size": self.world_size, "files": [f.to_json_obj() for f in self.files],
             "created_at": self.created_at,
         }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class UploadRequest(_NodePart):
+    """What one node asks its upload worker to do (``step-N/.upload-<part>.json``); ``keep`` is the retention count
+    (None = keep everything)."""
+
+    keep: int | None = None
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {**self._json_obj(REQUEST_FORMAT), "keep": self.keep}
+
+
+@dataclass(frozen=True)
+class PartRecord(_NodePart):
+    """What one node uploaded for a step (``parts/<part>.json``): the manifest is the union of all parts."""
+
+    @classmethod
+    def from_request(cls, req: UploadRequest) -> PartRecord:
+        shared = {f.name: getattr(req, f.name) for f in dataclasses.fields(_NodePart)}
+        return cls(**{**shared, "created_at": utc_now()})
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return self._json_obj(PART_FORMAT)
 
 
 @dataclass(frozen=True)
