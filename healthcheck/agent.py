@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nuro import heartbeat as hb
+from nuro.checkpoint.layout import node_staging_root
 from nuro.gpujobs import gpu_tags
 from nuro.healthcheck.checks import evaluate
 from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes
@@ -269,8 +270,7 @@ class Agent:
     def _emit_telemetry(self, report: NodeGpuReport) -> None:
         """Queue the report's ``gpu`` points (non-blocking); a telemetry bug is logged, never fatal to probing."""
         try:
-            root = self.config.health.staging_root.replace("{node}", self.config.node)
-            jobs = gpu_tags(Path(root), self.config.node)
+            jobs = gpu_tags(node_staging_root(self.config.health.staging_root, self.config.node), self.config.node)
             for point in gpu_points(report, self.config.node, int((report.taken_at or self.clock()) * 1e9), jobs):
                 self.metrics.add(point)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - health reporting matters more than telemetry

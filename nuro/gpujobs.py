@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 from collections.abc import Mapping
 from pathlib import Path
+
+from nuro.checkpoint.layout import validate_job_id
+from nuro.checkpoint.staging import write_atomic
+from nuro.heartbeat import is_node_name
 
 log = logging.getLogger(__name__)
 
 DIR = ".gpu-jobs"
-_JOB = re.compile(r"[0-9]+(_[0-9]+)?")
-_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _TAG_KEYS = ("team", "run")
 
 
@@ -50,11 +50,9 @@ def parse_gpu_ids(text: str | None) -> tuple[int, ...]:
 
 
 def _path(root: Path, node: str, job_id: str) -> Path:
-    if not _NODE.fullmatch(node):
+    if not is_node_name(node):
         raise ValueError(f"node name {node!r} is not a valid Slurm node name")
-    if not _JOB.fullmatch(job_id):
-        raise ValueError(f"job id {job_id!r} is not a Slurm job id")
-    return root / DIR / node / f"{job_id}.json"
+    return root / DIR / node / f"{validate_job_id(job_id)}.json"
 
 
 def record(root: Path, node: str, job_id: str, gpus: tuple[int, ...], tags: Mapping[str, str]) -> Path | None:
@@ -64,9 +62,7 @@ def record(root: Path, node: str, job_id: str, gpus: tuple[int, ...], tags: Mapp
         return None
     path.parent.mkdir(parents=True, exist_ok=True)
     body = {"job": job_id, "gpus": list(gpus), "tags": {k: str(v) for k, v in tags.items() if k in _TAG_KEYS and v}}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(body, sort_keys=True))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(body, sort_keys=True).encode())
     return path
 
 
@@ -91,9 +87,9 @@ def gpu_tags(root: Path, node: str) -> dict[int, dict[str, str]]:
     for _, _, path in sorted(files):
         try:
             body = json.loads(path.read_text())
-            job, gpus, tags = str(body["job"]), body["gpus"], body.get("tags") or {}
-            if not _JOB.fullmatch(job) or not all(isinstance(g, int) and g >= 0 for g in gpus):
-                raise ValueError("bad job id or GPU list")
+            job, gpus, tags = validate_job_id(body["job"]), body["gpus"], body.get("tags") or {}
+            if not all(isinstance(g, int) and g >= 0 for g in gpus):
+                raise ValueError("bad GPU list")
         except (OSError, ValueError, KeyError, TypeError) as exc:
             log.warning("gpu claim %s unreadable (%s): ignored", path, exc)
             continue

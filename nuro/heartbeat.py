@@ -29,6 +29,11 @@ DEFAULT_MISS_LIMIT = 3  # intervals of silence before a node is declared lost
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
+def is_node_name(name: str) -> bool:
+    """A Slurm node name nuro accepts (also a safe path component: no '/', no leading '.')."""
+    return bool(_NODE.fullmatch(name))
+
+
 class BadHeartbeat(ValueError):
     """A datagram that is not a valid, authentic heartbeat; the message says which check failed."""
 
@@ -47,7 +52,7 @@ class Heartbeat:
     problems: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
-        if not _NODE.fullmatch(self.node):
+        if not is_node_name(self.node):
             raise BadHeartbeat(f"node name {self.node!r} is not a valid Slurm node name")
         if self.seq < 0 or self.boot < 0:
             raise BadHeartbeat("boot and seq must be non-negative")

@@ -29,14 +29,14 @@ def cache_keep_free_bytes(env: Mapping[str, str]) -> int:
     """``NURO_STAGING_CACHE_KEEP_FREE_GB``, default twice the health check's ``NURO_STAGING_MIN_FREE_GB`` (20 GiB
     → 40 GiB): the node cache gives way well before the staging disk is full enough to drain the node."""
     from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
+    from nuro.healthcheck.cli import HealthSettings
 
     raw = env.get("NURO_STAGING_CACHE_KEEP_FREE_GB", "").strip()
     try:
-        gib = float(raw) if raw else 2 * float(env.get("NURO_STAGING_MIN_FREE_GB") or DEFAULT_STAGING_MIN_FREE_GB)
-    except ValueError:
-        log.warning("NURO_STAGING_CACHE_KEEP_FREE_GB or _MIN_FREE_GB is not a number: the cache keeps 40 GiB free")
-        gib = 2 * DEFAULT_STAGING_MIN_FREE_GB
-    return int(max(gib, 0.0) * (1 << 30))
+        return int(max(float(raw), 0.0) * (1 << 30)) if raw else 2 * HealthSettings.from_env(env).staging_min_free_bytes
+    except ValueError as exc:  # the node's settings are broken; the health check reports the same error
+        log.warning("cache free-space floor unreadable (%s): the cache keeps 40 GiB free", exc)
+        return int(2 * DEFAULT_STAGING_MIN_FREE_GB * (1 << 30))
 
 
 def flush_and_clean(job: str) -> None:

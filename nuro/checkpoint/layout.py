@@ -41,6 +41,16 @@ _STEP_DIR = re.compile(r"step-([0-9]{12})")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
+def node_staging_root(raw: str, node: str | None) -> Path:
+    """A ``NURO_STAGING_ROOT`` value with ``{node}`` replaced by the node's name: emulated nodes that share one file
+    system (the dev cluster) each need their own root."""
+    if "{node}" in raw:
+        if not node or "/" in node or node.startswith("."):
+            raise InvalidCheckpointInput(f"NURO_STAGING_ROOT={raw} needs SLURMD_NODENAME, got {node!r}")
+        raw = raw.replace("{node}", node)
+    return Path(raw)
+
+
 def validate_team(team: object) -> str:
     if not isinstance(team, str) or not _TEAM.fullmatch(team):
         raise InvalidCheckpointInput(

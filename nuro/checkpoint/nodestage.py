@@ -52,13 +52,7 @@ def staging_root(env: Mapping[str, str] | None = None) -> Path:
     """``NURO_STAGING_ROOT`` (default ``/var/tmp/nuro-staging``). A ``{node}`` in it becomes ``SLURMD_NODENAME``:
     emulated nodes that share one file system (the dev cluster) each need their own root."""
     e = os.environ if env is None else env
-    raw = e.get("NURO_STAGING_ROOT") or L.DEFAULT_STAGING_ROOT
-    if "{node}" in raw:
-        node = e.get("SLURMD_NODENAME") or ""
-        if not node or "/" in node or node.startswith("."):
-            raise CheckpointError(f"NURO_STAGING_ROOT={raw} needs SLURMD_NODENAME, got {node!r}")
-        raw = raw.replace("{node}", node)
-    return Path(raw)
+    return L.node_staging_root(e.get("NURO_STAGING_ROOT") or L.DEFAULT_STAGING_ROOT, e.get("SLURMD_NODENAME"))
 
 
 def _ensure_root(root: Path) -> None:
