@@ -74,12 +74,8 @@ def ssh_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHHosts]:
     """
     if os.geteuid() != 0:
         pytest.fail("SSH test hosts need root: they create network namespaces and run sshd (run as root)")
-    hosts = SSHHosts()
-    hosts.up(4, tmp_path_factory.mktemp("sshhosts"))
-    try:
+    with SSHHosts.running(4, tmp_path_factory.mktemp("sshhosts")) as hosts:
         yield hosts
-    finally:
-        hosts.down()
 
 
 @pytest.fixture

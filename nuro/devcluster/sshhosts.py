@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -37,6 +38,7 @@ import secrets
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -180,6 +182,17 @@ class SSHHosts:
             raise
         log.info("sshhosts up n=%d subnet=%s duration_s=%.2f", n, self._route, time.monotonic() - t0)
         return self.hosts
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, n: int, state_dir: Path) -> Iterator[SSHHosts]:
+        """``n`` hosts for a ``with`` block, torn down (``down``) however the block or the start-up ends."""
+        hosts = cls()
+        try:
+            hosts.up(n, state_dir)
+            yield hosts
+        finally:
+            hosts.down()
 
     def down(self) -> None:
         """Stop every sshd by PID, delete the namespaces, veths and the route this session created. Idempotent."""

@@ -33,12 +33,8 @@ def _exec(inv: Path, *args: str, env: dict[str, str] | None = None) -> tuple[Res
 @pytest.fixture(scope="module")
 def private_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SSHHosts]:
     """Two hosts of our own, for the tests that stop sshd or change a host key."""
-    hosts = SSHHosts()
-    hosts.up(2, tmp_path_factory.mktemp("private-sshhosts"))
-    try:
+    with SSHHosts.running(2, tmp_path_factory.mktemp("private-sshhosts")) as hosts:
         yield hosts
-    finally:
-        hosts.down()
 
 
 def test_exec_runs_on_every_host_with_bounded_parallelism(ssh_hosts: SSHHosts, tmp_path: Path) -> None:
