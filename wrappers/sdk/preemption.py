@@ -264,7 +264,14 @@ class PreemptionGuard:
             runevents.record("preempted", step=step, why=reason.label, acked=ok, save_s=round(save_s, 3))
         if dist is not None and ok:
             # every rank passed the agreement above, so tearing the group down cannot strand a peer; exiting with a
-            # live gloo group aborts the interpreter ("terminate called without an active exception", status -6)
+            # live gloo group aborts the interpreter ("terminate called without an active exception", status -6).
+            # Tear down together: without this last collective the other ranks exit while rank 0 is still writing
+            # its ack and run event (S3, scontrol), and rank 0 then destroys a group whose peers are gone (seen once
+            # in CI: rank 0 ended with SIGABRT after a successful ack, so its node's verdict read "failure 134").
+            try:
+                self._reduce(dist, 1, "MIN")
+            except Exception as exc:
+                log.warning("rank %d: final barrier before teardown failed (%s)", self.env.rank, exc)
             try:
                 dist.destroy_process_group(self._group)
             except Exception as exc:
