@@ -116,6 +116,7 @@ def plan_torchrun(
     error_file: str,
     log_dir: str,
     pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S,
+    stop_dir: str | None = None,
 ) -> TorchrunPlan:
     """The torchrun command for this node: a pure function of the Slurm environment and the resolved addresses.
 
@@ -127,6 +128,7 @@ def plan_torchrun(
         rdzv_addr: the first node's address when the env does not carry ``NURO_RDZV_ADDR``.
         error_file: torchrun's own ``TORCHELASTIC_ERROR_FILE`` (the first failure's cause lands there).
         log_dir: where torchrun keeps per-worker error files and stderr copies (read by the classifier).
+        stop_dir: ``NURO_LAUNCH_STOP_DIR`` for the workers: a PreemptionGuard marks its committed stop there.
 
     Raises:
         LaunchError: a Slurm variable or the rendezvous address is missing, or ``script`` is empty.
@@ -158,6 +160,7 @@ def plan_torchrun(
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "NURO_RDZV_ADDR": addr,
         "NURO_RDZV_PORT": str(port),
+        **({"NURO_LAUNCH_STOP_DIR": stop_dir} if stop_dir else {}),
     }
     return TorchrunPlan(argv=argv, env=extra, node_id=node_id, num_nodes=num_nodes)
 
@@ -252,8 +255,11 @@ class _Signals:
 
 
 # --- node mode ---------------------------------------------------------------------------------------------------
-def collect_evidence(rc: int, tail: str, error_file: Path, log_dir: Path, stop: str | None) -> Evidence:
-    """Read torchrun's failure summary, its error file and the workers' error files/stderr into ``Evidence``."""
+def collect_evidence(
+    rc: int, tail: str, error_file: Path, log_dir: Path, stop: str | None, stop_dir: Path | None = None
+) -> Evidence:
+    """Read torchrun's failure summary, its error file, the workers' error files/stderr and the guards' stop
+    markers (``rank-<N>`` in ``stop_dir``) into ``Evidence``."""
     summary = failures_from_summary(tail)
     local: list[WorkerFailure] = []
     for err in sorted(log_dir.glob("*/attempt_*/*/error.json")):
@@ -275,7 +281,12 @@ def collect_evidence(rc: int, tail: str, error_file: Path, log_dir: Path, stop: 
         for f in summary
     ]
     failures = merge_failures(fixed, [] if fixed else ([agent] if agent else local))
-    return Evidence(torchrun_rc=rc, failures=failures, stop_signal=stop, tail=tail + "".join(stderr_tails))
+    stopped = frozenset(
+        int(p.name.removeprefix("rank-")) for p in (stop_dir.glob("rank-*") if stop_dir else ())
+        if p.name.removeprefix("rank-").isdigit()
+    )  # fmt: skip
+    return Evidence(torchrun_rc=rc, failures=failures, stop_signal=stop, tail=tail + "".join(stderr_tails),
+                    stopped_ranks=stopped)  # fmt: skip
 
 
 def attempt_dir(base: Path, env: Mapping[str, str]) -> Path:
@@ -333,14 +344,16 @@ def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         rdzv = None if env.get("NURO_RDZV_ADDR") else node_addr(first_node(env) or name)
         plan = plan_torchrun(env, args.script, nproc_per_node=args.nproc_per_node, python=args.python,
                              local_addr=local, rdzv_addr=rdzv, error_file=str(work / "agent-error.json"),
-                             log_dir=str(work / "logs"), pg_timeout_s=args.pg_timeout_s)  # fmt: skip
+                             log_dir=str(work / "logs"), pg_timeout_s=args.pg_timeout_s,
+                             stop_dir=str(work / "stops"))  # fmt: skip
         base = verdict_base(env, args.verdict_dir)
         vdir = attempt_dir(base, env) if base else None
         log.warning("node=%d/%d job=%s argv=%s", plan.node_id, plan.num_nodes, env.get("SLURM_JOB_ID"),
                     " ".join(plan.argv))  # fmt: skip
         t0 = time.monotonic()
         rc, tail, sigs = _run_torchrun(plan, env)
-        evidence = collect_evidence(rc, tail, work / "agent-error.json", work / "logs", sigs.first_stop)
+        evidence = collect_evidence(rc, tail, work / "agent-error.json", work / "logs", sigs.first_stop,
+                                    work / "stops")  # fmt: skip
         outcome = classify(evidence)
         outcome = Outcome(outcome.kind, outcome.exit_code, outcome.why, node=plan.node_id, at=time.time(),
                           details={"torchrun_rc": rc, "signals": sigs.received,

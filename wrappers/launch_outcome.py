@@ -91,12 +91,15 @@ class Evidence:
         failures: the failed local workers (from torchrun's error files and its failure summary).
         stop_signal: the stop signal the launcher itself received first (``TERM``, ``USR1``, ...), if any.
         tail: the end of torchrun's and the workers' stderr, searched for communication errors.
+        stopped_ranks: local ranks whose PreemptionGuard had decided to exit 75 after its checkpoint (it leaves a
+            marker in ``NURO_LAUNCH_STOP_DIR`` first): how such a worker's process then ended does not matter.
     """
 
     torchrun_rc: int
     failures: tuple[WorkerFailure, ...] = ()
     stop_signal: str | None = None
     tail: str = ""
+    stopped_ranks: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -148,6 +151,8 @@ def classify(ev: Evidence) -> Outcome:
     """This node's verdict on the attempt, by the first rule that matches:
 
     1. torchrun exited 0 → DONE, 0.
+    1b. every failed worker is one whose PreemptionGuard had decided to exit 75 after its checkpoint → REQUEUE, 75,
+       whatever its exit status (gloo's teardown can still abort the process: SIGABRT after a committed stop).
     2. a local worker failed with a non-communication error and an exit code other than 0/75 → FAILURE with that
        code (a bug in the user's code beats the communication errors its peers then see). torchrun's own
        "SignalException" (the agent was signalled) is not such a failure.
@@ -161,6 +166,10 @@ def classify(ev: Evidence) -> Outcome:
     """
     if ev.torchrun_rc == 0:
         return Outcome(Kind.DONE, 0, "torchrun exited 0: every local worker finished")
+    if ev.stopped_ranks and ev.failures and all(f.rank in ev.stopped_ranks for f in ev.failures):
+        how = ", ".join(f"rank {f.rank} exit {f.exitcode}" for f in ev.failures if f.exitcode != EXIT_REQUEUE)
+        return Outcome(Kind.REQUEUE, EXIT_REQUEUE, "every failed worker had checkpointed and was exiting "
+                       f"75{f' (ended at teardown: {how})' if how else ''}: restart me"[:500])  # fmt: skip
     for f in ev.failures:
         if f.exitcode > 0 and f.exitcode != EXIT_REQUEUE and not is_comm_error(f.message) and not _agent_signalled(f):
             return Outcome(Kind.FAILURE, f.exitcode, f"rank {f.rank} failed with exit {f.exitcode}: {f.message}"[:500])

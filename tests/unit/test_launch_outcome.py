@@ -178,3 +178,32 @@ def test_fold(verdicts: list[Outcome], srun_rc: int, want: int) -> None:
 def test_outcome_round_trips_through_json() -> None:
     o = Outcome(Kind.REQUEUE, 75, "lost a peer", node=3, at=12.5, details={"torchrun_rc": 1})
     assert Outcome.from_json(o.to_json()) == o
+
+
+def test_a_worker_that_checkpointed_and_then_aborted_at_teardown_is_restart_me(tmp_path: Path) -> None:
+    """Seen in CI: the guard committed, acked and was exiting 75, then gloo's teardown aborted the process (134).
+    Its marker in the stop dir makes the node's verdict "restart me"; without one, the same crash is a failure."""
+    crash = WorkerFailure(-6, "Signal 6 (SIGABRT) received by PID 77", 1)
+    assert classify(Evidence(1, (crash,), stopped_ranks=frozenset({1}))).kind is Kind.REQUEUE
+    assert classify(Evidence(1, (crash,), stopped_ranks=frozenset({1}))).exit_code == 75
+    assert classify(Evidence(1, (crash,))).kind is Kind.FAILURE  # no marker: a crash like any other
+    other = WorkerFailure(-6, "Signal 6 (SIGABRT) received by PID 78", 0)
+    assert classify(Evidence(1, (crash, other), stopped_ranks=frozenset({1}))).kind is Kind.FAILURE  # rank 0 did not
+
+    stops = tmp_path / "stops"
+    stops.mkdir()
+    (stops / "rank-1").write_text("committed\n")
+    (stops / "rank-x").write_text("junk\n")
+    ev = collect_evidence(1, "", tmp_path / "none.json", tmp_path / "logs", None, stops)
+    assert ev.stopped_ranks == frozenset({1})
+
+
+def test_the_guard_leaves_its_marker_where_the_launcher_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nuro.wrappers.sdk.preemption import _mark_stopped
+
+    monkeypatch.setenv("NURO_LAUNCH_STOP_DIR", str(tmp_path / "stops"))
+    _mark_stopped(3)
+    assert (tmp_path / "stops" / "rank-3").read_text() == "committed\n"
+    monkeypatch.delenv("NURO_LAUNCH_STOP_DIR")
+    _mark_stopped(4)  # outside nuro-launch: nothing to tell, nothing written
+    assert not (tmp_path / "stops" / "rank-4").exists()

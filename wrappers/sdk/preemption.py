@@ -31,11 +31,13 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -262,6 +264,7 @@ class PreemptionGuard:
             from nuro import runevents
 
             runevents.record("preempted", step=step, why=reason.label, acked=ok, save_s=round(save_s, 3))
+        _mark_stopped(self.env.rank)  # exiting 75 by the guard's decision, committed or not
         if dist is not None and ok:
             # every rank passed the agreement above, so tearing the group down cannot strand a peer; exiting with a
             # live gloo group aborts the interpreter ("terminate called without an active exception", status -6).
@@ -278,6 +281,20 @@ class PreemptionGuard:
                 log.warning("rank %d: destroy_process_group failed (%s); exiting anyway", self.env.rank, exc)
         self._exit_fn(self.env.exit_requeue)
         raise SystemExit(self.env.exit_requeue)  # exit_fn returned (a test double): still never fall through
+
+
+def _mark_stopped(rank: int) -> None:
+    """Tell nuro-launch (``NURO_LAUNCH_STOP_DIR``) that this rank is leaving by the guard's decision (exit 75):
+    however the process ends from here on (gloo's teardown can abort it), its node's verdict is "restart me".
+    Never raises."""
+    stop_dir = os.environ.get("NURO_LAUNCH_STOP_DIR")
+    if not stop_dir:
+        return
+    try:
+        os.makedirs(stop_dir, exist_ok=True)
+        Path(stop_dir, f"rank-{rank}").write_text("committed\n")
+    except OSError as exc:
+        log.warning("rank %d: stop marker not written to %s (%s)", rank, stop_dir, exc)
 
 
 __all__ = ["AckFn", "GuardNotStartedError", "PreemptionGuard", "StopReason"]
