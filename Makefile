@@ -39,8 +39,10 @@ unit: venv
 # The whole suite: lint, unit tests, then the integration tests on a real local cluster the tests bring up.
 # Own temp base per checkout, outside it (tests need directories that are not inside a git repository): pytest
 # re-sets /tmp/pytest-of-root to 0700 at every root session, which would cut a concurrent session's job users off.
+# Named by a hash of the checkout path, not the path itself: short and unique however deep the clone is.
+BASETEMP := /tmp/nuro-pytest-$(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-12)
 test: venv lint
-	$(PY) -m pytest tests -q --durations=25 --basetemp=/tmp/nuro-pytest$(subst /,-,$(CURDIR))
+	$(PY) -m pytest tests -q --durations=25 --basetemp=$(BASETEMP)
 
 bench: venv
 	$(PY) bench/run_all.py

@@ -55,10 +55,10 @@ def cluster() -> Iterator[LiveCluster]:
         pytest.fail("integration tests need root: they start a real Slurm cluster (run 'make test' as root)")
     layout = Layout(TEST_STATE_DIR.absolute())
     manager.down(layout, purge=True)
-    manager.up(layout, TEST_NODES, TEST_PORT_BASE)
-    env = manager.env_exports(layout)
-    tc = LiveCluster(layout=layout, backend=CliBackend(env=env), env=env)
-    try:
+    try:  # up inside the try: a cluster that came up half-way is stopped too (up also stops it when it fails)
+        manager.up(layout, TEST_NODES, TEST_PORT_BASE)
+        env = manager.env_exports(layout)
+        tc = LiveCluster(layout=layout, backend=CliBackend(env=env), env=env)
         ensure_test_users(tc)
         yield tc
     finally:

@@ -1,13 +1,18 @@
 """Where the dev cluster keeps everything, and the cluster description it runs.
 
-One state directory holds config, daemon state, sockets, logs and the run record, so ``down --purge`` removes all of
-it and two clusters with different state dirs and port bases can coexist.
+One state directory holds config, daemon state, logs and the run record; the Unix sockets (and the slurmd spool,
+where slurmstepd makes one socket per step) live in a short runtime dir named after a hash of the state dir
+(``Layout.sockets``), because ``sun_path`` holds at most 108 bytes and a state dir inside a deep checkout is longer
+than that alone. ``down --purge`` removes both, and two clusters with different state dirs and port bases coexist.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import socket
+import stat
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +31,81 @@ S3_ACCESS_KEY = "nuro-dev"
 S3_SECRET_KEY = "nuro-devcluster-s3"
 S3_BUCKET = "nuro"
 METRICS_DB = "nuro"  # the InfluxDB database the dev cluster creates and exports in NURO_METRICS_URL
+
+
+# sun_path is 108 bytes including the terminating NUL (unix(7)): the longest socket path is 107 bytes.
+SUN_PATH_MAX = 107
+# Where the short runtime dirs go: /run is root-only writable (no one can plant a directory there first); /tmp
+# stands in on machines without a usable /run, with the ownership check of ensure_sockets_dir.
+RUNTIME_PARENTS = (Path("/run"), Path("/tmp"))
+RUNTIME_PREFIX = "nuro-dc-"
+# The longest socket name under the runtime dir: slurmstepd's <node>_<job>.<step> in the per-node spool, with a
+# 6-character node name and both ids at their 32-bit maximum (extern/batch steps are 0xfffffffa..0xfffffffe).
+LONGEST_SOCKET_TAIL = "/slurmd/gpu001/gpu001_4294967295.4294967295"
+
+
+def runtime_parent() -> Path:
+    """``/run`` when it is a directory, else ``/tmp``. Not "when writable": a non-root ``status`` or ``env`` must
+    compute the same paths as root's ``up`` did."""
+    for parent in RUNTIME_PARENTS:
+        if parent.is_dir():
+            return parent
+    return RUNTIME_PARENTS[-1]
+
+
+def sockets_dir_for(state_dir: Path, parent: Path | None = None) -> Path:
+    """The short runtime dir of one state dir: ``/run/nuro-dc-<12 hex of sha256(abs state dir)>``.
+
+    Deterministic (``up``, the supervisor and ``down`` all find it from the state dir alone) and independent of
+    how deep the state dir is; 48 bits of hash make two state dirs sharing one vanishingly unlikely, and
+    ``ensure_sockets_dir`` refuses if it happens anyway (the dir records its state dir).
+    """
+    digest = hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:12]
+    return (parent or runtime_parent()) / f"{RUNTIME_PREFIX}{digest}"
+
+
+class SocketsDirError(RuntimeError):
+    """The runtime dir exists but is not ours (another owner, a symlink, another state dir's)."""
+
+
+def ensure_sockets_dir(sockets: Path, state_dir: Path) -> None:
+    """Create the runtime dir root-owned 0755 (job users must reach the munge socket inside), or check the one
+    that is there: a real directory (not a symlink) owned by us, not writable by group/others, made for this
+    state dir. Anything else is refused rather than used: under /tmp another user could have made it first."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(sockets, 0o755)
+    st = os.lstat(sockets)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise SocketsDirError(
+            f"{sockets} (the dev cluster's socket dir for {state_dir}) is not a directory owned by uid "
+            f"{os.geteuid()} and writable only by it (mode {stat.filemode(st.st_mode)}, uid {st.st_uid}); "
+            "remove it and run 'devcluster up' again"
+        )
+    os.chmod(sockets, 0o755)
+    owner = sockets / "state-dir"
+    want = os.path.abspath(state_dir) + "\n"
+    try:
+        have = owner.read_text()
+    except FileNotFoundError:
+        owner.write_text(want)
+        return
+    if have != want:
+        raise SocketsDirError(
+            f"{sockets} belongs to the dev cluster in {have.strip()!r}, not {state_dir} (hash collision); "
+            f"remove it if that cluster is gone, or use another --state-dir"
+        )
+
+
+def longest_socket_path(layout: Layout) -> str:
+    """The longest Unix socket path this layout makes (checked by ``up`` and the unit tests)."""
+    candidates = [
+        str(layout.munge_socket) + ".lock",
+        str(layout.mysql_socket) + ".lock",
+        str(layout.weed_filer_socket),
+        str(layout.weed_s3_socket),
+        str(layout.sockets) + LONGEST_SOCKET_TAIL,
+    ]
+    return max(candidates, key=lambda p: len(os.fsencode(p)))
 
 
 def default_state_dir() -> Path:
@@ -103,9 +183,15 @@ class PortPlan:
 
 @dataclass(frozen=True)
 class Layout:
-    """Paths inside the state dir."""
+    """Paths inside the state dir, and the sockets in its short runtime dir (``sockets``)."""
 
     root: Path
+
+    @property
+    def sockets(self) -> Path:
+        """The short runtime dir (``sockets_dir_for``): munge and MariaDB sockets, weed's local sockets and the
+        slurmd spool (step sockets), so no socket path grows with the state dir. Removed by ``down --purge``."""
+        return sockets_dir_for(self.root)
 
     @property
     def etc(self) -> Path:
@@ -129,7 +215,7 @@ class Layout:
 
     @property
     def munge_dir(self) -> Path:
-        return self.root / "munge"
+        return self.sockets / "munge"
 
     @property
     def munge_socket(self) -> Path:
@@ -145,7 +231,15 @@ class Layout:
 
     @property
     def mysql_socket(self) -> Path:
-        return self.run / "mysqld.sock"
+        return self.sockets / "mysqld.sock"
+
+    @property
+    def weed_filer_socket(self) -> Path:
+        return self.sockets / "weed-filer.sock"
+
+    @property
+    def weed_s3_socket(self) -> Path:
+        return self.sockets / "weed-s3.sock"
 
     @property
     def ctld_state(self) -> Path:
@@ -153,7 +247,8 @@ class Layout:
 
     @property
     def slurmd_spool(self) -> Path:
-        return self.root / "slurmd"
+        """SlurmdSpoolDir (``%n`` appended per node): slurmstepd puts each step's socket here."""
+        return self.sockets / "slurmd"
 
     @property
     def dev(self) -> Path:

@@ -27,7 +27,19 @@ import psutil
 
 from nuro.devcluster import s3
 from nuro.devcluster.install import ensure_packages
-from nuro.devcluster.layout import DEFAULT_PORT_BASE, GPUS_PER_NODE, METRICS_DB, Layout, PortPlan, bin_dir, describe
+from nuro.devcluster.layout import (
+    DEFAULT_PORT_BASE,
+    GPUS_PER_NODE,
+    METRICS_DB,
+    SUN_PATH_MAX,
+    Layout,
+    PortPlan,
+    SocketsDirError,
+    bin_dir,
+    describe,
+    ensure_sockets_dir,
+    longest_socket_path,
+)
 from nuro.devcluster.procs import stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
 from nuro.heartbeat import write_key
@@ -215,9 +227,25 @@ def _write_hooks(layout: Layout) -> None:
         wrapper.chmod(0o755)
 
 
+def check_socket_paths(layout: Layout) -> None:
+    """Refuse a layout whose longest Unix socket path would not fit ``sun_path`` (the daemons would fail later with
+    "too long" deep in a log). With the hashed runtime dir this holds for any state dir; the check guards it."""
+    longest = longest_socket_path(layout)
+    if len(os.fsencode(longest)) > SUN_PATH_MAX:
+        raise DevClusterError(
+            f"socket path {longest} is {len(os.fsencode(longest))} bytes; Unix sockets allow {SUN_PATH_MAX}"
+        )
+
+
 def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
     """Directories, fake GPU device files, munge key and the rendered config files."""
     desc = describe(layout, n_nodes, port_base)
+    check_socket_paths(layout)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    try:
+        ensure_sockets_dir(layout.sockets, layout.root)
+    except SocketsDirError as exc:
+        raise DevClusterError(str(exc)) from exc
     for d in (layout.root, layout.etc, layout.run, layout.log, layout.dev, layout.ctld_state, layout.slurmd_spool):
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o755)  # jobs run as team users: they read slurm.conf and reach the munge socket
@@ -303,7 +331,39 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
         "--state-dir", str(layout.root), "--nodes", str(n_nodes), "--port-base", str(port_base),
     ]  # fmt: skip
     with open(layout.supervisor_log, "ab") as out:
-        subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+        sup = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
+    try:
+        return _wait_up(layout, n_nodes, timeout_s, t0, t_daemons, installed)
+    except BaseException:
+        # Whatever went wrong (a daemon that did not start, nodes that never became idle, Ctrl-C): stop what this
+        # call started, so a failed up never leaves a cluster holding the ports for the next try.
+        _abort_up(layout, sup)
+        raise
+
+
+def _abort_up(layout: Layout, sup: subprocess.Popen) -> None:
+    """Stop the supervisor this ``up`` started (via the run record, as ``down`` does) and every daemon it
+    recorded; if it never wrote its record, stop it by the handle we hold. Errors here are logged, not raised:
+    the caller re-raises the reason up failed."""
+    try:
+        down(layout)
+    except Exception as exc:  # keep the original error; say what may be left
+        log.error("stopping the half-started dev cluster in %s failed: %s", layout.root, exc)
+    if sup.poll() is None:
+        sup.terminate()
+        try:
+            sup.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            sup.kill()
+            sup.wait()
+    else:
+        sup.wait()
+
+
+def _wait_up(
+    layout: Layout, n_nodes: int, timeout_s: float, t0: float, t_daemons: float, installed: list[str]
+) -> UpResult:
+    """Wait for the supervisor to report RUNNING and for every node to be idle; raise with the reason if not."""
 
     def settled() -> bool:
         rec = read_record(layout.record)
@@ -312,7 +372,7 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
     if not wait_for(settled, timeout_s, 0.1):
         raise DevClusterError(
             f"the supervisor did not finish starting within {timeout_s:.0f} s; see {layout.supervisor_log}. "
-            f"Stop what it started with 'nuro-admin devcluster down --state-dir {layout.root}'."
+            "What it started has been stopped."
         )
     rec = read_record(layout.record)
     if rec is None or rec.phase != Phase.RUNNING:
@@ -349,8 +409,11 @@ def down(layout: Layout, purge: bool = False, timeout_s: float = 90.0) -> list[s
         if leftovers:
             stop_processes(leftovers, 10, "daemon")
         layout.record.unlink(missing_ok=True)
-    if purge and layout.root.exists():
-        shutil.rmtree(layout.root)
+    if purge:
+        if layout.root.exists():
+            shutil.rmtree(layout.root)
+        if layout.sockets.is_dir() and not layout.sockets.is_symlink():
+            shutil.rmtree(layout.sockets)
     return stopped
 
 

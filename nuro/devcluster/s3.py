@@ -23,6 +23,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -121,8 +122,9 @@ def standalone(state_dir: Path, port_base: int, timeout_s: float = 30.0) -> Iter
     Data lives in ``state_dir/s3``; the caller removes ``state_dir`` if it wants a clean store.
     """
     ports = PortPlan(port_base)
-    data, run = state_dir / "s3", state_dir / "run"
-    run.mkdir(parents=True, exist_ok=True)
+    data = state_dir / "s3"
+    # weed's local sockets in a short private dir (mode 700), not under state_dir: sun_path holds 108 bytes.
+    run = Path(tempfile.mkdtemp(prefix="nuro-weed-"))
     prepare(data)
     argv = weed_argv(require_weed(), data, run, ports)
     with open(state_dir / "weed.log", "ab") as out:
@@ -143,3 +145,4 @@ def standalone(state_dir: Path, port_base: int, timeout_s: float = 30.0) -> Iter
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        shutil.rmtree(run, ignore_errors=True)

@@ -173,7 +173,7 @@ class Supervisor:
         """SeaweedFS ``weed mini`` as the S3 store; ready when a signed HEAD on the default bucket answers."""
         lay = self.layout
         s3.prepare(lay.s3_data)
-        argv = s3.weed_argv(s3.require_weed(), lay.s3_data, lay.run, self.ports)
+        argv = s3.weed_argv(s3.require_weed(), lay.s3_data, lay.sockets, self.ports)  # short socket paths
         # cwd = its data dir: weed also reads master.toml/security.toml from the working directory.
         proc = self._spawn("seaweedfs", argv, "seaweedfs.log", env=s3.weed_env(self.env), cwd=lay.s3_data)
         self._ready("seaweedfs", proc, lambda: s3.is_ready(self.ports), 60, "seaweedfs.log")

@@ -43,6 +43,13 @@ def _tree(pid: int) -> list[psutil.Process]:
 
 def _up_run_a_job_then_down(layout: Layout, tmp_path: Path) -> None:
     manager.up(layout, 2, PORT_BASE)
+    try:
+        _run_a_job_then_down(layout, tmp_path)
+    finally:  # pass or fail, nothing of this cluster outlives the test (a no-op when down already ran)
+        manager.down(layout)
+
+
+def _run_a_job_then_down(layout: Layout, tmp_path: Path) -> None:
     record = read_record(layout.record)
     assert record is not None and record.phase == Phase.RUNNING and record.supervisor is not None
     supervisor_pid = record.supervisor.pid
@@ -70,9 +77,29 @@ def _up_run_a_job_then_down(layout: Layout, tmp_path: Path) -> None:
 
 
 def test_down_stops_everything_up_started_and_up_works_again(tmp_path: Path) -> None:
+    # A state dir far deeper than sun_path's 108 bytes: every socket lives in the short runtime dir instead.
+    layout = Layout(tmp_path / ("deep-checkout-" + "x" * 150) / "cluster")
+    assert len(str(layout.root)) > 200
+    try:
+        _up_run_a_job_then_down(layout, tmp_path)
+        _up_run_a_job_then_down(layout, tmp_path)  # a second up on the same state dir works
+    finally:
+        manager.down(layout, purge=True)
+    assert not layout.sockets.exists() and not layout.root.exists()  # --purge removes the socket dir too
+
+
+def test_up_that_fails_half_way_stops_what_it_started(tmp_path: Path) -> None:
+    """An up that gives up (here: a timeout far too short to start anything) leaves no daemon and no busy port."""
     layout = Layout(tmp_path / "cluster")
-    _up_run_a_job_then_down(layout, tmp_path)
-    _up_run_a_job_then_down(layout, tmp_path)  # a second up on the same state dir works
+    base = PORT_BASE + 300
+    try:
+        with pytest.raises(manager.DevClusterError, match="has been stopped|failed to start|did not"):
+            manager.up(layout, 2, base, timeout_s=0.5)
+        assert manager.status(layout)["phase"] == "down"
+        assert manager.busy_ports(manager.PortPlan(base), 2) == []
+        assert not manager.udp_port_busy(manager.PortPlan(base).heartbeat)
+    finally:
+        manager.down(layout, purge=True)
 
 
 def test_busy_port_is_refused_with_the_fix(tmp_path: Path) -> None:

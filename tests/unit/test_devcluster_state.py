@@ -87,3 +87,61 @@ def test_port_plans_inside_the_ephemeral_range_are_refused() -> None:
     manager.check_port_plan(PortPlan(16800), 500)  # the default leaves room for 500 nodes below 32768
     with pytest.raises(manager.DevClusterError, match=f"ephemeral range {low}-{high}.*--port-base between 1024"):
         manager.check_port_plan(PortPlan(low - 1000), 8)
+
+
+def _conf_value(conf: str, key: str) -> str:
+    (line,) = [ln for ln in conf.splitlines() if ln.startswith(f"{key}=")]
+    return line.split("=", 1)[1]
+
+
+def test_socket_paths_stay_short_for_a_200_character_state_dir(tmp_path: Path) -> None:
+    """sun_path holds 108 bytes: a deep checkout must not push any socket past it (issue 11, deliverable 9)."""
+    from nuro.devcluster.layout import SUN_PATH_MAX, describe, longest_socket_path
+    from nuro.slurmconf import render_slurm_conf
+
+    deep = tmp_path / ("d" * (200 - len(str(tmp_path)) - 1))
+    assert len(str(deep)) == 200
+    layout = Layout(deep)
+    conf = render_slurm_conf(describe(layout, 8, 16800))
+    spool = _conf_value(conf, "SlurmdSpoolDir").replace("%n", "gpu001")
+    step_socket = f"{spool}/gpu001_4294967295.4294967295"  # slurmstepd's <node>_<job>.<step>, both ids at max
+    munge = _conf_value(conf, "AccountingStoragePass")
+    assert munge == str(layout.munge_socket) and f"AuthInfo=socket={munge}," in conf
+    for path in (step_socket, munge + ".lock", str(layout.mysql_socket) + ".lock", str(layout.weed_filer_socket)):
+        assert len(os.fsencode(path)) <= SUN_PATH_MAX, path
+        assert not path.startswith(str(deep)), path  # none of them under the state dir
+    assert len(os.fsencode(longest_socket_path(layout))) <= SUN_PATH_MAX
+    # Everything else stays in the state dir, and the runtime dir is named by a hash of it: same dir, same name.
+    assert layout.slurm_conf.is_relative_to(deep) and layout.record.is_relative_to(deep)
+    assert Layout(deep).sockets == layout.sockets != Layout(tmp_path / "other").sockets
+
+
+def test_sockets_dir_is_made_private_and_foreign_ones_are_refused(tmp_path: Path) -> None:
+    from nuro.devcluster.layout import SocketsDirError, ensure_sockets_dir, sockets_dir_for
+
+    state = tmp_path / "state"
+    sockets = sockets_dir_for(state, parent=tmp_path)
+    ensure_sockets_dir(sockets, state)
+    assert sockets.stat().st_mode & 0o777 == 0o755
+    assert (sockets / "state-dir").read_text() == f"{state}\n"
+    ensure_sockets_dir(sockets, state)  # a second up reuses it
+    with pytest.raises(SocketsDirError, match="hash collision"):
+        ensure_sockets_dir(sockets, tmp_path / "another-state")
+    sockets.chmod(0o777)
+    with pytest.raises(SocketsDirError, match="writable only by it"):
+        ensure_sockets_dir(sockets, state)
+    planted = sockets_dir_for(tmp_path / "s2", parent=tmp_path)
+    planted.symlink_to(tmp_path / "elsewhere", target_is_directory=True)  # a dir planted first under /tmp
+    with pytest.raises(SocketsDirError, match="not a directory"):
+        ensure_sockets_dir(planted, tmp_path / "s2")
+
+
+def test_down_purge_removes_the_sockets_dir(tmp_path: Path) -> None:
+    layout = Layout(tmp_path / "state")
+    from nuro.devcluster.layout import ensure_sockets_dir
+
+    layout.root.mkdir()
+    ensure_sockets_dir(layout.sockets, layout.root)
+    (layout.sockets / "slurmd").mkdir()
+    assert manager.down(layout, purge=True) == []
+    assert not layout.sockets.exists() and not layout.root.exists()

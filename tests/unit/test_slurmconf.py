@@ -108,7 +108,7 @@ def test_devcluster_layout_renders_into_its_state_dir(tmp_path: Path) -> None:
 
     desc = describe(Layout(tmp_path), 8, 16800)
     assert [n.port for n in desc.nodes] == list(range(17800, 17808))
-    assert desc.paths.munge_socket == str(tmp_path / "munge" / "munge.socket")
+    assert desc.paths.munge_socket == str(Layout(tmp_path).sockets / "munge" / "munge.socket")  # short dir
     assert desc.total_gpus == 64
     plan = PortPlan(16800).all(2)
     assert plan == {"mariadb": 16806, "slurmctld": 16817, "slurmdbd": 16819,
