@@ -22,6 +22,9 @@ With ``--code`` the job runs exactly the pinned commit: nuro inserts a preamble 
 unchanged. The preamble ends in the matching directory of the checkout when the job's working directory is inside
 the repository. sh/bash scripts only (the preamble is POSIX sh). Exit codes: sbatch's own (0 submitted, 1 refused),
 2 usage, 3 invalid platform value or pin; ``--dry-run``: 0 the preview accepts (or no policy), 1 it rejects.
+
+``-h``/``--help`` (before the script) prints nuro's platform flags, then sbatch's own help (``sbatch --help``, with
+the same argv when there are no platform flags), and exits 0.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +52,7 @@ from nuro.render import HELPER_LINES, META_FORMAT, PREEMPT_SIGNAL, checkout_line
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INVALID = 0, 1, 2, 3
 PLATFORM: dict[str, Opt] = {o.flag: o for o in SPEC_OPTIONS if o.sbatch}
 OWN_FLAGS = {"--dry-run": False, "--policy": True}  # flag → takes a value
+HELP_COLUMNS = 100
 ALL_FLAGS = (*PLATFORM, *OWN_FLAGS)
 SH_INTERPRETERS = ("/bin/sh", "/bin/bash", "/usr/bin/sh", "/usr/bin/bash", "/bin/dash", "/usr/bin/env bash",
                    "/usr/bin/env sh")  # fmt: skip
@@ -282,6 +287,66 @@ def _preview(words: list[Word], user: str, source: Any) -> int:
     return EXIT_OK if admission.accepted else EXIT_REFUSED
 
 
+def platform_help() -> str:
+    """nuro's part of ``--help``: the platform flags from the job spec's table (help, default), the rules. Pure."""
+    lines = [
+        "usage: nuro-sbatch [platform flags and sbatch options, any order] [SCRIPT [SCRIPT ARGS...]]",
+        "",
+        "nuro platform flags (before the script, spelled in full; any other option is sbatch's, passed through",
+        "untouched; without platform flags nuro-sbatch is plain sbatch):",
+    ]
+    rows = []
+    for opt in PLATFORM.values():
+        head = f"{opt.flag} {opt.metavar_text}".rstrip()
+        text = opt.help
+        if "default" in text.lower():
+            pass  # the help line already says it
+        elif not opt.required and opt.default not in (None, False, ()):
+            text += f" Default: {opt.default_doc or opt.default}{' ' + opt.unit if opt.unit else ''}."
+        elif opt.default_doc:
+            text += f" Default: {opt.default_doc}."
+        rows.append((head, text))
+    rows += [
+        ("--dry-run", "Print the sbatch argv (and the preamble with --code) and the bridge's verdict; submit nothing."),
+        ("--policy PATH", "teams.yaml for --dry-run's preview (default: $NURO_POLICY)."),
+    ]
+    width = max(len(head) for head, _ in rows) + 2
+    for head, text in rows:
+        wrapped = textwrap.wrap(text, HELP_COLUMNS - 2 - width) or [""]
+        lines.append(f"  {head.ljust(width)}{wrapped[0]}")
+        lines += [" " * (2 + width) + more for more in wrapped[1:]]
+    lines += [
+        "",
+        "--team sets --account, --tier sets --qos (a different -A/-q is refused); --dataset and --code together",
+        "write the run record into --comment (so --comment cannot be combined with them). See docs/submit.md.",
+        "Exit codes: sbatch's own (0 submitted, 1 refused), 2 usage, 3 invalid platform value or pin.",
+        "",
+        "sbatch's own options:",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _help(sbatch_argv: list[str]) -> int:
+    """Print nuro's flags, then run ``sbatch_argv`` (sbatch's help) below them; exit 0 when nuro's part printed.
+
+    sbatch's help is run, not exec'd, so its absence (or sbatch refusing to start without a Slurm configuration)
+    is said in one line instead of replacing nuro's help."""
+    sys.stdout.write(platform_help())
+    sys.stdout.flush()
+    try:
+        res = subprocess.run(sbatch_argv, check=False, timeout=10)  # sbatch retries a missing slurm.conf 60 s
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"  ({shlex.join(sbatch_argv)} did not print its help: {exc})")
+        return EXIT_OK
+    if res.returncode != 0:
+        print(f"  ({shlex.join(sbatch_argv)} exited {res.returncode}: it needs a Slurm configuration, e.g. SLURM_CONF)")
+    return EXIT_OK
+
+
+def _wants_help(words: Sequence[Word]) -> bool:
+    return any(w.name == "help" for w in words)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (see the module docstring)."""
     from nuro.jobspec.fields import AbsPath
@@ -297,6 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not any(a.partition("=")[0] in ALL_FLAGS for a in args):
             os.execvp("sbatch", ["sbatch", *args])  # rule 5: sbatch reports its own usage errors
         return _fail(EXIT_USAGE, str(exc))
+    if _wants_help(parsed.words):  # sbatch's help after nuro's; its argv untouched unless nuro flags are in it
+        return _help(["sbatch", *args] if not parsed.platform else ["sbatch", "--help"])
     if not parsed.platform:
         os.execvp("sbatch", ["sbatch", *args])
     dry_run = bool(parsed.platform.get("--dry-run"))

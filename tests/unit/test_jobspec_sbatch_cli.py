@@ -198,3 +198,36 @@ def test_dirty_tree_is_refused_before_sbatch(repo: Path, no_sbatch_path: str) ->
     out = nuro_sbatch("--team=perception", f"--code={repo}", f"--dataset=imagenet@{DIGEST}", "job.sh", cwd=repo,
                       env={"PATH": no_sbatch_path})  # fmt: skip
     assert out.returncode == 3 and "uncommitted changes: src/train.py (M)" in out.stderr
+
+
+def test_platform_help_lists_every_platform_flag_with_its_help() -> None:
+    from nuro.wrappers.sbatch_cli import OWN_FLAGS, PLATFORM, platform_help
+
+    text = platform_help()
+    for flag, opt in PLATFORM.items():
+        assert f"  {flag} " in text or f"  {flag}\n" in text, flag
+        assert opt.help.split()[0] in text
+    for flag in OWN_FLAGS:
+        assert f"  {flag}" in text
+    assert "Default: 1800 s." in text and text.endswith("sbatch's own options:\n")
+    assert max(len(line) for line in text.splitlines()) <= 104
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["-h"], ["--team=perception", "--help"], ["-N", "2", "--help"]])
+def test_help_shows_nuro_flags_then_sbatchs_own(argv: list[str], tmp_path: Path) -> None:
+    """The real sbatch (22.05 prints its help once it has any configuration: a two-line slurm.conf will do)."""
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\nSlurmctldHost=localhost\n")
+    out = nuro_sbatch(*argv, cwd=tmp_path, env={"SLURM_CONF": str(conf)})
+    assert out.returncode == 0, out.stderr
+    nuro_part, _, sbatch_part = out.stdout.partition("sbatch's own options:\n")
+    assert "--team TEAM" in nuro_part and "--code REPO[@COMMIT]" in nuro_part and "--dry-run" in nuro_part
+    assert sbatch_part.startswith("Usage: sbatch") and "--account=name" in sbatch_part
+
+
+def test_help_without_a_slurm_configuration_still_shows_nuros_part(tmp_path: Path) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("NotAKey=1\n")  # sbatch refuses at once (a missing file it would retry for 60 s)
+    out = nuro_sbatch("--help", cwd=tmp_path, env={"SLURM_CONF": str(conf)})
+    assert out.returncode == 0
+    assert "--team TEAM" in out.stdout and "sbatch --help exited" in out.stdout
