@@ -21,6 +21,7 @@ import stat
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 #: Flags of every directory open: no symlink, must be a directory, not inherited by children.
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -139,10 +140,12 @@ def read_regular(dir_fd: int, relpath: str, max_bytes: int = SMALL_FILE_CAP) -> 
     return read_fd(open_beneath(dir_fd, relpath), max_bytes, relpath)
 
 
-def write_atomic_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+def write_atomic_at(
+    dir_fd: int, name: str, data: bytes, mode: int = 0o644, owner: tuple[int, int] | None = None
+) -> None:
     """Replace ``name`` in ``dir_fd`` with ``data`` atomically: a temp file created ``O_EXCL|O_NOFOLLOW`` (a planted
-    name cannot redirect the write), fsync'd, ``renameat`` over ``name`` (which replaces a symlink there, never
-    writes through it), then the directory fsync'd."""
+    name cannot redirect the write), fsync'd, given to ``owner`` by fd, ``renameat`` over ``name`` (which replaces
+    a symlink there, never writes through it), then the directory fsync'd."""
     _check_name(name)
     tmp = f".{name}.tmp.{os.getpid()}.{threading.get_ident()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -154,6 +157,8 @@ def write_atomic_at(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> N
     try:
         try:
             os.fchmod(fd, mode)  # the umask must not narrow a record others read
+            if owner is not None:
+                fchown(fd, *owner)
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
@@ -222,9 +227,15 @@ def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
         return None
 
 
+#: Directory depth ``remove_at`` descends with open fds; deeper subtrees are moved up to the top first, so a
+#: hostile 100 000-level tree costs neither recursion nor one fd per level.
+_REMOVE_DEPTH = 32
+
+
 def remove_at(dir_fd: int, name: str) -> None:
     """Remove ``name`` from ``dir_fd`` whatever it is (a directory with everything below it), never following a
-    symlink: a symlink is unlinked itself, a directory is emptied through its own no-follow fd. Missing is fine."""
+    symlink: a symlink is unlinked itself, a directory is emptied through its own no-follow fd. Missing is fine.
+    Iterative, with at most ``_REMOVE_DEPTH`` directories open at once."""
     st = lstat_at(dir_fd, name)
     if st is None:
         return
@@ -233,20 +244,56 @@ def remove_at(dir_fd: int, name: str) -> None:
             os.unlink(name, dir_fd=dir_fd)
         return
     try:
-        sub = _open_no_follow(name, DIR_FLAGS, dir_fd)
+        top = _open_no_follow(name, DIR_FLAGS, dir_fd)
     except UnsafePath:  # swapped for a symlink since the lstat: unlink the link
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name, dir_fd=dir_fd)
         return
     except FileNotFoundError:
         return
+    # frames: (fd of the parent, our name in it, our fd, names still to look at)
+    stack: list[tuple[int, str, int, Iterator[str]]] = [(dir_fd, name, top, iter(os.listdir(top)))]
+    moved = 0
     try:
-        for entry in list_dir(sub):
-            remove_at(sub, entry.name)
+        while stack:
+            parent, here, fd, names = stack[-1]
+            descended = False
+            for child in names:
+                cst = lstat_at(fd, child)
+                if cst is None:
+                    continue
+                if not stat.S_ISDIR(cst.st_mode):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(child, dir_fd=fd)
+                    continue
+                if len(stack) >= _REMOVE_DEPTH:  # too deep: hang it under the top, visit it from there
+                    moved += 1
+                    with contextlib.suppress(FileNotFoundError):
+                        os.rename(child, f".deep.{moved}", src_dir_fd=fd, dst_dir_fd=top)
+                    continue
+                try:
+                    sub = _open_no_follow(child, DIR_FLAGS, fd)
+                except UnsafePath:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(child, dir_fd=fd)
+                    continue
+                except FileNotFoundError:
+                    continue
+                stack.append((fd, child, sub, iter(os.listdir(sub))))
+                descended = True
+                break
+            if descended:
+                continue
+            if len(stack) == 1 and moved and os.listdir(fd):  # subtrees moved up meanwhile: another pass
+                stack[0] = (parent, here, fd, iter(os.listdir(fd)))
+                continue
+            stack.pop()
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(here, dir_fd=parent)
     finally:
-        os.close(sub)
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(name, dir_fd=dir_fd)
+        for _, _, fd, _ in stack:
+            os.close(fd)
 
 
 def walk_files(dir_fd: int, prefix: str = "") -> Iterator[tuple[str, Entry]]:
@@ -280,6 +327,62 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+@dataclass(frozen=True)
+class Dir:
+    """An open directory: ``fd`` does the work, ``path`` is only for messages and results (never opened again).
+    The caller that opened it closes it (``close`` or ``as_dir``)."""
+
+    fd: int
+    path: Path
+
+    def sub(self, relpath: str) -> Dir:
+        """``relpath`` below this directory, walked with no-follow (UnsafePath / FileNotFoundError otherwise)."""
+        return Dir(open_dir_beneath(self.fd, relpath), self.path / relpath)
+
+    def mkdir(self, name: str, mode: int = 0o700, owner: tuple[int, int] | None = None) -> Dir:
+        """``name`` in this directory as a real directory (created if missing; given to ``owner`` by fd)."""
+        fd = mkdir_at(self.fd, name, mode)
+        if owner is not None:
+            try:
+                fchown(fd, *owner)
+            except BaseException:
+                os.close(fd)
+                raise
+        return Dir(fd, self.path / name)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@contextlib.contextmanager
+def as_dir(d: Path | Dir) -> Iterator[Dir]:
+    """``d`` as an open Dir for the block: a Dir is used as it is (its owner closes it), a path is opened with
+    ``open_dir`` and closed at the end. A path is for callers that trust the path's parents (the job itself)."""
+    if isinstance(d, Dir):
+        yield d
+        return
+    opened_dir = Dir(open_dir(d), Path(d))
+    try:
+        yield opened_dir
+    finally:
+        opened_dir.close()
+
+
+def makedirs_at(top: Dir, relpath: str, mode: int = 0o700, owner: tuple[int, int] | None = None) -> Dir:
+    """``relpath``'s directories below ``top``, created (and given to ``owner``) where missing, never through a
+    symlink; returns the last one open (the caller closes it)."""
+    cur = Dir(os.dup(top.fd), top.path)
+    try:
+        for part in _split(relpath):
+            nxt = cur.mkdir(part, mode, owner)
+            cur.close()
+            cur = nxt
+    except BaseException:
+        cur.close()
+        raise
+    return cur
+
+
 @contextlib.contextmanager
 def opened(fd: int) -> Iterator[int]:
     """Close ``fd`` when the block ends: ``with opened(open_dir(p)) as d: ...``."""
@@ -293,11 +396,14 @@ __all__ = [
     "DIR_FLAGS",
     "READ_FLAGS",
     "SMALL_FILE_CAP",
+    "Dir",
     "Entry",
     "UnsafePath",
+    "as_dir",
     "fchown",
     "list_dir",
     "lstat_at",
+    "makedirs_at",
     "mkdir_at",
     "open_beneath",
     "open_dir",

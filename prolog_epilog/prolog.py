@@ -7,12 +7,22 @@ For a job that carries nuro metadata (``{"nuro": {...}}`` in its comment) it che
    A verified digest is remembered in the node-local cache (``$NURO_CACHE_DIR``), so each node verifies a
    snapshot once, not once per job.
 
+0. (every job, first) the job's root-owned record (``nuro.jobrecord``) from slurmd's own environment: team = the
+   job's Slurm account, run/keep only from a nuro record of that team. Everything root does for the job here and
+   later (staging, GPU claims, the upload worker, the epilog) takes team and run from it, never from the comment.
 3. (every job) the node-local checkpoint staging dir ``$NURO_STAGING_ROOT/<job id>`` exists, owned by the job's
-   user, mode 700; for a nuro job the newest valid checkpoint of its team/run is staged into ``<dir>/restore/``
-   (a verified local copy first, else S3), bounded by ``NURO_PROLOG_STAGE_TIMEOUT_S`` (default 120 s). Staging
-   problems are logged and never hold the job: it then restores from S3 by itself (``nuro.checkpoint.nodestage``).
+   user, mode 700; for a job whose record has a run, the newest valid checkpoint of the record's team/run is staged
+   into ``<dir>/restore/`` (a verified local copy first, else S3), through no-follow dir fds only, bounded by
+   ``NURO_PROLOG_STAGE_TIMEOUT_S`` (default 120 s). Staging problems are logged and never hold the job: it then
+   restores from S3 by itself (``nuro.checkpoint.nodestage``).
 4. (every job with GPUs here) the job's claim on them (``SLURM_JOB_GPUS``) for the node agent, which tags its
-   ``gpu`` points with the job, team and run (``nuro.gpujobs``); the epilog removes it.
+   ``gpu`` points with the job and the record's team and run (``nuro.gpujobs``); the epilog removes it.
+
+Time: the whole prolog is bounded by ``NURO_PROLOG_DEADLINE_S`` (default 240 s; keep it below slurm.conf's
+``PrologEpilogTimeout``, so our deadline, not Slurm's, decides): the dataset verification gets what is left of it
+(a pin that cannot be verified in time holds the job, like a pin that fails), staging gets the smaller of its own
+timeout and what is left, and every S3 call has its own connect/read timeouts and bounded retries
+(``PROLOG_STORE``).
 
 First of all the node's own health (``nuro.prolog_epilog.health``): an unhealthy node is drained with the precise
 reason and the prolog exits 1, so the job does not start there and Slurm requeues it elsewhere.
@@ -28,14 +38,72 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from nuro import jobcomment
+from nuro.jobrecord import JobRecord
 from nuro.nodeenv import load_node_env
 from nuro.prolog_epilog.health import node_is_healthy
 
 log = logging.getLogger("nuro.prolog")
+
+DEFAULT_DEADLINE_S = 240.0
+#: Kept for ``refuse`` (its Slurm calls have their own 20 s timeout) and the GPU claim after the checks.
+RESERVE_S = 30.0
+#: Every S3 call of the prolog: a short connect, a read timeout per socket read, few retries (first try included).
+PROLOG_STORE = {"connect_timeout_s": 5.0, "read_timeout_s": 20.0, "max_attempts": 3}
+
+
+class Deadline:
+    """The prolog's time budget on the monotonic clock (``NURO_PROLOG_DEADLINE_S``)."""
+
+    def __init__(self, total_s: float) -> None:
+        self.total_s = total_s
+        self.end = time.monotonic() + total_s
+
+    @classmethod
+    def from_env(cls) -> Deadline:
+        raw = os.environ.get("NURO_PROLOG_DEADLINE_S", "").strip()
+        try:
+            value = float(raw) if raw else DEFAULT_DEADLINE_S
+        except ValueError:
+            log.warning("NURO_PROLOG_DEADLINE_S=%r is not a number of seconds: using %.0f", raw, DEFAULT_DEADLINE_S)
+            value = DEFAULT_DEADLINE_S
+        return cls(value if value > 0 else DEFAULT_DEADLINE_S)
+
+    def left(self, reserve_s: float = RESERVE_S) -> float:
+        return max(0.0, self.end - time.monotonic() - reserve_s)
+
+
+def bounded(fn: Callable[[], Any], limit_s: float, what: str) -> Any:
+    """``fn()`` in a daemon thread, waited for at most ``limit_s``; TimeoutError naming ``what`` past it (the
+    thread is left behind and dies with the prolog). Exceptions of ``fn`` are raised here."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=run, name=f"nuro-prolog-{what}", daemon=True)
+    t.start()
+    t.join(limit_s)
+    if t.is_alive():
+        raise TimeoutError(f"{what} did not finish within {limit_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _store() -> Any:
+    from nuro.objectstore import ObjectStore
+
+    return ObjectStore.from_env(**PROLOG_STORE)
 
 
 class Refusal(Exception):
@@ -56,16 +124,20 @@ def _dataset_ref(meta: dict) -> tuple[str, str] | None:
         raise Refusal(f"nuro metadata: bad dataset pin ({exc}); resubmit with nuro-train or nuro-sbatch") from None
 
 
-def _verify_dataset(name: str, digest: str) -> None:
+def _verify_dataset(name: str, digest: str, limit_s: float = DEFAULT_DEADLINE_S) -> None:
     from nuro.datasets.verify import verify
-    from nuro.objectstore import ObjectStore
 
     cache = Path(os.environ.get("NURO_CACHE_DIR", "/var/cache/nuro")) / "datasets"
     marker = cache / f"{digest.replace(':', '-')}.verified"
     if marker.exists():
         return
     try:
-        report = verify(ObjectStore.from_env(), name, digest)
+        report = bounded(lambda: verify(_store(), name, digest), limit_s, "dataset verification")
+    except TimeoutError as exc:  # a slow or hung store: fail closed, the owner can release the job later
+        raise Refusal(
+            f"dataset {name}@{digest} could not be verified: {exc} (the store is slow or unreachable); "
+            "release the job (scontrol release) to try again"
+        ) from None
     except Exception as exc:  # missing or forged manifest, store down: the job cannot use this data
         raise Refusal(f"dataset {name}@{digest} could not be verified: {exc}") from None
     if not report.ok:
@@ -78,8 +150,8 @@ def _verify_dataset(name: str, digest: str) -> None:
     marker.write_text(f"{time.time():.0f}\n")
 
 
-def check(comment: str | None) -> None:
-    """Raise Refusal if a nuro job must not start. Pure except for the dataset verification."""
+def check(comment: str | None, limit_s: float = DEFAULT_DEADLINE_S) -> None:
+    """Raise Refusal if a nuro job must not start. Pure except for the dataset verification (within ``limit_s``)."""
     meta = jobcomment.parse(comment).raw.get("nuro")
     if meta is None:
         return
@@ -87,7 +159,7 @@ def check(comment: str | None) -> None:
         raise Refusal("nuro metadata must be a JSON object; resubmit with nuro-train or nuro-sbatch")
     ref = _dataset_ref(meta)
     if ref is not None:
-        _verify_dataset(*ref)
+        _verify_dataset(*ref, limit_s=limit_s)
 
 
 def refuse(job_id: int, why: str) -> None:
@@ -107,60 +179,50 @@ def refuse(job_id: int, why: str) -> None:
         log.warning("job=%d node=%s refuse: %s", job_id, node, exc)
 
 
-def _job_owner() -> tuple[int, int]:
-    """The job's uid/gid from slurmd's prolog environment (gid from the passwd entry when SLURM_JOB_GID is unset)."""
-    import pwd
+def write_record() -> JobRecord:
+    """The job's root-owned record (``nuro.jobrecord``) from slurmd's environment, stored for every root reader."""
+    from nuro import jobrecord
+    from nuro.checkpoint.nodestage import open_root, staging_root
 
-    uid = int(os.environ["SLURM_JOB_UID"])
-    gid_raw = os.environ.get("SLURM_JOB_GID", "")
-    return uid, int(gid_raw) if gid_raw.isdigit() else pwd.getpwuid(uid).pw_gid
-
-
-def _run_of(comment: str | None) -> tuple[str, str] | None:
-    """(team, run) from the validated ``nuro`` record, or None for a plain job or a record that does not validate."""
-    from nuro.checkpoint.errors import InvalidCheckpointInput
-    from nuro.checkpoint.layout import validate_run, validate_team
-
-    meta = jobcomment.parse(comment).raw.get("nuro")
-    if not isinstance(meta, dict):
-        return None
-    try:
-        return validate_team(meta.get("team")), validate_run(meta.get("name"))
-    except InvalidCheckpointInput as exc:
-        log.warning("no checkpoint staging: %s", exc)
-        return None
+    rec = jobrecord.from_prolog_env(os.environ)
+    root = staging_root()
+    with open_root(root):  # the root dir made root's 0755 before .jobs goes into it
+        pass
+    jobrecord.write(root, rec)
+    return rec
 
 
-def stage(job: str) -> None:
-    """Create the job's staging dir and stage its run's newest valid checkpoint (see the module docstring)."""
+def stage(rec: JobRecord, deadline: Deadline | None = None) -> None:
+    """Create the job's staging dir and stage the record's run's newest valid checkpoint (module docstring)."""
     from nuro.checkpoint.nodestage import prepare_job_dir, stage_latest, staging_root
 
-    uid, gid = _job_owner()
-    job_dir = prepare_job_dir(staging_root(), job, uid, gid)
-    run = _run_of(os.environ.get("SLURM_JOB_COMMENT"))
-    if run is None:
+    root = staging_root()
+    prepare_job_dir(root, str(rec.job_id), rec.uid, rec.gid)
+    if rec.team is None or rec.run is None:
         return
-    from nuro.objectstore import ObjectStore
-
     timeout_s = float(os.environ.get("NURO_PROLOG_STAGE_TIMEOUT_S") or 120)
+    if deadline is not None:
+        timeout_s = min(timeout_s, deadline.left())
+    job, team, run = rec.job_id, rec.team, rec.run
     t0 = time.monotonic()
-    res = stage_latest(ObjectStore.from_env(), *run, job_dir, uid, gid, timeout_s=timeout_s)
+    res = stage_latest(_store(), rec, root, timeout_s=timeout_s)
     took = time.monotonic() - t0
     for why in res.skipped or []:
-        log.warning("job=%s team=%s run=%s checkpoint skipped: %s", job, *run, why)
+        log.warning("job=%s team=%s run=%s checkpoint skipped: %s", job, team, run, why)
     if res.error:
-        log.warning("job=%s team=%s run=%s checkpoint not staged (%.1f s): %s", job, *run, took, res.error)
+        log.warning("job=%s team=%s run=%s checkpoint not staged (%.1f s): %s", job, team, run, took, res.error)
     elif res.step is None:
-        log.info("job=%s team=%s run=%s no checkpoint to stage (%.1f s)", job, *run, took)
+        log.info("job=%s team=%s run=%s no checkpoint to stage (%.1f s)", job, team, run, took)
     else:
         log.info(
             "job=%s team=%s run=%s staged step=%d source=%s path=%s (%.1f s)",
-            job, *run, res.step, res.source, res.path, took,
+            job, team, run, res.step, res.source, res.path, took,
         )  # fmt: skip
 
 
-def record_gpus(job: str) -> None:
-    """Tell the node agent which GPUs this job holds here, so its ``gpu`` points carry the job (``nuro.gpujobs``)."""
+def record_gpus(rec: JobRecord) -> None:
+    """Tell the node agent which GPUs this job holds here, so its ``gpu`` points carry the job (``nuro.gpujobs``),
+    tagged with the record's team and run (never the comment's)."""
     from nuro.checkpoint.nodestage import staging_root
     from nuro.gpujobs import parse_gpu_ids, record
 
@@ -168,8 +230,7 @@ def record_gpus(job: str) -> None:
     gpus = parse_gpu_ids(os.environ.get("SLURM_JOB_GPUS"))
     if not node or not gpus:
         return
-    team, run = _run_of(os.environ.get("SLURM_JOB_COMMENT")) or (os.environ.get("SLURM_JOB_ACCOUNT", ""), "")
-    record(staging_root(), node, job, gpus, {"team": team, "run": run})
+    record(staging_root(), node, str(rec.job_id), gpus, {"team": rec.team or "", "run": rec.run or ""})
 
 
 def task_env() -> str:
@@ -196,23 +257,29 @@ def main(argv: list[str] | None = None) -> int:
         load_node_env()
     except (OSError, ValueError) as exc:
         log.error("job=%s cannot read node settings $NURO_ENV_FILE: %s", job, exc)
+    deadline = Deadline.from_env()  # after the env file: it may set the deadline
     if not node_is_healthy(job, "prolog"):
         return 1  # the node is drained with the reason; slurmd does not start the job here, Slurm requeues it
+    rec: JobRecord | None = None
     try:
-        check(os.environ.get("SLURM_JOB_COMMENT"))
+        rec = write_record()
+    except Exception as exc:  # slurmd's own fields missing, or the staging root unusable: no root work for it
+        log.exception("job=%s job record not written (no staging, no GPU claim): %s", job, exc)
+    try:
+        check(os.environ.get("SLURM_JOB_COMMENT"), limit_s=deadline.left())
     except Refusal as exc:
         refused = True
         log.error("job=%s refused: %s", job, exc)
         refuse(int(job), str(exc))
     except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
         log.exception("job=%s prolog error (job allowed to start): %s", job, exc)
-    if not refused:
+    if not refused and rec is not None:
         try:
-            stage(job)
+            stage(rec, deadline)
         except Exception as exc:  # staging is an optimisation: the job restores from S3 without it
             log.exception("job=%s checkpoint staging failed (job allowed to start): %s", job, exc)
         try:
-            record_gpus(job)
+            record_gpus(rec)
         except Exception as exc:  # telemetry only: the job's GPUs stay untagged
             log.exception("job=%s GPU claim not recorded (job allowed to start): %s", job, exc)
     return 0

@@ -17,29 +17,35 @@ Epilog (``finish_job``):
      an optimisation and must never be what drains the node for a full staging disk;
   3. remove the job dir.
 
-Everything read here was written by the job's user: records are parsed strictly, files are opened without
-following symlinks (``verify.open_beneath``), only the files a manifest lists (and that hash to it) are moved into
-a job's dir, and ownership changes use ``lchown``.
+Trust: team and run come only from the job's root-owned record (``nuro.jobrecord``, written by the prolog from
+slurmd's environment), never from the comment or a file the job wrote. Everything inside a job's dir is the job
+user's to change at any moment, so root touches it only through directory fds opened with no-follow
+(``nuro.safefs``): symlinks are refused, only regular files are read (a FIFO cannot block, ``/dev/zero`` cannot
+fill memory), what root creates is made under temp names ``O_EXCL|O_NOFOLLOW`` and given to the job's user with
+``fchown`` on its own fd; there is no chown by path. Only files that hash to the manifest are placed in a job's dir,
+and a file with more than one link is never given away (a hard link to a system file must not change owner).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from nuro import jobrecord, safefs
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import CheckpointError, ManifestError
-from nuro.checkpoint.manifest import dumps, utc_now
-from nuro.checkpoint.restore import Restored, restore_latest
-from nuro.checkpoint.staging import job_dirs, job_steps, safe_request, write_atomic
+from nuro.checkpoint.restore import restore_latest
 from nuro.checkpoint.upload import FlushResult, UploadWorker
+from nuro.jobrecord import JobRecord
 from nuro.objectstore import ObjectStore, ObjectStoreError
+from nuro.safefs import Dir, UnsafePath
 
 log = logging.getLogger(__name__)
 
@@ -55,24 +61,73 @@ def staging_root(env: Mapping[str, str] | None = None) -> Path:
     return L.node_staging_root(e.get("NURO_STAGING_ROOT") or L.DEFAULT_STAGING_ROOT, e.get("SLURMD_NODENAME"))
 
 
-def _ensure_root(root: Path) -> None:
-    """The staging root: root-owned, 0755 (jobs traverse it to their own 0700 dir)."""
+@contextlib.contextmanager
+def open_root(root: Path) -> Iterator[Dir]:
+    """The staging root, open: root-owned, 0755 (jobs traverse it to their own 0700 dir), never a symlink. Its
+    own path is the admin's (``NURO_STAGING_ROOT``); everything below it is reached through this fd."""
     root.mkdir(parents=True, exist_ok=True)
-    st = os.lstat(root)
-    if not stat.S_ISDIR(st.st_mode):
-        raise CheckpointError(f"staging root {root} is not a directory (NURO_STAGING_ROOT)")
-    if os.geteuid() == 0 and (st.st_uid != 0 or st.st_mode & 0o022):
-        os.chown(root, 0, 0, follow_symlinks=False)
-        os.chmod(root, 0o755)
+    d = Dir(safefs.open_dir(root), root)
+    try:
+        st = os.fstat(d.fd)
+        if os.geteuid() == 0 and (st.st_uid != 0 or st.st_mode & 0o022):
+            os.fchown(d.fd, 0, 0)
+            os.fchmod(d.fd, 0o755)
+        yield d
+    finally:
+        d.close()
 
 
-def _chown_tree(top: Path, uid: int, gid: int) -> None:
-    if os.geteuid() != 0:
-        return
-    os.chown(top, uid, gid, follow_symlinks=False)
-    for dirpath, dirnames, filenames in os.walk(top):
-        for name in dirnames + filenames:
-            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+_OWN_DEPTH = 16  # a DCP checkpoint is one or two levels deep
+
+
+def _own_tree(d: Dir, uid: int, gid: int, depth: int = 0) -> None:
+    """Give everything below ``d`` to ``uid:gid`` through no-follow fds (directories 0700, files 0600); anything
+    that is not a directory or a single-link regular file, or lies deeper than ``_OWN_DEPTH``, is removed, never
+    given to anyone."""
+    safefs.fchown(d.fd, uid, gid)
+    os.fchmod(d.fd, 0o700)
+    for entry in safefs.list_dir(d.fd):
+        if entry.is_dir and depth >= _OWN_DEPTH:
+            safefs.remove_at(d.fd, entry.name)
+            continue
+        if entry.is_dir:
+            try:
+                sub = d.sub(entry.name)
+            except (UnsafePath, FileNotFoundError):
+                safefs.remove_at(d.fd, entry.name)
+                continue
+            try:
+                _own_tree(sub, uid, gid, depth + 1)
+            finally:
+                sub.close()
+            continue
+        try:
+            fd = safefs.open_regular(entry.name, dir_fd=d.fd) if entry.is_file else None
+        except OSError:
+            fd = None
+        if fd is None:
+            safefs.remove_at(d.fd, entry.name)
+            continue
+        try:
+            if os.fstat(fd).st_nlink != 1:
+                os.unlink(entry.name, dir_fd=d.fd)
+                continue
+            safefs.fchown(fd, uid, gid)
+            os.fchmod(fd, 0o600)
+        finally:
+            os.close(fd)
+
+
+def _fresh_subdir(parent: Dir, name: str, uid: int, gid: int) -> None:
+    """``parent/name`` a real directory of ``uid:gid``, mode 700: a symlink or file there is removed first."""
+    st = safefs.lstat_at(parent.fd, name)
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=parent.fd)
+    sub = parent.mkdir(name, 0o700, (uid, gid))
+    try:
+        os.fchmod(sub.fd, 0o700)
+    finally:
+        sub.close()
 
 
 def prepare_job_dir(root: Path, job_id: str, uid: int, gid: int) -> Path:
@@ -81,25 +136,19 @@ def prepare_job_dir(root: Path, job_id: str, uid: int, gid: int) -> Path:
     An existing real directory of that user is kept (a requeue whose epilog did not run: its pending uploads are
     still worth committing, and everything in it is verified before use); anything else at that name is removed.
     """
-    _ensure_root(root)
-    job_dir = root / L.validate_job_id(job_id)
-    if os.path.lexists(job_dir):
-        st = os.lstat(job_dir)
-        if not stat.S_ISDIR(st.st_mode):
-            job_dir.unlink()
-        elif st.st_uid != uid:
-            shutil.rmtree(job_dir)
-    job_dir.mkdir(mode=0o700, exist_ok=True)
-    os.chmod(job_dir, 0o700)
-    for sub in ("ckpt", "restore"):
-        path = job_dir / sub
-        if path.is_symlink():
-            path.unlink()
-        path.mkdir(mode=0o700, exist_ok=True)
-    if os.geteuid() == 0:
-        for path in (job_dir, job_dir / "ckpt", job_dir / "restore"):
-            os.chown(path, uid, gid, follow_symlinks=False)
-    return job_dir
+    name = L.validate_job_id(job_id)
+    with open_root(root) as r:
+        st = safefs.lstat_at(r.fd, name)
+        if st is not None and (not stat.S_ISDIR(st.st_mode) or st.st_uid != uid):
+            safefs.remove_at(r.fd, name)
+        job = r.mkdir(name, 0o700, (uid, gid))
+        try:
+            os.fchmod(job.fd, 0o700)
+            for sub in ("ckpt", "restore"):
+                _fresh_subdir(job, sub, uid, gid)
+        finally:
+            job.close()
+    return root / name
 
 
 @dataclass
@@ -114,63 +163,67 @@ class StageResult:
     timed_out: bool = False
 
 
-def _adopt(restored: Restored, job_dir: Path) -> Path:
-    """Put a verified local copy that lies outside the job dir into ``<job>/restore/step-N``: files from the node
-    cache are moved (it is refilled by the next epilog), from another job's dir copied (that job may still run).
-    Only the manifest's files are taken, and each is re-checked after it is placed."""
-    from nuro.checkpoint.verify import check_local_file
+def _same_run_ckpt_dirs(r: Dir, rec: JobRecord) -> list[Dir]:
+    """The ``ckpt`` dirs of other jobs on this node whose own records name the same team and run (newest job
+    first), opened no-follow. Their files are only ever read, and used only when they hash to the manifest."""
+    out: list[Dir] = []
+    for entry in reversed(safefs.list_dir(r.fd)):
+        if not entry.is_dir or not entry.name.isdigit() or entry.name == str(rec.job_id):
+            continue
+        try:
+            other = jobrecord.read(r.path, entry.name)
+        except (OSError, ValueError) as exc:
+            log.warning("job record %s ignored: %s", entry.name, exc)
+            continue
+        if other is None or (other.team, other.run) != (rec.team, rec.run):
+            continue
+        try:
+            out.append(r.sub(f"{entry.name}/ckpt"))
+        except OSError:
+            continue
+    return out
 
-    target = job_dir / "restore" / L.step_name(restored.step)
-    if restored.path == target:
-        return target
-    target.mkdir(parents=True, exist_ok=True)
-    from_cache = restored.path.is_relative_to(job_dir.parent / L.CACHE_DIR)
-    for entry in restored.manifest.shards:
-        src, dst = restored.path / entry.path, target / entry.path
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if from_cache:
-            os.replace(src, dst)
-        else:
-            shutil.copyfile(src, dst, follow_symlinks=False)
-        problem = check_local_file(target, entry)
-        if problem:
-            shutil.rmtree(target, ignore_errors=True)
-            raise CheckpointError(f"local copy changed while staged: {problem}")
-    if from_cache:
-        shutil.rmtree(restored.path, ignore_errors=True)
-    write_atomic(target / L.VERIFIED_FILE, dumps({"step": restored.step, "at": utc_now()}))
-    return target
+
+def _stage(store: ObjectStore, rec: JobRecord, root: Path, result: StageResult) -> None:
+    assert rec.team is not None and rec.run is not None
+    owner = (rec.uid, rec.gid)
+    with contextlib.ExitStack() as stack, open_root(root) as r:
+        restore = r.sub(f"{rec.job_id}/restore")
+        stack.callback(restore.close)
+        cache: list[Dir] = []
+        with contextlib.suppress(FileNotFoundError, UnsafePath):
+            cache.append(r.sub(f"{L.CACHE_DIR}/{rec.team}/{rec.run}"))
+            stack.callback(cache[0].close)
+        others = _same_run_ckpt_dirs(r, rec)
+        for d in others:
+            stack.callback(d.close)
+        found = restore_latest(
+            store, rec.team, rec.run, local_roots=others, movable=cache, dest=restore, owner=owner, in_place=False
+        )
+        if found is None:
+            return
+        result.skipped = [str(s) for s in found.skipped]
+        result.step, result.source, result.path = found.step, found.source, found.path
+        if cache and found.source == "local":  # moved out of the cache (or overtaken by it): drop the rest
+            safefs.remove_at(cache[0].fd, L.step_name(found.step))
 
 
 def stage_latest(
-    store: ObjectStore,
-    team: str,
-    run: str,
-    job_dir: Path,
-    uid: int,
-    gid: int,
-    *,
-    timeout_s: float = DEFAULT_STAGE_TIMEOUT_S,
+    store: ObjectStore, rec: JobRecord, root: Path, *, timeout_s: float = DEFAULT_STAGE_TIMEOUT_S
 ) -> StageResult:
-    """Stage the newest valid checkpoint of ``team/run`` into the job's restore dir, within ``timeout_s``.
+    """Stage the newest valid checkpoint of the record's team/run into ``<root>/<job>/restore``, within
+    ``timeout_s``. A record without a run stages nothing.
 
     Runs in a thread joined with the timeout: a slow store delays the job by at most ``timeout_s``, and then the
     job restores by itself (the half-done download is removed by the epilog with the job dir).
     """
-    root = job_dir.parent
     result = StageResult()
+    if rec.team is None or rec.run is None:
+        return result
 
     def work() -> None:
         try:
-            others = [d / "ckpt" for d in reversed(job_dirs(root)) if d != job_dir]
-            local_roots = [L.cache_dir(root, team, run), *others]
-            found = restore_latest(store, team, run, local_roots=local_roots, dest=job_dir / "restore")
-            if found is None:
-                return
-            result.skipped = [str(s) for s in found.skipped]
-            result.step, result.source = found.step, found.source
-            result.path = _adopt(found, job_dir) if found.source == "local" else found.path
-            _chown_tree(job_dir / "restore", uid, gid)
+            _stage(store, rec, root, result)
         except (CheckpointError, ManifestError, ObjectStoreError, OSError) as exc:
             result.error = str(exc)
 
@@ -184,34 +237,57 @@ def stage_latest(
 
 
 # -- epilog ----------------------------------------------------------------------------------------------------
-def _newest_committed(job_dir: Path) -> tuple[Path, int, str, str] | None:
-    """(dir, step, team, run) of the job's newest committed local checkpoint, from its upload requests."""
-    for s in reversed(job_steps(job_dir)):
-        if not s.is_done:
-            continue
+def _newest_committed(ckpt: Dir) -> int | None:
+    """The newest step of the job's ``ckpt`` dir that carries the committed marker (a regular file)."""
+    steps = [(L.parse_step_name(e.name), e.name) for e in safefs.list_dir(ckpt.fd) if e.is_dir]
+    for step, name in sorted(((s, n) for s, n in steps if s is not None), reverse=True):
         try:
-            req = safe_request(s, s.parts[0]) if s.parts else None
-        except ManifestError:
+            with safefs.opened(safefs.open_beneath(ckpt.fd, f"{name}/{L.DONE_FILE}")):
+                return step
+        except OSError:
             continue
-        if req is not None:
-            return s.path, s.step, req.team, req.run
     return None
 
 
-def _cache(root: Path, job_dir: Path, max_runs: int, keep_free_bytes: int = 0) -> str | None:
-    newest = _newest_committed(job_dir)
-    if newest is None:
+def _cache(root: Path, job_id: str, rec: JobRecord, max_runs: int, keep_free_bytes: int = 0) -> str | None:
+    """Move the job's newest committed step into ``cache/<record team>/<record run>/`` (one step per run), owned
+    by root through fds (``_own_tree``), then evict. The team/run are the record's, never a request's."""
+    if rec.team is None or rec.run is None:
         return None
-    path, step, team, run = newest
-    dest_parent = L.cache_dir(root, team, run)
-    if dest_parent.exists():
-        shutil.rmtree(dest_parent)  # one step per run: the new one replaces it
-    dest_parent.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    dest_parent.mkdir(mode=0o700)
-    os.replace(path, dest_parent / L.step_name(step))
-    _chown_tree(dest_parent, 0, 0)  # root's until the next prolog of the run adopts it
-    _evict(root, max_runs, keep_free_bytes)
-    return f"{team}/{run}@{step}" if dest_parent.exists() else None
+    with open_root(root) as r:
+        try:
+            ckpt = r.sub(f"{job_id}/ckpt")
+        except (FileNotFoundError, UnsafePath):
+            return None
+        try:
+            step = _newest_committed(ckpt)
+            if step is None:
+                return None
+            team_dir = r.mkdir(L.CACHE_DIR, 0o700, (0, 0))
+            try:
+                teams = team_dir.mkdir(rec.team, 0o700, (0, 0))
+            finally:
+                team_dir.close()
+            try:
+                safefs.remove_at(teams.fd, rec.run)  # one step per run: the new one replaces it
+                run_dir = teams.mkdir(rec.run, 0o700, (0, 0))
+            finally:
+                teams.close()
+            try:
+                name = L.step_name(step)
+                os.rename(name, name, src_dir_fd=ckpt.fd, dst_dir_fd=run_dir.fd)
+                moved = run_dir.sub(name)
+                try:
+                    _own_tree(moved, 0, 0)  # root's until the next prolog of the run adopts it
+                finally:
+                    moved.close()
+            finally:
+                run_dir.close()
+        finally:
+            ckpt.close()
+    removed = _evict(root, max_runs, keep_free_bytes)
+    kept = L.cache_dir(root, rec.team, rec.run) not in removed
+    return f"{rec.team}/{rec.run}@{step}" if kept else None
 
 
 def _disk_free_bytes(path: Path) -> int:
@@ -222,22 +298,47 @@ def _evict(
     root: Path, max_runs: int, keep_free_bytes: int = 0, disk_free: Callable[[Path], int] = _disk_free_bytes
 ) -> list[Path]:
     """Keep the ``max_runs`` most recently cached runs on this node, then drop the least recent ones (the newest
-    last) while the disk has less than ``keep_free_bytes`` free. Returns what was removed, in that order."""
-    runs = sorted(
-        (p for team in (root / L.CACHE_DIR).glob("*") if team.is_dir() for p in team.iterdir() if p.is_dir()),
-        key=lambda p: p.stat().st_mtime,
-        reverse=True,
-    )
-    removed = []
-    for old in reversed(runs[max_runs:]):  # over the count
-        shutil.rmtree(old, ignore_errors=True)
-        removed.append(old)
-    kept = runs[:max_runs]
-    while kept and keep_free_bytes > 0 and disk_free(root) < keep_free_bytes:  # over the disk
-        old = kept.pop()
-        shutil.rmtree(old, ignore_errors=True)
-        removed.append(old)
-    return removed
+    last) while the disk has less than ``keep_free_bytes`` free. Returns what was removed, in that order.
+    Walked and removed through no-follow fds (the cache is root's, but nothing below a root is taken on trust)."""
+    with open_root(root) as r:
+        try:
+            cache = r.sub(L.CACHE_DIR)
+        except (FileNotFoundError, UnsafePath):
+            return []
+        try:
+            runs: list[tuple[float, str, str]] = []
+            for team in safefs.list_dir(cache.fd):
+                if not team.is_dir:
+                    continue
+                try:
+                    tdir = cache.sub(team.name)
+                except OSError:
+                    continue
+                try:
+                    runs += [(e.st.st_mtime, team.name, e.name) for e in safefs.list_dir(tdir.fd) if e.is_dir]
+                finally:
+                    tdir.close()
+            runs.sort(reverse=True)
+            removed: list[Path] = []
+
+            def drop(team: str, run: str) -> None:
+                with contextlib.suppress(OSError):
+                    tdir = cache.sub(team)
+                    try:
+                        safefs.remove_at(tdir.fd, run)
+                    finally:
+                        tdir.close()
+                removed.append(root / L.CACHE_DIR / team / run)
+
+            for _, team, run in reversed(runs[max_runs:]):  # over the count
+                drop(team, run)
+            kept = runs[:max_runs]
+            while kept and keep_free_bytes > 0 and disk_free(root) < keep_free_bytes:  # over the disk
+                _, team, run = kept.pop()
+                drop(team, run)
+            return removed
+        finally:
+            cache.close()
 
 
 def finish_job(
@@ -251,20 +352,25 @@ def finish_job(
 ) -> tuple[FlushResult | None, str | None]:
     """Epilog: flush the job's uploads (bounded), cache its newest committed copy, remove its staging dir.
 
+    The cache uses the job's record (``nuro.jobrecord``; the epilog removes the record after this returns).
     Returns (flush result, cached "team/run@step" or None). Never raises for a store outage.
     """
-    job_dir = root / L.validate_job_id(job_id)
-    if not job_dir.is_dir() or job_dir.is_symlink():
+    name = L.validate_job_id(job_id)
+    with open_root(root) as r:
+        st = safefs.lstat_at(r.fd, name)
+    if st is None or not stat.S_ISDIR(st.st_mode):
         return None, None
     result = UploadWorker(store, root).flush(job_id, flush_timeout_s)
     cached = None
     try:
-        if cache_runs > 0:
-            cached = _cache(root, job_dir, cache_runs, cache_keep_free_bytes)
-    except OSError as exc:
+        rec = jobrecord.read(root, name)
+        if cache_runs > 0 and rec is not None:
+            cached = _cache(root, name, rec, cache_runs, cache_keep_free_bytes)
+    except Exception as exc:  # a cache is an optimisation: whatever went wrong, the job dir still goes
         log.warning("job=%s could not cache its newest checkpoint: %s", job_id, exc)
-    shutil.rmtree(job_dir, ignore_errors=True)
+    with open_root(root) as r:
+        safefs.remove_at(r.fd, name)
     return result, cached
 
 
-__all__ = ["StageResult", "finish_job", "prepare_job_dir", "stage_latest", "staging_root"]
+__all__ = ["StageResult", "finish_job", "open_root", "prepare_job_dir", "stage_latest", "staging_root"]

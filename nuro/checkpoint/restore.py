@@ -14,20 +14,21 @@ a warning naming what failed, and the next older step is tried. Nothing that fai
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from nuro import safefs
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import ManifestError, VerificationFailed
 from nuro.checkpoint.manifest import FileEntry, Manifest, dumps, parse_incomplete, parse_manifest, utc_now
-from nuro.checkpoint.staging import write_atomic
-from nuro.checkpoint.verify import Problem, check_local_file, download_verified, verify_local
+from nuro.checkpoint.verify import Problem, Where, check_local_file, copy_verified, download_verified, verify_local
 from nuro.objectstore import NotFound, ObjectStore
+from nuro.safefs import Dir, as_dir
 
 log = logging.getLogger(__name__)
 
@@ -106,38 +107,71 @@ def _committed_manifest(store: ObjectStore, team: str, run: str, step: int) -> M
     return manifest
 
 
-def _local_file(candidates: Sequence[Path], entry: FileEntry) -> Path | None:
-    for root in candidates:
-        p = root / entry.path
-        try:
-            if os.lstat(p).st_size == entry.size and check_local_file(root, entry) is None:
-                return p
-        except OSError:
-            continue
-    return None
+def _open_step(root: Where, name: str) -> Dir | None:
+    """``root/name`` opened without following a symlink anywhere below ``root``; None when it is not there (or is
+    not a real directory: then it is simply no candidate)."""
+    try:
+        with as_dir(root) as d:
+            return d.sub(name)
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            log.debug("local copy %s/%s not usable: %s", root, name, exc)
+        return None
+
+
+def _move_verified(src: Dir, entry: FileEntry, dest: Dir, owner: tuple[int, int] | None) -> bool:
+    """Move ``entry`` from a root-owned local copy (the node cache, which no job can change) into ``dest``: it is
+    verified on its own open fd, given to ``owner`` by that fd, and renamed between directory fds."""
+    if check_local_file(src, entry) is not None:
+        return False
+    *dirs, leaf = entry.path.split("/")
+    fd = safefs.open_beneath(src.fd, entry.path)
+    try:
+        if owner is not None:
+            safefs.fchown(fd, *owner)
+    finally:
+        os.close(fd)
+    src_parent = src.sub("/".join(dirs)) if dirs else Dir(os.dup(src.fd), src.path)
+    dst_parent = safefs.makedirs_at(dest, "/".join(dirs), 0o700, owner) if dirs else Dir(os.dup(dest.fd), dest.path)
+    try:
+        os.rename(leaf, leaf, src_dir_fd=src_parent.fd, dst_dir_fd=dst_parent.fd)
+    finally:
+        src_parent.close()
+        dst_parent.close()
+    return check_local_file(dest, entry) is None
 
 
 def _materialise(
-    store: ObjectStore, manifest: Manifest, candidates: Sequence[Path], dest: Path
+    store: ObjectStore,
+    manifest: Manifest,
+    candidates: Sequence[tuple[Dir, bool]],
+    dest: Dir,
+    owner: tuple[int, int] | None,
 ) -> tuple[list[Problem], int, int]:
-    """Fill ``dest`` with verified shards; returns (problems, downloaded bytes, reused local bytes)."""
+    """Fill ``dest`` with verified shards, from a local copy (moved when it may be, else copied, verified either
+    way) or from S3; returns (problems, downloaded bytes, reused local bytes)."""
     downloaded = reused = 0
     problems: list[Problem] = []
     for entry in manifest.shards:
-        target = dest / entry.path
-        if target.exists() and check_local_file(dest, entry) is None:
+        if check_local_file(dest, entry) is None:
             reused += entry.size
             continue
-        local = _local_file([c for c in candidates if c != dest], entry)
-        if local is not None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.part")
-            shutil.copyfile(local, tmp, follow_symlinks=False)
-            os.replace(tmp, target)
-            if check_local_file(dest, entry) is None:  # it could have changed while copied
-                reused += entry.size
-                continue
-        problem = download_verified(store, manifest, entry, dest)
+        placed = False
+        for cand, movable in candidates:
+            try:
+                placed = (
+                    _move_verified(cand, entry, dest, owner)
+                    if movable
+                    else check_local_file(cand, entry) is None and copy_verified(cand, entry, dest, owner) is None
+                )
+            except OSError as exc:
+                log.debug("local copy %s of %s not usable: %s", cand.path, entry.path, exc)
+            if placed:
+                break
+        if placed:
+            reused += entry.size
+            continue
+        problem = download_verified(store, manifest, entry, dest, owner)
         if problem:
             problems.append(problem)
         else:
@@ -146,32 +180,51 @@ def _materialise(
 
 
 def restore_step(
-    store: ObjectStore, manifest: Manifest, *, local_roots: Sequence[Path] = (), dest: Path | None = None
+    store: ObjectStore,
+    manifest: Manifest,
+    *,
+    local_roots: Sequence[Where] = (),
+    dest: Where | None = None,
+    owner: tuple[int, int] | None = None,
+    in_place: bool = True,
+    movable: Sequence[Where] = (),
 ) -> Restored:
-    """Materialise one committed step (local copy in place, else into ``dest/step-N``); VerificationFailed if a
-    shard cannot be had with the right bytes."""
+    """Materialise one committed step (a valid local copy in place, else into ``dest/step-N``); VerificationFailed
+    if a shard cannot be had with the right bytes.
+
+    Root (the prolog) passes open Dirs for every root and ``dest``, ``owner`` = the job's uid/gid for everything it
+    creates, ``in_place=False`` (the job must get its own copy in its restore dir) and ``movable`` = roots no job
+    can write (the node cache), whose files are moved rather than copied. The job itself passes paths.
+    """
     name = L.step_name(manifest.step)
-    candidates = [Path(r) / name for r in local_roots]
-    if dest is not None:
-        candidates.append(Path(dest) / name)
-    for cand in candidates:
-        try:
-            valid = cand.is_dir() and not verify_local(cand, manifest.shards)
-        except OSError as exc:  # e.g. the node cache is root's and this is the job: just not a candidate
-            log.debug("local copy %s not usable: %s", cand, exc)
-            continue
-        if valid:
-            return Restored(manifest.step, cand, "local", manifest, reused_bytes=manifest.total_bytes)
-    if dest is None:
-        raise VerificationFailed(f"step {manifest.step}: no valid local copy and no dest to download into")
-    target = Path(dest) / name
-    target.mkdir(parents=True, exist_ok=True)
-    problems, downloaded, reused = _materialise(store, manifest, candidates, target)
-    if problems:
-        shutil.rmtree(target, ignore_errors=True)
-        raise VerificationFailed(f"step {manifest.step}: corrupt: " + "; ".join(str(p) for p in problems[:5]))
-    write_atomic(target / L.VERIFIED_FILE, dumps({"step": manifest.step, "at": utc_now()}))
-    return Restored(manifest.step, target, "s3", manifest, downloaded_bytes=downloaded, reused_bytes=reused)
+    with contextlib.ExitStack() as stack:
+        candidates: list[tuple[Dir, bool]] = []
+        for root in [*local_roots, *movable]:
+            d = _open_step(root, name)
+            if d is not None:
+                stack.callback(d.close)
+                candidates.append((d, any(root is m for m in movable)))
+        if in_place:
+            for cand, _ in candidates:
+                if not verify_local(cand, manifest.shards):
+                    return Restored(manifest.step, cand.path, "local", manifest, reused_bytes=manifest.total_bytes)
+        if dest is None:
+            raise VerificationFailed(f"step {manifest.step}: no valid local copy and no dest to download into")
+        if isinstance(dest, Path):
+            dest.mkdir(parents=True, exist_ok=True)  # the job's own path
+        top = stack.enter_context(as_dir(dest))
+        target = top.mkdir(name, 0o700, owner)
+        stack.callback(target.close)
+        if in_place and not verify_local(target, manifest.shards):
+            return Restored(manifest.step, target.path, "local", manifest, reused_bytes=manifest.total_bytes)
+        problems, downloaded, reused = _materialise(store, manifest, candidates, target, owner)
+        if problems:
+            safefs.remove_at(top.fd, name)
+            raise VerificationFailed(f"step {manifest.step}: corrupt: " + "; ".join(str(p) for p in problems[:5]))
+        verified = dumps({"step": manifest.step, "at": utc_now()})
+        safefs.write_atomic_at(target.fd, L.VERIFIED_FILE, verified, 0o644, owner)
+        source: Literal["local", "s3"] = "s3" if downloaded else "local"
+        return Restored(manifest.step, target.path, source, manifest, downloaded_bytes=downloaded, reused_bytes=reused)
 
 
 def restore_latest(
@@ -179,15 +232,19 @@ def restore_latest(
     team: str,
     run: str,
     *,
-    local_roots: Sequence[Path] = (),
-    dest: Path | None = None,
+    local_roots: Sequence[Where] = (),
+    dest: Where | None = None,
     max_step: int | None = None,
+    owner: tuple[int, int] | None = None,
+    in_place: bool = True,
+    movable: Sequence[Where] = (),
 ) -> Restored | None:
     """The newest valid checkpoint of ``team/run`` (at or below ``max_step``), materialised; None if there is none.
 
     Args:
         local_roots: directories that may hold ``step-N`` copies (checked first, by sha256 against the manifest).
         dest: where ``step-N`` is downloaded when no local copy is valid. None = local copies only.
+        owner, in_place, movable: root's settings (``restore_step``).
     """
     skipped: list[Skipped] = []
     for step in step_numbers(store, L.validate_team(team), L.validate_run(run)):
@@ -201,7 +258,9 @@ def restore_latest(
             log.warning("restore team=%s run=%s skipping %s", team, run, found)
             continue
         try:
-            restored = restore_step(store, found, local_roots=local_roots, dest=dest)
+            restored = restore_step(
+                store, found, local_roots=local_roots, dest=dest, owner=owner, in_place=in_place, movable=movable
+            )
         except (VerificationFailed, OSError) as exc:
             skipped.append(Skipped(step, str(exc).removeprefix(f"step {step}: ")))
             log.warning("restore team=%s run=%s skipping step %d: %s", team, run, step, exc)

@@ -10,7 +10,6 @@ tests/integration/test_prolog.py's jobs would give them. Needs root (chown to th
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from nuro import jobcomment
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.restore import load_manifest, restore_latest
 from nuro.checkpoint.staging import read_request, write_request
@@ -56,10 +56,11 @@ def _hook(module: str, node: Path, job: int, run: str, **extra: str) -> str:
     settings = {**s3.s3_env(PortPlan(PORT_BASE)), "NURO_STAGING_ROOT": str(node / "staging"),
                 "NURO_CACHE_DIR": str(node / "cache"), "NURO_STAGING_MIN_FREE_GB": "1", **extra}  # fmt: skip
     env_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-    comment = json.dumps({"nuro": {"v": 1, "name": run, "team": TEAM}})
+    comment = jobcomment.merge(None, nuro={"v": 1, "name": run, "team": TEAM})
     env = {
         "PATH": os.environ["PATH"], "NURO_ENV_FILE": str(env_file), "SLURM_JOB_ID": str(job),
         "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY), "SLURM_JOB_COMMENT": comment,
+        "SLURM_JOB_USER": "nobody", "SLURM_JOB_ACCOUNT": TEAM,
         "SLURMD_NODENAME": node.name, "PYTHONPATH": str(REPO),
     }  # fmt: skip
     res = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
@@ -160,12 +161,14 @@ def test_a_slurm_job_checkpoints_and_its_successor_restores_from_the_node_cache(
     """Real Slurm: the prolog makes the staging dir for the job's user, the job saves and commits through the SDK
     (inline upload), rank 0 records the step in the job comment, the epilog caches the newest copy, and the next
     job of the run on that node restores it without downloading."""
-    from nuro import jobcomment
     from nuro.slurm import JobPhase
 
     table = Path(cluster.env["SLURM_CONF"]).parent / "nuro_policy.lua"
     saved = table.read_bytes() if table.exists() else None
     table.unlink(missing_ok=True)  # bridge in pass-through: this test's record is not a full nuro submission
+    from tests.integration.conftest import TEST_ACCOUNT
+
+    team = TEST_ACCOUNT  # the team root trusts is the job's Slurm account (nuro.jobrecord), nuro-alice's is this
     run = f"e2e-{uuid.uuid4().hex[:6]}"
     store = ObjectStore.from_env(cluster.env)
     script = _JOB_SCRIPT.format(python=sys.executable)
@@ -178,10 +181,10 @@ def test_a_slurm_job_checkpoints_and_its_successor_restores_from_the_node_cache(
         results = []
         for n in (1, 2):
             out = shared_tmp / f"job{n}.out"
-            comment = json.dumps({"nuro": {"v": 1, "name": run, "team": TEAM}})
+            comment = jobcomment.merge(None, nuro={"v": 1, "name": run, "team": team})
             res = cluster.run(
                 ["sbatch", "--parsable", "--nodes=1", "--nodelist=gpu003", f"--output={out}", f"--comment={comment}",
-                 f"--export=ALL,NURO_TEAM={TEAM},NURO_RUN_NAME={run}", "--wrap", script],
+                 f"--export=ALL,NURO_TEAM={team},NURO_RUN_NAME={run}", "--wrap", script],
                 user="nuro-alice",
             )  # fmt: skip
             job_id = int(res.stdout.strip())
@@ -193,9 +196,9 @@ def test_a_slurm_job_checkpoints_and_its_successor_restores_from_the_node_cache(
         assert results == ["RESULT None 2 True 3.0", "RESULT 2 5 True 6.0"]
         # lineage: a parent is an earlier committed step (a lower bound: two nodes' workers may commit out of order)
         # (job 2 restored step 2, then committed 3, 4, 5: step 5's uploads may land before those of 3 and 4)
-        assert 2 <= load_manifest(store, TEAM, run, 5).parent < 5
+        assert 2 <= load_manifest(store, team, run, 5).parent < 5
         staging = Path(cluster.env["NURO_STAGING_ROOT"])
-        assert (L.cache_dir(staging, TEAM, run) / L.step_name(5)).is_dir()  # left for the next job on the node
+        assert (L.cache_dir(staging, team, run) / L.step_name(5)).is_dir()  # left for the next job on the node
     finally:
         if saved is not None:
             table.write_bytes(saved)

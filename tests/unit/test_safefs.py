@@ -167,3 +167,23 @@ def test_open_dir_refuses_a_symlinked_root(tmp_path: Path) -> None:
     (tmp_path / "l").symlink_to(tmp_path / "real")
     with pytest.raises(UnsafePath, match="symlink"):
         safefs.open_dir(tmp_path / "l")
+
+
+def test_remove_at_a_very_deep_tree_needs_neither_recursion_nor_an_fd_per_level(tmp_path: Path) -> None:
+    top = tmp_path / "deep"
+    top.mkdir()
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        cur = os.dup(fd)
+        for _ in range(1500):  # deeper than Python's recursion limit
+            os.mkdir("d", dir_fd=cur)
+            os.close(os.open("f", os.O_CREAT | os.O_WRONLY, dir_fd=cur))
+            nxt = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=cur)
+            os.close(cur)
+            cur = nxt
+        os.close(cur)
+    finally:
+        os.close(fd)
+    with safefs.opened(safefs.open_dir(tmp_path)) as root:
+        safefs.remove_at(root, "deep")
+    assert not top.exists()
