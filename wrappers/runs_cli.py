@@ -156,10 +156,10 @@ def _follow(path: Path, backend: CliBackend, job_id: int, poll_s: float = 0.5) -
             sys.stdout.write(chunk.decode(errors="replace"))
             sys.stdout.flush()
         try:
-            record = backend.job_record(job_id)
+            state = backend.job_state(job_id)  # one squeue line per poll (job_record lists every job on 22.05)
         except InvalidJobId:
             return
-        if record.get("JobState", "") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
             if path.exists():
                 with open(path, "rb") as fh:
                     fh.seek(pos)

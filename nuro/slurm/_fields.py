@@ -166,3 +166,37 @@ def node_state_text(base: str, flags: list[str] | tuple[str, ...]) -> str:
     """Compose "IDLE+DRAIN" from a base state and flags, as ``scontrol show node`` writes State=."""
     words = [base.upper()] + [f.upper() for f in flags if f and f.upper() != base.upper()]
     return "+".join(w for w in words if w)
+
+
+_STD_PATTERN = re.compile(r"%(%|[Aajux])")
+
+
+def expand_std_path(
+    pattern: str,
+    *,
+    job_id: int,
+    user: str,
+    name: str,
+    work_dir: str,
+    array_job_id: int | None = None,
+    array_task_id: int | None = None,
+) -> str:
+    """A job's StdOut/StdErr path as ``scontrol show job`` prints it, from the raw pattern JSON gives.
+
+    Why: 22.05's ``squeue --json`` has the raw ``--output`` pattern ("/tmp/o-%j.log", "" for the default) while
+    scontrol expands it (``_fname_format`` in src/api/job_info.c): %A, %a, %j, %u, %x and %% here; an empty pattern is
+    Slurm's default ``slurm-%j.out`` (``slurm-%A_%a.out`` for an array task); a relative path is under the work dir.
+    Other letters (%N, %n, %t, %s, zero padding) are left as they are, as scontrol leaves them.
+    """
+    if not pattern:
+        pattern = "slurm-%A_%a.out" if array_job_id else "slurm-%j.out"
+    values = {
+        "%": "%",
+        "A": str(array_job_id if array_job_id else job_id),
+        "a": str(array_task_id if array_task_id is not None else ""),
+        "j": str(job_id),
+        "u": user,
+        "x": name,
+    }
+    path = _STD_PATTERN.sub(lambda m: values[m.group(1)], pattern)
+    return path if path.startswith("/") else f"{work_dir.rstrip('/')}/{path}"

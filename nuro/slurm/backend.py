@@ -15,6 +15,10 @@ Fallbacks of ``CliBackend`` (STYLE T5), each logged when taken:
 * partitions: ``scontrol show -o partition`` (22.05's ``sinfo --json`` has none); on failure, derived from nodes.
 * finished jobs: ``sacct --json -j a,b,...`` (one call for many jobs, STYLE S2), plus one text ``sacct`` call
   for exit codes when 22.05's JSON lost them.
+
+Job reads never parse ``scontrol show job`` text (issue 11: a job name with `` Comment=...`` or a newline added
+fields and records there): the snapshot and ``job_record`` are JSON, ``job_comment``/``job_state`` read one value
+alone (``squeue -o '%i|%k'``). Which text reads remain and why each is safe: ``nuro.slurm.parse_text``.
 """
 
 from __future__ import annotations
@@ -64,14 +68,16 @@ from nuro.slurm.parse import (
     parse_sacct_json,
     parse_sbatch_parsable,
     parse_scontrol_partitions,
-    parse_scontrol_show_oneliner,
     parse_scontrol_show_topology,
     parse_sinfo_json,
     parse_squeue_format,
+    parse_squeue_job_record,
     parse_squeue_json,
+    parse_squeue_one_field,
     parse_version,
     partitions_from_nodes,
 )
+from nuro.slurm.parse_text import ONE_FIELD_FORMAT
 from nuro.slurm.states import JobPhase
 
 log = logging.getLogger(__name__)
@@ -213,6 +219,14 @@ class Backend(abc.ABC):
         return self.apply(ResumeNode(node)).raise_for_error()
 
 
+def _job_id(job_id: int | str) -> int:
+    """A plain job id as an int; anything else (a name, "123_4", "1;rm") is refused before Slurm sees it."""
+    text = str(job_id).strip()
+    if not text.isdigit():
+        raise InvalidJobId(f"not a plain Slurm job id: {str(job_id)[:40]!r}", argv=())
+    return int(text)
+
+
 def _is_unknown_option(exc: SlurmError, option: str) -> bool:
     text = exc.slurm_message.lower()
     return option in text and ("unrecognized option" in text or "invalid option" in text or "unknown option" in text)
@@ -314,17 +328,48 @@ class CliBackend(Backend):
                 self._topology = {}
         return self._topology
 
+    def _job_entry(self, job_id: int) -> dict[str, str]:
+        """One job from ``squeue --json`` as scontrol-named fields; raises ``InvalidJobId`` if slurmctld has none.
+
+        ``-j`` is passed for the Slurm versions that honour it; 22.05 ignores it (the whole list, picked here).
+        """
+        record = parse_squeue_job_record(self.run(["squeue", "--json", "-j", str(job_id)]).stdout, job_id)
+        if record is None:
+            raise InvalidJobId(f"slurmctld lists no job {job_id}", argv=["squeue", "--json"])
+        return record
+
+    def _job_field(self, job_id: int | str, spec: str, key: str) -> str:
+        """One value of one job, exact whatever it holds: ``squeue -j ID -o '%i|<spec>'`` (see
+        ``parse_squeue_one_field``); an array or het record falls back to the JSON read (field ``key``)."""
+        jid = _job_id(job_id)
+        argv = ["squeue", "-h", "-t", "all", "-j", str(jid), "-o", ONE_FIELD_FORMAT.format(spec=spec)]
+        value = parse_squeue_one_field(self.run(argv).stdout, jid)
+        if value is None:
+            log.debug("job=%d is an array or het record: reading %s from squeue --json", jid, key)
+            return self._job_entry(jid)[key]
+        return value
+
     def job_record(self, job_id: int | str) -> dict[str, str]:
-        """One job's full ``scontrol show job -o`` record (StdOut path, Comment, …): cheap, unlike a full squeue."""
-        rows = parse_scontrol_show_oneliner(self.run(["scontrol", "show", "job", "-o", str(job_id)]).stdout)
-        if not rows:
-            raise InvalidJobId(f"scontrol show job {job_id} printed nothing", argv=["scontrol", "show", "job"])
-        return rows[0]
+        """One job's fields named as ``scontrol show job`` names them (JobState, StdOut, Comment, Account, ...).
+
+        Read from ``squeue --json``, never from scontrol's text: a job name or comment holding `` Comment=...`` or a
+        newline would add or change fields there (issue 11). StdOut/StdErr are expanded as scontrol does. Costs a
+        full job listing on 22.05; for the state or the comment alone use ``job_state`` / ``job_comment``.
+        """
+        return self._job_entry(_job_id(job_id))
+
+    def job_state(self, job_id: int | str) -> str:
+        """One job's state ("RUNNING", "COMPLETED", ...), cheaply: one ``squeue -j`` line."""
+        return self._job_field(job_id, "%T", "JobState")
 
     def job_comment(self, job_id: int | str) -> str:
-        """One job's current comment (nuro's job record; see nuro.jobcomment)."""
-        comment = self.job_record(job_id).get("Comment", "")
-        return "" if comment == "(null)" else comment
+        """One job's current comment (nuro's job record; see nuro.jobcomment), exactly as the job holds it.
+
+        Read alone with ``squeue -j ID -o '%i|%k'`` (``parse_squeue_one_field``): the controller's and the prolog's
+        read-merge-write (``merge_comment``, prolog ``refuse``) must see the job's own comment, never one a job name
+        or another field made up; ``scontrol show job -o`` text could not guarantee that.
+        """
+        return self._job_field(job_id, "%k", "Comment")
 
     def refresh_topology(self) -> None:
         """Forget the cached topology (after a slurmctld restart with a new topology.conf)."""

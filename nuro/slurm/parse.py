@@ -19,7 +19,13 @@ Shapes are Slurm 22.05's, which prints the REST API's v0.0.38 documents from the
   ones finished within MinJobAge; filter client-side;
 * with slurmctld unreachable, ``squeue --json``/``sinfo --json`` exit 0 with an empty list and an ``errors``
   entry: every reported error raises here (``_reported_error``), so "no answer" never reads as "no jobs";
-* no topology switch is reported anywhere in JSON; it is attached from ``scontrol show topology``.
+* no topology switch is reported anywhere in JSON; it is attached from ``scontrol show topology``;
+* ``standard_output``/``standard_error`` are the raw ``--output`` patterns ("" for the default), not the expanded
+  paths scontrol prints (``_fields.expand_std_path``).
+
+Why JSON for every job read (issue 11): JSON strings are escaped, so a job name or comment holding `` Comment=...``,
+'|' or a newline stays one value of one job; Slurm's job text (``scontrol show job -o``) cannot be split safely (see
+``parse_text``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from nuro.slurm._fields import (
     as_str,
     decode_wait_status,
     epoch_to_dt,
+    expand_std_path,
     gpu_count_from_gres,
     gpus_from_tres,
     node_state_text,
@@ -51,6 +58,7 @@ from nuro.slurm.parse_text import (
     parse_scontrol_show_oneliner,
     parse_scontrol_show_topology,
     parse_squeue_format,
+    parse_squeue_one_field,
     parse_version,
 )
 from nuro.slurm.states import JobPhase, to_phase
@@ -70,6 +78,8 @@ __all__ = [
     "parse_sinfo_json",
     "parse_squeue_format",
     "parse_squeue_json",
+    "parse_squeue_job_record",
+    "parse_squeue_one_field",
     "parse_version",
     "partitions_from_nodes",
 ]
@@ -133,7 +143,7 @@ def _array_id(value: object) -> int | None:
 
 def _job_from_squeue(d: Mapping[str, Any]) -> JobInfo:
     """One entry of squeue's ``jobs`` list (v0.0.38 ``dump_job_info``)."""
-    state = as_str(d.get("job_state"))
+    state = _state_text(d.get("job_state"))
     phase = to_phase(state)
     node_count = as_int(d.get("node_count"))
     tres_per_node = as_str(d.get("tres_per_node"))
@@ -187,6 +197,73 @@ def parse_squeue_json(text: str) -> list[JobInfo]:
     """
     doc = _load(text, "squeue --json", "jobs")
     return [_job_from_squeue(j) for j in doc["jobs"] or []]
+
+
+def _state_text(value: object) -> str:
+    """A job state: 22.05's "RUNNING", or newer Slurm's ["RUNNING", "COMPLETING"] as "RUNNING+COMPLETING"."""
+    if isinstance(value, list):
+        return "+".join(as_str(v) for v in value)
+    return as_str(value)
+
+
+def _job_record(d: Mapping[str, Any]) -> dict[str, str]:
+    """One squeue JSON job as the ``Key=value`` fields ``scontrol show job`` names them (values from the JSON)."""
+    job_id = as_int(d.get("job_id"))
+    user = as_str(d.get("user_name")) or str(as_int(d.get("user_id")))
+    name = as_str(d.get("name"))
+    work_dir = as_str(d.get("current_working_directory"))
+    array_job = _array_id(d.get("array_job_id"))
+    array_task = _array_id(d.get("array_task_id")) if array_job else None
+
+    def std(key: str, expanded: str, default: str) -> str:
+        if as_str(d.get(expanded)):  # 26.05: stdout_expanded / stderr_expanded
+            return as_str(d.get(expanded))
+        raw = as_str(d.get(key)) or default
+        return expand_std_path(
+            raw,
+            job_id=job_id,
+            user=user,
+            name=name,
+            work_dir=work_dir,
+            array_job_id=array_job,
+            array_task_id=array_task,
+        )
+
+    stdout = std("standard_output", "stdout_expanded", "")
+    return {
+        "JobId": str(job_id),
+        "JobName": name,
+        "UserId": f"{user}({as_int(d.get('user_id'))})",
+        "GroupId": f"{as_str(d.get('group_name'))}({as_int(d.get('group_id'))})",
+        "Account": as_str(d.get("account")),
+        "QOS": as_str(d.get("qos")),
+        "JobState": _state_text(d.get("job_state")),
+        "Reason": as_str(d.get("state_reason")),
+        "Requeue": "1" if d.get("requeue") else "0",
+        "Restarts": str(as_int(d.get("restart_cnt"))),
+        "Partition": as_str(d.get("partition")),
+        "NodeList": as_str(d.get("nodes")),
+        "BatchHost": as_str(d.get("batch_host")),
+        "WorkDir": work_dir,
+        "Command": as_str(d.get("command")),
+        "Comment": as_str(d.get("comment")),
+        "StdOut": stdout,
+        "StdErr": std("standard_error", "stderr_expanded", as_str(d.get("standard_output"))),
+        "StdIn": as_str(d.get("standard_input")) or "/dev/null",
+    }
+
+
+def parse_squeue_job_record(text: str, job_id: int) -> dict[str, str] | None:
+    """The job ``job_id`` from ``squeue --json`` as scontrol-named fields (``_job_record``); None if not listed.
+
+    Why not ``scontrol show job -o``: its text cannot be split safely (module docstring). 22.05's squeue lists
+    every job whatever ``-j`` says, so the job is picked here by its id.
+    """
+    doc = _load(text, "squeue --json", "jobs")
+    for entry in doc["jobs"] or []:
+        if isinstance(entry, Mapping) and as_int(entry.get("job_id")) == job_id:
+            return _job_record(entry)
+    return None
 
 
 def _node_from_json(d: Mapping[str, Any]) -> NodeInfo:

@@ -1,8 +1,38 @@
-"""Parsing of Slurm's text outputs: ``scontrol show -o``, topology, ``sacctmgr -P -n``, ``sbatch --parsable``,
-``--version`` lines and the ``squeue -o`` fallback. Pure functions; re-exported by ``nuro.slurm.parse``.
+"""Parsing of Slurm's text outputs: ``scontrol show -o``, topology, ``sacctmgr -P -n``, ``sacct -P``, one-job
+``squeue -o`` reads, ``sbatch --parsable``, ``--version`` lines and the ``squeue -o`` fallback. Pure functions;
+re-exported by ``nuro.slurm.parse``.
 
-Why text at all: in 22.05 ``scontrol`` and ``sacctmgr`` have no ``--json`` (it arrived in 23.02), and topology is
-only available from ``scontrol show topology``.
+Why text at all: in 22.05 ``scontrol`` and ``sacctmgr`` have no ``--json``, topology is only in
+``scontrol show topology``, 22.05's ``squeue --json`` ignores ``-j`` (a one-job read would list every job), and
+22.05's ``sacct --json`` loses exit codes.
+
+The rule (issue 11): no user-chosen value (job name, comment, work dir, std paths, command, mail user, ...) may add
+or change a field. Slurm's text never escapes values, so a value can contain `` Key=``, ``|``, the 0x1f separator
+and newlines. Each text read below is safe for its own reason:
+
+Per call site (command: why no user value can move a field):
+
+* ``CliBackend.job_comment`` / ``job_state``: ``squeue -h -t all -j ID -o '%i|<one field>'``. One job, one value,
+  and it is last: the prefix must be exactly the job's own id (``%i`` never holds '|'), and everything after the
+  first '|' up to the final newline is the value (``parse_squeue_one_field``). An array or het record (``%i`` is
+  "ID_n" / "ID+n", possibly with more records) goes to the JSON read instead.
+* ``CliBackend.partitions``: ``scontrol show -o partition``. A partition record holds admin config only.
+* ``CliBackend.topology``: ``scontrol show topology``. Admin config only.
+* ``healthcheck.cli.node_drain_state``: ``scontrol show -o node``. A node record holds no user-chosen value; its
+  free text (OS, Reason, Comment, Extra: host and admin) ends only at a key Slurm prints after it (``_FREE_TEXT``),
+  so a reason cannot set State.
+* ``CliBackend.finished_jobs`` (exit codes): ``sacct -n -P -X -o JobIDRaw,ExitCode,State``. None of the three can
+  hold '|' or a newline (digits, "N:M", a state word or "CANCELLED by UID"); each line must have exactly 3 values.
+* ``nuro.policy.slurm_state``: ``sacctmgr -P -n show qos/account/assoc/user``. Names and limits an admin set (a
+  user picks none of them); the value count is checked per line.
+* ``CliBackend.submit``: ``sbatch --parsable``. The job id (and cluster) only.
+* fallback jobs (Slurm < 21.08 only): ``squeue -o`` of fixed fields. Names and comments are NOT read (two free
+  fields cannot be split safely); each line must have exactly the fixed fields.
+
+What nuro never parses as text: job records (``scontrol show job -o``). With two or more free fields (JobName, Comment,
+WorkDir, StdOut, Command, ... and 26.05's SubmitLine) the split is ambiguous whatever parser is used, and a name with
+a newline prints a second "JobId=..." line. ``parse_scontrol_show_oneliner`` still reads such text for tests and
+tools on trusted jobs; nuro's own job reads are JSON (``squeue --json``, ``sacct --json``) or the one-field reads.
 """
 
 from __future__ import annotations
@@ -25,22 +55,40 @@ log = logging.getLogger(__name__)
 _KEY = re.compile(r"^([A-Z][A-Za-z0-9_/:.]*)=(.*)$", re.DOTALL)
 
 
+#: Free-text values of records nuro reads as text, by record kind (its first key), and the keys Slurm prints after
+#: each (``slurm_sprint_node_table`` in src/api/node_info.c, 22.05 to 26.05). Inside such a value a `` Key=`` token
+#: starts a new field only if Key is one of those followers, so the text cannot set a field printed before it
+#: (State, NodeAddr, ...) nor an unknown one.
+_FREE_TEXT: dict[str, dict[str, frozenset[str]]] = {
+    "NodeName": {
+        "OS": frozenset({"RealMemory"}),
+        "Reason": frozenset({"Comment", "Extra", "InstanceId", "InstanceType", "ReservationName"}),
+        "Comment": frozenset({"Extra", "InstanceId", "InstanceType", "ReservationName"}),
+        "Extra": frozenset({"InstanceId", "InstanceType", "ReservationName"}),
+    },
+}
+
+
 def _parse_record(line: str) -> dict[str, str]:
     """One ``Key=value Key=value`` record whose values may contain spaces.
 
-    A space-separated token starts a new field only if it looks like ``Key=`` (upper-case first letter) and that
-    key has not been seen in this record; otherwise it belongs to the previous value. That keeps
-    ``Reason=nuro test [root@2024-05-01T10:00:00]``, ``OS=Linux 6.1.0 #1 SMP ...`` and
-    ``Comment={"run": "x"}`` whole. Limitation: a free-text value containing `` Word=`` where Word is a key not
-    yet seen in the record would be split; Slurm's own ``-o`` output has the same ambiguity.
+    A space-separated token starts a new field only if it looks like ``Key=`` (upper-case first letter), that key
+    has not been seen in this record and, inside a known free-text value (``_FREE_TEXT``), the key is one Slurm
+    prints after that value; otherwise it belongs to the previous value. That keeps
+    ``Reason=nuro test State=IDLE [root@2024-05-01T10:00:00]``, ``OS=Linux 6.1.0 #1 SMP ...`` and
+    ``Comment={"run": "x"}`` whole. Job records stay ambiguous (see the module docstring): nuro does not read them.
     """
     record: dict[str, str] = {}
     current: str | None = None
+    free: dict[str, frozenset[str]] = {}
     for token in line.split(" "):
         match = _KEY.match(token)
-        if match and match.group(1) not in record:
-            current = match.group(1)
-            record[current] = match.group(2)
+        key = match.group(1) if match else None
+        if key is not None and not record:
+            free = _FREE_TEXT.get(key, {})
+        if key is not None and key not in record and (current not in free or key in free[current]):
+            current = key
+            record[current] = match.group(2)  # type: ignore[union-attr]
         elif current is not None:
             record[current] += " " + token
         elif token:
@@ -49,10 +97,11 @@ def _parse_record(line: str) -> dict[str, str]:
 
 
 def parse_scontrol_show_oneliner(text: str) -> list[dict[str, str]]:
-    """Parse ``scontrol show -o node|job|partition|topology`` into one dict per record (values raw strings).
+    """Parse ``scontrol show -o node|partition|topology`` into one dict per record (values raw strings).
 
     Also accepts the multi-line form (without ``-o``): an indented line continues the record above it.
-    Lines such as "No jobs in the system" are skipped.
+    Lines such as "No jobs in the system" are skipped. Job records parse too, but only trust them for jobs whose
+    names and comments you chose: a user's job name can add fields and records (module docstring).
     """
     logical: list[str] = []
     for raw in text.splitlines():
@@ -118,6 +167,8 @@ def parse_sacct_exitcodes(text: str) -> dict[int, tuple[int | None, int | None]]
 
     Why: 22.05's ``sacct --json`` reports every normal exit as success (see ``parse._sacct_exit``); the text
     form "3:0" is right. Lines for steps ("123.batch") and array/het ids that are not plain integers are skipped.
+    Only these three fields: none can hold '|' or a newline, so a job's name or comment (never asked for) cannot
+    shift a value, and a line with another count raises.
     """
     out: dict[int, tuple[int | None, int | None]] = {}
     for row in parse_sacctmgr_parsable(text, ("JobIDRaw", "ExitCode", "State")):
@@ -188,12 +239,40 @@ def parse_version(text: str) -> SlurmVersion:
     return SlurmVersion(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
 
 
-# Fallback for Slurm without ``squeue --json`` (before 21.08): fixed fields, separated by the ASCII unit separator
-# so no job name or comment can break the split; the comment goes last.
+#: ``squeue -o`` for one field of one job: the record's own id, '|', then the value, alone and last.
+ONE_FIELD_FORMAT = "%i|{spec}"
+
+
+def parse_squeue_one_field(text: str, job_id: int) -> str | None:
+    """The value from ``squeue -h -t all -j JOB_ID -o ONE_FIELD_FORMAT`` stdout; None when it is not one plain job.
+
+    Why this is exact whatever the value holds (spaces, ``Key=``, '|', newlines): the output is "<%i>|<value>\n" for
+    one record, ``%i`` is the record's id and never holds '|', so the value is everything after the first '|' up to
+    the last newline squeue adds. ``%i`` equal to ``job_id`` means a plain job, which ``-j`` matches alone; an array
+    ("ID_3", "ID_[1-9]") or het ("ID+0") record can come with others, so None sends the caller to the JSON read.
+    Slurm prints an unset value as "(null)", read as "".
+
+    Raises:
+        SlurmParseError: no output (the job vanished between the checks) or no final newline (cut off).
+    """
+    head, sep, rest = text.partition("|")
+    if not sep:
+        raise SlurmParseError(f"squeue printed no record for job {job_id}: {text[:120]!r}")
+    if head != str(job_id):
+        return None
+    if not rest.endswith("\n"):
+        raise SlurmParseError(f"squeue output for job {job_id} is cut off (no final newline): {text[-120:]!r}")
+    value = rest[:-1]
+    return "" if value == "(null)" else value
+
+
+# Fallback for Slurm without ``squeue --json`` (before 21.08): fixed fields only, separated by the ASCII unit
+# separator. No job name or comment: with two free-text fields no separator is safe (both can hold it and newlines),
+# so those are left empty on such a Slurm (nuro records and preempt marks are not seen there). None of the fields
+# below is free text: ids, Slurm's own state and reason words, names an admin created, numbers, times, hostlists.
 _SEP = "\x1f"
 _FALLBACK_FIELDS = (
     "%A",
-    "%j",
     "%u",
     "%T",
     "%r",
@@ -207,7 +286,6 @@ _FALLBACK_FIELDS = (
     "%S",
     "%e",
     "%N",
-    "%k",
 )
 SQUEUE_FALLBACK_FORMAT = _SEP.join(_FALLBACK_FIELDS)
 
@@ -219,41 +297,27 @@ def _none_if_na(value: str) -> str:
 def parse_squeue_format(text: str) -> list[JobInfo]:
     """Parse ``squeue -h -o SQUEUE_FALLBACK_FORMAT`` output.
 
-    Less than the JSON path: no restart count, requeue flag or exit code (defaults), GPUs only from ``%b``, and
-    times are the client's local time converted to UTC.
+    Less than the JSON path: no name or comment (see ``SQUEUE_FALLBACK_FORMAT``), no restart count, requeue flag or
+    exit code (defaults), GPUs only from ``%b``, and times are the client's local time converted to UTC.
+
+    Raises:
+        SlurmParseError: a line without exactly the fixed fields.
     """
     jobs: list[JobInfo] = []
     for line in text.splitlines():
         if not line.strip():
             continue
-        parts = line.split(_SEP, len(_FALLBACK_FIELDS) - 1)
+        parts = line.split(_SEP)
         if len(parts) != len(_FALLBACK_FIELDS):
             raise SlurmParseError(f"squeue -o line has {len(parts)} fields, expected {len(_FALLBACK_FIELDS)}")
-        (
-            jid,
-            name,
-            user,
-            state,
-            reason,
-            acct,
-            qos,
-            part,
-            prio,
-            nnodes,
-            gres,
-            sub,
-            start,
-            end,
-            nodes,
-            comment,
-        ) = parts
+        jid, user, state, reason, acct, qos, part, prio, nnodes, gres, sub, start, end, nodes = parts
         node_count = as_int(nnodes)
         gres = _none_if_na(gres)
         per_node = gpu_count_from_gres(gres)
         jobs.append(
             JobInfo(
                 job_id=as_int(jid),
-                name=name,
+                name="",
                 user=user,
                 state=state,
                 phase=to_phase(state),
@@ -267,7 +331,7 @@ def parse_squeue_format(text: str) -> list[JobInfo]:
                 gres_per_node=gres,
                 gpus_per_node=per_node,
                 gpus_total=per_node * node_count,
-                comment=_none_if_na(comment),
+                comment="",
                 submit_time=text_to_dt(sub),
                 start_time=text_to_dt(start),
                 end_time=text_to_dt(end),

@@ -16,6 +16,7 @@ import pytest
 
 from nuro.slurm import (
     CliBackend,
+    InvalidJobId,
     InvalidState,
     JobPhase,
     SlurmCommandNotFound,
@@ -141,7 +142,9 @@ def test_squeue_without_json_falls_back_to_format(tmp_path: Path, caplog: pytest
     with caplog.at_level(logging.WARNING):
         jobs = backend.jobs()
         backend.jobs()
-    assert any(j.name == "nuro-gang" and j.phase is JobPhase.RUNNING for j in jobs)
+    done = next(j for j in jobs if j.job_id == 17)  # the hostile capture's finished job ("done|x\ny=z")
+    assert done.phase is JobPhase.FAILED and done.user == "nuro-alice" and done.nodes == ("gpu001",)
+    assert all(j.name == "" and j.comment == "" for j in jobs)  # free text is never read from squeue -o
     assert fake.argvs().count(["squeue", "--json"]) == 1  # the fallback sticks
     assert sum("no --json" in r.getMessage() for r in caplog.records) == 1
 
@@ -242,3 +245,44 @@ def test_missing_slurm_conf_fails_at_once_without_running_anything(tmp_path: Pat
 def test_invalid_timeout_is_refused() -> None:
     with pytest.raises(ValueError, match="timeout_s"):
         CliBackend(timeout_s=0)
+
+
+HOSTILE = json.loads((FIXTURES / "hostile_jobs.json").read_text())["jobs"]
+ONE_FIELD_READS = json.loads((FIXTURES / "squeue_one_field_hostile.json").read_text())
+
+
+@pytest.mark.parametrize("truth", HOSTILE, ids=lambda t: t["case"])
+def test_job_comment_is_the_jobs_own_comment(tmp_path: Path, truth: dict) -> None:
+    """Issue 11: the comment the controller and the prolog merge into is the job's own, whatever its name says."""
+    fake = FakeSlurm(tmp_path)
+    for read in ONE_FIELD_READS:
+        if read["job_id"] == truth["job_id"]:
+            fake.on(" ".join(read["argv"]), stdout=read["stdout"])
+    backend = fake.backend()
+    assert backend.job_comment(truth["job_id"]) == truth["comment"]
+    assert backend.job_state(str(truth["job_id"])) in ("PENDING", "FAILED")
+    assert fake.argvs()[0] == ["squeue", "-h", "-t", "all", "-j", str(truth["job_id"]), "-o", "%i|%k"]
+
+
+def test_job_comment_of_an_array_record_comes_from_json(tmp_path: Path) -> None:
+    job_id = HOSTILE[0]["job_id"]
+    fake = (
+        FakeSlurm(tmp_path)
+        .on(f"squeue -h -t all -j {job_id}", stdout=f"{job_id}_[1-3]|x\n{job_id}_4|y\n")
+        .on("squeue --json", file="squeue_hostile.json")
+    )
+    assert fake.backend().job_comment(job_id) == HOSTILE[0]["comment"]
+    assert fake.argvs()[1] == ["squeue", "--json", "-j", str(job_id)]
+
+
+def test_job_record_is_read_from_json(tmp_path: Path) -> None:
+    fake = FakeSlurm(tmp_path).on("squeue --json", file="squeue_hostile.json")
+    truth = next(t for t in HOSTILE if t["case"] == "name_newline_record")
+    record = fake.backend().job_record(truth["job_id"])
+    assert record["JobName"] == truth["name"] and record["UserId"] == "nuro-alice(1001)"
+    assert record["Account"] == "nurotest" and record["Comment"] == truth["comment"]
+    assert record["StdOut"] == f"{truth['work_dir']}/o JobId=1 {truth['job_id']}|{truth['name']}.out"
+    with pytest.raises(InvalidJobId):
+        fake.backend().job_record(999999)
+    with pytest.raises(InvalidJobId, match="not a plain Slurm job id"):
+        fake.backend().job_comment("1 --all")

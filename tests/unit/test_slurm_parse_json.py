@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from nuro.slurm import JobInfo, JobPhase, SlurmParseError, SlurmUnavailable
-from nuro.slurm.parse import parse_sacct_json, parse_sinfo_json, parse_squeue_json
+from nuro.slurm._fields import expand_std_path
+from nuro.slurm.parse import parse_sacct_json, parse_sinfo_json, parse_squeue_job_record, parse_squeue_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
@@ -149,3 +150,49 @@ def test_sacct_duplicates_list_each_attempt_of_a_requeued_job() -> None:
     assert first.job_id == second.job_id == 1
     assert first.nodes == ("gpu001",) and first.start_time is not None and first.end_time is not None
     assert second.submit_time is not None and second.submit_time >= first.end_time
+
+
+# -- issue 11: jobs of a team member with hostile names, comments, work dirs and output paths -----------------------
+
+HOSTILE = json.loads(read("hostile_jobs.json"))
+
+
+@pytest.mark.parametrize("truth", HOSTILE["jobs"], ids=lambda t: t["case"])
+def test_squeue_json_gives_the_true_fields(truth: dict) -> None:
+    jobs = parse_squeue_json(read("squeue_hostile.json"))
+    [job] = [j for j in jobs if j.job_id == truth["job_id"]]  # exactly one record: a newline adds none
+    assert (job.name, job.comment) == (truth["name"], truth["comment"])
+    assert (job.user, job.account) == (HOSTILE["user"], HOSTILE["account"])
+    record = parse_squeue_job_record(read("squeue_hostile.json"), truth["job_id"])
+    assert record is not None
+    assert record["JobName"] == truth["name"] and record["Comment"] == truth["comment"]
+    assert record["UserId"].startswith(HOSTILE["user"] + "(") and record["Account"] == HOSTILE["account"]
+    assert record["WorkDir"] == truth["work_dir"]
+    # "-o 'o JobId=1 %j|%x.out'" relative to the work dir, expanded as scontrol prints it
+    assert record["StdOut"] == f"{truth['work_dir']}/o JobId=1 {truth['job_id']}|{truth['name']}.out"
+
+
+def test_no_record_is_made_up_from_names() -> None:
+    jobs = parse_squeue_json(read("squeue_hostile.json"))
+    ids = [j.job_id for j in jobs]
+    assert len(ids) == len(set(ids)) and not any(j.name == "fake" for j in jobs)
+    assert parse_squeue_job_record(read("squeue_hostile.json"), 999999) is None
+
+
+def test_sacct_json_gives_the_true_fields() -> None:
+    """Accounting keeps names and comments whole too (slurmdbd stores a name's '"' as '`': its own quirk)."""
+    jobs = {j.job_id: j for j in parse_sacct_json(read("sacct_hostile.json"))}
+    for truth in HOSTILE["jobs"]:
+        job = jobs[truth["job_id"]]
+        assert job.name == truth["name"].replace('"', "`") and job.user == HOSTILE["user"]
+        assert job.account == HOSTILE["account"]
+    done = HOSTILE["jobs"][-1]
+    assert jobs[done["job_id"]].comment == done["comment"] and jobs[done["job_id"]].phase is JobPhase.FAILED
+
+
+def test_std_path_expansion_matches_scontrol() -> None:
+    assert expand_std_path("", job_id=5, user="u", name="n", work_dir="/tmp") == "/tmp/slurm-5.out"
+    assert expand_std_path("/o-%j-%x-%u.log", job_id=6, user="u", name="w", work_dir="/x") == "/o-6-w-u.log"
+    arr = expand_std_path("", job_id=9, user="u", name="n", work_dir="/w/", array_job_id=7, array_task_id=2)
+    assert arr == "/w/slurm-7_2.out"
+    assert expand_std_path("a%%j %N", job_id=1, user="u", name="n", work_dir="/w") == "/w/a%j %N"

@@ -3,6 +3,7 @@ captures from the real dev cluster (Slurm 22.05.8); inline strings only where a 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,8 @@ from nuro.slurm.parse import (
     parse_scontrol_show_topology,
     parse_sinfo_json,
     parse_squeue_format,
+    parse_squeue_json,
+    parse_squeue_one_field,
     parse_version,
 )
 
@@ -61,8 +64,8 @@ def test_scontrol_jobs_oneliner() -> None:
 
 def test_scontrol_value_with_key_like_words() -> None:
     # A free-text value may contain "x=y" as long as the key is not a new capitalised key.
-    (rec,) = parse_scontrol_show_oneliner("NodeName=n1 Reason=disk a=b full [root@2024-01-01T00:00:00] State=IDLE")
-    assert rec == {"NodeName": "n1", "Reason": "disk a=b full [root@2024-01-01T00:00:00]", "State": "IDLE"}
+    (rec,) = parse_scontrol_show_oneliner("SwitchName=s1 Reason=disk a=b full [root@2024-01-01T00:00:00] Level=0")
+    assert rec == {"SwitchName": "s1", "Reason": "disk a=b full [root@2024-01-01T00:00:00]", "Level": "0"}
 
 
 def test_topology_maps_each_node_to_its_leaf() -> None:
@@ -123,13 +126,80 @@ def test_version() -> None:
         parse_version("no version here")
 
 
-def test_squeue_format_fallback() -> None:
-    jobs = parse_squeue_format(read("squeue_format_fallback.txt"))
-    gang = max((j for j in jobs if j.name == "nuro-gang"), key=lambda j: j.job_id)
-    assert gang.phase is JobPhase.RUNNING and gang.nodes == ("gpu001", "gpu002")
-    assert (gang.gpus_per_node, gang.gpus_total) == (8, 16)
-    assert gang.comment == '{"run":"x","team":"vision"}' and gang.start_time is not None
-    held = max((j for j in jobs if j.name == "nuro-held"), key=lambda j: j.job_id)
+def test_squeue_format_fallback_reads_fixed_fields_only() -> None:
+    """Captured with the hostile jobs queued: their names and comments (newlines, '|', 0x1f) move no field."""
+    jobs = {j.job_id: j for j in parse_squeue_format(read("squeue_format_fallback.txt"))}
+    by_json = {j.job_id: j for j in parse_squeue_json(read("squeue_hostile.json"))}
+    assert set(jobs) == set(by_json)  # no record added by a name with a newline
+    for truth in HOSTILE["jobs"]:
+        job, ref = jobs[truth["job_id"]], by_json[truth["job_id"]]
+        assert (job.user, job.account, job.state, job.qos) == (ref.user, ref.account, ref.state, ref.qos)
+        assert (job.name, job.comment) == ("", "")  # never read from text: two free fields cannot be split
+    done = jobs[HOSTILE["jobs"][-1]["job_id"]]
+    assert done.phase is JobPhase.FAILED and done.nodes == ("gpu001",) and done.start_time is not None
+    held = jobs[HOSTILE["jobs"][0]["job_id"]]
     assert held.phase is JobPhase.PENDING and held.start_time is None and held.nodes == ()
-    ok = max((j for j in jobs if j.name == "nuro-ok"), key=lambda j: j.job_id)
-    assert ok.gres_per_node == "" and ok.comment == '{"run":"ok"}'
+    with pytest.raises(SlurmParseError, match="15 fields, expected 14"):
+        parse_squeue_format(read("squeue_format_fallback.txt").splitlines()[0] + "\x1fextra\n")
+
+
+# -- issue 11: user-chosen values (captures in hostile_jobs.json; submitted by a team member) ---------------------
+
+HOSTILE = json.loads(read("hostile_jobs.json"))
+ONE_FIELD_READS = json.loads(read("squeue_one_field_hostile.json"))
+
+
+@pytest.mark.parametrize("truth", HOSTILE["jobs"], ids=lambda t: t["case"])
+def test_one_field_squeue_read_gives_the_true_value(truth: dict) -> None:
+    reads = {r["spec"]: r["stdout"] for r in ONE_FIELD_READS if r["job_id"] == truth["job_id"]}
+    assert parse_squeue_one_field(reads["%k"], truth["job_id"]) == truth["comment"]
+    assert parse_squeue_one_field(reads["%j"], truth["job_id"]) == truth["name"]
+    assert parse_squeue_one_field(reads["%T"], truth["job_id"]) in ("PENDING", "FAILED")
+
+
+def test_one_field_read_refuses_what_is_not_one_plain_job() -> None:
+    assert parse_squeue_one_field("12_[1-3]|x\n12_4|y\n", 12) is None  # array: the JSON read decides
+    assert parse_squeue_one_field("12+0|x\n12+1|y\n", 12) is None  # het job
+    assert parse_squeue_one_field("13|x\n", 12) is None
+    assert parse_squeue_one_field("12|(null)\n", 12) == ""
+    with pytest.raises(SlurmParseError, match="no record"):
+        parse_squeue_one_field("", 12)
+    with pytest.raises(SlurmParseError, match="cut off"):
+        parse_squeue_one_field("12|abc", 12)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["", "a b", "k=v", "x|y|z", "a\nJobId=1 Comment=x", "\x1f\t", "ends\n", "\n\n", "12|x", "(null) x"],
+)
+def test_one_field_read_is_exact_for_any_value(value: str) -> None:
+    """What squeue prints for a value is "<id>|<value>\\n" (captures above); the value comes back unchanged."""
+    assert parse_squeue_one_field(f"12|{value}\n", 12) == value
+
+
+def test_scontrol_job_text_is_ambiguous_so_nuro_never_reads_it() -> None:
+    """Why jobs are read from JSON: in scontrol's own text a name adds fields, and a newline adds records."""
+    records = parse_scontrol_show_oneliner(read("scontrol_show_job_hostile.txt"))
+    assert len(records) > len(HOSTILE["jobs"])  # names and comments with newlines printed extra "JobId=" lines
+    first = next(r for r in records if r["JobId"] == str(HOSTILE["jobs"][0]["job_id"]))
+    assert first["Comment"] != HOSTILE["jobs"][0]["comment"]  # the name's " Comment=..." won
+
+
+def test_node_reason_cannot_set_node_fields() -> None:
+    """A drain reason with key-like words (an admin's, or a health check's quoting a job) sets no earlier field."""
+    (node,) = parse_scontrol_show_oneliner(read("scontrol_show_node_hostile_reason.txt"))
+    assert node["State"] == "IDLE+DRAIN" and node["NodeAddr"] == "127.0.0.1" and node["Partitions"] == "gpu"
+    # Comment is printed after Reason (a node's admin comment), so it may end the reason; nothing before it can.
+    assert node["Reason"] == "disk State=IDLE NodeAddr=6.6.6.6 Partitions=other"
+    assert node["OS"].startswith("Linux ") and node["RealMemory"] == "64000"
+    (rec,) = parse_scontrol_show_oneliner("NodeName=n1 State=IDLE Reason=x Arch=evil Foo=bar [root@t]")
+    assert rec == {"NodeName": "n1", "State": "IDLE", "Reason": "x Arch=evil Foo=bar [root@t]"}
+
+
+def test_sacct_exit_codes_of_jobs_with_hostile_names() -> None:
+    """``sacct -P`` is asked only for fields without '|' or newlines, so a name like "done|x\\ny=z" moves nothing."""
+    codes = parse_sacct_exitcodes(read("sacct_exitcodes_hostile.txt"))
+    assert set(codes) == {t["job_id"] for t in HOSTILE["jobs"]}
+    assert codes[HOSTILE["jobs"][-1]["job_id"]] == (3, None)
+    with pytest.raises(SlurmParseError, match="4 values for 3 fields"):
+        parse_sacct_exitcodes("12|done|x|0:0\n")
