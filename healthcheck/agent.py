@@ -46,7 +46,7 @@ from nuro import heartbeat as hb
 from nuro.checkpoint.layout import node_staging_root
 from nuro.gpujobs import gpu_tags
 from nuro.healthcheck.checks import evaluate
-from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes
+from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes, job_disk_use
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport, make_probe
 from nuro.metrics.model import GPU, Point
 
@@ -258,6 +258,8 @@ class Agent:
             None,  # the agent is the liveness signal; it does not judge itself
             settings.limits,
             staging_root=settings.staging_root,
+            # a disk that running jobs filled is theirs, not the node's: nuro-healthcheck fails those jobs
+            job_disk_use=job_disk_use(settings, self.config.node, free),
         )
         health = Health(tuple(p.message for p in problems), report, self.monotonic())
         with self._lock:

@@ -19,11 +19,16 @@ xid               "gpu0: XID 79, 48"
 disk              "staging disk /var/tmp/nuro-staging: 1.2 GiB free < 20 GiB"
 agent             "node agent silent for 12 s", "node agent never reported"
 ================  ==========================================================================
+
+A staging disk below its floor is the node's problem only when the space is not held by running jobs' staging
+dirs (``disk_verdict``): when it is, those jobs (largest first, until the floor would be met) are failed instead
+and the node stays in service (``nuro-healthcheck`` cancels them; ``nuro.healthcheck.diskuse`` measures).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from nuro.healthcheck.probes import GpuStatus, NodeGpuReport, ProbeFailure
@@ -85,6 +90,63 @@ class Problem:
         return self.message
 
 
+@dataclass(frozen=True)
+class JobDiskUse:
+    """Space a running job's staging dir holds: ``bytes`` (allocated blocks); ``complete`` False when the bounded
+    scan stopped early, so ``bytes`` is a lower bound."""
+
+    job_id: int
+    bytes: int
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class DiskVerdict:
+    """What the free space on the staging disk means.
+
+    Attributes:
+        low: below the floor.
+        jobs_to_fail: the jobs whose staging dirs hold the missing space (largest first); failing them restores
+            the floor. Empty when the disk is fine or when jobs do not account for the shortfall.
+        shortfall: bytes missing to the floor (0 when not low).
+    """
+
+    low: bool
+    jobs_to_fail: tuple[JobDiskUse, ...] = ()
+    shortfall: int = 0
+
+    @property
+    def node_problem(self) -> bool:
+        """Low, and not because of jobs we can fail: the node is drained."""
+        return self.low and not self.jobs_to_fail
+
+
+def disk_verdict(free_bytes: int | None, min_bytes: int, usage: Sequence[JobDiskUse] | None) -> DiskVerdict:
+    """Attribute a shortfall of free space to running jobs. Pure.
+
+    Rules: not low (or not measured) → nothing. Low → take jobs by the space they hold, largest first, until what
+    they hold covers the shortfall: those jobs are failed and the node is healthy. If all of them together do not
+    cover it, the space is not theirs to give back (logs, another tool, a cache): a node problem, and no job is
+    failed for it. ``usage`` None means "not measured" (callers that do not attribute): then low is always the
+    node's problem, as before attribution existed.
+    """
+    if free_bytes is None or free_bytes >= min_bytes:
+        return DiskVerdict(False)
+    shortfall = min_bytes - free_bytes
+    if usage is None:
+        return DiskVerdict(True, (), shortfall)
+    chosen: list[JobDiskUse] = []
+    freed = 0
+    for use in sorted(usage, key=lambda u: (-u.bytes, u.job_id)):
+        if freed >= shortfall or use.bytes <= 0:
+            break
+        chosen.append(use)
+        freed += use.bytes
+    if freed < shortfall:
+        return DiskVerdict(True, (), shortfall)
+    return DiskVerdict(True, tuple(chosen), shortfall)
+
+
 def _gib(n_bytes: float) -> str:
     value = n_bytes / (1 << 30)
     return f"{value:.1f} GiB" if value < 10 else f"{value:.0f} GiB"
@@ -100,6 +162,7 @@ def evaluate(
     *,
     staging_root: str = DEFAULT_STAGING_ROOT,
     slurmd_uptime_s: float | None = None,
+    job_disk_use: Sequence[JobDiskUse] | None = None,
 ) -> list[Problem]:
     """Every health problem of a node, in a fixed order (probe, GPU count, per GPU, disk, agent); [] = healthy.
 
@@ -115,6 +178,8 @@ def evaluate(
         staging_root: the staging directory, only for the message.
         slurmd_uptime_s: how long the slurmd that runs this check has been up; None = unknown (not run by
             slurmd), then no start grace applies (see ``Limits.agent_start_grace_s``).
+        job_disk_use: what running jobs' staging dirs hold; given, a low disk those jobs account for is not a
+            node problem (``disk_verdict``: the caller fails the jobs). None = not measured.
     """
     limits = limits or Limits()
     problems: list[Problem] = []
@@ -128,7 +193,7 @@ def evaluate(
                 problems.append(Problem("gpu_count", f"gpu count {len(report.gpus)}, expected {expected_gpus}"))
             for gpu in report.gpus:
                 problems.extend(_gpu_problems(gpu, limits))
-    if disk_free_bytes is not None and disk_free_bytes < disk_min_bytes:
+    if disk_free_bytes is not None and disk_verdict(disk_free_bytes, disk_min_bytes, job_disk_use).node_problem:
         problems.append(
             Problem(
                 "disk",

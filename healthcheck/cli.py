@@ -21,6 +21,11 @@ variable                        option                       meaning / default
 ``NURO_AGENT_START_GRACE_S``                                 ``Limits.agent_start_grace_s`` (30)
 ==============================  ===========================  ==========================================
 
+A staging disk below ``NURO_STAGING_MIN_FREE_GB`` that running jobs' staging dirs account for fails those jobs
+(largest first, until the floor would be met: ``checks.disk_verdict``) instead of draining the node: each is
+cancelled with the reason in its job comment (``refused``), in the event log (``$NURO_EVENT_LOG``, kind
+``job_disk_full``) and in the log. Only space no job accounts for drains the node.
+
 Exit status: 0 healthy, 1 unhealthy (drained unless ``--dry-run``), 2 bad usage or settings.
 """
 
@@ -40,8 +45,11 @@ from typing import TYPE_CHECKING
 from nuro.healthcheck.checks import (
     DEFAULT_STAGING_MIN_FREE_GB,
     DEFAULT_STAGING_ROOT,
+    JobDiskUse,
     Limits,
     Problem,
+    _gib,
+    disk_verdict,
     drain_reason,
     evaluate,
     is_our_reason,
@@ -121,6 +129,21 @@ def disk_free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
+def job_disk_use(settings: HealthSettings, node: str, free: int | None) -> list[JobDiskUse] | None:
+    """What running jobs' staging dirs hold, measured only when ``free`` is below the floor (None otherwise, and
+    when it cannot be measured: then a low disk is the node's problem, as it was before attribution)."""
+    if free is None or free >= settings.staging_min_free_bytes:
+        return None
+    from nuro.checkpoint.layout import node_staging_root
+    from nuro.healthcheck.diskuse import running_job_usage
+
+    try:
+        return running_job_usage(node_staging_root(settings.staging_root, node))
+    except Exception as exc:  # noqa: BLE001 - cannot attribute: the low disk stays the node's problem
+        log.warning("staging usage of running jobs not measured path=%s error=%s", settings.staging_root, exc)
+        return None
+
+
 def agent_age_s(status_dir: str, node: str, now: float) -> float:
     """Seconds since the node agent's last heartbeat, from its status file; ``math.inf`` when there is none."""
     from nuro.healthcheck.agent import read_status  # the agent owns the file format
@@ -143,6 +166,10 @@ class Outcome:
     agent_age_s: float | None
     action: str = "none"  # none | drained | resumed | would-drain | would-resume | kept-admin-drain | failed
     detail: str = ""
+    jobs_to_fail: tuple[JobDiskUse, ...] = ()  # running jobs whose staging dirs hold the missing free space
+    min_free_bytes: int = 0
+    staging_root: str = ""
+    cancelled: tuple[int, ...] = ()  # what act() failed of jobs_to_fail (would-cancel: none)
 
     @property
     def healthy(self) -> bool:
@@ -157,6 +184,8 @@ class Outcome:
             "action": self.action,
             "detail": self.detail,
             "disk_free_bytes": self.disk_free_bytes,
+            "jobs_to_fail": [{"job_id": u.job_id, "bytes": u.bytes, "complete": u.complete} for u in self.jobs_to_fail],
+            "cancelled": list(self.cancelled),
             "agent_age_s": None if self.agent_age_s is None or math.isinf(self.agent_age_s) else self.agent_age_s,
             "gpu_report": self.report.to_dict() if self.report else None,
         }
@@ -174,6 +203,7 @@ def check_node(node: str, settings: HealthSettings, mode: str = "periodic", prob
     except OSError as exc:
         log.warning("staging disk unreadable path=%s error=%s", settings.staging_root, exc)
         free = None
+    usage = job_disk_use(settings, node, free)
     age = agent_age_s(settings.agent_status_dir, node, time.time()) if settings.agent_status_dir else None
     if settings.agent_status_dir and age is not None and age <= settings.limits.agent_silent_s:
         report = with_agent_xids(report, settings.agent_status_dir, node)
@@ -186,8 +216,13 @@ def check_node(node: str, settings: HealthSettings, mode: str = "periodic", prob
         settings.limits,
         staging_root=settings.staging_root,
         slurmd_uptime_s=slurmd_uptime_s() if age is not None else None,
+        job_disk_use=usage,
     )
-    return Outcome(node, mode, tuple(problems), report, free, age)
+    verdict = disk_verdict(free, settings.staging_min_free_bytes, usage)
+    return Outcome(
+        node, mode, tuple(problems), report, free, age, jobs_to_fail=verdict.jobs_to_fail,
+        min_free_bytes=settings.staging_min_free_bytes, staging_root=settings.staging_root,
+    )  # fmt: skip
 
 
 def with_agent_xids(report: NodeGpuReport, status_dir: str, node: str) -> NodeGpuReport:
@@ -267,8 +302,61 @@ def plan_node_action(outcome: Outcome, drained: bool, reason: str | None) -> tup
     return "none", None, ""
 
 
+def disk_full_reason(outcome: Outcome, use: JobDiskUse) -> str:
+    """Why a job was failed for the staging disk, in words its owner reads (comment, event log, slurmd log)."""
+    held = _gib(use.bytes) + ("" if use.complete else " or more")
+    return (
+        f"nuro-health: cancelled: the staging disk of {outcome.node} fell below its {_gib(outcome.min_free_bytes)} "
+        f"floor ({_gib(outcome.disk_free_bytes or 0)} free) and this job's staging dir "
+        f"({outcome.staging_root}/{use.job_id}) holds {held}; write less to the staging dir (checkpoints only)"
+    )
+
+
+def fail_disk_jobs(outcome: Outcome, backend: CliBackend, dry_run: bool = False) -> tuple[int, ...]:
+    """Fail the jobs the staging disk's shortfall is attributed to: reason into the job comment (``refused``) and
+    the event log, then ``scancel``. Each step is tried on its own (a job that just ended is fine: scancel of a
+    finished job is a no-op). Returns the job ids cancelled."""
+    from nuro.events import EventLog
+
+    done: list[int] = []
+    for use in outcome.jobs_to_fail:
+        why = disk_full_reason(outcome, use)
+        if dry_run:
+            log.warning("would cancel job=%s node=%s: %s", use.job_id, outcome.node, why)
+            continue
+        log.warning("cancel job=%s node=%s: %s", use.job_id, outcome.node, why)
+        try:
+            backend.merge_comment(use.job_id, refused={"at": round(time.time()), "node": outcome.node, "why": why})
+        except Exception as exc:  # noqa: BLE001 - the cancel matters more than the note
+            log.warning("job=%s reason not written to its comment: %s", use.job_id, exc)
+        events = os.environ.get("NURO_EVENT_LOG", "").strip()
+        if events:
+            try:
+                EventLog(events, source="nuro-health").append(
+                    "job_disk_full", node=outcome.node, jobs=[use.job_id], bytes=use.bytes,
+                    free_bytes=outcome.disk_free_bytes, min_free_bytes=outcome.min_free_bytes, reason=why,
+                )  # fmt: skip
+            except (OSError, ValueError) as exc:
+                log.warning("job=%s disk-full event not logged: %s", use.job_id, exc)
+        result = backend.apply(_cancel(use.job_id))
+        if result.ok:
+            done.append(use.job_id)
+        else:
+            log.error("job=%s could not be cancelled: %s", use.job_id, result.message)
+    return tuple(done)
+
+
+def _cancel(job_id: int) -> Action:
+    from nuro.slurm import Cancel
+
+    return Cancel(job_id)
+
+
 def act(outcome: Outcome, backend: CliBackend, dry_run: bool = False) -> Outcome:
-    """Read the node's drain state, plan (``plan_node_action``), apply unless ``dry_run``."""
+    """Fail the jobs that filled the staging disk (``fail_disk_jobs``), then read the node's drain state, plan
+    (``plan_node_action``) and apply, unless ``dry_run``."""
+    if outcome.jobs_to_fail:
+        outcome = replace(outcome, cancelled=fail_disk_jobs(outcome, backend, dry_run))
     drained, reason = node_drain_state(backend, outcome.node)
     action, slurm_action, detail = plan_node_action(outcome, drained, reason)
     if slurm_action is None:

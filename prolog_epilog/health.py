@@ -8,6 +8,9 @@ job's processes start; the epilog's catches what the job itself broke (an XID, a
 On problems the node is drained with a precise ``nuro-health:`` reason (``nuro-healthcheck``'s own rules and
 action) and the hook exits 1, so slurmd does not start the job there and Slurm requeues it. A bug of ours never
 fails the hook: it is logged and the node is treated as healthy (fail operational).
+
+A staging disk that running jobs filled is not a node problem: those jobs are cancelled with the reason
+(``nuro.healthcheck.cli.fail_disk_jobs``) and the hook goes on; this job starts.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def node_is_healthy(job: str, mode: str) -> bool:
     if not node or os.environ.get("NURO_HOOK_HEALTHCHECK", "1") == "0":
         return True
     try:
-        from nuro.healthcheck.cli import HealthSettings, act, check_node
+        from nuro.healthcheck.cli import HealthSettings, act, check_node, fail_disk_jobs
         from nuro.slurm import CliBackend
 
         outcome = check_node(node, HealthSettings.from_env(), mode)
@@ -32,6 +35,11 @@ def node_is_healthy(job: str, mode: str) -> bool:
         log.exception("job=%s node=%s %s health check did not run (node treated as healthy): %s", job, node, mode, exc)
         return True
     if outcome.healthy:
+        if outcome.jobs_to_fail:
+            try:
+                fail_disk_jobs(outcome, CliBackend(timeout_s=15))
+            except Exception as exc:  # noqa: BLE001 - the node is healthy; the periodic check retries the cancel
+                log.error("job=%s node=%s could not fail the jobs that filled the staging disk: %s", job, node, exc)
         return True
     try:
         outcome = act(outcome, CliBackend(timeout_s=15))

@@ -182,3 +182,53 @@ def test_agent_start_grace(uptime: float | None, age: float, want: list[str]) ->
 def test_application_xids_do_not_drain_by_default() -> None:
     report = FakeProbe.healthy(2).with_gpu(0, xid_errors=(13, 31, 43)).with_gpu(1, xid_errors=(13, 79)).read()
     assert [p.message for p in evaluate(report, 2, None, 0, None)] == ["gpu1: XID 79"]
+
+
+# --- the staging disk: a shortfall running jobs account for is theirs, not the node's (issue 11, deliverable 7) ---
+
+GIB = 1 << 30
+
+
+def _use(job: int, gib: float, complete: bool = True):
+    from nuro.healthcheck.checks import JobDiskUse
+
+    return JobDiskUse(job, int(gib * GIB), complete)
+
+
+def test_disk_verdict_not_low_or_not_measured_is_nothing() -> None:
+    from nuro.healthcheck.checks import disk_verdict
+
+    assert disk_verdict(30 * GIB, 20 * GIB, [_use(1, 50)]) == disk_verdict(None, 20 * GIB, None)
+    assert not disk_verdict(20 * GIB, 20 * GIB, []).low  # exactly at the floor is fine
+
+
+def test_disk_verdict_fails_the_largest_jobs_until_the_floor_is_met() -> None:
+    from nuro.healthcheck.checks import disk_verdict
+
+    usage = [_use(7, 1), _use(3, 6), _use(9, 4), _use(5, 0.5)]
+    v = disk_verdict(12 * GIB, 20 * GIB, usage)  # 8 GiB short: the 6 GiB job, then the 4 GiB one
+    assert v.low and not v.node_problem and v.shortfall == 8 * GIB
+    assert [u.job_id for u in v.jobs_to_fail] == [3, 9]
+    v = disk_verdict(15 * GIB, 20 * GIB, usage)  # 5 GiB short: the largest alone covers it
+    assert [u.job_id for u in v.jobs_to_fail] == [3]
+    v = disk_verdict(14 * GIB, 20 * GIB, [_use(2, 6), _use(1, 6)])  # ties: the lower job id first, stable
+    assert [u.job_id for u in v.jobs_to_fail] == [1]
+
+
+def test_disk_verdict_space_the_jobs_do_not_hold_drains_the_node_and_fails_no_job() -> None:
+    from nuro.healthcheck.checks import disk_verdict
+
+    v = disk_verdict(5 * GIB, 20 * GIB, [_use(1, 4), _use(2, 3)])  # 15 GiB short, jobs hold 7: not theirs
+    assert v.node_problem and v.jobs_to_fail == ()
+    assert disk_verdict(5 * GIB, 20 * GIB, []).node_problem
+    assert disk_verdict(5 * GIB, 20 * GIB, None).node_problem  # not measured: the node's, as before
+    v = disk_verdict(15 * GIB, 20 * GIB, [_use(4, 6, complete=False)])  # a lower bound that already covers it
+    assert [u.job_id for u in v.jobs_to_fail] == [4]
+
+
+def test_evaluate_reports_disk_only_when_no_job_accounts_for_it() -> None:
+    low = 2 * GIB
+    assert evaluate(None, None, low, 20 * GIB, None, job_disk_use=[_use(11, 30)]) == []
+    (p,) = evaluate(None, None, low, 20 * GIB, None, job_disk_use=[_use(11, 3)])
+    assert p.code == "disk" and "2.0 GiB free < 20 GiB" in p.message
+    assert [p.code for p in evaluate(None, None, low, 20 * GIB, None)] == ["disk"]  # unmeasured callers

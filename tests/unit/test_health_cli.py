@@ -109,3 +109,90 @@ def test_agent_xids_join_the_one_shot_report(tmp_path: Path) -> None:
     merged = with_agent_xids(own, str(tmp_path), "gpu001")
     assert [g.xid_errors for g in merged.gpus] == [(), (79, 48)]
     assert with_agent_xids(own, str(tmp_path), "other") == own
+
+
+# --- who holds the staging disk (nuro.healthcheck.diskuse), measured without following a path ------------------
+
+
+def _record(root: Path, job_id: int) -> None:
+    from nuro import jobrecord
+
+    jobrecord.write(root, jobrecord.JobRecord(job_id, 0, 0, "root", "perception", None, None, 0, "gpu001", None))
+
+
+def _write(path: Path, n_bytes: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as fh:
+        fh.write(b"x" * n_bytes)
+        os.fsync(fh.fileno())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root-owned (the prolog writes them as root)")
+def test_running_job_usage_counts_running_jobs_dirs_only_and_never_follows_a_link(tmp_path: Path) -> None:
+    from nuro.healthcheck.diskuse import running_job_usage
+
+    root, outside = tmp_path / "staging", tmp_path / "outside"
+    _write(outside / "big", 8 << 20)
+    _write(root / "11" / "ckpt" / "a", 3 << 20)
+    _write(root / "12" / "b", 1 << 20)
+    _write(root / "99" / "done", 5 << 20)  # no record: not running here, not counted
+    (root / "12" / "link-to-outside").symlink_to(outside, target_is_directory=True)
+    (root / "12" / "link-to-file").symlink_to(outside / "big")
+    os.link(root / "12" / "b", root / "12" / "b-again")  # a hard link holds no more space
+    (root / "13").symlink_to(outside)  # the job dir itself swapped for a symlink: only the link counts
+    for job in (11, 12, 13):
+        _record(root, job)
+    usage = running_job_usage(root)
+    assert [u.job_id for u in usage] == [11, 12, 13]
+    by_job = {u.job_id: u.bytes for u in usage}
+    assert (3 << 20) <= by_job[11] < (4 << 20)
+    assert (1 << 20) <= by_job[12] < (2 << 20)  # neither the linked 8 MiB dir nor the linked file
+    assert by_job[13] < (1 << 20) and all(u.complete for u in usage)
+    assert running_job_usage(tmp_path / "missing") == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root-owned (the prolog writes them as root)")
+def test_running_job_usage_is_bounded_in_entries_depth_and_time(tmp_path: Path) -> None:
+    from nuro.healthcheck import diskuse
+
+    root = tmp_path / "staging"
+    many = root / "21"
+    many.mkdir(parents=True)
+    for i in range(50):
+        (many / f"f{i}").write_bytes(b"")
+    deep = root / "22"
+    here = deep
+    for _ in range(diskuse.MAX_OPEN_DIRS + 5):
+        here = here / "d"
+    _write(here / "leaf", 1 << 20)
+    for job in (21, 22):
+        _record(root, job)
+    (u21,) = [u for u in diskuse.running_job_usage(root, max_entries=10) if u.job_id == 21]
+    assert not u21.complete  # the entry cap stopped it: a lower bound
+    (u22,) = [u for u in diskuse.running_job_usage(root) if u.job_id == 22]
+    assert not u22.complete and u22.bytes < (1 << 20)  # too deep: not entered, marked incomplete
+    ticks = iter(range(1000))
+    timed = diskuse.running_job_usage(root, time_budget_s=3, clock=lambda: next(ticks))
+    assert not any(u.complete for u in timed if u.job_id == 21)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root-owned (the prolog writes them as root)")
+def test_check_node_attributes_a_low_disk_to_the_job_that_holds_it(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from nuro.healthcheck.cli import check_node, disk_full_reason
+
+    root = tmp_path / "staging"
+    _write(root / "31" / "fill", 4 << 20)
+    _record(root, 31)
+    free = disk_free_bytes(str(root))
+    # A floor just above what is free, by less than the job holds: the job accounts for the shortfall.
+    settings = replace(HealthSettings(probe="none"), staging_root=str(root), staging_min_free_bytes=free + (1 << 20))
+    out = check_node("gpu001", settings)
+    assert out.healthy and [u.job_id for u in out.jobs_to_fail] == [31]
+    why = disk_full_reason(out, out.jobs_to_fail[0])
+    assert why.startswith("nuro-health: cancelled: the staging disk of gpu001") and f"{root}/31" in why
+    # A shortfall far beyond what any job holds: the node's problem (drained), no job failed.
+    settings = replace(settings, staging_min_free_bytes=free + (1 << 40))
+    out = check_node("gpu001", settings)
+    assert [p.code for p in out.problems] == ["disk"] and out.jobs_to_fail == ()
