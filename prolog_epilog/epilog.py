@@ -7,6 +7,12 @@ copy stays in the node cache for a requeue on this node (the least recently cach
 has less than ``NURO_STAGING_CACHE_KEEP_FREE_GB`` free, default twice ``NURO_STAGING_MIN_FREE_GB``); the job's
 staging dir is removed.
 
+The whole checkpoint part is bounded by our own deadline (``NURO_EPILOG_DEADLINE_S``, default the flush timeout
+plus 30 s; keep it below ``PrologEpilogTimeout``): it runs in a thread the epilog stops waiting for at the
+deadline, so neither a slow store nor anything a job left in its dir can hold the node in COMPLETING (root reads
+a job's files only through no-follow fds, non-blocking, regular files only: ``nuro.checkpoint.staging``). At the
+end the job's root-owned record (``nuro.jobrecord``) is removed, whatever happened before.
+
 Then the node's health check (``nuro.prolog_epilog.health``): an unhealthy node is drained with the precise reason
 and the epilog exits 1. Otherwise it exits 0: neither a store outage nor a job's leftovers are the node's fault.
 Problems are logged (slurmd's log) with the job id.
@@ -17,6 +23,8 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Mapping
 
 from nuro.nodeenv import load_node_env
@@ -39,11 +47,38 @@ def cache_keep_free_bytes(env: Mapping[str, str]) -> int:
         return int(2 * DEFAULT_STAGING_MIN_FREE_GB * (1 << 30))
 
 
-def flush_and_clean(job: str) -> None:
+DEFAULT_FLUSH_TIMEOUT_S = 120.0
+DEADLINE_MARGIN_S = 30.0  # caching the newest copy and removing the job dir after the flush
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    try:
+        value = float(raw) if raw else default
+    except ValueError:
+        log.warning("%s=%r is not a number of seconds: using %.0f", name, raw, default)
+        return default
+    return value if value > 0 else default
+
+
+def flush_timeout_s(env: Mapping[str, str]) -> float:
+    """``NURO_EPILOG_FLUSH_TIMEOUT_S`` (default 120 s), never more than the deadline leaves for it."""
+    flush = _seconds(env, "NURO_EPILOG_FLUSH_TIMEOUT_S", DEFAULT_FLUSH_TIMEOUT_S)
+    return min(flush, max(1.0, deadline_s(env) - DEADLINE_MARGIN_S))
+
+
+def deadline_s(env: Mapping[str, str]) -> float:
+    """``NURO_EPILOG_DEADLINE_S``: the most the checkpoint part of the epilog may take (default: the flush timeout
+    plus 30 s). Keep it below slurm.conf's ``PrologEpilogTimeout``, so our deadline, not Slurm's, ends it."""
+    flush = _seconds(env, "NURO_EPILOG_FLUSH_TIMEOUT_S", DEFAULT_FLUSH_TIMEOUT_S)
+    return _seconds(env, "NURO_EPILOG_DEADLINE_S", flush + DEADLINE_MARGIN_S)
+
+
+def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
     from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, staging_root
     from nuro.objectstore import ObjectStore
 
-    timeout_s = float(os.environ.get("NURO_EPILOG_FLUSH_TIMEOUT_S") or 120)
+    timeout_s = flush_timeout_s(os.environ) if timeout_s is None else timeout_s
     cache_runs = int(os.environ.get("NURO_STAGING_CACHE_RUNS") or DEFAULT_CACHE_RUNS)
     result, cached = finish_job(
         ObjectStore.from_env(), staging_root(), job, flush_timeout_s=timeout_s, cache_runs=cache_runs,
@@ -72,17 +107,63 @@ def forget_gpus(job: str) -> None:
         forget(staging_root(), node, job)
 
 
+def _checkpoints(job: str) -> None:
+    try:
+        flush_and_clean(job)
+    except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
+        log.exception("job=%s epilog checkpoint flush failed: %s", job, exc)
+
+
+def bounded_checkpoints(job: str, limit_s: float) -> bool:
+    """Flush, cache and clean the job's checkpoints in a daemon thread, waiting at most ``limit_s``. False when
+    the deadline passed: the thread is left behind (it dies with this process) and the job dir is removed here,
+    without following anything in it, so the node is released on time and its disk is not leaked."""
+    t = threading.Thread(target=_checkpoints, args=(job,), name=f"epilog-ckpt-{job}", daemon=True)
+    t.start()
+    t.join(limit_s)
+    if not t.is_alive():
+        return True
+    log.error(
+        "job=%s epilog deadline (%.0f s, NURO_EPILOG_DEADLINE_S) passed with the checkpoint flush still running: "
+        "giving up on its uploads (no manifest is written for them) and removing the job dir", job, limit_s,
+    )  # fmt: skip
+    try:
+        from nuro import safefs
+        from nuro.checkpoint.nodestage import staging_root
+
+        with safefs.opened(safefs.open_dir(staging_root())) as root_fd:
+            safefs.remove_at(root_fd, job)
+    except Exception as exc:  # noqa: BLE001 - best effort: the next epilog on a full disk drains via health
+        log.warning("job=%s could not remove its staging dir after the deadline: %s", job, exc)
+    return False
+
+
+def forget_record(job: str) -> None:
+    """The job is over on this node: its root-owned record goes (``nuro.jobrecord``), nothing root does trusts
+    it any more."""
+    from nuro import jobrecord
+    from nuro.checkpoint.nodestage import staging_root
+
+    jobrecord.remove(staging_root(), job)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="nuro-epilog: %(message)s", stream=sys.stderr)
     job = os.environ.get("SLURM_JOB_ID", "")
     if not job.isdigit():
         return 0
+    start = time.monotonic()
     try:
         load_node_env()
         forget_gpus(job)
-        flush_and_clean(job)
     except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
-        log.exception("job=%s epilog checkpoint flush failed: %s", job, exc)
+        log.exception("job=%s epilog set-up failed: %s", job, exc)
+    bounded_checkpoints(job, deadline_s(os.environ))
+    try:
+        forget_record(job)
+    except Exception as exc:  # noqa: BLE001
+        log.exception("job=%s could not remove the job record: %s", job, exc)
+    log.info("job=%s epilog checkpoints done in %.2f s", job, time.monotonic() - start)
     return 0 if node_is_healthy(job, "epilog") else 1
 
 

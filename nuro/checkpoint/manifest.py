@@ -99,7 +99,7 @@ class _NodePart:
 @dataclass(frozen=True)
 class UploadRequest(_NodePart):
     """What one node asks its upload worker to do (``step-N/.upload-<part>.json``); ``keep`` is the retention count
-    (None = keep everything)."""
+    (None = keep everything). The job writes it: root binds it to the job record first (``bind_request``)."""
 
     keep: int | None = None
 
@@ -305,6 +305,26 @@ def parse_request(data: bytes | str | Mapping[str, Any], *, what: str = "upload 
     f = _Fields(data, what, REQUEST_FORMAT)
     fields = _part_fields(f)
     return UploadRequest(**fields, keep=f.opt_int("keep", 1))
+
+
+def bind_request(
+    req: UploadRequest, *, team: str, run: str, job_id: str, restart: int, keep: int | None
+) -> UploadRequest:
+    """The request as root acts on it: whose checkpoint it is comes from the root-owned job record (the
+    arguments), never from the request, which the job's user writes. The request may only choose the step, its
+    part and its files; a request naming another team, run, job or attempt is refused (ManifestError naming both
+    sides), and its ``keep`` is replaced by the record's (retention is not the job's to choose as root)."""
+    theirs = {"team": req.team, "run": req.run, "job_id": req.job_id, "restart": req.restart}
+    ours = {"team": team, "run": run, "job_id": job_id, "restart": restart}
+    wrong = [k for k in ours if theirs[k] != ours[k]]
+    if wrong:
+        said = ", ".join(f"{k}={theirs[k]!r}" for k in wrong)
+        real = ", ".join(f"{k}={ours[k]!r}" for k in wrong)
+        raise ManifestError(
+            f"upload request of step {req.step} names {said} but the job record says {real}: refused (a job may "
+            "upload only its own run's checkpoints)"
+        )
+    return dataclasses.replace(req, keep=keep)
 
 
 def parse_part(data: bytes | str | Mapping[str, Any], *, what: str = "part record") -> PartRecord:

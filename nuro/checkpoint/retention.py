@@ -33,6 +33,24 @@ class StepState:
     committed: bool
 
 
+def default_keep() -> int:
+    """The platform's retention when a job's record names none: the job spec's ``checkpoint.keep`` default (3),
+    what every nuro-train job gets unless it asks otherwise."""
+    from nuro.jobspec.options import OPTIONS_BY_NAME
+
+    return int(OPTIONS_BY_NAME["checkpoint.keep"].default)
+
+
+def effective_keep(record_keep: int | None) -> int:
+    """The ``keep`` root applies for a job: its record's (from the bridge-validated nuro record), else the
+    platform default. Never the upload request's: that file is the job user's to write."""
+    if record_keep is None:
+        return default_keep()
+    if type(record_keep) is not int or record_keep < 1:
+        raise ValueError(f"keep must be an integer of at least 1, got {record_keep!r}")
+    return record_keep
+
+
 def choose_deletions(steps: Iterable[StepState], keep: int, tagged: Iterable[int] = ()) -> list[int]:
     """The steps to delete, ascending. ``keep`` >= 1 (keeping zero committed checkpoints would lose the run)."""
     if keep < 1:

@@ -14,6 +14,21 @@ It runs in the node agent (one thread per node, outliving jobs), inside a job wi
    with ``If-None-Match: *``; "already exists" is success. Then mark done and apply retention (``keep``).
 
 S3 down (``StoreUnavailable``) → the step is retried with backoff (0.5 s doubling to 30 s); training never sees it.
+
+Whose checkpoint it is (``trust``):
+
+- ``"record"`` (the default: the node agent and the epilog, as root): team, run, job id, restart and ``keep`` come
+  from the root-owned per-job record the prolog wrote from Slurm's own data (``nuro.jobrecord``), never from the
+  request, which the job's user writes. The request only chooses the step and which of its own files (paths
+  beneath the step dir, regular files owned by the job's user, one link). A request naming another team, run,
+  job or attempt is abandoned with that reason; a job dir without a record (or whose record has no team/run) is
+  not uploaded by root at all. Both are logged once per job, not per pass.
+- ``"request"``: a job's inline worker, as the job's user with the team's own S3 credential, takes the request's
+  word (it can only write what that credential may).
+
+Root never follows a path in a job dir: every access goes through ``JobDir``/``StepDir`` (no-follow directory
+fds, regular files only, size caps), and each job is handled in isolation, so one hostile job dir (a FIFO lock, a
+huge request, a step swapped for a symlink) costs that job its uploads and nothing else.
 """
 
 from __future__ import annotations
@@ -21,47 +36,65 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
+from nuro import jobrecord, safefs
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import ManifestError
 from nuro.checkpoint.manifest import (
     Incomplete,
     PartRecord,
     UploadRequest,
+    bind_request,
     build_manifest,
     dumps,
     parse_incomplete,
     parse_part,
     utc_now,
 )
-from nuro.checkpoint.retention import apply_retention, list_steps
-from nuro.checkpoint.staging import (
-    StagedStep,
-    claimed,
-    job_dirs,
-    job_steps,
-    mark,
-    read_marker,
-    safe_request,
-    write_atomic,
-)
-from nuro.checkpoint.verify import open_beneath
+from nuro.checkpoint.retention import apply_retention, effective_keep, list_steps
+from nuro.checkpoint.staging import MAX_STATE_BYTES, JobDir, StepDir
 from nuro.objectstore import NotFound, ObjectStore, ObjectStoreError, StoreUnavailable
+from nuro.safefs import UnsafePath
 
 log = logging.getLogger(__name__)
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 WAIT_MAX_S = 5.0
+_MAX_SAID = 10_000  # "logged once" memory: bounded whatever the number of hostile job dirs
+
+Trust = Literal["record", "request"]
 
 
 class PermanentUploadError(Exception):
     """The request can never be fulfilled as written (a file changed or vanished); retrying will not help."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Whose checkpoint root is uploading, from the job record (never from the request): the S3 prefix is
+    ``checkpoints/<team>/<run>/``; ``uid`` is the job's user (the only owner, besides root, of a file root uploads)."""
+
+    team: str
+    run: str
+    job_id: str
+    restart: int
+    keep: int | None
+    uid: int | None
+
+    @classmethod
+    def of(cls, rec: jobrecord.JobRecord) -> Owner | None:
+        if rec.team is None or rec.run is None:
+            return None
+        return cls(L.validate_team(rec.team), L.validate_run(rec.run), str(rec.job_id), rec.restart,
+                   effective_keep(rec.keep), rec.uid)  # fmt: skip
 
 
 @dataclass
@@ -92,6 +125,11 @@ class PassReport:
     committed: list[tuple[str, int]] = field(default_factory=list)
     waiting: list[tuple[str, int]] = field(default_factory=list)
     abandoned: list[tuple[str, int]] = field(default_factory=list)
+    skipped_jobs: list[str] = field(default_factory=list)
+
+
+class _NotOurs(Exception):
+    """Root does nothing for this job (no record, or a record without team/run); the message says why."""
 
 
 class UploadWorker:
@@ -99,8 +137,10 @@ class UploadWorker:
 
     Args:
         store: the S3 adapter.
-        staging_root: ``NURO_STAGING_ROOT`` (``<root>/<job_id>/ckpt/step-N``).
+        staging_root: ``NURO_STAGING_ROOT`` (``<root>/<job_id>/ckpt/step-N``; job records in ``<root>/.jobs``).
         job_dirs: restrict the worker to these job directories (a job's inline worker); None = all jobs.
+        trust: ``"record"`` (root: whose checkpoint it is comes from the job record) or ``"request"`` (a job's
+            inline worker, with its own team's credential). See the module docstring.
         on_commit: called with (request, manifest step) after a step is committed by this worker or seen committed.
         clock: ``time.monotonic`` unless a test injects one.
     """
@@ -111,15 +151,20 @@ class UploadWorker:
         staging_root: str | Path,
         *,
         job_dirs: Sequence[Path] | None = None,
+        trust: Trust = "record",
         on_commit: Callable[[UploadRequest], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        if trust not in ("record", "request"):
+            raise ValueError(f"trust must be 'record' or 'request', got {trust!r}")
         self.store = store
         self.staging_root = Path(staging_root)
         self.only = [Path(p) for p in job_dirs] if job_dirs is not None else None
+        self.trust = trust
         self.on_commit = on_commit
         self.clock = clock
-        self._backoff: dict[tuple[Path, int], _Backoff] = {}
+        self._backoff: dict[tuple[str, int, int], _Backoff] = {}
+        self._said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()  # one pass at a time per worker object (flush may run beside run())
 
     # -- public ------------------------------------------------------------------------------------------------
@@ -132,19 +177,44 @@ class UploadWorker:
                 log.exception("upload worker pass failed root=%s", self.staging_root)
             stop_event.wait(interval_s)
 
-    def run_once(self, job_id: str | None = None) -> PassReport:
-        """One pass over every pending request (of ``job_id`` only, if given)."""
+    def run_once(self, job_id: str | None = None, deadline: float | None = None) -> PassReport:
+        """One pass over every pending request (of ``job_id`` only, if given); no new step is started after
+        ``deadline`` (``clock`` time). A job whose dir or files are hostile or broken is skipped (logged once);
+        the others are handled as usual."""
         report = PassReport()
         with self._lock:
-            for job_dir in self._job_dirs(job_id):
-                for step in job_steps(job_dir):
-                    for part in step.parts if step.is_pending else ():
-                        self._handle(step, part, report)
+            seen: set[str] = set()
+            for jid, opener in self._jobs(job_id):
+                seen.add(jid)
+                try:
+                    with opener() as jd:
+                        owner = self._owner(jd)
+                        for sd in self._steps(jd):
+                            for part in sd.parts if sd.is_pending else ():
+                                if deadline is not None and self.clock() >= deadline:
+                                    return report
+                                self._handle(jd, sd, part, owner, report)
+                except _NotOurs as exc:
+                    self._say_once(jid, str(exc), logging.WARNING)
+                    report.skipped_jobs.append(jid)
+                except Exception as exc:  # noqa: BLE001 - one job's dir must never stop the others' uploads
+                    self._say_once(jid, f"job={jid} checkpoint uploads skipped: {type(exc).__name__}: {exc}")
+                    report.skipped_jobs.append(jid)
+            if job_id is None:
+                self._said = {k for k in self._said if k[0] in seen}  # forget jobs that are gone
         return report
 
     def pending(self, job_id: str) -> list[int]:
-        """Steps of ``job_id`` on this node that are requested but neither committed nor given up."""
-        return [s.step for d in self._job_dirs(job_id) for s in job_steps(d) if s.is_pending]
+        """Steps of ``job_id`` on this node that this worker would upload and are neither committed nor given up."""
+        out: list[int] = []
+        for _jid, opener in self._jobs(job_id):
+            try:
+                with opener() as jd:
+                    self._owner(jd)
+                    out.extend(sd.step for sd in self._steps(jd) if sd.is_pending)
+            except Exception:  # noqa: BLE001 - not ours, or unreadable: nothing of it is pending for us
+                continue
+        return out
 
     def flush(self, job_id: str, timeout_s: float, poll_s: float = 0.5) -> FlushResult:
         """Wait (bounded) until every request of ``job_id`` is committed; then give up on the rest.
@@ -157,65 +227,146 @@ class UploadWorker:
         result = FlushResult(job_id)
         committed: set[int] = set()
         while True:
-            committed.update(step for _, step in self.run_once(job_id).committed)  # pruned dirs are gone after
+            rep = self.run_once(job_id, deadline=deadline)
+            committed.update(step for _, step in rep.committed)  # pruned dirs are gone after
             left = self.pending(job_id)
             if not left or self.clock() >= deadline:
                 break
             time.sleep(min(poll_s, max(0.0, deadline - self.clock())))
-        for d in self._job_dirs(job_id):
-            for s in job_steps(d):
-                if s.is_done:
-                    committed.add(s.step)
-                elif s.is_pending:
-                    err = self._give_up(s, f"epilog flush timed out after {timeout_s:.0f} s")
-                    result.incomplete.append(s.step)
-                    if err:
-                        result.errors.append(err)
+        for jid, opener in self._jobs(job_id):
+            try:
+                with opener() as jd:
+                    owner = self._owner(jd)
+                    for sd in self._steps(jd):
+                        if sd.is_done:
+                            committed.add(sd.step)
+                        elif sd.is_pending:
+                            err = self._give_up(sd, owner, f"epilog flush timed out after {timeout_s:.0f} s")
+                            result.incomplete.append(sd.step)
+                            if err:
+                                result.errors.append(err)
+            except _NotOurs:
+                continue
+            except Exception as exc:  # noqa: BLE001 - the epilog must finish whatever the job left
+                result.errors.append(f"job {jid}: {type(exc).__name__}: {exc}")
         result.committed = sorted(committed)
         result.waited_s = round(self.clock() - start, 3)
         return result
 
-    # -- one step ----------------------------------------------------------------------------------------------
-    def _job_dirs(self, job_id: str | None) -> list[Path]:
-        dirs = self.only if self.only is not None else job_dirs(self.staging_root)
-        return [d for d in dirs if job_id is None or d.name == job_id]
+    # -- jobs and steps ----------------------------------------------------------------------------------------
+    def _jobs(self, job_id: str | None) -> list[tuple[str, Callable[[], JobDir]]]:
+        """(job id, opener) of every job dir this worker covers; opening happens per job, in isolation."""
+        if self.only is not None:
+            return [
+                (d.name, lambda d=d: JobDir.open_path(d))  # type: ignore[misc]
+                for d in self.only
+                if job_id is None or d.name == job_id
+            ]
+        try:
+            with safefs.opened(safefs.open_dir(self.staging_root)) as root_fd:
+                entries = safefs.list_dir(root_fd)
+        except FileNotFoundError:
+            return []
+        root = self.staging_root
+        return [
+            (e.name, lambda n=e.name: JobDir.open(root, n))  # type: ignore[misc]
+            for e in entries
+            if e.is_dir and not e.name.startswith((".", L.CACHE_DIR)) and (job_id is None or e.name == job_id)
+        ]
 
-    def _handle(self, step: StagedStep, part: int, report: PassReport) -> None:
-        key = (step.path, part)
+    def _owner(self, jd: JobDir) -> Owner | None:
+        """The job's owner from its record (trust="record"); None = take the request's word (trust="request")."""
+        if self.trust == "request":
+            return None
+        try:
+            rec = jobrecord.read(self.staging_root, jd.job_id)
+        except (OSError, ValueError) as exc:  # JobRecordError, UnsafePath, a bad name: no trustworthy record
+            raise _NotOurs(
+                f"job={jd.job_id} has no usable job record ({exc}): root uploads none of its checkpoints"
+            ) from None
+        if rec is None:
+            raise _NotOurs(f"job={jd.job_id} has no job record (the prolog writes it): root uploads none of its "
+                           "checkpoints")  # fmt: skip
+        owner = Owner.of(rec)
+        if owner is None:
+            raise _NotOurs(
+                f"job={jd.job_id} record has no nuro team/run (account {rec.account!r}; a plain job, or a nuro record "
+                "naming another team): root uploads none of its checkpoints"
+            )
+        return owner
+
+    def _steps(self, jd: JobDir) -> Iterator[StepDir]:
+        for step, name in jd.step_names():
+            try:
+                yield jd.open_step(step, name)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:  # swapped for a symlink since the listing: only this step is refused
+                self._say_once(jd.job_id, f"job={jd.job_id} step dir {name} refused: {exc}")
+
+    def _say_once(self, job_id: str, message: str, level: int = logging.ERROR) -> None:
+        key = (job_id, message)
+        if key in self._said:
+            return
+        if len(self._said) < _MAX_SAID:
+            self._said.add(key)
+        log.log(level, "%s", message)
+
+    # -- one step ----------------------------------------------------------------------------------------------
+    def _handle(self, jd: JobDir, sd: StepDir, part: int, owner: Owner | None, report: PassReport) -> None:
+        key = (jd.job_id, sd.step, part)
         bo = self._backoff.get(key)
         if bo and self.clock() < bo.next_at:
-            report.waiting.append((step.job_id, step.step))
+            report.waiting.append((sd.job_id, sd.step))
             return
-        with claimed(step.path, part) as mine:
-            if not mine or not step.is_pending:  # another worker has it, or the step finished meanwhile
-                return
-            try:
-                req = safe_request(step, part)
+        try:
+            with sd.claimed(part) as mine:
+                if not mine or not sd.is_pending:  # another worker has it, or the step finished meanwhile
+                    return
+                req = self._request(sd, part, owner)
                 if req is None:
                     return
-                if self._process(step, req):
-                    report.committed.append((step.job_id, step.step))
+                if self._process(sd, req, owner):
+                    report.committed.append((sd.job_id, sd.step))
                     self._backoff.pop(key, None)
-                    self._after_commit(step, req)
+                    self._after_commit(jd, sd, req)
                 else:
                     self._wait_for_peers(key)
-                    report.waiting.append((step.job_id, step.step))
-            except (ManifestError, PermanentUploadError) as exc:
-                log.error("checkpoint upload abandoned job=%s step=%d: %s", step.job_id, step.step, exc)
-                mark(step.path, L.ABANDONED_FILE, {"reason": str(exc)[:2000], "at": utc_now()})
-                report.abandoned.append((step.job_id, step.step))
-            except ObjectStoreError as exc:
-                self._retry_later(key, step, exc)
-                report.waiting.append((step.job_id, step.step))
+                    report.waiting.append((sd.job_id, sd.step))
+        except (ManifestError, PermanentUploadError, UnsafePath) as exc:
+            self._abandon(sd, str(exc))
+            report.abandoned.append((sd.job_id, sd.step))
+        except ObjectStoreError as exc:
+            self._retry_later(key, sd, exc)
+            report.waiting.append((sd.job_id, sd.step))
 
-    def _wait_for_peers(self, key: tuple[Path, int]) -> None:
+    def _request(self, sd: StepDir, part: int, owner: Owner | None) -> UploadRequest | None:
+        """The request of ``part``, bound to the job record (trust="record"): the request may choose only the step
+        and its files; team/run/job/attempt must be the record's and ``keep`` is the record's (ManifestError)."""
+        req = sd.read_request(part)
+        if req is None or owner is None:
+            return req
+        if req.step != sd.step:
+            raise ManifestError(f"{sd.where}: the request names step {req.step}, its directory is step {sd.step}")
+        return bind_request(
+            req, team=owner.team, run=owner.run, job_id=owner.job_id, restart=owner.restart, keep=owner.keep
+        )
+
+    def _abandon(self, sd: StepDir, reason: str) -> None:
+        self._say_once(sd.job_id, f"checkpoint upload abandoned job={sd.job_id} step={sd.step}: {reason}")
+        try:
+            sd.mark(L.ABANDONED_FILE, {"reason": reason[:2000], "at": utc_now()})
+        except OSError as exc:
+            self._say_once(sd.job_id, f"job={sd.job_id} step={sd.step}: cannot mark it abandoned: {exc}")
+
+    def _wait_for_peers(self, key: tuple[str, int, int]) -> None:
         """Poll a step that waits for other nodes' parts less and less often (0.5 s up to 5 s): with N nodes each
         polling, S3 sees N LISTs per interval, not a storm."""
         bo = self._backoff.setdefault(key, _Backoff())
         bo.attempts += 1
         bo.next_at = self.clock() + min(WAIT_MAX_S, BACKOFF_FIRST_S * 2 ** (bo.attempts - 1))
 
-    def _retry_later(self, key: tuple[Path, int], step: StagedStep, exc: Exception) -> None:
+    def _retry_later(self, key: tuple[str, int, int], sd: StepDir, exc: Exception) -> None:
         bo = self._backoff.setdefault(key, _Backoff())
         bo.attempts += 1
         delay = min(BACKOFF_MAX_S, BACKOFF_FIRST_S * 2 ** (bo.attempts - 1))
@@ -223,21 +374,21 @@ class UploadWorker:
         level = logging.WARNING if isinstance(exc, StoreUnavailable) else logging.ERROR
         log.log(
             level, "checkpoint upload job=%s step=%d attempt=%d failed, retry in %.1f s: %s",
-            step.job_id, step.step, bo.attempts, delay, exc,
+            sd.job_id, sd.step, bo.attempts, delay, exc,
         )  # fmt: skip
 
-    def _process(self, step: StagedStep, req: UploadRequest) -> bool:
+    def _process(self, sd: StepDir, req: UploadRequest, owner: Owner | None) -> bool:
         """Advance one request as far as it goes now; True once the step is committed."""
         if self.store.exists(L.manifest_key(req.team, req.run, req.step)):
-            mark(step.path, L.DONE_FILE, {"state": "committed", "at": utc_now(), "by": "seen"})
+            sd.mark(L.DONE_FILE, {"state": "committed", "at": utc_now(), "by": "seen"})
             return True
         if self._given_up_remotely(req):
             raise PermanentUploadError(f"incomplete.json of job {req.job_id}.{req.restart} exists for this step")
-        if not self._upload_files(step, req):
+        if not self._upload_files(sd, req, owner):
             self.store.put(
                 L.part_key(req.team, req.run, req.step, req.part), dumps(PartRecord.from_request(req).to_json_obj())
             )
-            self._save_state(step, req, part_written=True)
+            self._save_state(sd, req, part_written=True)
         keys = list(self.store.list(L.parts_prefix(req.team, req.run, req.step)))
         if len(keys) < req.parts_expected:  # cheap check first: one LIST, no GETs, while peers are still uploading
             return False
@@ -245,7 +396,7 @@ class UploadWorker:
         if len(parts) < req.parts_expected:
             log.debug("step=%d waiting for parts have=%s of %d", req.step, sorted(parts), req.parts_expected)
             return False
-        if step.is_abandoned or self._given_up_remotely(req):  # the epilog's deadline passed meanwhile
+        if sd.is_abandoned or self._given_up_remotely(req):  # the epilog's deadline passed meanwhile
             raise PermanentUploadError("given up by the epilog while the last part was uploading")
         manifest = build_manifest(parts.values(), parent=self._parent(req))
         created = self.store.put_if_absent(L.manifest_key(req.team, req.run, req.step), manifest.to_bytes())
@@ -253,32 +404,55 @@ class UploadWorker:
             "checkpoint committed team=%s run=%s step=%d bytes=%d shards=%d by=%s",
             req.team, req.run, req.step, manifest.total_bytes, len(manifest.shards), "us" if created else "peer",
         )  # fmt: skip
-        mark(step.path, L.DONE_FILE, {"state": "committed", "at": utc_now(), "by": "us" if created else "peer"})
+        sd.mark(L.DONE_FILE, {"state": "committed", "at": utc_now(), "by": "us" if created else "peer"})
         return True
 
-    def _state(self, step: StagedStep, req: UploadRequest) -> dict:
-        """What earlier passes stored for this attempt: {"files": {path: sha256}, "part_written": bool}."""
-        state = read_marker(step.path, L.state_file(req.part)) or {}
+    def _state(self, sd: StepDir, req: UploadRequest) -> dict:
+        """What earlier passes stored for this attempt: {"files": {path: sha256}, "part_written": bool}. A state
+        file that is missing, unsafe (FIFO, symlink, huge) or of another attempt counts as nothing stored."""
+        try:
+            state = sd.read_json(L.state_file(req.part), MAX_STATE_BYTES) or {}
+        except OSError:
+            state = {}
         if state.get("attempt") != f"{req.job_id}.{req.restart}" or not isinstance(state.get("files"), dict):
             return {"files": {}, "part_written": False}
         return state
 
-    def _save_state(self, step: StagedStep, req: UploadRequest, **changes: object) -> None:
-        state = {**self._state(step, req), **changes, "attempt": f"{req.job_id}.{req.restart}"}
-        write_atomic(step.path / L.state_file(req.part), json.dumps(state, sort_keys=True).encode())
+    def _save_state(self, sd: StepDir, req: UploadRequest, **changes: object) -> None:
+        state = {**self._state(sd, req), **changes, "attempt": f"{req.job_id}.{req.restart}"}
+        sd.write(L.state_file(req.part), json.dumps(state, sort_keys=True).encode())
 
-    def _upload_files(self, step: StagedStep, req: UploadRequest) -> bool:
+    def _open_shard(self, sd: StepDir, path: str, size: int, owner: Owner | None) -> int:
+        """A read fd of one listed file: beneath the step dir, no symlink on the way, a regular file of the listed
+        size; for root also one link only and owned by the job's user (or root), so a hard link to someone
+        else's file is never read. PermanentUploadError otherwise."""
+        try:
+            fd = sd.open_file(path)
+        except OSError as exc:
+            raise PermanentUploadError(f"{sd.where}/{path} cannot be read safely: {exc}") from None
+        st = os.fstat(fd)
+        problem = None
+        if st.st_size != size:
+            problem = f"is {st.st_size} bytes, the request lists {size} (changed since it was written)"
+        elif owner is not None and st.st_nlink != 1:
+            problem = f"has {st.st_nlink} links (a hard link is never uploaded by root)"
+        elif owner is not None and st.st_uid not in (owner.uid, 0):
+            problem = f"belongs to uid {st.st_uid}, not the job's user (uid {owner.uid})"
+        if problem:
+            os.close(fd)
+            raise PermanentUploadError(f"{sd.where}/{path} {problem}")
+        assert stat.S_ISREG(st.st_mode)
+        return fd
+
+    def _upload_files(self, sd: StepDir, req: UploadRequest, owner: Owner | None) -> bool:
         """Upload what is not durable yet; True when the part record was already written by an earlier pass."""
-        state = self._state(step, req)
+        state = self._state(sd, req)
         done: dict[str, str] = state["files"]
-        for f in req.files:
-            if done.get(f.path) == f.sha256:
-                continue  # stored in an earlier pass
-            local = step.path / f.path
-            try:
-                fd = open_beneath(step.path, f.path)  # never through a symlink: the worker may run as root
-            except OSError as exc:
-                raise PermanentUploadError(f"{local} cannot be read safely: {exc}") from None
+        todo = [f for f in req.files if done.get(f.path) != f.sha256]  # the rest was stored in an earlier pass
+        for f in todo:  # every listed file must be safe to read before any is sent: a bad list uploads nothing
+            os.close(self._open_shard(sd, f.path, f.size, owner))
+        for f in todo:
+            fd = self._open_shard(sd, f.path, f.size, owner)
             try:
                 # /proc/self/fd/N reopens exactly the file we opened safely, whatever the path points at now
                 self.store.put_file(
@@ -292,7 +466,7 @@ class UploadWorker:
             finally:
                 os.close(fd)
             done[f.path] = f.sha256
-            self._save_state(step, req, files=done)
+            self._save_state(sd, req, files=done)
         return bool(state.get("part_written")) and all(done.get(f.path) == f.sha256 for f in req.files)
 
     def _parts_of_attempt(self, req: UploadRequest) -> dict[int, PartRecord]:
@@ -305,7 +479,7 @@ class UploadWorker:
             except ManifestError as exc:
                 log.warning("ignoring bad part record %s: %s", info.key, exc)
                 continue
-            if rec.attempt == req.attempt and rec.step == req.step:
+            if rec.attempt == req.attempt and rec.step == req.step and (rec.team, rec.run) == (req.team, req.run):
                 parts[rec.part] = rec
         return parts
 
@@ -323,51 +497,59 @@ class UploadWorker:
         older = [s.step for s in list_steps(self.store, req.team, req.run) if s.committed and s.step < req.step]
         return max(older) if older else None
 
-    def _after_commit(self, step: StagedStep, req: UploadRequest) -> None:
+    def _after_commit(self, jd: JobDir, sd: StepDir, req: UploadRequest) -> None:
         if self.on_commit:
             try:
                 self.on_commit(req)
             except Exception:
                 log.exception("on_commit callback failed step=%d", req.step)
-        if req.keep:
+        if req.keep:  # bound to the record's keep (or the platform default) when root uploads
             try:
                 apply_retention(self.store, req.team, req.run, req.keep)
             except ObjectStoreError as exc:
                 log.warning(
                     "retention skipped team=%s run=%s: %s (runs again after the next commit)", req.team, req.run, exc
                 )
-        prune_local(step)
+        try:
+            prune_local(jd, sd.step)
+        except OSError as exc:
+            self._say_once(jd.job_id, f"job={jd.job_id} could not prune old local steps: {exc}", logging.WARNING)
 
-    def _give_up(self, step: StagedStep, reason: str) -> str | None:
+    def _give_up(self, sd: StepDir, owner: Owner | None, reason: str) -> str | None:
         """Mark a leftover step incomplete, in S3 (best effort) and locally. Returns an error text or None."""
         err = None
-        part = step.parts[0] if step.parts else 0
-        with claimed(step.path, part) as mine:
-            if not mine:
-                log.warning("step=%d still locked by another worker; marking it incomplete anyway", step.step)
-            try:
-                req = safe_request(step, part)
-            except ManifestError as exc:
-                req, err = None, str(exc)
-            if req is not None:
-                missing = sorted(set(range(req.parts_expected)) - set(self._safe_parts(req)))
-                inc = Incomplete(
-                    req.team, req.run, req.step, req.job_id, req.restart, reason, tuple(missing), utc_now()
-                )
-                try:
-                    if not self.store.exists(L.manifest_key(req.team, req.run, req.step)):
-                        self.store.put(L.incomplete_key(req.team, req.run, req.step), dumps(inc.to_json_obj()))
-                except ObjectStoreError as exc:
-                    err = f"step {req.step}: could not write incomplete.json ({exc}); it has no manifest either"
-            mark(step.path, L.ABANDONED_FILE, {"reason": reason, "at": utc_now()})
+        part = sd.parts[0] if sd.parts else 0
+        try:
+            with sd.claimed(part) as mine:
+                if not mine:
+                    log.warning("step=%d still locked by another worker; marking it incomplete anyway", sd.step)
+                err = self._write_incomplete(sd, part, owner, reason)
+        except UnsafePath as exc:  # the lock file is hostile: give up without it (nothing of ours is waiting on it)
+            err = f"step {sd.step}: {exc}"
+        try:
+            sd.mark(L.ABANDONED_FILE, {"reason": reason, "at": utc_now()})
+        except OSError as exc:
+            err = f"{err + '; ' if err else ''}could not mark step {sd.step} abandoned: {exc}"
         log.warning(
-            "checkpoint step=%d job=%s marked incomplete: %s%s",
-            step.step,
-            step.job_id,
-            reason,
-            f" ({err})" if err else "",
+            "checkpoint step=%d job=%s marked incomplete: %s%s", sd.step, sd.job_id, reason, f" ({err})" if err else ""
         )
         return err
+
+    def _write_incomplete(self, sd: StepDir, part: int, owner: Owner | None, reason: str) -> str | None:
+        try:
+            req = self._request(sd, part, owner)
+        except ManifestError as exc:
+            return str(exc)  # a forged or broken request: nothing is written in S3 for it
+        if req is None:
+            return None
+        missing = sorted(set(range(req.parts_expected)) - set(self._safe_parts(req)))
+        inc = Incomplete(req.team, req.run, req.step, req.job_id, req.restart, reason, tuple(missing), utc_now())
+        try:
+            if not self.store.exists(L.manifest_key(req.team, req.run, req.step)):
+                self.store.put(L.incomplete_key(req.team, req.run, req.step), dumps(inc.to_json_obj()))
+        except ObjectStoreError as exc:
+            return f"step {req.step}: could not write incomplete.json ({exc}); it has no manifest either"
+        return None
 
     def _safe_parts(self, req: UploadRequest) -> list[int]:
         try:
@@ -376,14 +558,24 @@ class UploadWorker:
             return []
 
 
-def prune_local(committed: StagedStep) -> list[int]:
-    """Remove this job's local step directories older than ``committed`` that are done or never requested
-    (torn): S3 holds them now and the staging disk is small. Pending ones stay (their upload is not finished)."""
-    import shutil
-
+def prune_local(jd: JobDir, committed_step: int) -> list[int]:
+    """Remove this job's local step directories older than ``committed_step`` that are done, given up or never
+    requested (torn): S3 holds them now and the staging disk is small. Pending ones stay (their upload is not
+    finished). Removal goes through the ckpt dir's fd and never follows a symlink (``safefs.remove_at``)."""
     removed: list[int] = []
-    for s in job_steps(committed.job_dir):
-        if s.step < committed.step and (s.is_done or s.is_abandoned or not s.has_request):
-            shutil.rmtree(s.path, ignore_errors=True)
-            removed.append(s.step)
+    for step, name in jd.step_names():
+        if step >= committed_step:
+            continue
+        try:
+            with safefs.opened(safefs.open_dir(name, dir_fd=jd.ckpt_fd)) as fd:
+                sd = StepDir(jd.job_id, step, name, fd, f"{jd.where}/ckpt/{name}")
+                finished = sd.is_done or sd.is_abandoned or not sd.has_request
+        except OSError:
+            continue
+        if finished:
+            jd.remove_step(name)
+            removed.append(step)
     return removed
+
+
+__all__ = ["FlushResult", "Owner", "PassReport", "PermanentUploadError", "UploadWorker", "prune_local"]

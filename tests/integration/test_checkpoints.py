@@ -8,6 +8,7 @@ Processes are few (torch costs ~5 s of CPU to import): one subprocess for the SI
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -23,10 +24,12 @@ import boto3
 import pytest
 import torch
 
+from nuro import jobrecord
 from nuro.checkpoint import layout as L
-from nuro.checkpoint.manifest import dumps, parse_part
+from nuro.checkpoint.manifest import FileEntry, UploadRequest, dumps, parse_part
 from nuro.checkpoint.restore import load_manifest, restore_latest
 from nuro.checkpoint.retention import tag_step
+from nuro.checkpoint.staging import write_request
 from nuro.checkpoint.upload import UploadWorker
 from nuro.checkpoint.verify import check_remote_shard
 from nuro.devcluster import s3
@@ -104,6 +107,12 @@ def _raw(server: S3Server):
         "s3", endpoint_url=env["NURO_S3_ENDPOINT"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
         aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name="us-east-1",
     )  # fmt: skip
+
+
+def _record(root: Path, job: int, run: str | None, team: str = TEAM, keep: int | None = None) -> None:
+    """What the prolog writes for a job on this node: the root-owned record root's upload worker trusts."""
+    rec = jobrecord.JobRecord(job, os.getuid(), os.getgid(), "tester", team, team, run, 0, "n1", keep)
+    jobrecord.write(root, rec)
 
 
 def _steps_in_s3(store: ObjectStore, run: str) -> list[int]:
@@ -253,6 +262,7 @@ def test_a_save_killed_mid_write_never_commits_a_torn_checkpoint(store: ObjectSt
         assert not store.exists(L.manifest_key(TEAM, run, step))
 
     # the node agent's worker picks up what the dead process left: requests commit, torn dirs never do
+    _record(job.parent, 501, run)
     worker = UploadWorker(store, job.parent)
     for _ in range(20):
         worker.run_once()
@@ -341,3 +351,97 @@ def test_two_process_gloo_group_commits_one_manifest_of_two_parts(store: ObjectS
     parts = [parse_part(store.get(L.part_key(TEAM, run, 2, p))[0]) for p in (0, 1)]
     assert {f.path for f in parts[0].files} == {".metadata", "__0_0.distcp"}
     assert {f.path for f in parts[1].files} == {"__1_0.distcp"}
+
+
+def _stage(job_dir: Path, step: int, files: dict[str, bytes], **req: object) -> Path:
+    """A step as a job leaves it: its files and its upload request (``req`` overrides any request field)."""
+    import hashlib
+
+    d = job_dir / "ckpt" / L.step_name(step)
+    d.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    entries = tuple(FileEntry(n, len(b), hashlib.sha256(b).hexdigest()) for n, b in sorted(files.items()))
+    fields = {"team": TEAM, "run": "r", "step": step, "job_id": job_dir.name, "restart": 0, "part": 0,
+              "parts_expected": 1, "world_size": 1, "files": entries, "created_at": "t", "keep": None}  # fmt: skip
+    fields.update(req)
+    write_request(d, UploadRequest(**fields))  # type: ignore[arg-type]
+    return d
+
+
+def test_root_worker_trusts_the_job_record_and_survives_hostile_job_dirs(
+    store: ObjectStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The node agent's worker (trust="record") over one staging root where most jobs are hostile: it commits the
+    honest job's step, refuses every forgery and unsafe file with a reason, writes nothing under another run, and
+    one pass finishes at once (no FIFO blocks it, no huge file is read)."""
+    root = tmp_path / "staging"
+    mine, theirs = _run(), _run()
+    files = {".metadata": b"meta", "__0_0.distcp": os.urandom(4096)}
+    victim = _ckpt(store, theirs, tmp_path / "victim" / "800", keep=5)  # the other run's committed step
+    victim.save(_state(1), 1, sync=True)
+    assert victim.wait_committed(1, 30)
+    victim.close()
+    before = {o.key: store.get(o.key)[0] for o in store.list(L.run_prefix(TEAM, theirs))}
+
+    runs = {j: f"{mine}-{j}" for j in range(801, 813)}  # each job its own run: no step is committed by another
+    honest = _stage(root / "801", 1, files, run=runs[801])
+    _stage(root / "802", 1, files, run=theirs, keep=1)  # forged: another run, and keep=1 to delete its steps
+    _stage(root / "803", 1, files, run=runs[803], team="nlp")  # forged: another team
+    _stage(root / "804", 1, files, run=runs[804], restart=3)  # another attempt's request
+    fifo_lock = _stage(root / "805", 1, files, run=runs[805])
+    os.mkfifo(fifo_lock / L.lock_file(0))
+    fifo_req = _stage(root / "806", 1, files, run=runs[806])
+    (fifo_req / L.request_file(0)).unlink()
+    os.mkfifo(fifo_req / L.request_file(0))
+    links = _stage(root / "807", 1, {**files, "__1_0.distcp": b"x" * 10}, run=runs[807])
+    (links / "__1_0.distcp").unlink()
+    (links / "__1_0.distcp").symlink_to("/dev/zero")
+    shadow = _stage(root / "808", 1, {**files, "__1_0.distcp": b"y"}, run=runs[808])
+    (shadow / "__1_0.distcp").unlink()
+    (shadow / "__1_0.distcp").symlink_to("/etc/shadow")
+    huge = _stage(root / "809", 1, files, run=runs[809])
+    with open(huge / L.request_file(0), "r+b") as fh:
+        fh.truncate(8 << 30)  # sparse 8 GiB: never read past the cap
+    swapped = root / "810" / "ckpt"
+    swapped.mkdir(parents=True)
+    (swapped / L.step_name(1)).symlink_to(honest)  # a step dir that is a symlink (to another job's step)
+    _stage(root / "811", 1, files, run=runs[811])  # no record: root uploads nothing of it
+    hard = _stage(root / "812", 1, files, run=runs[812])
+    (hard / "__0_0.distcp").unlink()
+    elsewhere = tmp_path / "someone-elses-file"
+    elsewhere.write_bytes(files["__0_0.distcp"])
+    os.link(elsewhere, hard / "__0_0.distcp")  # same bytes, but a hard link: root never reads it
+    for job in range(801, 813):
+        if job != 811:
+            _record(root, job, runs[job])
+
+    worker = UploadWorker(store, root)
+    t0 = time.monotonic()
+    report = worker.run_once()
+    took = time.monotonic() - t0
+    assert report.committed == [("801", 1)], report
+    assert sorted(report.abandoned) == [(str(j), 1) for j in (802, 803, 804, 805, 806, 807, 808, 809, 812)], report
+    assert report.skipped_jobs == ["811"], report
+    assert took < 30, f"one pass took {took:.1f} s"
+    assert store.exists(L.manifest_key(TEAM, runs[801], 1))
+    assert not list(store.list(L.run_prefix("nlp", runs[803])))
+    for j in range(802, 813):  # nothing of the refused jobs reached S3
+        assert not list(store.list(L.run_prefix(TEAM, runs[j]))), j
+    after = {o.key: store.get(o.key)[0] for o in store.list(L.run_prefix(TEAM, theirs))}
+    assert after == before  # the other run: byte-identical, nothing new
+    reasons = {
+        j: json.loads((root / str(j) / "ckpt" / L.step_name(1) / L.ABANDONED_FILE).read_bytes())["reason"]
+        for j in (802, 803, 804, 805, 806, 807, 808, 809, 812)
+    }
+    assert "job record says" in reasons[802] and theirs in reasons[802], reasons[802]
+    assert "team='nlp'" in reasons[803] and "restart=3" in reasons[804]
+    assert "lock file is not a regular file" in reasons[805], reasons[805]
+    assert "not a regular file" in reasons[806] and "symlink" in reasons[807] and "symlink" in reasons[808]
+    assert "larger than" in reasons[809] and "links" in reasons[812], (reasons[809], reasons[812])
+    assert not (root / "811" / "ckpt" / L.step_name(1) / L.ABANDONED_FILE).exists()
+    # a second pass says nothing new and still finishes at once; flush of a hostile job is bounded too
+    assert worker.run_once().committed == []
+    assert sum("job=811 has no job record" in r.getMessage() for r in caplog.records) == 1  # once, not per pass
+    res = worker.flush("805", timeout_s=2)
+    assert res.committed == [] and res.incomplete == []

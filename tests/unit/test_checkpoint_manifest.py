@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from nuro.checkpoint.manifest import (
     FileEntry,
     PartRecord,
     UploadRequest,
+    bind_request,
     build_manifest,
     parse_manifest,
     parse_part,
@@ -109,3 +111,29 @@ def test_keys_are_zero_padded_and_parse_back() -> None:
     assert L.parse_step_name("step-42") is None
     with pytest.raises(InvalidCheckpointInput, match="bad step"):
         L.step_name(10**12)
+
+
+def _req(**over) -> UploadRequest:
+    base = UploadRequest("vision", "resnet", 100, "4711", 0, 0, 1, 1, (FileEntry(".metadata", 3, SHA),), "t", keep=1)
+    return dataclasses.replace(base, **over)
+
+
+def test_bind_request_takes_keep_from_the_record_and_keeps_what_the_job_may_choose() -> None:
+    bound = bind_request(_req(), team="vision", run="resnet", job_id="4711", restart=0, keep=3)
+    assert bound == _req(keep=3)  # step, part and files are the job's; keep is the record's (the request said 1)
+
+
+@pytest.mark.parametrize(
+    ("over", "named"),
+    [
+        ({"team": "nlp"}, "team='nlp'"),
+        ({"run": "their-run"}, "run='their-run'"),
+        ({"job_id": "4712"}, "job_id='4712'"),
+        ({"restart": 1}, "restart=1"),
+        ({"team": "nlp", "run": "x"}, "team='nlp', run='x'"),
+    ],
+)
+def test_bind_request_refuses_a_request_naming_another_owner(over: dict, named: str) -> None:
+    with pytest.raises(ManifestError, match="job record says") as err:
+        bind_request(_req(**over), team="vision", run="resnet", job_id="4711", restart=0, keep=None)
+    assert named in str(err.value) and "refused" in str(err.value)

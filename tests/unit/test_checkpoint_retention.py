@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from nuro.checkpoint.retention import StepState, choose_deletions
+from nuro.checkpoint.retention import StepState, choose_deletions, default_keep, effective_keep
 
 
 def _steps(spec: str) -> list[StepState]:
@@ -33,3 +33,12 @@ def test_choose_deletions(spec: str, keep: int, tagged: tuple[int, ...], want: l
 def test_keep_must_be_positive() -> None:
     with pytest.raises(ValueError, match="NURO_CKPT_KEEP"):
         choose_deletions(_steps("1c"), 0)
+
+
+def test_keep_of_a_job_is_its_records_else_the_job_spec_default() -> None:
+    from nuro.jobspec.spec import JobSpec
+
+    assert default_keep() == 3 == JobSpec.__dataclass_fields__["ckpt_keep"].default
+    assert effective_keep(None) == 3 and effective_keep(7) == 7
+    with pytest.raises(ValueError, match="at least 1"):
+        effective_keep(0)

@@ -167,7 +167,7 @@ class Checkpointer:
         self._last_recorded: int | None = None
         self.timings: dict[int, dict[str, float]] = {}
         if self.upload == "inline" and self.local_rank == 0:
-            self._worker = UploadWorker(self.store, self.staging_root, job_dirs=[self.staging_dir])
+            self._worker = UploadWorker(self.store, self.staging_root, job_dirs=[self.staging_dir], trust="request")
             self._start_thread("nuro-ckpt-upload", lambda: self._worker.run(self._stop, 0.5))  # type: ignore[union-attr]
         if self.rank == 0 and self.env.job_id is not None:
             self._start_thread("nuro-ckpt-record", self._record_loop)
