@@ -26,6 +26,7 @@ variable                   where         meaning / default
 ``nuro_slurm_paths``       controller    overrides of :class:`~nuro.clusterdesc.Paths` fields
 ``nuro_slurm_ports``       controller    overrides of :class:`~nuro.clusterdesc.Ports` fields
 ``nuro_slurm_timers``      controller    overrides of :class:`~nuro.clusterdesc.Timers` (default: by node count)
+``nuro_slurm_confinement`` controller    overrides of :class:`~nuro.clusterdesc.Confinement` (cgroup.conf)
 ``nuro_slurm_user``        controller    SlurmUser (default ``slurm``); ``nuro_partition`` (default ``gpu``)
 =========================  ============  =====================================================================
 
@@ -40,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
-from nuro.clusterdesc import ClusterDescription, NodeSpec, Paths, Ports, Switch, Timers
+from nuro.clusterdesc import ClusterDescription, Confinement, NodeSpec, Paths, Ports, Switch, Timers
 
 COMPUTE_GROUP = "compute"
 CONTROLLER_GROUP = "slurm_controller"
@@ -175,6 +176,7 @@ def describe_inventory(
     timers = replace(Timers.for_node_count(len(nodes)), **{k: int(v) for k, v in timers_given.items()})
     ports = Ports(**{k: int(v) for k, v in _overrides(Ports, cv.get("nuro_slurm_ports"), "nuro_slurm_ports").items()})
     paths = Paths(**{k: str(v) for k, v in _overrides(Paths, cv.get("nuro_slurm_paths"), "nuro_slurm_paths").items()})
+    confinement_given = _overrides(Confinement, cv.get("nuro_slurm_confinement"), "nuro_slurm_confinement")
     try:
         return ClusterDescription(
             cluster_name=str(cv.get("nuro_cluster_name") or "nuro"),
@@ -186,6 +188,7 @@ def describe_inventory(
             timers=timers,
             paths=paths,
             ports=ports,
+            confinement=Confinement(**confinement_given),  # its own checks: plugin name, absolute mountpoint
             slurm_user=str(cv.get("nuro_slurm_user") or "slurm"),
         )
     except ValueError as exc:  # the description's own checks (duplicate names, bad timers)
@@ -224,6 +227,7 @@ def inventory_from_description(desc: ClusterDescription, controller: str = "ctl"
         "nuro_slurm_paths": {f.name: getattr(desc.paths, f.name) for f in fields(Paths)},
         "nuro_slurm_ports": {f.name: getattr(desc.ports, f.name) for f in fields(Ports)},
         "nuro_slurm_timers": {f.name: getattr(desc.timers, f.name) for f in fields(Timers)},
+        "nuro_slurm_confinement": {f.name: getattr(desc.confinement, f.name) for f in fields(Confinement)},
     }
     return {
         "all": {
@@ -235,7 +239,7 @@ def inventory_from_description(desc: ClusterDescription, controller: str = "ctl"
     }
 
 
-RENDERED_FILES = ("slurm.conf", "topology.conf", "gres.conf")
+RENDERED_FILES = ("slurm.conf", "cgroup.conf", "topology.conf", "gres.conf")
 
 
 def render_file(desc: ClusterDescription, name: str) -> str:
@@ -244,6 +248,7 @@ def render_file(desc: ClusterDescription, name: str) -> str:
 
     renderers = {
         "slurm.conf": slurmconf.render_slurm_conf,
+        "cgroup.conf": slurmconf.render_cgroup_conf,
         "topology.conf": slurmconf.render_topology_conf,
         "gres.conf": slurmconf.render_gres_conf,
     }

@@ -1,9 +1,11 @@
-"""Render slurm.conf, topology.conf, gres.conf and slurmdbd.conf from a :class:`ClusterDescription`.
+"""Render slurm.conf, cgroup.conf, topology.conf, gres.conf and slurmdbd.conf from a :class:`ClusterDescription`.
 
 Pure functions: a description in, text out. The dev cluster writes the text to its state dir; the Ansible roles
 template the same text onto real hosts; ``tests/golden/`` pins it so every change to what reaches Slurm is a diff.
 The settings every nuro cluster needs (gres/gpu accounting, multifactor priority, QOS preemption with requeue,
-job_submit/lua, prolog/epilog with ``PrologFlags=Alloc``, topology/tree) are fixed here, not options.
+job_submit/lua, prolog/epilog with ``PrologFlags=Alloc`` and a ``PrologEpilogTimeout``, topology/tree, cgroup
+confinement with memory as a consumable resource) are fixed here, not options; the description only says how
+confinement fits the hosts (:class:`~nuro.clusterdesc.Confinement`).
 """
 
 from __future__ import annotations
@@ -88,12 +90,18 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
         "AccountingStoreFlags=job_comment",  # nuro's run metadata rides in the comment: keep it in sacct too
         "JobAcctGatherType=jobacct_gather/none",
         "",
-        "# Resources: whole-GPU gres, cons_tres so --gpus-per-node works",
+        "# Resources: whole-GPU gres, cons_tres so --gpus-per-node works; memory is allocated too, so every job",
+        "# has a memory limit (DefMemPerGPU for GPU jobs, DefMemPerCPU for the rest, unless it asks with --mem)",
         "GresTypes=gpu",
         "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_Core",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
+        "SelectTypeParameters=CR_Core_Memory",
+        *([f"DefMemPerGPU={desc.def_mem_per_gpu_mb}"] if desc.def_mem_per_gpu_mb else []),
+        f"DefMemPerCPU={desc.def_mem_per_cpu_mb}",
+        "",
+        "# Confinement (cgroup.conf beside this file): a job's processes live in its cgroup, so none outlives the",
+        "# job, and it opens only its own GPUs (ConstrainDevices) within its memory (ConstrainRAMSpace)",
+        "ProctrackType=proctrack/cgroup",
+        f"TaskPlugin={'task/cgroup,task/affinity' if desc.confinement.task_affinity else 'task/cgroup'}",
         "MpiDefault=none",
         "",
         "# Placement: gang allocation is Slurm's own; topology/tree makes --switches=1 keep a job on one leaf",
@@ -115,6 +123,9 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
         "# nuro's hooks: admission bridge (job_submit.lua beside this file), prolog/epilog, node health",
         "JobSubmitPlugins=lua",
         "PrologFlags=Alloc",
+        "# Above nuro's own hook deadlines (120 s staging / upload flush, plus the health check): those fire first.",
+        "# Slurm 25.05+ also reads PrologTimeout/EpilogTimeout; both default to this value.",
+        f"PrologEpilogTimeout={t.prolog_epilog_timeout_s}",
         f"Prolog={p.prolog}",
         f"Epilog={p.epilog}",
         *(
@@ -142,6 +153,25 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
         *(_node_line(run) for run in _node_runs(desc.nodes)),
         "",
         f"PartitionName={desc.partition} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
+    ]
+    return HEADER + "\n".join(lines) + "\n"
+
+
+def render_cgroup_conf(desc: ClusterDescription) -> str:
+    """cgroup.conf for proctrack/cgroup and task/cgroup: what each job's cgroup constrains.
+
+    Only keys every Slurm from 22.05 to 26.05 reads (``CgroupAutomount`` is defunct from 23.x, ``ConstrainKmemSpace``
+    gone in 24.11, so neither is written). ``AllowedRAMSpace=100``: a job gets exactly its allocation.
+    """
+    c = desc.confinement
+    lines = [
+        f"CgroupPlugin={c.cgroup_plugin}",
+        *([f"CgroupMountpoint={c.cgroup_mountpoint}"] if c.cgroup_mountpoint else []),
+        "ConstrainDevices=yes",
+        "ConstrainRAMSpace=yes",
+        "AllowedRAMSpace=100",
+        *(["ConstrainSwapSpace=yes", "AllowedSwapSpace=0"] if c.constrain_swap else ["ConstrainSwapSpace=no"]),
+        f"ConstrainCores={'yes' if c.constrain_cores else 'no'}",
     ]
     return HEADER + "\n".join(lines) + "\n"
 

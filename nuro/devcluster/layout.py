@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nuro.clusterdesc import ClusterDescription, NodeSpec, Paths, Ports, Timers, leaf_spine
+from nuro.devcluster import cgroups
 
 DEFAULT_NODES = 8
 DEFAULT_PORT_BASE = 16800
@@ -366,6 +367,7 @@ def describe(layout: Layout, n_nodes: int, port_base: int) -> ClusterDescription
             healthcheck=str(layout.etc / "nuro-healthcheck"),
         ),
         ports=Ports(slurmctld=ports.slurmctld, slurmdbd=ports.slurmdbd, mariadb=ports.mariadb),
+        confinement=cgroups.confinement(layout.root),  # its own cgroups (nuro.devcluster.cgroups)
         slurm_user="root",
         db_user=DB_USER,
         db_password=DB_PASSWORD,

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import psutil
 
-from nuro.devcluster import s3
+from nuro.devcluster import cgroups, s3
 from nuro.devcluster.install import ensure_packages
 from nuro.devcluster.layout import (
     DEFAULT_PORT_BASE,
@@ -45,6 +45,7 @@ from nuro.devcluster.record import Phase, RunRecord, read_record
 from nuro.heartbeat import write_key
 from nuro.metrics.sink import ENV_URL as ENV_METRICS_URL
 from nuro.slurmconf import (
+    render_cgroup_conf,
     render_gres_conf,
     render_hook_wrapper,
     render_slurm_conf,
@@ -257,15 +258,25 @@ def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
     layout.mysql_data.mkdir(exist_ok=True)
     for i in range(GPUS_PER_NODE):
         dev = layout.dev / f"nvidia{i}"
+        # Slurm drops file-less GPUs ("Removing file-less GPU"): a char device stands in for /dev/nvidiaN, with
+        # its own device number (cgroups.fake_gpu_rdev): ConstrainDevices denies a job the numbers of GPUs it
+        # was not given, so a stand-in that reused /dev/null's 1:3 would deny /dev/null too.
+        if dev.is_symlink() or (dev.exists() and dev.stat().st_rdev != cgroups.fake_gpu_rdev(i)):
+            dev.unlink()
         if not dev.exists():
-            # Slurm drops file-less GPUs ("Removing file-less GPU"): a char device stands in for /dev/nvidiaN.
-            os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+            os.mknod(dev, 0o666 | stat.S_IFCHR, cgroups.fake_gpu_rdev(i))
+            dev.chmod(0o666)  # as /dev/nvidiaN: any job user may open it, the devices cgroup decides
     if not layout.munge_key.exists():
         fd = os.open(layout.munge_key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)
         with os.fdopen(fd, "wb") as fh:
             fh.write(os.urandom(1024))
+    try:  # the cluster's own cgroups, bound where its cgroup.conf says (nuro.devcluster.cgroups)
+        cgroups.prepare(layout.root)
+    except cgroups.CgroupError as exc:
+        raise DevClusterError(str(exc)) from exc
     files = {
         layout.slurm_conf: render_slurm_conf(desc),
+        layout.etc / "cgroup.conf": render_cgroup_conf(desc),
         layout.etc / "topology.conf": render_topology_conf(desc),
         layout.etc / "gres.conf": render_gres_conf(desc),
     }
@@ -409,6 +420,7 @@ def down(layout: Layout, purge: bool = False, timeout_s: float = 90.0) -> list[s
         if leftovers:
             stop_processes(leftovers, 10, "daemon")
         layout.record.unlink(missing_ok=True)
+    cgroups.release(layout.root)  # after every daemon: kills job processes left in its cgroups, unmounts
     if purge:
         if layout.root.exists():
             shutil.rmtree(layout.root)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from nuro.devcluster import s3
+from nuro.devcluster import cgroups, s3
 from nuro.devcluster.layout import (
     CLUSTER_NAME,
     DB_PASSWORD,
@@ -337,6 +337,9 @@ class Supervisor:
         jobs = [c for p in stepds for c in _children(p)]
         kill(stepds, "slurmstepd")
         kill(jobs, "job process")
+        # and those that left the stepd's tree (setsid, double fork): the node's cgroups still hold them
+        seen = {k["pid"] for k in killed}
+        kill([p for p in cgroups.node_processes(self.layout.root, node) if p.pid not in seen], "job process")
         agent = agent_ref.process() if agent_ref else None
         if agent is not None:
             kill([agent], "agent")

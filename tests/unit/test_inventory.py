@@ -58,6 +58,7 @@ def test_dev_cluster_description_round_trips(tmp_path: Path, n_nodes: int) -> No
     assert replace(back, db_password=desc.db_password) == desc
     for name, render in (
         ("slurm.conf", slurmconf.render_slurm_conf),
+        ("cgroup.conf", slurmconf.render_cgroup_conf),
         ("topology.conf", slurmconf.render_topology_conf),
         ("gres.conf", slurmconf.render_gres_conf),
     ):
@@ -110,8 +111,20 @@ def test_nodes_sorted_by_name_and_defaults() -> None:
         ({"n1": {"nuro_gpu_count": 8, "nuro_gpu_model": "h100; rm"}}, {}, "must be a plain word"),
         ({}, {"slurm_controller": []}, "no host in group slurm_controller"),
         ({"n1": {"nuro_gpu_count": 8, "nuro_node_name": "n2"}}, {}, "duplicate node names: n2"),
+        ({"ctl": {"nuro_slurm_confinement": {"cgroup": "v1"}}}, {}, "unknown keys cgroup"),
+        ({"ctl": {"nuro_slurm_confinement": {"cgroup_plugin": "v1"}}}, {}, "cgroup_plugin='v1': choose one of"),
     ],
-    ids=["no-gpu-count", "half-topology", "unknown-timer", "bad-int", "bad-model", "no-controller", "dupe"],
+    ids=[
+        "no-gpu-count",
+        "half-topology",
+        "unknown-timer",
+        "bad-int",
+        "bad-model",
+        "no-controller",
+        "dupe",
+        "unknown-confinement",
+        "bad-cgroup-plugin",
+    ],
 )
 def test_inventory_errors_name_what_to_fix(hostvars_patch: dict, groups_patch: dict, message: str) -> None:
     hostvars, groups = _minimal()
@@ -122,5 +135,5 @@ def test_inventory_errors_name_what_to_fix(hostvars_patch: dict, groups_patch: d
 
 
 def test_unknown_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(InventoryError, match="nuro renders slurm.conf, topology.conf, gres.conf"):
-        render_file(describe(Layout(tmp_path), 1, 16800), "cgroup.conf")
+    with pytest.raises(InventoryError, match="nuro renders slurm.conf, cgroup.conf, topology.conf, gres.conf"):
+        render_file(describe(Layout(tmp_path), 1, 16800), "slurmdbd.conf")  # holds the db password: not here

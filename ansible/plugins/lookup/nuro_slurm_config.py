@@ -1,4 +1,4 @@
-"""Lookup ``nuro_slurm_config``: slurm.conf / topology.conf / gres.conf / job_submit.lua rendered by nuro itself.
+"""Lookup ``nuro_slurm_config``: slurm.conf / cgroup.conf / topology.conf / gres.conf / job_submit.lua, by nuro.
 
 Why a lookup (run on the admin workstation) and not a Jinja template: the text comes from ``nuro.slurmconf``, the
 renderer the dev cluster runs and the golden tests pin, fed by ``nuro.inventory.describe_inventory`` over this
@@ -26,7 +26,8 @@ description:
 options:
   _terms:
     description:
-      - File names, C(slurm.conf), C(topology.conf), C(gres.conf), C(job_submit.lua), or C(hook_wrapper)
+      - File names, C(slurm.conf), C(cgroup.conf), C(topology.conf), C(gres.conf), C(job_submit.lua), or
+        C(hook_wrapper)
         (with the keywords entry_point= and env_file=).
     required: true
 """
@@ -49,6 +50,7 @@ _raw:
 CONTROLLER_KEYS = (
     "ansible_host", "nuro_cluster_name", "nuro_controller_hostname", "nuro_controller_addr", "nuro_partition",
     "nuro_slurm_user", "nuro_slurm_paths", "nuro_slurm_ports", "nuro_slurm_timers", "nuro_topology_root",
+    "nuro_slurm_confinement",
 )  # fmt: skip
 
 
