@@ -7,9 +7,13 @@ the condition on the *complete* call, and errors typed by what the caller can do
 message.
 
 Configuration (``StoreConfig.from_env``): ``NURO_S3_ENDPOINT`` (unset = AWS's default endpoint), ``NURO_S3_BUCKET``
-(default ``nuro``), ``NURO_S3_REGION`` (default ``us-east-1``), credentials from ``AWS_ACCESS_KEY_ID`` /
-``AWS_SECRET_ACCESS_KEY`` or boto3's usual chain. ``nuro-admin devcluster env`` exports all of them for the dev
-cluster's SeaweedFS.
+(default ``nuro``), ``NURO_S3_REGION`` (default ``us-east-1``), credentials from, in this order:
+``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY``; else ``NURO_S3_CREDENTIALS``, a team's credentials file or a
+directory of them (``<team>.env``, each readable only by that team's Unix group; from a directory the file of
+``NURO_TEAM`` is used, or without it the one file this user can read); else boto3's usual chain. Each team's key
+reaches only its own prefixes (docs/security.md), so a member's shell and jobs carry no key but their team's.
+``nuro-admin devcluster env`` exports the dev cluster's SeaweedFS endpoint, its admin key (for root) and the
+directory of team files.
 
 Retries and conditions: botocore retries 5xx, throttling and dropped connections (``mode=standard``). A conditional
 write whose response was lost is retried and then answers 412 although it succeeded; callers of content-addressed
@@ -21,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -88,11 +93,81 @@ _UNAVAILABLE_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "Reques
 _NETWORK_ERRORS = (EndpointConnectionError, BotoConnectTimeout, BotoReadTimeout, ConnectionClosedError)
 
 
+ENV_CREDENTIALS = "NURO_S3_CREDENTIALS"
+_CREDENTIALS_MAX_BYTES = 64 * 1024
+_CREDENTIAL_SUFFIX = ".env"
+
+
+class CredentialsError(AccessDenied):
+    """``NURO_S3_CREDENTIALS`` names no file this user can use; the message says which file and why."""
+
+
+def read_credentials_file(path: str | Path) -> tuple[str, str]:
+    """(access key, secret key) from a ``KEY=VALUE`` file (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``;
+    blank lines, ``#`` comments and a leading ``export`` are allowed). Read at most 64 KiB, regular files only."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        raise CredentialsError(
+            f"cannot read S3 credentials {path}: permission denied. Team credentials are readable only by the "
+            "team's Unix group (check 'ls -l' and 'id'); use your own team's file"
+        ) from None
+    except OSError as exc:
+        raise CredentialsError(f"cannot read S3 credentials {path}: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise CredentialsError(f"S3 credentials {path} is not a regular file")
+    with os.fdopen(fd, "rb") as fh:
+        raw = fh.read(_CREDENTIALS_MAX_BYTES + 1)
+    if len(raw) > _CREDENTIALS_MAX_BYTES:
+        raise CredentialsError(f"S3 credentials {path} is larger than {_CREDENTIALS_MAX_BYTES} bytes: not one")
+    values: dict[str, str] = {}
+    for line in raw.decode("utf-8", "replace").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.removeprefix("export ").partition("=")
+        if sep:
+            values[key.strip()] = value.strip().strip("'\"")
+    access, secret = values.get("AWS_ACCESS_KEY_ID"), values.get("AWS_SECRET_ACCESS_KEY")
+    if not access or not secret:
+        raise CredentialsError(f"S3 credentials {path} lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY")
+    return access, secret
+
+
+def pick_credentials_file(spec: str | Path, team: str | None = None) -> tuple[Path, str | None]:
+    """The credentials file ``NURO_S3_CREDENTIALS`` means, and the team it is for (its ``<team>.env`` name).
+
+    A directory holds one ``<team>.env`` per team: ``team`` (``NURO_TEAM``) picks one; without it the one file
+    this user may read is used (a member of one team), and several or none is an error that says what to set.
+    """
+    path = Path(spec)
+    if not path.is_dir():
+        stem = path.name.removesuffix(_CREDENTIAL_SUFFIX) if path.name.endswith(_CREDENTIAL_SUFFIX) else None
+        return path, stem
+    if team:
+        if "/" in team or team.startswith("."):
+            raise CredentialsError(f"NURO_TEAM={team!r} is not a team name")
+        return path / f"{team}{_CREDENTIAL_SUFFIX}", team
+    readable = sorted(p for p in path.glob(f"*{_CREDENTIAL_SUFFIX}") if os.access(p, os.R_OK))
+    if len(readable) == 1:
+        return readable[0], readable[0].name.removesuffix(_CREDENTIAL_SUFFIX)
+    if not readable:
+        raise CredentialsError(
+            f"no team S3 credentials in {path} are readable by this user: you are in no team's Unix group "
+            "(ask the platform admin to add you to your team)"
+        )
+    teams = ", ".join(p.name.removesuffix(_CREDENTIAL_SUFFIX) for p in readable)
+    raise CredentialsError(f"several team S3 credentials in {path} are readable here ({teams}): set NURO_TEAM")
+
+
 @dataclass(frozen=True)
 class StoreConfig:
     """Where and how to reach the store. Sizes in bytes, times in seconds.
 
     ``endpoint_url`` None means AWS itself; ``access_key``/``secret_key`` None means boto3's credential chain.
+    ``team`` is the team whose credentials file was used (None: keys given directly or boto3's chain).
     """
 
     endpoint_url: str | None = None
@@ -106,17 +181,23 @@ class StoreConfig:
     multipart_threshold_bytes: int = 32 * MiB
     part_size_bytes: int = 16 * MiB
     max_concurrency: int = 8
+    team: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> StoreConfig:
         """Read ``NURO_S3_*`` and ``AWS_*`` from ``env`` (default ``os.environ``); keyword overrides win."""
         env = os.environ if env is None else env
+        access, secret, team = env.get("AWS_ACCESS_KEY_ID") or None, env.get("AWS_SECRET_ACCESS_KEY") or None, None
+        if access is None and env.get(ENV_CREDENTIALS):
+            path, team = pick_credentials_file(env[ENV_CREDENTIALS], env.get("NURO_TEAM") or None)
+            access, secret = read_credentials_file(path)
         cfg = cls(
             endpoint_url=env.get("NURO_S3_ENDPOINT") or None,
             bucket=env.get("NURO_S3_BUCKET") or DEFAULT_BUCKET,
-            access_key=env.get("AWS_ACCESS_KEY_ID") or None,
-            secret_key=env.get("AWS_SECRET_ACCESS_KEY") or None,
+            access_key=access,
+            secret_key=secret,
             region=env.get("NURO_S3_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            team=team,
         )
         return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
 

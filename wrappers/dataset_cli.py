@@ -1,7 +1,9 @@
 """``dataset``: snapshot a directory into S3, list, show, tag and verify snapshots (mounted under ``nuro-train``).
 
 The store comes from the environment (``NURO_S3_ENDPOINT``, ``NURO_S3_BUCKET``, ``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``; ``eval "$(nuro-admin devcluster env)"`` sets them for the dev cluster).
+``AWS_SECRET_ACCESS_KEY``, or a team's key through ``NURO_S3_CREDENTIALS``; ``eval "$(nuro-admin devcluster env)"``
+sets them for the dev cluster). A dataset named ``<team>.<name>`` belongs to that team (only its key writes it or
+moves its tags); other names are shared, written by the platform admin and read by every team (docs/security.md).
 
 Exit codes: 0 ok; 1 the store failed or refused (unreachable, access denied, tag conflict) or verification found a
 problem; 2 usage error (bad arguments, name, reference, or a file the snapshot cannot contain); 4 not found (no
@@ -135,10 +137,10 @@ def snapshot(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @_handles_errors
 def ls(as_json: bool) -> None:
-    """Every dataset with its number of snapshots, newest digest and tags."""
+    """Every dataset with its number of snapshots, newest digest and tags (shared ones and your team's)."""
     store = _store()
     rows = []
-    for name in list_datasets(store):
+    for name in list_datasets(store, [store.config.team] if store.config.team else None):
         snaps = list_snapshots(store, name)
         rows.append({
             "name": name, "snapshots": len(snaps), "newest": snaps[-1][0] if snaps else None,

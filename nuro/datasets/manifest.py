@@ -2,14 +2,31 @@
 
 Nothing here touches the store or the file system, so every rule is unit-tested on its own.
 
-S3 key layout (all under the bucket):
+S3 key layout (all under the bucket). A dataset is either *shared* or *owned by a team*, and its name says which:
+``<team>.<rest>`` (the part before the first ``.`` is a team name: lower-case letter first, then letters, digits or
+``_``) belongs to that team; any other name is shared. Each kind lives under its own prefix, so an S3 identity
+policy can grant each team exactly its own prefix (docs/security.md):
 
-- ``datasets/shards/sha256/<hex>``: a shard, the files' bytes concatenated; ``<hex>`` is the shard's sha256.
-  Shared by every dataset (dedup); written with ``If-None-Match: *`` and skipped when already present.
-- ``datasets/<name>/manifests/sha256:<hex>.json``: the manifest (canonical JSON); its sha256 is the snapshot
-  digest. Written last, with ``If-None-Match: *``.
-- ``datasets/<name>/tags/<tag>``: a mutable ref, JSON ``{"digest", "previous", "updated", "name", "tag"}``;
-  created with ``If-None-Match: *``, moved with ``If-Match: <etag read>``.
+- shared, written by the platform (admin), read by every team::
+
+    datasets/shards/sha256/<hex>                    a shard, the files' bytes concatenated; <hex> is its sha256
+    datasets/<name>/manifests/sha256:<hex>.json     the manifest (canonical JSON); its sha256 is the snapshot digest
+    datasets/<name>/tags/<tag>                      a mutable ref
+
+- owned by ``<team>``, written and read by that team only (and read by the nodes)::
+
+    team-datasets/<team>/shards/sha256/<hex>
+    team-datasets/<team>/<team>.<rest>/manifests/sha256:<hex>.json
+    team-datasets/<team>/<team>.<rest>/tags/<tag>
+
+Why each team has its own shard store: a shard key is content-addressed, so whoever may write the shard prefix may
+also delete or overwrite a shard that another team's manifests name (S3 ``Write`` includes delete, and nothing makes
+a plain PUT conditional server-side). A shared, team-writable shard store would let one team destroy another's
+snapshots; dedup therefore stops at the team boundary (docs/security.md has the reasoning).
+
+Shards are written with ``If-None-Match: *`` and skipped when already present; the manifest is written last, with
+``If-None-Match: *``; a tag is JSON ``{"digest", "previous", "updated", "name", "tag"}``, created with
+``If-None-Match: *``, moved with ``If-Match: <etag read>``.
 
 Manifest (format ``nuro.dataset/v1``), serialised with sorted keys, no whitespace, UTF-8::
 
@@ -34,8 +51,11 @@ MiB = 1024 * 1024
 SHARD_TARGET_BYTES = 64 * MiB
 MAX_PATH_BYTES = 4096
 PREFIX = "datasets/"
+TEAM_PREFIX = "team-datasets/"
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
+#: A team-owned name's owner: the Slurm account's syntax (``nuro.checkpoint.layout.validate_team``).
+_OWNER = re.compile(r"([a-z][a-z0-9_]{0,30})\.")
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -96,24 +116,43 @@ def parse_ref(text: str) -> Ref:
     return Ref(name, tag=validate_tag(rest))
 
 
-def shard_key(digest: str) -> str:
-    return f"{PREFIX}shards/sha256/{validate_digest(digest).removeprefix('sha256:')}"
+def owner_team(name: str) -> str | None:
+    """The team that owns dataset ``name`` (``<team>.<rest>``), or None for a shared dataset."""
+    m = _OWNER.match(validate_name(name))
+    return m.group(1) if m else None
+
+
+def dataset_root(name: str) -> str:
+    """The key prefix everything of one dataset lives under (``datasets/<name>/`` or the team's)."""
+    team = owner_team(name)
+    return f"{TEAM_PREFIX}{team}/{name}/" if team else f"{PREFIX}{name}/"
+
+
+def shards_root(name: str | None = None) -> str:
+    """Where the shards of ``name`` live: the team's own store for a team dataset, else the shared one."""
+    team = owner_team(name) if name is not None else None
+    return f"{TEAM_PREFIX}{team}/shards/sha256/" if team else f"{PREFIX}shards/sha256/"
+
+
+def shard_key(digest: str, name: str | None = None) -> str:
+    """The key of a shard of dataset ``name`` (None: the shared store, where every shared dataset's shards are)."""
+    return shards_root(name) + validate_digest(digest).removeprefix("sha256:")
 
 
 def manifest_key(name: str, digest: str) -> str:
-    return f"{PREFIX}{validate_name(name)}/manifests/{validate_digest(digest)}.json"
+    return f"{dataset_root(name)}manifests/{validate_digest(digest)}.json"
 
 
 def manifests_prefix(name: str) -> str:
-    return f"{PREFIX}{validate_name(name)}/manifests/"
+    return f"{dataset_root(name)}manifests/"
 
 
 def tag_key(name: str, tag: str) -> str:
-    return f"{PREFIX}{validate_name(name)}/tags/{validate_tag(tag)}"
+    return f"{dataset_root(name)}tags/{validate_tag(tag)}"
 
 
 def tags_prefix(name: str) -> str:
-    return f"{PREFIX}{validate_name(name)}/tags/"
+    return f"{dataset_root(name)}tags/"
 
 
 # -- paths ----------------------------------------------------------------------------------------------------

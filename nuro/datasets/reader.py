@@ -44,7 +44,7 @@ class PinnedDataset:
         entry = self._files.get(path)
         if entry is None:
             raise DatasetNotFound(f"{self.name}@{self.digest} has no file {path!r} (it has {len(self._files)} files)")
-        data = self.store.get_range(shard_key(entry.shard), entry.offset, entry.length)
+        data = self.store.get_range(shard_key(entry.shard, self.name), entry.offset, entry.length)
         actual = "sha256:" + hashlib.sha256(data).hexdigest()
         if len(data) != entry.length or actual != entry.sha256:
             raise IntegrityError(

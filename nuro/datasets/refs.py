@@ -12,12 +12,14 @@ conditional write on the ETag just read. Pointing a tag at the digest it already
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from nuro.datasets.errors import DatasetNotFound, IntegrityError, InvalidInput, TagConflict
 from nuro.datasets.manifest import (
     PREFIX,
+    TEAM_PREFIX,
     Manifest,
     Ref,
     manifest_key,
@@ -30,7 +32,7 @@ from nuro.datasets.manifest import (
     validate_digest,
     validate_name,
 )
-from nuro.objectstore import NotFound, ObjectExists, ObjectStore, PreconditionFailed
+from nuro.objectstore import AccessDenied, NotFound, ObjectExists, ObjectStore, PreconditionFailed
 
 
 @dataclass(frozen=True)
@@ -143,9 +145,33 @@ def load_manifest(store: ObjectStore, name: str, digest: str) -> tuple[Manifest,
     return parse_manifest(data, expect_name=name), data
 
 
-def list_datasets(store: ObjectStore) -> list[str]:
+def list_datasets(store: ObjectStore, teams: Iterable[str] | None = None) -> list[str]:
+    """Shared datasets and those of ``teams`` (None: every team whose prefix these credentials may list).
+
+    A team's credentials may list only their own team's prefix (docs/security.md), so with ``teams=None`` the
+    team prefixes that answer "access denied" are skipped rather than fatal; listing ``teams`` names explicitly
+    raises instead, so a missing grant is not silently an empty list.
+    """
     names = [p[len(PREFIX) :].rstrip("/") for p in store.list_prefixes(PREFIX)]
-    return sorted(n for n in names if n != "shards")
+    out = {n for n in names if n != "shards"}
+    if teams is None:
+        try:
+            found = [p[len(TEAM_PREFIX) :].rstrip("/") for p in store.list_prefixes(TEAM_PREFIX)]
+        except AccessDenied:
+            found = []
+        teams = found
+        skip_denied = True
+    else:
+        skip_denied = False
+    for team in teams:
+        prefix = f"{TEAM_PREFIX}{team}/"
+        try:
+            out.update(p[len(prefix) :].rstrip("/") for p in store.list_prefixes(prefix))
+        except AccessDenied:
+            if not skip_denied:
+                raise
+    out.discard("shards")
+    return sorted(out)
 
 
 def list_snapshots(store: ObjectStore, name: str) -> list[tuple[str, datetime | None]]:

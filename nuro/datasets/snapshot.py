@@ -130,8 +130,11 @@ def _hash_file(path: Path, size: int) -> str:
 class _Writer:
     """Packs planned shards and stores the new ones; at most ``inflight`` shards are held in memory."""
 
-    def __init__(self, store: ObjectStore, root: Path, inflight: int, big_bytes: int, progress: Progress | None):
+    def __init__(
+        self, store: ObjectStore, name: str, root: Path, inflight: int, big_bytes: int, progress: Progress | None
+    ) -> None:
         self.store, self.root, self.progress, self.big_bytes = store, root, progress, big_bytes
+        self.name = name  # a team dataset's shards go to the team's own store (manifest.shards_root)
         self.slots = threading.BoundedSemaphore(inflight)
         self.pool = ThreadPoolExecutor(max_workers=inflight, thread_name_prefix="nuro-shard")
         self.lock = threading.Lock()
@@ -171,7 +174,9 @@ class _Writer:
                 hex_ = _hash_file(self.root / f.path, f.size)
                 entries = [FileEntry(f.path, "sha256:" + hex_, 0, f.size, "sha256:" + hex_, f.mode)]
                 ref = ShardRef("sha256:" + hex_, f.size)
-                future = self.pool.submit(self._store, shard_key(ref.digest), None, self.root / f.path, hex_, f.size)
+                future = self.pool.submit(
+                    self._store, shard_key(ref.digest, self.name), None, self.root / f.path, hex_, f.size
+                )
                 return future, ref, entries
             buf = bytearray(shard.size)
             view = memoryview(buf)
@@ -187,7 +192,7 @@ class _Writer:
                 FileEntry(f.path, digest, off, f.size, h, f.mode)
                 for f, off, h in zip(shard.files, shard.offsets(), hashes, strict=True)
             ]
-            future = self.pool.submit(self._store, shard_key(digest), buf, None, digest[7:], shard.size)
+            future = self.pool.submit(self._store, shard_key(digest, self.name), buf, None, digest[7:], shard.size)
             return future, ShardRef(digest, shard.size), entries
         except BaseException:
             self.slots.release()
@@ -232,7 +237,7 @@ def snapshot(
     log.info("snapshot name=%s files=%d bytes=%d shards=%d", name, len(sources), total, len(plan))
     if on_plan:
         on_plan(total, len(plan))
-    writer = _Writer(store, root, inflight, 2 * target_bytes, progress)
+    writer = _Writer(store, name, root, inflight, 2 * target_bytes, progress)
     pending: list[Future] = []
     refs: list[ShardRef] = []
     entries: list[FileEntry] = []

@@ -48,10 +48,15 @@ def _names(files: list[FileEntry]) -> str:
 
 
 def check_shard(
-    store: ObjectStore, shard: ShardRef, files: list[FileEntry], progress: Progress | None = None
+    store: ObjectStore,
+    shard: ShardRef,
+    files: list[FileEntry],
+    progress: Progress | None = None,
+    name: str | None = None,
 ) -> tuple[list[str], list[str], int]:
-    """Stream one shard; returns (problems, paths of bad files, bytes read). ``files`` sorted by offset."""
-    key = shard_key(shard.digest)
+    """Stream one shard of dataset ``name`` (None: a shared one); returns (problems, paths of bad files, bytes
+    read). ``files`` sorted by offset."""
+    key = shard_key(shard.digest, name)
     whole = hashlib.sha256()
     hashers = [hashlib.sha256() for _ in files]
     pos, i = 0, 0
@@ -103,7 +108,7 @@ def verify(
     for files in by_shard.values():
         files.sort(key=lambda f: (f.offset, f.path))
     with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="nuro-verify") as pool:
-        results = pool.map(lambda s: check_shard(store, s, by_shard.get(s.digest, []), progress), manifest.shards)
+        results = pool.map(lambda s: check_shard(store, s, by_shard.get(s.digest, []), progress, name), manifest.shards)
         for problems, bad, nbytes in results:
             report.problems.extend(problems)
             report.bad_files.extend(bad)

@@ -31,6 +31,11 @@ DB_PASSWORD = "nuro-devcluster"  # local loopback-only MariaDB of a throwaway cl
 S3_ACCESS_KEY = "nuro-dev"
 S3_SECRET_KEY = "nuro-devcluster-s3"
 S3_BUCKET = "nuro"
+# Beside that admin identity (tests, demo setup, root's `devcluster env`), SeaweedFS gets one identity for the node
+# daemons and one per team, with random secrets kept in the S3 data dir (nuro.devcluster.s3.provision).
+S3_NODE_ACCESS_KEY = "nuro-node"
+S3_TEAM_ACCESS_KEY_PREFIX = "nuro-team-"
+TEAM_GROUP_PREFIX = "nuro-"  # the Unix group whose members may read team T's S3 key: nuro-T
 METRICS_DB = "nuro"  # the InfluxDB database the dev cluster creates and exports in NURO_METRICS_URL
 
 
@@ -274,6 +279,11 @@ class Layout:
     def record(self) -> Path:
         """The run record: supervisor and daemon PIDs (JSON), written atomically by the supervisor."""
         return self.run / "cluster.json"
+
+    @property
+    def s3_credentials(self) -> Path:
+        """One ``<team>.env`` per team (its S3 key), 0640 root:nuro-<team>: ``NURO_S3_CREDENTIALS`` points here."""
+        return self.etc / "s3"
 
     @property
     def nuro_env(self) -> Path:

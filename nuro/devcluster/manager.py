@@ -44,6 +44,7 @@ from nuro.devcluster.procs import stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
 from nuro.heartbeat import write_key
 from nuro.metrics.sink import ENV_URL as ENV_METRICS_URL
+from nuro.objectstore import ENV_CREDENTIALS as ENV_S3_CREDENTIALS
 from nuro.slurmconf import (
     render_cgroup_conf,
     render_gres_conf,
@@ -99,7 +100,8 @@ def env_exports(layout: Layout) -> dict[str, str]:
     }
     base = recorded_port_base(layout)
     if base is not None:
-        env.update(s3.s3_env(PortPlan(base)))
+        env.update(s3.s3_env(PortPlan(base), layout.s3_data))  # admin key: root's flows (members drop AWS_*)
+        env[ENV_S3_CREDENTIALS] = str(layout.s3_credentials)  # without AWS_*: the user's team key (docs/security.md)
         env[ENV_METRICS_URL] = metrics_url(PortPlan(base))
     return env
 
@@ -207,8 +209,12 @@ def _check_previous(layout: Layout, n_nodes: int) -> RunRecord | None:
 
 def _write_hooks(layout: Layout) -> None:
     """nuro.env (the settings node-side hooks need) and the Prolog/Epilog/HealthCheckProgram wrappers."""
+    # Per-team S3 keys (etc/s3/<team>.env, group-readable by the team) and the nodes' own key, which replaces
+    # the admin key in nuro.env: root daemons act with the node identity only. First: env_exports reads the admin key.
+    node_key = s3.provision(layout.s3_data, layout.s3_credentials, s3.dev_teams(layout.teams_yaml))
     env = {
         **env_exports(layout),
+        **node_key,
         "NURO_CACHE_DIR": str(layout.cache),
         # The emulated nodes share one disk: production's 20 GiB staging floor would drain them all on a small box.
         "NURO_STAGING_MIN_FREE_GB": "1",
@@ -289,8 +295,11 @@ def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
     layout.slurmdbd_conf.chmod(0o600)
     lua = resources.files("nuro.slurm_plugins").joinpath("job_submit.lua").read_text()
     (layout.etc / "job_submit.lua").write_text(lua)
-    layout.env_sh.write_text(render_env_sh(layout))
-    _write_hooks(layout)
+    _write_hooks(layout)  # first: it makes the S3 identities env.sh exports the admin key of
+    fd = os.open(layout.env_sh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the admin S3 key
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(render_env_sh(layout))
 
 
 def node_states(layout: Layout, timeout_s: float = 10.0) -> dict[str, str]:

@@ -175,8 +175,8 @@ class Supervisor:
         s3.prepare(lay.s3_data)
         argv = s3.weed_argv(s3.require_weed(), lay.s3_data, lay.sockets, self.ports)  # short socket paths
         # cwd = its data dir: weed also reads master.toml/security.toml from the working directory.
-        proc = self._spawn("seaweedfs", argv, "seaweedfs.log", env=s3.weed_env(self.env), cwd=lay.s3_data)
-        self._ready("seaweedfs", proc, lambda: s3.is_ready(self.ports), 60, "seaweedfs.log")
+        proc = self._spawn("seaweedfs", argv, "seaweedfs.log", env=s3.weed_env(self.env, lay.s3_data), cwd=lay.s3_data)
+        self._ready("seaweedfs", proc, lambda: s3.is_ready(self.ports, lay.s3_data), 60, "seaweedfs.log")
 
     def start_influxdb(self) -> None:
         """influxd 1.6.7 (metrics store, ``nuro.metrics.servers``): HTTP and RPC on loopback only, data in

