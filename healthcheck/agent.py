@@ -9,9 +9,10 @@ Command line (the dev cluster starts it exactly like this)::
 Threads, and why each is separate:
 
 * **beat loop** (main work, ``Agent.run``): every ``interval_s`` it sends one heartbeat (``nuro.heartbeat``:
-  HMAC-signed UDP, ``boot`` = agent start in ms, ``seq`` + 1 each beat) with ``healthy``/``problems`` from the
-  latest probe evaluation, and rewrites ``<status-dir>/<node>.json`` atomically. UDP on a non-blocking socket:
-  a restarting controller or a full socket buffer costs one lost datagram, never a stalled agent.
+  HMAC-signed UDP with this node's own key, ``boot`` = agent start in ms, ``seq`` + 1 each beat) with
+  ``healthy``/``problems`` from the latest probe evaluation, and rewrites ``<status-dir>/<node>.json``
+  atomically. UDP on a non-blocking socket: a restarting controller or a full socket buffer costs one lost
+  datagram, never a stalled agent.
 * **probe loop**: reads the GPUs (bounded, see ``NvmlProbe``), the staging disk, and evaluates the pure checks at the
   same interval. A hung NVML call therefore never delays a heartbeat; if the probe loop itself produces nothing for
   ``stale_after_s``, the heartbeat carries the problem "health probe stale for N s".
@@ -459,7 +460,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nuro-nodeagent", description="nuro node agent: heartbeats, GPU health, workers")
     p.add_argument("--node", required=True, help="this node's Slurm name")
     p.add_argument("--controller", required=True, help="HOST:PORT of the controller's heartbeat UDP socket")
-    p.add_argument("--key-file", required=True, help="the shared heartbeat key (mode 600)")
+    p.add_argument("--key-file", required=True, help="this node's own heartbeat key (mode 600)")
     p.add_argument("--interval-s", type=float, default=hb.DEFAULT_INTERVAL_S)
     p.add_argument("--status-dir", help="write <dir>/<node>.json each beat (default $NURO_AGENT_STATUS_DIR)")
     p.add_argument("--probe", choices=("auto", "nvml", "none"), help="GPU probe (default $NURO_HEALTH_PROBE or auto)")

@@ -2,14 +2,23 @@
 
 Why UDP and HMAC: a heartbeat must cost nothing on a 500-node fleet and must never block the agent (a hung TCP
 connect to a restarting controller would look like a dead node). Each datagram is self-contained JSON plus an
-HMAC-SHA256 over its exact bytes with a key shared by the controller and the nodes (root-only file), so a user on a
-compute node cannot keep a dead node "alive" or declare a healthy one dead. Replays are refused by the receiver
-(``Replay``): per node, a datagram must carry a newer ``(boot, seq)`` than the last accepted one, and its send time
-must be within ``max_skew_s`` of the receiver's clock.
+HMAC-SHA256 over its exact bytes, so a user on a compute node cannot keep a dead node "alive" or declare a healthy
+one dead. Replays are refused by the receiver (``Replay``): per node, a datagram must carry a newer ``(boot, seq)``
+than the last accepted one, and its send time must be within ``max_skew_s`` of the receiver's clock.
 
-Wire format (bytes): ``<hex hmac>.<json>`` where json is compact, sorted, and holds
-``v`` (format), ``node``, ``boot`` (agent start time, ms: a restarted agent starts a new sequence), ``seq``,
-``sent`` (Unix s), ``healthy`` (bool: the agent's last probe passed), ``problems`` (short texts when not healthy).
+Keys are per node: the controller holds one master key (``load_key``) and derives each node's key from it
+(``node_key(master, node)`` = HMAC-SHA256(master, label ‖ node), hex); a node holds only its own derived key
+(root-only file, ``write_node_key``). Why: with one shared key, anyone who read it on one node (a root exploit on a
+single host, a leaked backup) could forge beats for every node; now such a key speaks only for the node it was
+derived for. ``derive_key(master, purpose)`` gives other controller-only secrets (e.g. signing preempt marks) from
+the same master, each purpose its own key.
+
+Wire format (bytes): ``<64 hex hmac>.<node> <json>``; the MAC covers ``<node> <json>``. The node name travels in
+the clear in front of the body so the receiver can pick the key and check the MAC before parsing anything (a flood
+of junk costs one length check, one split and one HMAC per datagram, never a JSON parse). json is compact, sorted,
+and holds ``v`` (format), ``node`` (must equal the clear one), ``boot`` (agent start time, ms: a restarted agent
+starts a new sequence), ``seq``, ``sent`` (Unix s), ``healthy`` (bool: the agent's last probe passed),
+``problems`` (short texts when not healthy).
 """
 
 from __future__ import annotations
@@ -19,14 +28,23 @@ import hmac
 import json
 import os
 import re
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-FORMAT = 1
+FORMAT = 2
 MAX_DATAGRAM = 1400  # stays inside one Ethernet frame: no IP fragmentation
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_MISS_LIMIT = 3  # intervals of silence before a node is declared lost
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NODE_BYTES = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_MAC_LEN = 64
+_KEY_LABEL = b"nuro-heartbeat-key/v1\0"
+MAX_KEY_FILE = 4096  # a key file is 65 bytes; a bigger one is not ours (and is never read whole)
+
+#: How the receiver finds the key for a datagram's node name; None = no such node (refused as ``unknown_node``).
+KeyLookup = Callable[[str], bytes | None]
 
 
 def is_node_name(name: str) -> bool:
@@ -62,10 +80,13 @@ def load_key(path: str | Path) -> bytes:
     """The shared secret from a file (whitespace stripped). Refuses an empty key or one others can read."""
     path = Path(path)
     try:
-        st = path.stat()
-        raw = path.read_bytes().strip()
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            raw = fh.read(MAX_KEY_FILE + 1).strip()
     except FileNotFoundError:
         raise BadHeartbeat(f"heartbeat key file {path} does not exist (nuro-admin devcluster up writes one)") from None
+    if len(raw) > MAX_KEY_FILE:
+        raise BadHeartbeat(f"heartbeat key file {path} is larger than {MAX_KEY_FILE} bytes: not a key file")
     if st.st_mode & 0o077:
         mode = oct(st.st_mode & 0o777)
         raise BadHeartbeat(f"heartbeat key file {path} is readable by others (mode {mode}): chmod 600 it")
@@ -85,31 +106,96 @@ def write_key(path: str | Path) -> bytes:
     return load_key(path)
 
 
+def derive_key(master: bytes, purpose: str) -> bytes:
+    """A key for one ``purpose`` derived from the controller's master key (64 hex characters, as ascii bytes).
+
+    HMAC-SHA256(master, label ‖ purpose): knowing one derived key tells nothing about the master or any other
+    derived key. ``purpose`` is ``"node:<name>"`` for a node's heartbeat key (``node_key``); other controller-only
+    secrets take their own purpose string.
+    """
+    return hmac.new(master, _KEY_LABEL + purpose.encode(), hashlib.sha256).hexdigest().encode()
+
+
+def node_key(master: bytes, node: str) -> bytes:
+    """The heartbeat key of ``node`` (what its agent holds, and what the controller checks its beats with)."""
+    if not is_node_name(node):
+        raise BadHeartbeat(f"node name {node!r} is not a valid Slurm node name")
+    return derive_key(master, f"node:{node}")
+
+
+def write_node_key(path: str | Path, master: bytes, node: str) -> bytes:
+    """Write ``node``'s derived key to ``path`` (mode 600, atomic: temp file + rename); return it.
+
+    Rewritten every time (not only when missing): a rotated master key must reach every node's file.
+    """
+    path = Path(path)
+    key = node_key(master, node)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(key + b"\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return key
+
+
 def encode(hb: Heartbeat, key: bytes) -> bytes:
+    """The signed datagram; ``key`` is the node's own key (``node_key``)."""
     body = json.dumps(
         {"v": FORMAT, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(hb).items()}},
         separators=(",", ":"),
         sort_keys=True,
     ).encode()
-    mac = hmac.new(key, body, hashlib.sha256).hexdigest().encode()
-    data = mac + b"." + body
+    signed = hb.node.encode() + b" " + body
+    mac = hmac.new(key, signed, hashlib.sha256).hexdigest().encode()
+    data = mac + b"." + signed
     if len(data) > MAX_DATAGRAM:
         raise BadHeartbeat(f"heartbeat of {len(data)} bytes exceeds {MAX_DATAGRAM}: shorten the problem texts")
     return data
 
 
-def decode(data: bytes, key: bytes) -> Heartbeat:
-    """Verify and parse one datagram. Raises BadHeartbeat (never anything else) on any defect."""
-    mac, sep, body = data.partition(b".")
-    if not sep or len(mac) != 64:
+def verify(data: bytes, key: bytes | KeyLookup) -> tuple[str, bytes]:
+    """Check a datagram's size, shape and MAC, nothing else; return (node, body). Raises BadHeartbeat.
+
+    The cheap front half of ``decode``, and all a forged or junk datagram ever costs the receiver: no JSON is
+    parsed before the MAC has matched. ``key``: the node's key itself, or a lookup from the node name to its key.
+    """
+    if len(data) > MAX_DATAGRAM:
+        raise BadHeartbeat(f"datagram of {len(data)} bytes exceeds {MAX_DATAGRAM}")
+    if len(data) < _MAC_LEN + 3 or data[_MAC_LEN] != 0x2E:  # "."
         raise BadHeartbeat("not a nuro heartbeat (no MAC prefix)")
-    expected = hmac.new(key, body, hashlib.sha256).hexdigest().encode()
+    mac, signed = data[:_MAC_LEN], data[_MAC_LEN + 1 :]
+    raw_node, sep, body = signed.partition(b" ")
+    if not sep or not _NODE_BYTES.fullmatch(raw_node):
+        raise BadHeartbeat("not a nuro heartbeat (no node name)")
+    node = raw_node.decode("ascii")
+    node_secret = key if isinstance(key, bytes) else key(node)
+    if node_secret is None:
+        raise BadHeartbeat(f"unknown node {node!r}")
+    expected = hmac.new(node_secret, signed, hashlib.sha256).hexdigest().encode()
     if not hmac.compare_digest(mac, expected):
         raise BadHeartbeat("MAC mismatch: wrong key or altered datagram")
+    return node, body
+
+
+def decode(data: bytes, key: bytes | KeyLookup) -> Heartbeat:
+    """Verify and parse one datagram. Raises BadHeartbeat (never anything else) on any defect.
+
+    ``key``: the node's key (agents, tests), or a lookup node name → key (the controller: ``NodeKeys``).
+    """
+    node, body = verify(data, key)
     try:
         raw = json.loads(body)
+        if not isinstance(raw, dict):
+            raise BadHeartbeat("malformed heartbeat body: not a JSON object")
         if raw.get("v") != FORMAT:
             raise BadHeartbeat(f"heartbeat format {raw.get('v')!r}, expected {FORMAT}")
+        if raw.get("node") != node:
+            raise BadHeartbeat(f"node {raw.get('node')!r} in the body differs from {node!r} in front of it")
         return Heartbeat(
             node=str(raw["node"]),
             boot=int(raw["boot"]),
@@ -120,8 +206,29 @@ def decode(data: bytes, key: bytes) -> Heartbeat:
         )
     except BadHeartbeat:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         raise BadHeartbeat(f"malformed heartbeat body: {exc}") from None
+
+
+class NodeKeys:
+    """The controller's key lookup: each node's key derived from the master on first use, and cached.
+
+    The cache holds at most ``max_nodes`` names (a flood of made-up names must not grow memory without bound): when
+    full it is cleared, which costs one HMAC per node on its next beat.
+    """
+
+    def __init__(self, master: bytes, max_nodes: int = 8192) -> None:
+        self._master = master
+        self._max = max_nodes
+        self._cache: dict[str, bytes] = {}
+
+    def __call__(self, node: str) -> bytes | None:
+        key = self._cache.get(node)
+        if key is None:
+            if len(self._cache) >= self._max:
+                self._cache.clear()
+            key = self._cache[node] = node_key(self._master, node)
+        return key
 
 
 @dataclass

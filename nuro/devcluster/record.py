@@ -34,6 +34,9 @@ class RunRecord:
     # Nodes crashed on purpose by ``devcluster kill-node``: node → {"at": Unix s, "killed": [{name, pid}, ...]}.
     # Their slurmd and agent leave ``daemons`` (a killed node is not an unhealthy cluster) until revive-node.
     killed_nodes: dict[str, dict] = field(default_factory=dict)
+    # Daemons the supervisor restarted after a crash (nuro.devcluster.restart): name → {"count", "pid", "at",
+    # "last_exit", "last_exit_at", "last", "gave_up"}. The live PID itself is in ``daemons``.
+    restarts: dict[str, dict] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {
@@ -47,6 +50,7 @@ class RunRecord:
             "started_at": self.started_at,
             "running_at": self.running_at,
             "killed_nodes": self.killed_nodes,
+            "restarts": self.restarts,
         }
 
     @classmethod
@@ -62,6 +66,7 @@ class RunRecord:
             started_at=float(data.get("started_at", 0.0)),
             running_at=float(data.get("running_at", 0.0)),
             killed_nodes=dict(data.get("killed_nodes") or {}),
+            restarts=dict(data.get("restarts") or {}),
         )
 
     def live_processes(self) -> list[ProcRef]:

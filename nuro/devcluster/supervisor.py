@@ -12,6 +12,16 @@ daemons: ``nuro-controller`` (failure detector; plus the policy when ``STATE/etc
 agent per node. Run as
 ``python -m nuro.devcluster.supervisor``; ``nuro-admin devcluster up`` does that.
 
+Crashed daemons are restarted as their systemd units would be (``nuro.devcluster.restart``): ``nuro-controller``
+and slurmctld on failure, the node agents always, each with a back-off and a start limit; the new PID replaces the
+old one in the run record, so ``status`` and ``down`` see it. A node killed on purpose (``kill-node``) is not
+restarted: its slurmd and agent have left the record.
+
+Heartbeat keys: the supervisor derives each node's key from the cluster's master key
+(``nuro.heartbeat.write_node_key``: ``etc/heartbeat-nodes/<node>.key``, mode 600) and gives each agent only its own
+node's file; the controller reads the master. The controller also gets ``NURO_CONTROLLER_CLOCK_OFFSET_FILE``: a
+test hook that offsets its wall clock (a clock step without touching the machine's clock).
+
 Crashing and reviving a node (``devcluster kill-node/revive-node``) is done *here*, on request: the manager drops a
 JSON request into ``run/control/`` and the supervisor, which is the parent (or subreaper) of every process involved,
 kills or restarts them and answers with a JSON file. Why here: only the supervisor can restart a child it will then
@@ -50,11 +60,14 @@ from nuro.devcluster.layout import (
 )
 from nuro.devcluster.procs import ProcRef, stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, write_record
+from nuro.devcluster.restart import RestartBook
+from nuro.heartbeat import load_key, write_node_key
 
 log = logging.getLogger("nuro.devcluster.supervisor")
 
 PR_SET_CHILD_SUBREAPER = 36
 NODE_TAG = "NURO_DEVCLUSTER_NODE"  # in each slurmd's environment, inherited by its slurmstepds
+CLOCK_OFFSET_ENV = "NURO_CONTROLLER_CLOCK_OFFSET_FILE"  # read by nuro-controller (daemon.wall_clock)
 
 
 class StartError(RuntimeError):
@@ -110,6 +123,9 @@ class Supervisor:
             "LANG": "C.UTF-8",
         }
         self.children: dict[int, subprocess.Popen] = {}
+        self.restarts = RestartBook()
+        self._respawn: dict[str, object] = {}  # daemon name → zero-argument function that starts it again
+        self._due: dict[str, float] = {}  # daemon name → monotonic time its restart is due
         self.record = RunRecord(
             state_dir=str(layout.root),
             nodes=n_nodes,
@@ -139,7 +155,9 @@ class Supervisor:
                 argv, env=env or self.env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=out
             )
         self.children[proc.pid] = proc
-        self.record.daemons.append(ProcRef.of(name, proc.pid))
+        self.record.daemons = [d for d in self.record.daemons if d.name != name] + [ProcRef.of(name, proc.pid)]
+        self.restarts.started(name, time.monotonic())
+        self._respawn[name] = lambda: self._spawn(name, argv, log_name, env=env, cwd=cwd)
         if save:
             self._save()
         return proc
@@ -268,13 +286,32 @@ class Supervisor:
             head = [sys.executable, "-m", "nuro.healthcheck.agent"]
         return head + [
             "--node", node, "--controller", f"127.0.0.1:{self.ports.heartbeat}",
-            "--key-file", str(lay.heartbeat_key), "--interval-s", "1.0", "--probe", "none",
+            "--key-file", str(self.node_key_file(node)), "--interval-s", "1.0", "--probe", "none",
             "--status-dir", str(lay.agents_dir), "--env-file", str(lay.nuro_env),
             "--staging-root", str(lay.staging), "--log-file", str(lay.log / f"agent-{node}.log"),
         ]  # fmt: skip
 
+    def node_key_file(self, node: str) -> Path:
+        """Where ``node``'s derived heartbeat key lives (only its agent is given this path)."""
+        return self.layout.heartbeat_key.parent / "heartbeat-nodes" / f"{node}.key"
+
+    def write_node_keys(self) -> None:
+        """Every node's key from the master (rewritten each start: a new master reaches every node)."""
+        master = load_key(self.layout.heartbeat_key)
+        for node in self.nodes:
+            write_node_key(self.node_key_file(node), master, node)
+
+    def controller_env(self) -> dict[str, str]:
+        return {**self.env, CLOCK_OFFSET_ENV: str(self.layout.run / "controller-clock-offset")}
+
+    def _spawn_controller(self) -> subprocess.Popen:
+        # argv is rebuilt on each (re)start: a teams.yaml written since turns the policy loop on
+        proc = self._spawn("nuro-controller", self.controller_argv(), "controller.log", env=self.controller_env())
+        self._respawn["nuro-controller"] = self._spawn_controller
+        return proc
+
     def start_controller(self) -> None:
-        proc = self._spawn("nuro-controller", self.controller_argv(), "controller.log")
+        proc = self._spawn_controller()
         time.sleep(0.3)  # it binds its socket at once; a bad key or busy port makes it exit right away
         if proc.poll() is not None:
             raise StartError(f"nuro-controller exited with {proc.returncode}; see {self.layout.log / 'controller.log'}")
@@ -284,6 +321,7 @@ class Supervisor:
 
     def start_agents(self) -> None:
         self.layout.agents_dir.mkdir(parents=True, exist_ok=True)
+        self.write_node_keys()
         try:
             for node in self.nodes:
                 self._spawn_agent(node, save=False)
@@ -407,7 +445,7 @@ class Supervisor:
 
     # -- run and stop -----------------------------------------------------------------------------------------
     def reap(self) -> None:
-        """Collect every exited child, ours or adopted; log the daemons that died."""
+        """Collect every exited child, ours or adopted; log the daemons that died and plan their restart."""
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -418,9 +456,46 @@ class Supervisor:
             proc = self.children.pop(pid, None)
             if proc is not None:
                 proc.returncode = os.waitstatus_to_exitcode(status)
-                name = next((d.name for d in self.record.daemons if d.pid == pid), str(pid))
+                name = next((d.name for d in self.record.daemons if d.pid == pid), None)
                 if not self.stopping:
-                    log.warning("%s pid=%d exited with %s", name, pid, proc.returncode)
+                    log.warning("%s pid=%d exited with %s", name or pid, pid, proc.returncode)
+                    if name is not None:
+                        self._plan_restart(name, proc.returncode)
+
+    def _plan_restart(self, name: str, returncode: int) -> None:
+        delay, why = self.restarts.plan(name, returncode, time.monotonic())
+        entry = self.record.restarts.setdefault(name, {"count": 0})
+        entry.update(last_exit=returncode, last_exit_at=time.time(), last=why)
+        if delay is None or name not in self._respawn:
+            entry["gave_up"] = "limit" in why
+            log.log(logging.ERROR if entry["gave_up"] else logging.INFO, "%s %s", name, why)
+        else:
+            log.warning("%s %s in %.1f s", name, why, delay)
+            self._due[name] = time.monotonic() + delay
+        self._save()
+
+    def restart_due(self) -> None:
+        """Start again the daemons whose back-off has passed (each recorded under its name with its new PID)."""
+        now = time.monotonic()
+        for name, due in sorted(self._due.items(), key=lambda kv: kv[1]):
+            if due > now or self.stopping:
+                continue
+            del self._due[name]
+            if name.startswith("agent:") and name.removeprefix("agent:") in self.record.killed_nodes:
+                continue  # crashed on purpose since: revive-node starts it
+            ref = self._ref(name)
+            if ref is not None and ref.is_alive():
+                continue  # started again meanwhile (revive-node)
+            try:
+                proc = self._respawn[name]()  # type: ignore[operator]
+            except Exception as exc:  # noqa: BLE001 - a failed start is an exit: plan the next try
+                log.error("restart of %s failed: %s", name, exc)
+                self._plan_restart(name, 1)
+                continue
+            entry = self.record.restarts.setdefault(name, {"count": 0})
+            entry.update(count=int(entry.get("count", 0)) + 1, pid=proc.pid, at=time.time(), gave_up=False)
+            log.warning("%s restarted: pid=%d", name, proc.pid)
+            self._save()
 
     def stop(self) -> None:
         """Stop in reverse dependency order, then anything adopted (slurmstepd, job tasks). By PID only."""
@@ -476,6 +551,7 @@ class Supervisor:
         self.layout.control_dir.mkdir(parents=True, exist_ok=True)
         while not self.stopping:
             self.reap()
+            self.restart_due()
             self.serve_requests()
             time.sleep(0.1)
         self.stop()

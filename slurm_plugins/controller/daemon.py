@@ -11,7 +11,19 @@ scheduling and the hard quotas (QOS GrpTRES) still hold; only borrowing, reclaim
     nuro-controller --heartbeat-port P --heartbeat-key F [--event-log F] [--policy teams.yaml]
 
 Two independent loops: the policy cycle (above; only with a policy) and the failure detector (``detection.py``;
-only with a heartbeat port), each in its own thread, so a slow policy cycle never delays detection.
+only with a heartbeat port), each in its own thread with its own exception handling, so a slow or failing policy
+cycle never delays or stops detection; the main thread only waits for a signal.
+
+No input stops a loop: a job (or node) whose record makes the policy code raise is quarantined by
+``isolation.Isolator`` (only that job is skipped, logged once), an apply that raises costs only its decision, and a
+cycle that fails as a whole is logged (rate-limited) and retried next interval.
+
+Clocks: durations and silence are measured on ``time.monotonic``; the wall clock (``wall_clock``: the system clock
+plus the offset in ``$NURO_CONTROLLER_CLOCK_OFFSET_FILE`` when that test hook is set, as the dev cluster does) is
+used for what Slurm and the event log hold (preempt marks, grace ends, reasons, records).
+
+Keys: ``master_key(cfg)`` is the controller's master heartbeat key (bytes); node keys are derived from it
+(``nuro.heartbeat.node_key``), as may other controller-only secrets (``nuro.heartbeat.derive_key(master, purpose)``).
 
 Signals: SIGTERM/SIGINT finish the current cycle and exit 0; SIGHUP re-reads the policy (kept if invalid).
 Exit codes: 0 stopped cleanly, 2 usage error, 3 invalid config or policy.
@@ -22,6 +34,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -32,6 +45,7 @@ from pathlib import Path
 
 import click
 
+from nuro import marks
 from nuro.events import EventLog
 from nuro.heartbeat import BadHeartbeat, load_key
 from nuro.policy import Policy, PolicyError, load_policy
@@ -42,9 +56,48 @@ from nuro.slurm_plugins.controller.decisions import Preempt, Requeue, SetSiteFac
 from nuro.slurm_plugins.controller.detection import FailureDetector
 from nuro.slurm_plugins.controller.engine import ControllerState, decide, rebuild_state
 from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
+from nuro.slurm_plugins.controller.isolation import Isolator
 from nuro.slurm_plugins.controller.liveness import LivenessConfig
+from nuro.slurm_plugins.controller.ratelog import RateLog, once
 
 log = logging.getLogger("nuro.controller")
+
+CLOCK_OFFSET_ENV = "NURO_CONTROLLER_CLOCK_OFFSET_FILE"
+
+
+class OffsetClock:
+    """The wall clock plus an offset read from a file (a test hook: a clock step without touching the machine's
+    clock). The file holds seconds as text; it is re-read at most every ``every_s`` (monotonic), at most 64 bytes;
+    a missing or unreadable file means offset 0."""
+
+    def __init__(self, path: str | Path, every_s: float = 0.5) -> None:
+        self.path = Path(path)
+        self.every_s = every_s
+        self.offset = 0.0
+        self._read_at = float("-inf")
+
+    def __call__(self) -> float:
+        mono = time.monotonic()
+        if mono - self._read_at >= self.every_s:
+            self._read_at = mono
+            try:
+                with open(self.path, "rb") as fh:
+                    self.offset = float(fh.read(64).decode("ascii", "replace").strip() or 0)
+            except (OSError, ValueError):
+                self.offset = 0.0
+        return time.time() + self.offset
+
+
+def wall_clock_from_env(environ: dict[str, str] | None = None) -> Callable[[], float]:
+    """``time.time``, or an ``OffsetClock`` when ``$NURO_CONTROLLER_CLOCK_OFFSET_FILE`` is set."""
+    path = (os.environ if environ is None else environ).get(CLOCK_OFFSET_ENV)
+    return OffsetClock(path) if path else time.time
+
+
+def master_key(cfg: ControllerConfig) -> bytes | None:
+    """The controller's master heartbeat key (bytes), or None without a detector. Node keys are derived from it
+    (``nuro.heartbeat.node_key``); another controller-only secret takes ``nuro.heartbeat.derive_key(master, p)``."""
+    return load_key(cfg.heartbeat_key_file) if cfg.detector_on and cfg.heartbeat_key_file else None
 
 
 @dataclass
@@ -75,6 +128,9 @@ class Controller:
         self.events = events
         self.state: ControllerState | None = None
         self.cycles = 0
+        self.isolator = Isolator()
+        self._once = once()  # per-job apply errors: logged when they first appear (or change)
+        self._cycle_errors = RateLog(60.0, 64)
 
     def cycle(self) -> CycleReport:
         self.cycles += 1
@@ -94,18 +150,38 @@ class Controller:
                 log.info("cycle=%d rebuilt in-flight preemptions from Slurm: %s", self.cycles, self.state.preempting)
         now = self.clock()
         t1 = time.monotonic()
-        decisions = decide(snapshot, self.policy, self.state, now)
+        state = self.state
+        result, new, released, error = self.isolator.run(snapshot, lambda snap: decide(snap, self.policy, state, now))
+        for skipped in new:
+            log.error("cycle=%d %s (logged once)", self.cycles, skipped.describe())
+        for skipped in released:
+            log.info("cycle=%d %s: its record changed or it left Slurm, judged again", self.cycles,
+                     skipped.describe().split(" (", 1)[0])  # fmt: skip
         report.decide_s = time.monotonic() - t1
+        if result is None:
+            report.error = f"decide failed, cycle skipped: {error}"
+            if self._cycle_errors.allow(error)[0]:
+                log.error("cycle=%d %s (logged once a minute)", self.cycles, report.error)
+            return report
+        decisions = result
         t2 = time.monotonic()
         failed: set[int] = set()
-        for decision in decisions:
+        applicable = self.isolator.filter(decisions)
+        for i, decision in enumerate(applicable):
             try:
                 outcome = apply_decision(self.backend, decision, now, self.dry_run)
             except SlurmError as exc:
                 report.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
                 log.warning("cycle=%d %s", self.cycles, report.error)
-                failed.update(d.job_id for d in decisions[decisions.index(decision) :])
+                failed.update(d.job_id for d in applicable[i:])
                 break
+            except Exception as exc:  # noqa: BLE001 - a bug applying one job's decision costs only that job
+                failed.add(decision.job_id)
+                text = f"{type(exc).__name__}: {exc}"[:300]
+                if self._once.allow((decision.job_id, type(decision).__name__, text))[0]:
+                    log.error("cycle=%d decision=%s job=%d not applied (logged once): %s", self.cycles,
+                              type(decision).__name__, decision.job_id, text)  # fmt: skip
+                continue
             report.outcomes.append(outcome)
             log.info(
                 "cycle=%d decision=%s job=%d applied=%s code=%s reason=%r result=%r",
@@ -116,6 +192,7 @@ class Controller:
                 failed.add(decision.job_id)
             else:
                 self._record(decision)
+        failed.update(d.job_id for d in decisions if d.job_id in self.isolator.jobs)
         self.state = _state_after(decisions.next_state, decisions, failed)
         report.apply_s = time.monotonic() - t2
         log.debug(
@@ -148,11 +225,16 @@ class Controller:
     def run(
         self, interval_s: float, stop: threading.Event, on_cycle: Callable[[CycleReport], None] | None = None
     ) -> None:
+        """Loop until ``stop``; a cycle that raises is logged (once a minute per error) and the loop goes on."""
         while not stop.is_set():
             started = time.monotonic()
-            report = self.cycle()
-            if on_cycle:
-                on_cycle(report)
+            try:
+                report = self.cycle()
+                if on_cycle:
+                    on_cycle(report)
+            except Exception as exc:  # noqa: BLE001 - the policy loop outlives any one cycle's bug
+                if self._cycle_errors.allow(f"{type(exc).__name__}: {exc}")[0]:
+                    log.exception("cycle=%d failed; continuing (logged once a minute)", self.cycles)
             stop.wait(max(0.0, interval_s - (time.monotonic() - started)))
 
 
@@ -252,7 +334,8 @@ def main(
             raise click.UsageError("give --config FILE, --policy teams.yaml, or --heartbeat-port P --heartbeat-key F")
         cfg = ControllerConfig.model_validate({**base, **updates})
         policy = load_policy(cfg.policy) if cfg.policy else None
-        key = load_key(cfg.heartbeat_key_file) if cfg.detector_on and cfg.heartbeat_key_file else None
+        key = master_key(cfg)
+        marks.use_master_key(key)  # preempt marks are signed with a key derived from it (nuro.marks)
     except (ConfigError, PolicyError, BadHeartbeat, ValueError) as exc:
         click.echo(f"nuro-controller: {exc}", err=True)
         sys.exit(3)
@@ -261,8 +344,9 @@ def main(
         if policy is None:
             click.echo("nuro-controller: --once runs one policy cycle: give --policy", err=True)
             sys.exit(2)
-        _run_once(Controller(_backend(cfg), policy, cfg.dry_run))
+        _run_once(Controller(_backend(cfg), policy, cfg.dry_run, clock=wall_clock_from_env()))
     stop = threading.Event()
+    wall = wall_clock_from_env()
 
     def on_stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping after this cycle", signum)
@@ -273,7 +357,7 @@ def main(
     detector_thread = None
     if key is not None and cfg.heartbeat_port is not None:
         try:
-            receiver = HeartbeatReceiver(cfg.heartbeat_bind, cfg.heartbeat_port, key).start()
+            receiver = HeartbeatReceiver(cfg.heartbeat_bind, cfg.heartbeat_port, key, clock=wall).start()
         except OSError as exc:
             click.echo(
                 f"nuro-controller: cannot listen on udp {cfg.heartbeat_bind}:{cfg.heartbeat_port}: {exc}", err=True
@@ -282,11 +366,12 @@ def main(
         detector = FailureDetector(
             _backend(cfg), receiver,
             LivenessConfig(interval_s=cfg.heartbeat_interval_s, miss_limit=cfg.miss_limit),
-            events=EventLog(cfg.event_log) if cfg.event_log else None, dry_run=cfg.dry_run,
+            events=EventLog(cfg.event_log) if cfg.event_log else None, dry_run=cfg.dry_run, clock=wall,
         )  # fmt: skip
         detector_thread = threading.Thread(
-            target=detector.run, args=(cfg.detector_tick_s, stop), name="failure-detector", daemon=True
-        )
+            target=_keep_running, args=("failure detector", lambda: detector.run(cfg.detector_tick_s, stop), stop),
+            name="failure-detector", daemon=True,
+        )  # fmt: skip
         detector_thread.start()
         log.info(
             "failure detector started: udp %s:%d interval_s=%s miss_limit=%d event_log=%s",
@@ -300,14 +385,34 @@ def main(
         log.info("nuro-controller stopped")
         return
     events = EventLog(cfg.event_log) if cfg.event_log else None
-    controller = Controller(_backend(cfg), policy, cfg.dry_run, events=events)
+    controller = Controller(_backend(cfg), policy, cfg.dry_run, clock=wall, events=events)
     policy_file = cfg.policy
     signal.signal(signal.SIGHUP, lambda *_: controller.reload_policy(policy_file))
     log.info("nuro-controller started: policy=%s interval_s=%s dry_run=%s", cfg.policy, cfg.interval_s, cfg.dry_run)
-    controller.run(cfg.interval_s, stop)
+    policy_thread = threading.Thread(
+        target=_keep_running, args=("policy loop", lambda: controller.run(cfg.interval_s, stop), stop),
+        name="policy", daemon=True,
+    )  # fmt: skip
+    policy_thread.start()
+    stop.wait()
+    policy_thread.join(max(5.0, cfg.interval_s + 1))
     if detector_thread is not None:
         detector_thread.join(5)
     log.info("nuro-controller stopped after %d cycles", controller.cycles)
+
+
+def _keep_running(name: str, loop: Callable[[], None], stop: threading.Event, pause_s: float = 1.0) -> None:
+    """Run ``loop`` until ``stop``; should it ever return or raise early, log it and start it again (a loop that
+    dies leaves the other running: the detector never depends on the policy loop, nor the reverse)."""
+    while not stop.is_set():
+        try:
+            loop()
+        except Exception:  # noqa: BLE001
+            log.exception("%s died; restarting it in %.0f s", name, pause_s)
+        else:
+            if not stop.is_set():
+                log.error("%s returned early; restarting it in %.0f s", name, pause_s)
+        stop.wait(pause_s)
 
 
 def _backend(cfg: ControllerConfig) -> CliBackend:

@@ -8,6 +8,13 @@ node, for the event log) and re-reads nodes on the next tick.
 
 Fail operational: if Slurm cannot be reached the detector keeps the last node list (and logs a warning); if the
 detector dies, Slurm's own SlurmdTimeout still takes dead nodes down, only slower.
+
+Survives any input: each node is judged and acted on by itself (``liveness.assess`` isolates a node whose record
+makes a rule raise; here an action that raises costs only that node's action), a faulty node is logged once (again
+only when its error changes), and a tick that fails as a whole is logged and retried next tick. Silence is judged on
+``time.monotonic`` (``monotonic``); the wall clock (``clock``) only stamps reasons and event records, so a clock
+step on the controller declares nobody dead. While the receiver sees the kernel drop datagrams (a flood filled the
+socket buffer), nobody is newly declared lost: a silent node may only have had its beats dropped.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from nuro.events import EventLog
 from nuro.slurm import Backend, DownNode, DrainNode, ResumeNode, SlurmError
@@ -30,8 +37,18 @@ from nuro.slurm_plugins.controller.liveness import (
     NodeActionKind,
     assess,
 )
+from nuro.slurm_plugins.controller.ratelog import RateLog
 
 log = logging.getLogger("nuro.controller.detector")
+
+
+def _slurm_action(action: NodeAction) -> DownNode | DrainNode | ResumeNode:
+    match action.kind:
+        case NodeActionKind.DOWN:
+            return DownNode(action.node, action.reason)
+        case NodeActionKind.DRAIN:
+            return DrainNode(action.node, action.reason)
+    return ResumeNode(action.node)
 
 
 class FailureDetector:
@@ -52,6 +69,7 @@ class FailureDetector:
         dry_run: bool = False,
         clock: Callable[[], float] = time.time,
         node_poll_s: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.backend = backend
         self.receiver = receiver
@@ -59,11 +77,15 @@ class FailureDetector:
         self.events = events
         self.dry_run = dry_run
         self.clock = clock
+        self.monotonic = monotonic
         self.node_poll_s = node_poll_s
-        self.state = DetectorState.fresh(clock())
+        self.state = DetectorState.fresh(monotonic())
         self.slurm_nodes: dict[str, NodeInfo] = {}
-        self._nodes_at = 0.0
-        self._guard_logged = 0.0
+        self._nodes_at = float("-inf")
+        self._guard_logged = RateLog(60.0, 1, clock=monotonic)
+        self._faults_logged: dict[str, str] = {}
+        self._drops: int | None = None
+        self._drops_at = float("-inf")
         self.ticks = 0
 
     def _refresh_nodes(self, now: float) -> None:
@@ -74,27 +96,54 @@ class FailureDetector:
             self._nodes_at = now  # retry at the next poll, not every tick
             log.warning("node list unavailable, judging on the previous one (%d nodes): %s", len(self.slurm_nodes), exc)
 
+    def _kernel_dropping(self, now: float) -> bool:
+        """True while the receiver's socket dropped datagrams within the last timeout (see the module docstring)."""
+        drops = self.receiver.kernel_drops() if hasattr(self.receiver, "kernel_drops") else None
+        if drops is not None:
+            if self._drops is not None and drops > self._drops:
+                if now - self._drops_at > self.cfg.timeout_s:
+                    log.warning(
+                        "heartbeat socket: the kernel dropped %d datagrams (buffer full: a flood?); no node is "
+                        "declared lost until it stops for %.1f s", drops - self._drops, self.cfg.timeout_s,
+                    )  # fmt: skip
+                self._drops_at = now
+            self._drops = drops
+        return now - self._drops_at <= self.cfg.timeout_s
+
+    def _log_faults(self, faults: Mapping[str, str]) -> None:
+        for node, error in faults.items():
+            if self._faults_logged.get(node) != error:
+                log.error("node=%s skipped by the detector this pass (logged once): %s", node, error)
+        for node in set(self._faults_logged) - set(faults):
+            log.info("node=%s judged again (its earlier error is gone)", node)
+        self._faults_logged = dict(faults)
+
     def tick(self) -> list[tuple[NodeAction, ActionResult | None]]:
         """Take the queued beats, judge, apply. Returns what was applied (result None in dry-run)."""
         self.ticks += 1
-        now = self.clock()
+        now, wall = self.monotonic(), self.clock()
         beats = self.receiver.drain()
         if now - self._nodes_at >= self.node_poll_s:
             self._refresh_nodes(now)
-        actions, self.state = assess(self.state, beats, self.slurm_nodes, now, self.cfg)
-        if self.state.suppressed and now - self._guard_logged >= 60:
-            self._guard_logged = now
+        dropping = self._kernel_dropping(now)
+        actions, self.state = assess(self.state, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping)
+        if self.state.faults or self._faults_logged:
+            self._log_faults(self.state.faults)
+        if self.state.suppressed and self._guard_logged.allow("guard")[0]:
             log.warning(
-                "mass-loss guard: %d nodes silent at once (%s…), none declared lost; check this controller's network "
-                "(Slurm's SlurmdTimeout still downs dead nodes)", len(self.state.suppressed), self.state.suppressed[:5],
+                "%s: %d nodes silent (%s…), none declared lost; check this controller's network (Slurm's "
+                "SlurmdTimeout still downs dead nodes)", "kernel dropping heartbeats" if dropping else
+                "mass-loss guard", len(self.state.suppressed), self.state.suppressed[:5],
             )  # fmt: skip
         if not actions:
             return []
-        done = self._apply(actions, now)
-        self._nodes_at = 0.0  # see Slurm's answer at the next tick
+        done = self._apply(actions, now, wall)
+        self._nodes_at = float("-inf")  # see Slurm's answer at the next tick
         return done
 
-    def _apply(self, actions: list[NodeAction], now: float) -> list[tuple[NodeAction, ActionResult | None]]:
+    def _apply(
+        self, actions: list[NodeAction], now: float, wall: float
+    ) -> list[tuple[NodeAction, ActionResult | None]]:
         lost_nodes = {a.node for a in actions if a.kind is NodeActionKind.DOWN}
         running: dict[str, list[tuple[int, bool]]] = {}
         if lost_nodes and self.events is not None:
@@ -111,13 +160,11 @@ class FailureDetector:
             self._note_before(action, now)
             result: ActionResult | None = None
             if not self.dry_run:
-                match action.kind:
-                    case NodeActionKind.DOWN:
-                        result = self.backend.apply(DownNode(action.node, action.reason))
-                    case NodeActionKind.DRAIN:
-                        result = self.backend.apply(DrainNode(action.node, action.reason))
-                    case NodeActionKind.RESUME:
-                        result = self.backend.apply(ResumeNode(action.node))
+                slurm_action = _slurm_action(action)
+                try:
+                    result = self.backend.apply(slurm_action)
+                except Exception as exc:  # noqa: BLE001 - one node's action must not cost the others theirs
+                    result = ActionResult(slurm_action, ok=False, message=f"{type(exc).__name__}: {exc}"[:300])
             log.info(
                 "node=%s action=%s cause=%s applied=%s reason=%r silent_s=%.2f last_seq=%d%s",
                 action.node, action.kind, action.cause, result.ok if result else "dry-run", action.reason,

@@ -1,28 +1,50 @@
 """The controller's heartbeat receiver: one UDP socket, one thread, authenticated beats handed to the detector.
 
-Why a thread of its own: datagrams must be read as they arrive (the kernel's socket buffer is small, and a beat read
-late makes its node look silent); the detector loop takes what has queued up with ``drain()`` every tick.
+Why a thread of its own: datagrams must be read as they arrive (a beat read late makes its node look silent); the
+detector loop takes what has queued up with ``drain()`` every tick.
 
-Each datagram is decoded and verified with ``nuro.heartbeat`` (HMAC, then ``ReplayGuard`` for freshness). Rejects
-are counted by reason (``bad_mac``, ``replay``, ``clock_skew``, ``malformed``) and logged at most once per source
-address and reason per minute: a misconfigured node sending every second must not flood the controller's log.
+Surviving a flood (junk, forged MACs, replays from anyone who can reach the port):
+
+- the socket is drained in bursts (poll once, then read until the queue is empty) with a receive buffer of
+  ``RCVBUF_BYTES`` (``SO_RCVBUFFORCE`` when we may, else ``SO_RCVBUF`` up to the kernel's ``rmem_max``), so a burst
+  queues instead of being dropped;
+- every datagram costs at most one size check, one split and one HMAC before it is refused (``nuro.heartbeat.verify``:
+  no JSON is parsed before the MAC matched); each node's key is derived from the master (``NodeKeys``), so a key
+  learnt on one node forges beats for that node only;
+- rejects are counted by reason (``bad_mac``, ``unknown_node``, ``replay``, ``clock_skew``, ``too_big``,
+  ``malformed``) and logged at most once per source address and reason per minute, for at most ``LOG_SOURCES``
+  sources (spoofed addresses cannot grow memory), plus one summary line a minute while rejects keep coming;
+- ``kernel_drops()`` reads the socket's drop counter from ``/proc/net/udp``: the detector declares nobody lost while
+  the kernel is dropping datagrams (a silent node may only have had its beats dropped; see ``detection.py``).
+
+Time: a beat's ``received`` is monotonic (silence is judged on it); ``received_wall`` is for records. The freshness
+check (``ReplayGuard``'s skew) compares the beat's send time with the wall clock as it was when the receiver
+started, advanced by the monotonic clock: a step of the controller's wall clock neither refuses good beats nor
+admits old ones.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import select
 import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 
-from nuro.heartbeat import MAX_DATAGRAM, BadHeartbeat, Replay, ReplayGuard, decode
+from nuro.heartbeat import MAX_DATAGRAM, BadHeartbeat, KeyLookup, NodeKeys, Replay, ReplayGuard, decode
 from nuro.slurm_plugins.controller.liveness import Beat
+from nuro.slurm_plugins.controller.ratelog import RateLog
 
 log = logging.getLogger(__name__)
 
 REJECT_LOG_EVERY_S = 60.0
+LOG_SOURCES = 256
+RCVBUF_BYTES = 8 << 20  # ~10,000 small datagrams: a few hundred ms of a flood while the thread is descheduled
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+BURST = 4096  # datagrams read per wake-up before the stop flag is looked at again
 
 
 def reject_reason(exc: BadHeartbeat) -> str:
@@ -32,42 +54,87 @@ def reject_reason(exc: BadHeartbeat) -> str:
         return "clock_skew" if "from our clock" in text else "replay"
     if text.startswith("MAC mismatch"):
         return "bad_mac"
+    if text.startswith("unknown node"):
+        return "unknown_node"
+    if text.startswith("datagram of"):
+        return "too_big"
     return "malformed"
+
+
+def _udp_drops(port: int, inode: int, path: str = "/proc/net/udp") -> int | None:
+    """The kernel's drop counter of the UDP socket bound to ``port`` with ``inode`` (None when not found)."""
+    want = f":{port:04X}"
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read(4 << 20).decode("ascii", "replace").splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        cols = line.split()
+        if len(cols) >= 13 and cols[1].endswith(want) and cols[9] == str(inode):
+            try:
+                return int(cols[-1])
+            except ValueError:
+                return None
+    return None
 
 
 class HeartbeatReceiver:
     """Receives heartbeats on ``(bind, port)`` in a daemon thread; ``drain()`` returns the beats since last call.
 
     Args:
-        bind: address to listen on ("127.0.0.1" for the dev cluster; "0.0.0.0" or the cluster-network address in
-            production, where agents run on other hosts).
-        port: UDP port (0 = any free port; see ``port`` after ``start()``).
-        key: the shared HMAC key (``nuro.heartbeat.load_key``).
-        clock: wall clock, injectable for tests.
+        bind: address to listen on: the cluster network's address of the controller (the dev cluster: 127.0.0.1).
+        port: UDP port (0 = any free port; see ``port`` after construction).
+        keys: the master key (``nuro.heartbeat.load_key``; each node's key is derived from it), or a key lookup.
+        clock: wall clock (records, and the anchor of the freshness check), injectable for tests.
+        monotonic: the clock silence is judged on.
     """
 
     def __init__(
-        self, bind: str, port: int, key: bytes, clock: Callable[[], float] = time.time, max_skew_s: float = 30.0
+        self,
+        bind: str,
+        port: int,
+        keys: bytes | KeyLookup,
+        clock: Callable[[], float] = time.time,
+        max_skew_s: float = 30.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.key = key
+        self.keys: KeyLookup = NodeKeys(keys) if isinstance(keys, bytes) else keys
         self.clock = clock
+        self.monotonic = monotonic
         self.guard = ReplayGuard(max_skew_s=max_skew_s)
         self.accepted = 0
         self.rejects: Counter[str] = Counter()
         self._beats: list[Beat] = []
         self._lock = threading.Lock()
-        self._last_logged: dict[tuple[str, str], float] = {}
+        self._logs = RateLog(REJECT_LOG_EVERY_S, LOG_SOURCES, clock=monotonic)
+        self._summary = RateLog(REJECT_LOG_EVERY_S, 1, clock=monotonic)
+        self._summary_base: Counter[str] = Counter()
         self._stop = threading.Event()
-        self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)  # a 500-node burst fits
+        self._wall0, self._mono0 = clock(), monotonic()
+        self._sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_DGRAM)
+        self.rcvbuf = self._grow_buffer()
         self._sock.bind((bind, port))
-        self._sock.settimeout(0.2)  # so stop() is noticed without a wake-up datagram
+        self._sock.setblocking(False)
         self.port = self._sock.getsockname()[1]
+        self._inode = os.fstat(self._sock.fileno()).st_ino
+        self._poll = select.poll()
+        self._poll.register(self._sock.fileno(), select.POLLIN)
         self._thread = threading.Thread(target=self._run, name="heartbeat-receiver", daemon=True)
+
+    def _grow_buffer(self) -> int:
+        for opt in (SO_RCVBUFFORCE, socket.SO_RCVBUF):  # FORCE ignores rmem_max, and needs CAP_NET_ADMIN
+            try:
+                self._sock.setsockopt(socket.SOL_SOCKET, opt, RCVBUF_BYTES)
+                break
+            except OSError:
+                continue
+        return self._sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
 
     def start(self) -> HeartbeatReceiver:
         self._thread.start()
-        log.info("heartbeat receiver listening on udp %s:%d", *self._sock.getsockname())
+        host, port = self._sock.getsockname()[:2]
+        log.info("heartbeat receiver listening on udp %s:%d (receive buffer %d bytes)", host, port, self.rcvbuf)
         return self
 
     def stop(self, timeout_s: float = 2.0) -> None:
@@ -83,42 +150,67 @@ class HeartbeatReceiver:
             beats, self._beats = self._beats, []
         return beats
 
+    def reference_wall(self, mono: float | None = None) -> float:
+        """The wall clock as it was at start, advanced by the monotonic clock (immune to wall-clock steps)."""
+        return self._wall0 + ((self.monotonic() if mono is None else mono) - self._mono0)
+
     def handle(self, data: bytes, source: str) -> Beat | None:
         """Verify one datagram; queue and return the beat, or count the reject and return None."""
-        now = self.clock()
+        mono = self.monotonic()
         try:
-            hb = decode(data, self.key)
-            self.guard.check(hb, now)
+            hb = decode(data, self.keys)
+            self.guard.check(hb, self.reference_wall(mono))
         except BadHeartbeat as exc:
-            reason = reject_reason(exc)
-            self.rejects[reason] += 1
-            last = self._last_logged.get((source, reason))
-            if last is None or now - last >= REJECT_LOG_EVERY_S:
-                self._last_logged[(source, reason)] = now
-                log.warning(
-                    "heartbeat rejected source=%s reason=%s total=%d detail=%s (logged once a minute per source)",
-                    source, reason, self.rejects[reason], exc,
-                )  # fmt: skip
+            self._reject(reject_reason(exc), source, exc)
             return None
-        beat = Beat(hb.node, hb.boot, hb.seq, hb.sent, now, hb.healthy, hb.problems)
+        beat = Beat(hb.node, hb.boot, hb.seq, hb.sent, mono, hb.healthy, hb.problems, received_wall=self.clock())
         with self._lock:
             self._beats.append(beat)
             self.accepted += 1
         return beat
 
+    def _reject(self, reason: str, source: str, exc: BadHeartbeat) -> None:
+        self.rejects[reason] += 1
+        allowed, suppressed = self._logs.allow((source, reason))
+        if allowed:
+            log.warning(
+                "heartbeat rejected source=%s reason=%s total=%d detail=%s (logged once a minute per source%s)",
+                source, reason, self.rejects[reason], str(exc)[:200],
+                f"; {suppressed} more since" if suppressed else "",
+            )  # fmt: skip
+        if self._summary.allow("summary")[0]:
+            delta = self.rejects - self._summary_base
+            if sum(delta.values()) > 1:
+                log.warning("heartbeat rejects since the last summary: %s", dict(sorted(delta.items())))
+            self._summary_base = Counter(self.rejects)
+
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                data, addr = self._sock.recvfrom(MAX_DATAGRAM + 64)
-            except TimeoutError:
+                if not self._poll.poll(200):
+                    continue
+                for _ in range(BURST):
+                    data, addr = self._sock.recvfrom(MAX_DATAGRAM + 1)
+                    self.handle(data, addr[0])
+            except BlockingIOError:
                 continue
             except OSError as exc:
                 if self._stop.is_set():
                     return
                 log.warning("heartbeat socket error (continuing): %s", exc)
                 time.sleep(0.1)
-                continue
-            self.handle(data, addr[0])
+            except Exception:  # a bug in one datagram's handling must not end the receiver
+                log.exception("heartbeat receiver: unexpected error (continuing)")
+
+    def kernel_drops(self) -> int | None:
+        """Datagrams the kernel dropped on this socket since it was opened (buffer full), or None if unknown."""
+        return _udp_drops(self.port, self._inode, "/proc/net/udp6" if self._sock.family == socket.AF_INET6 else
+                          "/proc/net/udp")  # fmt: skip
 
     def stats(self) -> dict[str, int]:
-        return {"accepted": self.accepted, **{f"rejected_{k}": v for k, v in sorted(self.rejects.items())}}
+        drops = self.kernel_drops()
+        return {
+            "accepted": self.accepted,
+            **{f"rejected_{k}": v for k, v in sorted(self.rejects.items())},
+            **({"kernel_drops": drops} if drops is not None else {}),
+        }

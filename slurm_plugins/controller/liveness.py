@@ -32,9 +32,15 @@ Flapping: the n-th flap hold (n ≥ 1) lasts ``hold_base_s`` × 2^(n-1), capped 
 The hold deadline is written into the reason as an ISO time, so a restarted controller still honours it; only the
 loss history (and hence the back-off level) is soft state and starts over after a restart.
 
-Clock: ``now`` and every time here are wall-clock Unix seconds. Why not monotonic (STYLE N4): hold deadlines must
-survive a controller restart inside Slurm's reason text, and event-log records carry wall time; NTP slews, it does
-not jump, on the controller hosts we run.
+Clock: ``now`` and every time kept here (beat arrivals, losses, holds, retries) are **monotonic** seconds: silence
+is judged on a clock no one can step (an NTP step, an admin's ``date -s``, a VM resumed with a stale clock would
+otherwise declare every node dead at once, or none for hours). The wall clock (``wall``) is used only where a time
+leaves the process: the hold deadline written into Slurm's reason as an ISO time (so a restarted controller honours
+it: read back, it is turned into monotonic time as ``now + (deadline - wall)``) and the times in event records.
+
+Isolation: each node is judged on its own; a record that makes the rules raise (a node state no rule foresaw) costs
+only that node's judgement this pass (its name and the error are in ``DetectorState.faults``, which the runtime logs
+once), never the other nodes'.
 """
 
 from __future__ import annotations
@@ -108,7 +114,8 @@ class LivenessConfig:
 
 @dataclass(frozen=True)
 class Beat:
-    """One accepted heartbeat as the receiver saw it; ``received`` is wall time at arrival."""
+    """One accepted heartbeat as the receiver saw it; ``received`` is monotonic time at arrival, ``received_wall``
+    the wall clock then (for records; None: same as ``received``, as in tests with one fake clock)."""
 
     node: str
     boot: int
@@ -117,6 +124,7 @@ class Beat:
     received: float
     healthy: bool = True
     problems: tuple[str, ...] = ()
+    received_wall: float | None = None
 
 
 @dataclass(frozen=True)
@@ -124,7 +132,7 @@ class NodeLiveness:
     """Soft state of one node; rebuilt from beats (and Slurm's reasons) after a restart.
 
     Attributes:
-        last_beat: arrival time of the newest beat.
+        last_beat: arrival time of the newest beat (monotonic); ``last_beat_wall`` the same on the wall clock.
         healthy_since: start of the current unbroken run of healthy beats (None after an unhealthy one).
         lost_at: when we declared it lost (None while we consider it alive).
         claimed: we have set it DOWN/DRAIN and owe it a RESUME (cause of the claim).
@@ -146,15 +154,18 @@ class NodeLiveness:
     losses: tuple[float, ...] = ()
     flap_level: int = 0
     hold_until: float = 0.0
+    last_beat_wall: float = 0.0
 
 
 @dataclass(frozen=True)
 class DetectorState:
-    """All nodes' soft state. ``suppressed`` lists the nodes the mass-loss guard kept alive in the last call."""
+    """All nodes' soft state. ``suppressed`` lists the nodes the mass-loss guard (or ``hold_losses``) kept alive in
+    the last call; ``faults`` the nodes whose judgement raised in the last call (node → error text)."""
 
     started_at: float
     nodes: Mapping[str, NodeLiveness] = field(default_factory=lambda: MappingProxyType({}))
     suppressed: tuple[str, ...] = ()
+    faults: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
     def fresh(cls, now: float) -> DetectorState:
@@ -166,7 +177,8 @@ class DetectorState:
 class NodeAction:
     """What to do to a node in Slurm, and why (rendered to scontrol argv by the adapter).
 
-    ``silent_s``/``last_seq``/``last_beat`` describe the evidence, for the event log.
+    ``silent_s``/``last_seq``/``last_beat`` describe the evidence, for the event log (``last_beat`` on the wall
+    clock).
     """
 
     node: str
@@ -214,14 +226,16 @@ def _absorb(prev: NodeLiveness | None, beats: list[Beat], cfg: LivenessConfig) -
     """Fold a node's new beats (oldest first) into its soft state."""
     cur = prev
     for b in sorted(beats, key=lambda b: (b.boot, b.seq)):
+        wall = b.received if b.received_wall is None else b.received_wall
         if cur is None:
-            cur = NodeLiveness(last_beat=b.received, boot=b.boot, seq=b.seq)
+            cur = NodeLiveness(last_beat=b.received, boot=b.boot, seq=b.seq, last_beat_wall=wall)
         # A gap longer than the timeout breaks the healthy streak: the node must prove itself again.
         gap = b.received - cur.last_beat
         streak_start = cur.healthy_since if (cur.healthy_since is not None and gap <= cfg.timeout_s) else None
         cur = replace(
             cur,
             last_beat=max(cur.last_beat, b.received),
+            last_beat_wall=max(cur.last_beat_wall, wall),
             boot=b.boot,
             seq=b.seq,
             healthy=b.healthy,
@@ -239,6 +253,8 @@ def assess(
     slurm_nodes: Mapping[str, NodeInfo],
     now: float,
     cfg: LivenessConfig,
+    wall: float | None = None,
+    hold_losses: bool = False,
 ) -> tuple[list[NodeAction], DetectorState]:
     """Fold in the beats received since the last call, judge every node that has ever beaten, return actions.
 
@@ -246,39 +262,56 @@ def assess(
         state: the previous result (``DetectorState.fresh(now)`` at start).
         beats: accepted beats since the last call (authenticated and de-duplicated by the receiver).
         slurm_nodes: node name → Slurm's latest view (state flags, reason); may be a few seconds old.
-        now: wall-clock Unix seconds.
+        now: monotonic seconds (the clock of every time in the state).
         cfg: the detector settings.
+        wall: the wall clock now, only for texts and records (None: ``now``, for tests with one fake clock).
+        hold_losses: declare nobody newly lost in this call (the receiver saw the kernel drop datagrams: silence is
+            no evidence then); the silent nodes are listed in ``suppressed`` like the mass-loss guard's.
 
     Returns:
         (actions in the order they must be applied, the next state). Applying an action twice is harmless; an
         action Slurm refused is re-issued after ``cfg.retry_s`` while Slurm still disagrees.
     """
+    wall = now if wall is None else wall
     by_node: dict[str, list[Beat]] = {}
     for b in beats:
         by_node.setdefault(b.node, []).append(b)
     nodes = dict(state.nodes)
+    faults: dict[str, str] = {}
     for name, node_beats in by_node.items():
-        nodes[name] = _absorb(nodes.get(name), node_beats, cfg)
+        try:
+            nodes[name] = _absorb(nodes.get(name), node_beats, cfg)
+        except Exception as exc:  # noqa: BLE001 - one node's odd beats must not stop the others' judgement
+            faults[name] = f"beats: {type(exc).__name__}: {exc}"
     actions: list[NodeAction] = []
     suppressed: tuple[str, ...] = ()
     if now - state.started_at >= cfg.timeout_s:  # restart grace: judge nobody before one full timeout
         newly_silent = [n for n, cur in nodes.items() if cur.lost_at is None and now - cur.last_beat > cfg.timeout_s]
         alive = [n for n, cur in nodes.items() if cur.lost_at is None]
-        if len(newly_silent) >= cfg.mass_loss_min and len(newly_silent) > cfg.mass_loss_fraction * len(alive):
+        mass = len(newly_silent) >= cfg.mass_loss_min and len(newly_silent) > cfg.mass_loss_fraction * len(alive)
+        if newly_silent and (mass or hold_losses):
             suppressed = tuple(sorted(newly_silent))
         for name in sorted(nodes):
             snode = slurm_nodes.get(name)
             if snode is None or name in suppressed:
                 continue  # an agent Slurm does not know (renamed node, typo), or held by the mass-loss guard
-            new, acts = _judge(nodes[name], name, snode, now, cfg)
+            try:
+                new, acts = _judge(nodes[name], name, snode, now, cfg, wall)
+            except Exception as exc:  # noqa: BLE001 - isolate the node: the rest are still judged
+                faults[name] = f"{type(exc).__name__}: {exc}"
+                continue
             nodes[name] = new
             actions.extend(acts)
-    return actions, DetectorState(started_at=state.started_at, nodes=MappingProxyType(nodes), suppressed=suppressed)
+    return actions, DetectorState(
+        started_at=state.started_at, nodes=MappingProxyType(nodes), suppressed=suppressed,
+        faults=MappingProxyType(faults),
+    )  # fmt: skip
 
 
 def _judge(
-    cur: NodeLiveness, name: str, snode: NodeInfo, now: float, cfg: LivenessConfig
+    cur: NodeLiveness, name: str, snode: NodeInfo, now: float, cfg: LivenessConfig, wall: float | None = None
 ) -> tuple[NodeLiveness, list[NodeAction]]:
+    wall = now if wall is None else wall
     silent = now - cur.last_beat
     admin = _admin_drained(snode)
     # 1. Lost: silent for longer than the timeout, first time since it was last alive.
@@ -290,7 +323,7 @@ def _judge(
         if flapping:
             reason = (
                 f"nuro: flapping ({len(losses)} losses in {cfg.flap_window_s:.0f} s), held {hold:.0f} s "
-                f"until {_iso(now + hold)}"
+                f"until {_iso(wall + hold)}"
             )
         else:
             reason = f"nuro: no heartbeat for {silent:.1f} s (last seq {cur.seq})"
@@ -301,7 +334,7 @@ def _judge(
             cur, lost_at=now, claimed=cause, issued_at=now, losses=losses, flap_level=level,
             hold_until=now + hold if flapping else cur.hold_until, healthy_since=None,
         )  # fmt: skip
-        evidence = {"silent_s": silent, "last_seq": cur.seq, "last_beat": cur.last_beat}
+        evidence = {"silent_s": silent, "last_seq": cur.seq, "last_beat": cur.last_beat_wall or cur.last_beat}
         return new, [
             NodeAction(name, NodeActionKind.DOWN, _clip(reason), cause, **evidence),
             NodeAction(name, NodeActionKind.DRAIN, _clip(reason), cause, **evidence),
@@ -312,7 +345,7 @@ def _judge(
             reason = (
                 snode.reason if is_ours(snode.reason) else f"nuro: no heartbeat for {silent:.1f} s (last seq {cur.seq})"
             )
-            evidence = {"silent_s": silent, "last_seq": cur.seq, "last_beat": cur.last_beat}
+            evidence = {"silent_s": silent, "last_seq": cur.seq, "last_beat": cur.last_beat_wall or cur.last_beat}
             cause = cur.claimed or Cause.LOST
             return replace(cur, issued_at=now), [
                 NodeAction(name, NodeActionKind.DOWN, _clip(reason), cause, **evidence),
@@ -330,7 +363,7 @@ def _judge(
             reason = _clip(f"nuro: unhealthy: {problems}")
             new = replace(cur, claimed=cur.claimed or Cause.UNHEALTHY, issued_at=now)
             return new, [NodeAction(name, NodeActionKind.DRAIN, reason, Cause.UNHEALTHY, last_seq=cur.seq,
-                                    last_beat=cur.last_beat)]  # fmt: skip
+                                    last_beat=cur.last_beat_wall or cur.last_beat)]  # fmt: skip
         return cur, []
     # 4. Recovered: healthy long enough, hold passed, and the reason in Slurm is still ours.
     ours_in_slurm = (snode.is_drained or "DOWN" in snode.flags) and is_ours(snode.reason)
@@ -339,10 +372,11 @@ def _judge(
     if cur.claimed is not None and not ours_in_slurm and now - cur.issued_at >= cfg.retry_s:
         # Someone else changed the node (an admin resumed it, or drained it with their own reason): let go.
         return replace(cur, claimed=None), []
-    hold_until = max(cur.hold_until, held_until(snode.reason))
+    in_reason = held_until(snode.reason)  # wall clock, from Slurm: as monotonic time
+    hold_until = max(cur.hold_until, now + (in_reason - wall) if in_reason else 0.0)
     streak_ok = cur.healthy_since is not None and now - cur.healthy_since >= cfg.recover_intervals * cfg.interval_s
     if ours_in_slurm and streak_ok and now >= hold_until:
         resume = NodeAction(name, NodeActionKind.RESUME, snode.reason or "", Cause.RECOVERED, last_seq=cur.seq,
-                            last_beat=cur.last_beat)  # fmt: skip
+                            last_beat=cur.last_beat_wall or cur.last_beat)  # fmt: skip
         return replace(cur, claimed=None, hold_until=hold_until, issued_at=now), [resume]
     return replace(cur, hold_until=hold_until), []

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
 
 import pytest
@@ -12,12 +14,17 @@ from nuro.heartbeat import (
     MAX_DATAGRAM,
     BadHeartbeat,
     Heartbeat,
+    NodeKeys,
     Replay,
     ReplayGuard,
     decode,
+    derive_key,
     encode,
     load_key,
+    node_key,
+    verify,
     write_key,
+    write_node_key,
 )
 
 KEY = b"k" * 32
@@ -89,3 +96,62 @@ def test_key_file_is_created_private_and_refused_when_readable(tmp_path) -> None
 def test_missing_key_file_says_where(tmp_path) -> None:
     with pytest.raises(BadHeartbeat, match="does not exist"):
         load_key(tmp_path / "nope")
+
+
+def test_node_keys_are_derived_per_node_and_per_purpose() -> None:
+    a, b = node_key(KEY, "gpu001"), node_key(KEY, "gpu002")
+    assert a != b and len(a) == 64 and a == node_key(KEY, "gpu001")  # deterministic, hex, distinct per node
+    assert a != node_key(b"m" * 32, "gpu001")  # another master, another key
+    assert derive_key(KEY, "preempt") not in (a, b, KEY)  # other purposes get their own key
+    with pytest.raises(BadHeartbeat, match="node name"):
+        node_key(KEY, "../etc")
+
+
+def test_a_beat_checks_with_its_own_node_key_only() -> None:
+    keys = NodeKeys(KEY)
+    hb = beat(node="gpu001")
+    assert decode(encode(hb, node_key(KEY, "gpu001")), keys) == hb
+    with pytest.raises(BadHeartbeat, match="MAC mismatch"):
+        decode(encode(hb, node_key(KEY, "gpu002")), keys)  # gpu002's key cannot speak for gpu001
+
+
+def test_the_clear_node_name_must_match_the_body() -> None:
+    k1 = node_key(KEY, "gpu001")
+    data = encode(beat(node="gpu001"), k1)
+    mac, _, signed = data.partition(b".")
+    _, _, body = signed.partition(b" ")
+    # re-signed with gpu002 in front and gpu001 inside: the MAC holds (same key) but the names differ
+    forged_signed = b"gpu002 " + body
+    forged = hmac.new(k1, forged_signed, hashlib.sha256).hexdigest().encode() + b"." + forged_signed
+    with pytest.raises(BadHeartbeat, match="differs"):
+        decode(forged, k1)
+
+
+def test_junk_is_refused_before_any_parsing() -> None:
+    with pytest.raises(BadHeartbeat, match="exceeds"):
+        verify(b"0" * (MAX_DATAGRAM + 1), KEY)
+    with pytest.raises(BadHeartbeat, match="no node name"):
+        verify(b"0" * 64 + b".no-space-here", KEY)
+    with pytest.raises(BadHeartbeat, match="unknown node"):
+        verify(b"0" * 64 + b".gpu001 {}", lambda node: None)
+
+
+def test_node_key_cache_is_bounded() -> None:
+    keys = NodeKeys(KEY, max_nodes=4)
+    for i in range(10):
+        assert keys(f"n{i}") == node_key(KEY, f"n{i}")
+    assert len(keys._cache) <= 4
+
+
+def test_node_key_file_is_private_and_loads_back(tmp_path) -> None:
+    path = tmp_path / "keys" / "gpu001.key"
+    key = write_node_key(path, KEY, "gpu001")
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and load_key(path) == key == node_key(KEY, "gpu001")
+
+
+def test_a_huge_key_file_is_refused_without_reading_it_whole(tmp_path) -> None:
+    path = tmp_path / "big.key"
+    path.write_bytes(b"a" * 100_000)
+    os.chmod(path, 0o600)
+    with pytest.raises(BadHeartbeat, match="larger than"):
+        load_key(path)

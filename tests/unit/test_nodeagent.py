@@ -203,4 +203,4 @@ def test_run_beats_restarts_workers_and_stops(monkeypatch: pytest.MonkeyPatch) -
     hung.set()
     t.join(5)
     assert not t.is_alive() and sock.closed and worker.calls == 2
-    assert json.loads(sock.sent[-1][0].partition(b".")[2])["seq"] == agent.seq
+    assert json.loads(sock.sent[-1][0].partition(b" ")[2])["seq"] == agent.seq  # <mac>.<node> <json>
