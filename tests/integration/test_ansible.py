@@ -16,6 +16,7 @@ Run with NURO_TEST_PORT_BASE=12800 NURO_TEST_CLUSTER_DIR=.devcluster-test-12800 
 
 from __future__ import annotations
 
+import grp
 import json
 import os
 import re
@@ -125,6 +126,8 @@ def _test_inventory(root: Path, ssh_hosts: SSHHosts, cluster: LiveCluster) -> Pa
         "vault_nuro_s3_access_key": "test-access",
         "vault_nuro_s3_secret_key": "test-secret",
         "vault_nuro_metrics_token": "test-token",
+        "vault_nuro_s3_team_keys": {"perception": {"access_key": "team-p", "secret_key": "team-p-secret"}},
+        "nuro_team_members": {"perception": ["alice"]},
         "vault_nuro_heartbeat_key": "00" * 32,
         # No GPUs in the namespaces: no probe, no expected count (an empty value leaves the key out).
         "nuro_node_env_extra": {"NURO_HEALTH_PROBE": "none", "NURO_EXPECT_GPUS": ""},
@@ -292,6 +295,14 @@ def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> No
     assert "NURO_S3_ENDPOINT" in profile and "NURO_METRICS_URL" in profile
     assert "test-secret" not in profile and "test-token" not in profile
     assert (login / "etc" / "nuro" / "credentials.env").stat().st_mode & 0o777 == 0o640
+    assert "test-secret" not in (login / "etc" / "nuro" / "credentials.env").read_text()  # no node key for users
+    assert f"NURO_S3_CREDENTIALS={login}/etc/nuro/s3" in profile
+    for host in (login, node):  # jobs on compute nodes use their team's key too
+        team_file = host / "etc" / "nuro" / "s3" / "perception.env"
+        st = team_file.stat()
+        assert (st.st_mode & 0o777, grp.getgrgid(st.st_gid).gr_name) == (0o640, "nuro-perception")
+        assert team_file.read_text().endswith("AWS_ACCESS_KEY_ID=team-p\nAWS_SECRET_ACCESS_KEY=team-p-secret\n")
+    assert "team-p-secret" not in env_file.read_text() and "alice" in grp.getgrnam("nuro-perception").gr_mem
 
 
 def test_check_diff_shows_the_change_and_changes_nothing(deploy: Deploy) -> None:
