@@ -26,6 +26,8 @@ from nuro.objectstore import ObjectStore
 from nuro.slurm import CliBackend, JobPhase
 
 WORK = Path(os.environ.get("NURO_DEMO_DIR", "/tmp/nuro-demo"))
+# The cluster's ports (``devcluster up --port-base``): another base lets the demo run beside another cluster.
+PORT_BASE = int(os.environ.get("NURO_DEMO_PORT_BASE", str(DEFAULT_PORT_BASE)))
 CKPT_INTERVAL_S = 4
 
 out = Console(soft_wrap=True)
@@ -37,7 +39,7 @@ def main() -> int:
 
     layout = Layout(default_state_dir())
     out.print(f"[bold]1.[/] local cluster in {layout.root} (Slurm, SeaweedFS, node agents, failure detector)")
-    res = manager.up(layout, DEFAULT_NODES, DEFAULT_PORT_BASE)
+    res = manager.up(layout, DEFAULT_NODES, PORT_BASE)
     out.print("   already running" if res.already_running else f"   {res.nodes} nodes up: {res.seconds_to_idle:.1f} s")
     env = manager.env_exports(layout)
     backend = CliBackend(env=env)

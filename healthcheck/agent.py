@@ -47,7 +47,7 @@ from nuro import heartbeat as hb
 from nuro.checkpoint.layout import node_staging_root
 from nuro.gpujobs import gpu_tags
 from nuro.healthcheck.checks import evaluate
-from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes, job_disk_use
+from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes, disk_state
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport, make_probe
 from nuro.metrics.model import GPU, Point
 
@@ -251,6 +251,8 @@ class Agent:
             free: int | None = self.disk_free(settings.staging_root)
         except OSError:
             free = None
+        # a disk that running jobs filled is theirs, not the node's: nuro-healthcheck fails those jobs
+        free, usage = disk_state(settings, self.config.node, free, reader=self.disk_free)
         problems = evaluate(
             report,
             settings.expected_gpus,
@@ -259,8 +261,7 @@ class Agent:
             None,  # the agent is the liveness signal; it does not judge itself
             settings.limits,
             staging_root=settings.staging_root,
-            # a disk that running jobs filled is theirs, not the node's: nuro-healthcheck fails those jobs
-            job_disk_use=job_disk_use(settings, self.config.node, free),
+            job_disk_use=usage,
         )
         health = Health(tuple(p.message for p in problems), report, self.monotonic())
         with self._lock:

@@ -121,15 +121,26 @@ class DiskVerdict:
         return self.low and not self.jobs_to_fail
 
 
-def disk_verdict(free_bytes: int | None, min_bytes: int, usage: Sequence[JobDiskUse] | None) -> DiskVerdict:
+MIN_BLAME_FRACTION = 20  # a job holding less than 1/20 of the floor is never the cause of a shortfall
+
+
+def disk_verdict(
+    free_bytes: int | None,
+    min_bytes: int,
+    usage: Sequence[JobDiskUse] | None,
+    min_job_bytes: int | None = None,
+) -> DiskVerdict:
     """Attribute a shortfall of free space to running jobs. Pure.
 
     Rules: not low (or not measured) → nothing. Low → take jobs by the space they hold, largest first, until what
     they hold covers the shortfall: those jobs are failed and the node is healthy. If all of them together do not
     cover it, the space is not theirs to give back (logs, another tool, a cache): a node problem, and no job is
-    failed for it. ``usage`` None means "not measured" (callers that do not attribute): then low is always the
-    node's problem, as before attribution existed.
+    failed for it. A job holding less than ``min_job_bytes`` (default: 1/20 of the floor) is never blamed: a
+    shortfall of a few KiB caused elsewhere must not cancel the job with the largest small dir. ``usage`` None
+    means "not measured" (callers that do not attribute): then low is always the node's problem, as before.
     """
+    if min_job_bytes is None:
+        min_job_bytes = min_bytes // MIN_BLAME_FRACTION
     if free_bytes is None or free_bytes >= min_bytes:
         return DiskVerdict(False)
     shortfall = min_bytes - free_bytes
@@ -138,7 +149,7 @@ def disk_verdict(free_bytes: int | None, min_bytes: int, usage: Sequence[JobDisk
     chosen: list[JobDiskUse] = []
     freed = 0
     for use in sorted(usage, key=lambda u: (-u.bytes, u.job_id)):
-        if freed >= shortfall or use.bytes <= 0:
+        if freed >= shortfall or use.bytes <= 0 or use.bytes < min_job_bytes:
             break
         chosen.append(use)
         freed += use.bytes
@@ -163,6 +174,7 @@ def evaluate(
     staging_root: str = DEFAULT_STAGING_ROOT,
     slurmd_uptime_s: float | None = None,
     job_disk_use: Sequence[JobDiskUse] | None = None,
+    min_job_bytes: int | None = None,
 ) -> list[Problem]:
     """Every health problem of a node, in a fixed order (probe, GPU count, per GPU, disk, agent); [] = healthy.
 
@@ -180,6 +192,7 @@ def evaluate(
             slurmd), then no start grace applies (see ``Limits.agent_start_grace_s``).
         job_disk_use: what running jobs' staging dirs hold; given, a low disk those jobs account for is not a
             node problem (``disk_verdict``: the caller fails the jobs). None = not measured.
+        min_job_bytes: the least a job must hold to be blamed (``disk_verdict``; default 1/20 of the floor).
     """
     limits = limits or Limits()
     problems: list[Problem] = []
@@ -193,7 +206,8 @@ def evaluate(
                 problems.append(Problem("gpu_count", f"gpu count {len(report.gpus)}, expected {expected_gpus}"))
             for gpu in report.gpus:
                 problems.extend(_gpu_problems(gpu, limits))
-    if disk_free_bytes is not None and disk_verdict(disk_free_bytes, disk_min_bytes, job_disk_use).node_problem:
+    verdict = disk_verdict(disk_free_bytes, disk_min_bytes, job_disk_use, min_job_bytes)
+    if disk_free_bytes is not None and verdict.node_problem:
         problems.append(
             Problem(
                 "disk",

@@ -38,6 +38,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -83,6 +84,7 @@ class HealthSettings:
     staging_min_free_bytes: int = int(DEFAULT_STAGING_MIN_FREE_GB * (1 << 30))
     agent_status_dir: str | None = None
     limits: Limits = field(default_factory=Limits)
+    min_blame_bytes: int | None = None  # least a job's staging dir must hold to be failed; None: 1/20 of the floor
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str] | None = None) -> HealthSettings:
@@ -129,19 +131,52 @@ def disk_free_bytes(path: str) -> int:
     return st.f_bavail * st.f_frsize
 
 
-def job_disk_use(settings: HealthSettings, node: str, free: int | None) -> list[JobDiskUse] | None:
-    """What running jobs' staging dirs hold, measured only when ``free`` is below the floor (None otherwise, and
-    when it cannot be measured: then a low disk is the node's problem, as it was before attribution)."""
+SETTLE_S = 3.0  # the longest a low free-space reading is re-read while it is still rising
+SETTLE_POLL_S = 0.25
+
+
+def settled_free_bytes(
+    path: str,
+    floor: int,
+    free: int,
+    *,
+    budget_s: float = SETTLE_S,
+    poll_s: float = SETTLE_POLL_S,
+    reader: Callable[[str], int] | None = None,
+) -> int:
+    """A low ``free`` re-read while it keeps rising (at most ``budget_s``): space being given back right now (an
+    epilog removing a job dir: unlinking a big file frees its blocks over a while on tmpfs, and in the background
+    on XFS) is neither the node's problem nor a job's. Returns the last reading; a steady one stops at once."""
+    read = reader or disk_free_bytes
+    deadline = time.monotonic() + budget_s
+    while free < floor and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        again = read(path)
+        if again <= free:  # steady (or falling): this is the disk's state
+            return again
+        free = again
+    return free
+
+
+def disk_state(
+    settings: HealthSettings, node: str, free: int | None, reader: Callable[[str], int] | None = None
+) -> tuple[int | None, list[JobDiskUse] | None]:
+    """(free bytes, what running jobs' staging dirs hold). A reading below the floor is first settled
+    (``settled_free_bytes``); only a disk still low is attributed. Usage is None when not low, and when it cannot
+    be measured: then a low disk is the node's problem, as it was before attribution."""
     if free is None or free >= settings.staging_min_free_bytes:
-        return None
+        return free, None
     from nuro.checkpoint.layout import node_staging_root
     from nuro.healthcheck.diskuse import running_job_usage
 
     try:
-        return running_job_usage(node_staging_root(settings.staging_root, node))
+        free = settled_free_bytes(settings.staging_root, settings.staging_min_free_bytes, free, reader=reader)
+        if free >= settings.staging_min_free_bytes:
+            return free, None
+        return free, running_job_usage(node_staging_root(settings.staging_root, node))
     except Exception as exc:  # noqa: BLE001 - cannot attribute: the low disk stays the node's problem
         log.warning("staging usage of running jobs not measured path=%s error=%s", settings.staging_root, exc)
-        return None
+        return free, None
 
 
 def agent_age_s(status_dir: str, node: str, now: float) -> float:
@@ -203,7 +238,7 @@ def check_node(node: str, settings: HealthSettings, mode: str = "periodic", prob
     except OSError as exc:
         log.warning("staging disk unreadable path=%s error=%s", settings.staging_root, exc)
         free = None
-    usage = job_disk_use(settings, node, free)
+    free, usage = disk_state(settings, node, free)
     age = agent_age_s(settings.agent_status_dir, node, time.time()) if settings.agent_status_dir else None
     if settings.agent_status_dir and age is not None and age <= settings.limits.agent_silent_s:
         report = with_agent_xids(report, settings.agent_status_dir, node)
@@ -217,8 +252,9 @@ def check_node(node: str, settings: HealthSettings, mode: str = "periodic", prob
         staging_root=settings.staging_root,
         slurmd_uptime_s=slurmd_uptime_s() if age is not None else None,
         job_disk_use=usage,
+        min_job_bytes=settings.min_blame_bytes,
     )
-    verdict = disk_verdict(free, settings.staging_min_free_bytes, usage)
+    verdict = disk_verdict(free, settings.staging_min_free_bytes, usage, settings.min_blame_bytes)
     return Outcome(
         node, mode, tuple(problems), report, free, age, jobs_to_fail=verdict.jobs_to_fail,
         min_free_bytes=settings.staging_min_free_bytes, staging_root=settings.staging_root,

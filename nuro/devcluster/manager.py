@@ -318,6 +318,25 @@ def _all_idle(layout: Layout, n_nodes: int) -> bool:
     return len(states) == n_nodes and all(s.upper() == "IDLE" for s in states.values())
 
 
+def _agents_not_reported(layout: Layout, n_nodes: int, since: float) -> list[str]:
+    """Nodes whose agent has not beaten since ``since`` (Unix s; a status file left by an earlier run does not
+    count); none when the agent module is not installed (the stand-in beacon writes no status file)."""
+    try:
+        from nuro.healthcheck.agent import read_status
+    except ImportError:
+        return []
+    from nuro.devcluster.layout import node_names
+
+    def fresh(node: str) -> bool:
+        status = read_status(layout.agents_dir, node)
+        try:
+            return status is not None and float(status.get("last_beat", 0.0)) >= since
+        except (TypeError, ValueError):
+            return False
+
+    return [n for n in node_names(n_nodes) if not fresh(n)]
+
+
 def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -> UpResult:
     if os.geteuid() != 0:
         raise DevClusterError(
@@ -403,6 +422,14 @@ def _wait_up(
         raise DevClusterError(
             f"not all {n_nodes} nodes became idle within {timeout_s:.0f} s "
             f"(states: {node_states(layout)}); see {layout.log}/slurmctld.log and slurmd-*.log"
+        )
+    # Ready means every node agent has reported too: on a loaded machine an agent can take longer to start than
+    # the health check's start grace, and a job's prolog would then drain its node ("node agent never reported").
+    since = rec.started_at or 0.0
+    if not wait_for(lambda: not _agents_not_reported(layout, n_nodes, since), timeout_s, 0.25):
+        raise DevClusterError(
+            f"node agents of {', '.join(_agents_not_reported(layout, n_nodes, since)[:5])} did not report within "
+            f"{timeout_s:.0f} s; see {layout.log}/agent-*.log and agents.out"
         )
     return UpResult(layout.root, n_nodes, False, installed, seconds_to_daemons, time.monotonic() - t0)
 

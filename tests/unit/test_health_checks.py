@@ -232,3 +232,12 @@ def test_evaluate_reports_disk_only_when_no_job_accounts_for_it() -> None:
     (p,) = evaluate(None, None, low, 20 * GIB, None, job_disk_use=[_use(11, 3)])
     assert p.code == "disk" and "2.0 GiB free < 20 GiB" in p.message
     assert [p.code for p in evaluate(None, None, low, 20 * GIB, None)] == ["disk"]  # unmeasured callers
+
+
+def test_disk_verdict_never_blames_a_job_holding_a_sliver_of_the_floor() -> None:
+    from nuro.healthcheck.checks import disk_verdict
+
+    # 4 KiB short of a 20 GiB floor, and the only running job holds 8 KiB: the job is not the cause (< 1 GiB).
+    v = disk_verdict(20 * GIB - 4096, 20 * GIB, [_use(1, 8192 / GIB)])
+    assert v.node_problem and v.jobs_to_fail == ()
+    assert disk_verdict(20 * GIB - 4096, 20 * GIB, [_use(1, 8192 / GIB)], min_job_bytes=0).jobs_to_fail != ()

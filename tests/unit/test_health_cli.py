@@ -187,7 +187,10 @@ def test_check_node_attributes_a_low_disk_to_the_job_that_holds_it(tmp_path: Pat
     _record(root, 31)
     free = disk_free_bytes(str(root))
     # A floor just above what is free, by less than the job holds: the job accounts for the shortfall.
-    settings = replace(HealthSettings(probe="none"), staging_root=str(root), staging_min_free_bytes=free + (1 << 20))
+    settings = replace(
+        HealthSettings(probe="none"), staging_root=str(root), staging_min_free_bytes=free + (1 << 20),
+        min_blame_bytes=1 << 20,  # the default (1/20 of the floor) would want GiBs on this machine's real disk
+    )  # fmt: skip
     out = check_node("gpu001", settings)
     assert out.healthy and [u.job_id for u in out.jobs_to_fail] == [31]
     why = disk_full_reason(out, out.jobs_to_fail[0])
@@ -196,3 +199,16 @@ def test_check_node_attributes_a_low_disk_to_the_job_that_holds_it(tmp_path: Pat
     settings = replace(settings, staging_min_free_bytes=free + (1 << 40))
     out = check_node("gpu001", settings)
     assert [p.code for p in out.problems] == ["disk"] and out.jobs_to_fail == ()
+
+
+def test_a_low_reading_that_is_still_rising_is_re_read_until_it_settles() -> None:
+    """An epilog unlinking a big file gives its blocks back over a while: judge the settled value, not the first."""
+    from nuro.healthcheck.cli import settled_free_bytes
+
+    readings = iter([5, 8, 12, 12, 99])
+    assert settled_free_bytes("/x", 20, 3, poll_s=0, reader=lambda _p: next(readings)) == 12  # steady at 12: low
+    readings = iter([15, 25])
+    assert settled_free_bytes("/x", 20, 10, poll_s=0, reader=lambda _p: next(readings)) == 25  # crossed the floor
+    assert settled_free_bytes("/x", 20, 30, poll_s=0, reader=lambda _p: 0) == 30  # not low: not re-read
+    forever = iter(range(10, 10**6))
+    assert settled_free_bytes("/x", 10**9, 1, budget_s=0.05, poll_s=0.001, reader=lambda _p: next(forever)) < 10**9
