@@ -36,7 +36,7 @@ VICTIM, VICTIM_TEAM = "priya", "prediction"
 MEMBERS = ("alice", "bob", "priya", "chen", "sam")
 
 #: Files under the state dir that root legitimately rewrites while the cluster runs (logs, records, databases).
-_VOLATILE_PARTS = ("log", "mysql", "s3", "influxdb", "slurmctld", "run", "munge", "slurmd")
+_VOLATILE_PARTS = ("log", "mysql", "s3", "influxdb", "slurmctld", "run", "munge", "slurmd", "cgroup")
 
 
 @pytest.fixture(scope="module")
