@@ -229,3 +229,76 @@ def test_mass_loss_guard_declares_nobody_lost_when_most_nodes_fall_silent_togeth
     sim.run(3, names)  # they were fine all along
     acts = sim.run(4, names[1:])  # one real loss is still caught
     assert [(a.node, a.kind) for a in acts] == [("gpu001", NodeActionKind.DOWN), ("gpu001", NodeActionKind.DRAIN)]
+
+
+# -- monotonic silence, wall clock only for texts; per-node isolation ------------------------------------------------
+def _run_two_clocks(wall_step: float) -> list:
+    """Beats every second for 20 s on a monotonic clock while the wall clock steps by ``wall_step`` at 10 s."""
+    mono, wall0 = 1000.0, T0
+    state = DetectorState.fresh(mono)
+    slurm = {"gpu001": node("gpu001"), "gpu002": node("gpu002")}
+    actions = []
+    for i in range(80):
+        mono += 0.25
+        wall = wall0 + (mono - 1000.0) + (wall_step if i >= 40 else 0.0)
+        beats = [Beat(n, 1, i, wall, mono, received_wall=wall) for n in slurm] if i % 4 == 0 else []
+        acts, state = assess(state, beats, slurm, mono, CFG, wall)
+        actions += acts
+    return actions
+
+
+@pytest.mark.parametrize("step", [30.0, -30.0, 3600.0])
+def test_a_wall_clock_step_declares_nobody_dead(step: float) -> None:
+    assert _run_two_clocks(step) == []
+
+
+def test_silence_on_the_monotonic_clock_still_counts_whatever_the_wall_clock_says() -> None:
+    mono = 1000.0
+    state = DetectorState.fresh(mono)
+    slurm = {"gpu001": node("gpu001")}
+    _, state = assess(state, [Beat("gpu001", 1, 1, T0, mono, received_wall=T0)], slurm, mono, CFG, T0)
+    acts, state = assess(state, [], slurm, mono + 3.5, CFG, T0 - 600)  # wall went back 10 min: irrelevant
+    assert [a.kind for a in acts] == [NodeActionKind.DOWN, NodeActionKind.DRAIN]
+    assert acts[0].last_beat == T0  # records carry the wall time of the last beat
+
+
+def test_the_hold_in_slurms_reason_is_read_as_wall_time_and_kept_in_monotonic_time() -> None:
+    reason = "nuro: flapping (3 losses in 600 s), held 60 s until 2027-01-15T08:00:00Z"
+    until = held_until(reason)
+    mono = 50.0  # a monotonic clock far from Unix time
+    state = DetectorState.fresh(mono - 10)
+    slurm = {"gpu001": node("gpu001", "IDLE+DRAIN", reason)}
+    out = []
+    for i in range(40):  # 10 s of healthy beats, ending 20 s before the hold's end
+        mono += 0.25
+        wall = until - 30 + i * 0.25
+        beats = [Beat("gpu001", 1, i, wall, mono, received_wall=wall)] if i % 4 == 0 else []
+        acts, state = assess(state, beats, slurm, mono, CFG, wall)
+        out += acts
+    assert out == []
+    assert state.nodes["gpu001"].hold_until == pytest.approx(mono + 20.25, abs=0.5)
+
+
+def test_a_node_whose_record_makes_a_rule_raise_costs_only_that_node() -> None:
+    class Odd(NodeInfo):
+        @property
+        def is_drained(self) -> bool:  # a state nobody foresaw
+            raise RuntimeError("odd node record")
+
+    sim = Sim(("gpu001", "gpu002"))
+    sim.run(4, ("gpu001", "gpu002"))
+    sim.slurm["gpu002"] = Odd("gpu002", "IDLE", frozenset({"IDLE"}), None)
+    actions = sim.run(4, ("gpu002",))  # gpu001 falls silent; gpu002's record raises
+    assert {(a.node, a.kind) for a in actions} == {("gpu001", NodeActionKind.DOWN), ("gpu001", NodeActionKind.DRAIN)}
+    assert "odd node record" in sim.state.faults["gpu002"]
+
+
+def test_hold_losses_keeps_silent_nodes_alive_and_lists_them() -> None:
+    mono = 0.0
+    state = DetectorState.fresh(mono)
+    slurm = {"gpu001": node("gpu001"), "gpu002": node("gpu002")}
+    _, state = assess(state, [Beat("gpu001", 1, 1, 0, 0.0), Beat("gpu002", 1, 1, 0, 0.0)], slurm, 0.0, CFG)
+    acts, state = assess(state, [Beat("gpu002", 1, 2, 5, 5.0)], slurm, 5.0, CFG, hold_losses=True)
+    assert acts == [] and state.suppressed == ("gpu001",)
+    acts, _ = assess(state, [], slurm, 5.25, CFG)
+    assert [a.node for a in acts] == ["gpu001", "gpu001"]  # once the kernel stops dropping, silence counts again
