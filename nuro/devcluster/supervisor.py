@@ -19,8 +19,9 @@ restarted: its slurmd and agent have left the record.
 
 Heartbeat keys: the supervisor derives each node's key from the cluster's master key
 (``nuro.heartbeat.write_node_key``: ``etc/heartbeat-nodes/<node>.key``, mode 600) and gives each agent only its own
-node's file; the controller reads the master. The controller also gets ``NURO_CONTROLLER_CLOCK_OFFSET_FILE``: a
-test hook that offsets its wall clock (a clock step without touching the machine's clock).
+node's file; the controller reads the master. The controller also gets two test hooks (``controller_env``):
+``NURO_CONTROLLER_CLOCK_OFFSET_FILE`` offsets its wall clock (a clock step without touching the machine's clock)
+and ``NURO_CONTROLLER_TEST_FAULT_MARK`` makes its policy code raise for a job whose comment carries the mark.
 
 Crashing and reviving a node (``devcluster kill-node/revive-node``) is done *here*, on request: the manager drops a
 JSON request into ``run/control/`` and the supervisor, which is the parent (or subreaper) of every process involved,
@@ -67,7 +68,9 @@ log = logging.getLogger("nuro.devcluster.supervisor")
 
 PR_SET_CHILD_SUBREAPER = 36
 NODE_TAG = "NURO_DEVCLUSTER_NODE"  # in each slurmd's environment, inherited by its slurmstepds
-CLOCK_OFFSET_ENV = "NURO_CONTROLLER_CLOCK_OFFSET_FILE"  # read by nuro-controller (daemon.wall_clock)
+CLOCK_OFFSET_ENV = "NURO_CONTROLLER_CLOCK_OFFSET_FILE"  # read by nuro-controller (daemon.wall_clock_from_env)
+FAULT_MARK_ENV = "NURO_CONTROLLER_TEST_FAULT_MARK"  # read by nuro-controller (engine.FAULT_MARK)
+FAULT_MARK = "nuro-test-fault-3b7e"  # a job comment containing this makes the dev controller's decide raise
 
 
 class StartError(RuntimeError):
@@ -302,7 +305,12 @@ class Supervisor:
             write_node_key(self.node_key_file(node), master, node)
 
     def controller_env(self) -> dict[str, str]:
-        return {**self.env, CLOCK_OFFSET_ENV: str(self.layout.run / "controller-clock-offset")}
+        """The controller's environment with the dev cluster's test hooks: a wall-clock offset file
+        (``daemon.OffsetClock``) and the fault mark (``engine.FAULT_MARK``). Production sets neither."""
+        return {**self.env, CLOCK_OFFSET_ENV: str(self.clock_offset_file()), FAULT_MARK_ENV: FAULT_MARK}
+
+    def clock_offset_file(self) -> Path:
+        return self.layout.run / "controller-clock-offset"
 
     def _spawn_controller(self) -> subprocess.Popen:
         # argv is rebuilt on each (re)start: a teams.yaml written since turns the policy loop on

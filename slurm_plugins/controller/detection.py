@@ -41,6 +41,8 @@ from nuro.slurm_plugins.controller.ratelog import RateLog
 
 log = logging.getLogger("nuro.controller.detector")
 
+STATS_EVERY_S = 5.0
+
 
 def _slurm_action(action: NodeAction) -> DownNode | DrainNode | ResumeNode:
     match action.kind:
@@ -86,6 +88,8 @@ class FailureDetector:
         self._faults_logged: dict[str, str] = {}
         self._drops: int | None = None
         self._drops_at = float("-inf")
+        self._stats_logged: dict[str, int] = {}
+        self._stats_at = float("-inf")
         self.ticks = 0
 
     def _refresh_nodes(self, now: float) -> None:
@@ -110,6 +114,15 @@ class FailureDetector:
             self._drops = drops
         return now - self._drops_at <= self.cfg.timeout_s
 
+    def _log_stats(self, now: float) -> None:
+        """The receiver's counters, every ``STATS_EVERY_S`` while datagrams are being rejected or dropped."""
+        self._stats_at = now
+        stats = self.receiver.stats() if hasattr(self.receiver, "stats") else {}
+        noisy = {k: v for k, v in stats.items() if k != "accepted"}
+        if noisy and noisy != {k: v for k, v in self._stats_logged.items() if k != "accepted"}:
+            log.info("heartbeat receiver stats: %s", " ".join(f"{k}={v}" for k, v in stats.items()))
+        self._stats_logged = stats
+
     def _log_faults(self, faults: Mapping[str, str]) -> None:
         for node, error in faults.items():
             if self._faults_logged.get(node) != error:
@@ -127,6 +140,8 @@ class FailureDetector:
             self._refresh_nodes(now)
         dropping = self._kernel_dropping(now)
         actions, self.state = assess(self.state, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping)
+        if now - self._stats_at >= STATS_EVERY_S:
+            self._log_stats(now)
         if self.state.faults or self._faults_logged:
             self._log_faults(self.state.faults)
         if self.state.suppressed and self._guard_logged.allow("guard")[0]:

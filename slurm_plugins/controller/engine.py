@@ -19,11 +19,12 @@ where Slurm's priority sends it: a tier QOS outranks every team's guaranteed QOS
 
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from types import MappingProxyType
 
-from nuro import jobcomment
+from nuro import jobcomment, marks
 from nuro.policy.classify import JobClass, PolicyIndex, build_view, classify, timestamp
 from nuro.policy.model import Policy
 from nuro.slurm.models import ClusterSnapshot
@@ -45,6 +46,15 @@ from nuro.slurm_plugins.controller.decisions import (
 from nuro.slurm_plugins.controller.fairshare import set_site_factors
 from nuro.slurm_plugins.controller.preemption import finish_in_flight, make_room_for_tiers, reclaim
 from nuro.slurm_plugins.controller.victims import victim_key
+
+#: Test hook (the dev cluster sets it; never set in production): a job whose comment contains this text makes
+#: ``decide`` raise, as a parser or rule bug triggered by that job's record would. It lets the isolation tests prove
+#: on a live cluster that such a job costs only itself (``isolation.Isolator``), whatever the next real bug is.
+FAULT_MARK = os.environ.get("NURO_CONTROLLER_TEST_FAULT_MARK", "")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by the ``FAULT_MARK`` test hook."""
 
 
 def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, now: float) -> Decisions:
@@ -81,6 +91,10 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
         view=build_view(snapshot.jobs, policy),
         cap=Capacity(snapshot.nodes),
     )
+    if FAULT_MARK:
+        for job in snapshot.jobs:
+            if FAULT_MARK in (job.comment or ""):
+                raise InjectedFault(f"test fault hook: job {job.job_id}'s comment contains {FAULT_MARK!r}")
     lap("classify")
     # 2. finish in-flight preemptions (their GPUs count as being freed from here on)
     finish_in_flight(cy)
@@ -121,7 +135,7 @@ def rebuild_state(snapshot: ClusterSnapshot) -> ControllerState:
     preempting = {}
     for job in snapshot.jobs:
         if job.phase.holds_resources and '"preempt"' in job.comment:
-            req = jobcomment.parse(job.comment).preempt
+            req = marks.authentic_preempt(job.job_id, jobcomment.parse(job.comment))
             if req is not None and timestamp(job.start_time, float("-inf")) <= req.at:
                 preempting[job.job_id] = req.at
     return ControllerState(preempting=MappingProxyType(dict(sorted(preempting.items()))))
