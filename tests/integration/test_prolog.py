@@ -3,8 +3,9 @@ shard or a malformed pin holds the job with a reason its owner can read, before 
 
 from __future__ import annotations
 
-import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 import uuid
@@ -39,6 +40,17 @@ def store(cluster: LiveCluster) -> Iterator[ObjectStore]:
         table.write_bytes(saved)
 
 
+@pytest.fixture
+def shared_tmp(cluster: LiveCluster) -> Iterator[Path]:
+    """Job output under the cluster's state dir, not pytest's tmp: a concurrent pytest session resets
+    /tmp/pytest-of-root to 0700 and the job's user could no longer write its output there."""
+    d = cluster.layout.root / f"prolog-{uuid.uuid4().hex[:8]}"
+    d.mkdir()
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def _dataset(store: ObjectStore, root: Path) -> tuple[str, str]:
     for i in range(6):
         (root / f"shard-{i}.bin").parent.mkdir(parents=True, exist_ok=True)
@@ -57,7 +69,7 @@ def _submit(cluster: LiveCluster, out: Path, comment: str) -> int:
 
 
 def _pin(name: str, digest: str) -> str:
-    return json.dumps({"nuro": {"v": 1, "dataset": {"name": name, "digest": digest}}}, separators=(",", ":"))
+    return jobcomment.merge(None, nuro={"v": 1, "dataset": {"name": name, "digest": digest}})  # canonical form
 
 
 def _held_with_reason(cluster: LiveCluster, job_id: int) -> str:
@@ -121,3 +133,48 @@ def test_a_malformed_pin_is_refused_and_nothing_runs(
 def test_a_plain_job_without_metadata_is_untouched(cluster: LiveCluster, store: ObjectStore, shared_tmp: Path) -> None:
     job_id = _submit(cluster, shared_tmp / "plain.out", "just a note")
     assert cluster.backend.wait_for_job(job_id, timeout_s=60).phase is JobPhase.COMPLETED
+
+
+def test_a_store_that_never_answers_holds_the_job_within_the_deadline_and_drains_nothing(
+    cluster: LiveCluster, store: ObjectStore, shared_tmp: Path
+) -> None:
+    """Fail closed, never hang: the prolog's S3 endpoint accepts connections and never answers; the pin cannot
+    be verified, so the job is held with that reason within the prolog's own deadline, and no node is drained."""
+    import socket
+    import threading
+
+    name, digest = _dataset(store, shared_tmp / "data")  # a fresh digest: not in any node's verified cache
+    env_file = cluster.layout.nuro_env
+    saved = env_file.read_bytes()
+    tarpit = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        tarpit.settimeout(0.5)
+        while not stop.is_set():
+            try:
+                held.append(tarpit.accept()[0])  # never answered
+            except OSError:
+                continue
+
+    threading.Thread(target=accept, daemon=True).start()
+    lines = [ln for ln in saved.decode().splitlines() if not ln.startswith(("NURO_S3_ENDPOINT=", "NURO_PROLOG_DEAD"))]
+    lines += [f"NURO_S3_ENDPOINT=http://127.0.0.1:{tarpit.getsockname()[1]}", "NURO_PROLOG_DEADLINE_S=40"]
+    env_file.write_text("\n".join(lines) + "\n")
+    out = shared_tmp / "tarpit.out"
+    try:
+        job_id = _submit(cluster, out, _pin(name, digest))
+        why = _held_with_reason(cluster, job_id)
+        # within what the 40 s deadline leaves after its 30 s reserve (less the prolog's own start)
+        assert re.search(r"could not be verified: .* within (10|[0-9]) s", why) and "scontrol release" in why, why
+        assert not out.exists() or "TRAINING-STARTED" not in out.read_text()
+        drained = cluster.run(["sinfo", "-h", "-R", "-o", "%N %E"], check=False).stdout.strip()
+        assert not drained, f"a node was drained for the store's silence: {drained}"
+    finally:
+        env_file.write_bytes(saved)
+        stop.set()
+        tarpit.close()
+        for conn in held:
+            conn.close()
+        cancel_jobs_of(cluster, ("nuro-alice",))
