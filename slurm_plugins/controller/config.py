@@ -8,10 +8,11 @@ slurm_timeout_s: 15               # every Slurm call's limit; a hung call must n
 dry_run: false                    # decide and log, apply nothing
 log_format: text                  # text | json (one JSON object per line)
 heartbeat_port: 6820              # UDP port for node agents' heartbeats; unset = no failure detector
-heartbeat_bind: 127.0.0.1         # listen address: 0.0.0.0 (or the cluster network's address) in production,
-                                  # where agents run on other hosts; loopback by default so nothing is exposed by
-                                  # accident
-heartbeat_key_file: /etc/nuro/heartbeat.key  # shared HMAC key (mode 600), the same file the agents read
+heartbeat_bind: 127.0.0.1         # listen address: the controller's cluster-network address in production (the
+                                  # Ansible role renders it), never 0.0.0.0 (datagrams from every network the host
+                                  # is on); loopback by default so nothing is exposed by accident
+heartbeat_key_file: /etc/nuro/heartbeat.key  # the master HMAC key (mode 600); each agent holds only its node's key,
+                                  # derived from it (nuro.heartbeat.node_key)
 heartbeat_interval_s: 1.0         # the agents' send interval
 miss_limit: 3                     # intervals of silence before a node is declared lost
 detector_tick_s: 0.25             # how often the detector judges (its own loop, independent of interval_s)
@@ -60,7 +61,7 @@ class ControllerConfig(BaseModel):
         if self.policy is None and self.heartbeat_port is None:
             raise ValueError("nothing to run: give a policy (teams.yaml), a heartbeat_port, or both")
         if self.heartbeat_port is not None and self.heartbeat_key_file is None:
-            raise ValueError("heartbeat_port needs heartbeat_key_file (the agents' shared HMAC key)")
+            raise ValueError("heartbeat_port needs heartbeat_key_file (the master key the agents' keys derive from)")
         if self.detector_tick_s > self.heartbeat_interval_s:
             raise ValueError(
                 f"detector_tick_s={self.detector_tick_s} exceeds heartbeat_interval_s={self.heartbeat_interval_s}: "

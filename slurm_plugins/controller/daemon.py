@@ -335,7 +335,8 @@ def main(
         cfg = ControllerConfig.model_validate({**base, **updates})
         policy = load_policy(cfg.policy) if cfg.policy else None
         key = master_key(cfg)
-        marks.use_master_key(key)  # preempt marks are signed with a key derived from it (nuro.marks)
+        # preempt marks are signed with a key derived from the master key, detector or not (nuro.marks)
+        marks.use_master_key(key or (load_key(cfg.heartbeat_key_file) if cfg.heartbeat_key_file else None))
     except (ConfigError, PolicyError, BadHeartbeat, ValueError) as exc:
         click.echo(f"nuro-controller: {exc}", err=True)
         sys.exit(3)
@@ -363,6 +364,11 @@ def main(
                 f"nuro-controller: cannot listen on udp {cfg.heartbeat_bind}:{cfg.heartbeat_port}: {exc}", err=True
             )
             sys.exit(3)
+        if cfg.heartbeat_bind in ("0.0.0.0", "::", ""):
+            log.warning(
+                "heartbeat_bind=%r takes datagrams from every network of this host: set the cluster address",
+                cfg.heartbeat_bind,
+            )
         detector = FailureDetector(
             _backend(cfg), receiver,
             LivenessConfig(interval_s=cfg.heartbeat_interval_s, miss_limit=cfg.miss_limit),
