@@ -47,5 +47,7 @@ test: venv lint
 bench: venv
 	$(PY) bench/run_all.py
 
-clean: down
+# --purge also removes the cluster's short socket dir (/run/nuro-dc-<hash>), which is outside the checkout.
+clean:
+	test ! -x $(VENV)/bin/nuro-admin || $(VENV)/bin/nuro-admin devcluster down --purge
 	rm -rf $(VENV) $(STATE)
