@@ -17,8 +17,9 @@ Fallbacks of ``CliBackend`` (STYLE T5), each logged when taken:
   for exit codes when 22.05's JSON lost them.
 
 Job reads never parse ``scontrol show job`` text (issue 11: a job name with `` Comment=...`` or a newline added
-fields and records there): the snapshot and ``job_record`` are JSON, ``job_comment``/``job_state`` read one value
-alone (``squeue -o '%i|%k'``). Which text reads remain and why each is safe: ``nuro.slurm.parse_text``.
+fields and records there): the snapshot is JSON, ``job_comment``/``job_state``/``job_record`` read each user-chosen
+value alone (``squeue -O 'JobArrayID:0|,Comment:0'``), array and het records from JSON. Which text reads remain
+and why each is safe: ``nuro.slurm.parse_text``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from nuro.slurm._fields import expand_std_path
 from nuro.slurm.actions import (
     Action,
     ActionResult,
@@ -77,7 +79,7 @@ from nuro.slurm.parse import (
     parse_version,
     partitions_from_nodes,
 )
-from nuro.slurm.parse_text import ONE_FIELD_FORMAT
+from nuro.slurm.parse_text import ONE_FIELD_FORMAT, fixed_fields_format, parse_squeue_fixed_fields
 from nuro.slurm.states import JobPhase
 
 log = logging.getLogger(__name__)
@@ -219,6 +221,35 @@ class Backend(abc.ABC):
         return self.apply(ResumeNode(node)).raise_for_error()
 
 
+#: ``job_record``'s fields no user chooses: (scontrol's name, squeue -O field). States, ids, numbers, names an admin
+#: made (accounts, QOS, partitions, nodes), Slurm's reason words: none holds '|' or a newline.
+_RECORD_FIXED = (
+    ("JobState", "State"),
+    ("UserName", "UserName"),
+    ("UserID", "UserID"),
+    ("GroupName", "GroupName"),
+    ("GroupID", "GroupID"),
+    ("Account", "Account"),
+    ("QOS", "QOS"),
+    ("Reason", "Reason"),
+    ("Requeue", "Requeue"),
+    ("Restarts", "RestartCnt"),
+    ("Partition", "Partition"),
+    ("NodeList", "NodeList"),
+    ("BatchHost", "BatchHost"),
+)
+#: ``job_record``'s user-chosen fields, each read alone (``parse_squeue_one_field``).
+_RECORD_FREE = (
+    ("JobName", "Name"),
+    ("WorkDir", "WorkDir"),
+    ("Command", "Command"),
+    ("Comment", "Comment"),
+    ("StdOut", "STDOUT"),
+    ("StdErr", "STDERR"),
+    ("StdIn", "STDIN"),
+)
+
+
 def _job_id(job_id: int | str) -> int:
     """A plain job id as an int; anything else (a name, "123_4", "1;rm") is refused before Slurm sees it."""
     text = str(job_id).strip()
@@ -331,6 +362,8 @@ class CliBackend(Backend):
     def _job_entry(self, job_id: int) -> dict[str, str]:
         """One job from ``squeue --json`` as scontrol-named fields; raises ``InvalidJobId`` if slurmctld has none.
 
+        For array and het records, whose one-field reads are ambiguous (``-j`` matches several records).
+
         ``-j`` is passed for the Slurm versions that honour it; 22.05 ignores it (the whole list, picked here).
         """
         record = parse_squeue_job_record(self.run(["squeue", "--json", "-j", str(job_id)]).stdout, job_id)
@@ -338,11 +371,11 @@ class CliBackend(Backend):
             raise InvalidJobId(f"slurmctld lists no job {job_id}", argv=["squeue", "--json"])
         return record
 
-    def _job_field(self, job_id: int | str, spec: str, key: str) -> str:
-        """One value of one job, exact whatever it holds: ``squeue -j ID -o '%i|<spec>'`` (see
-        ``parse_squeue_one_field``); an array or het record falls back to the JSON read (field ``key``)."""
+    def _job_field(self, job_id: int | str, field: str, key: str) -> str:
+        """One value of one job, exact whatever it holds: ``squeue -j ID -O 'JobArrayID:0|,<field>:0'`` (see
+        ``parse_squeue_one_field``); an array or het record falls back to the JSON read (scontrol name ``key``)."""
         jid = _job_id(job_id)
-        argv = ["squeue", "-h", "-t", "all", "-j", str(jid), "-o", ONE_FIELD_FORMAT.format(spec=spec)]
+        argv = ["squeue", "-h", "-t", "all", "-j", str(jid), "-O", ONE_FIELD_FORMAT.format(field=field)]
         value = parse_squeue_one_field(self.run(argv).stdout, jid)
         if value is None:
             log.debug("job=%d is an array or het record: reading %s from squeue --json", jid, key)
@@ -352,24 +385,48 @@ class CliBackend(Backend):
     def job_record(self, job_id: int | str) -> dict[str, str]:
         """One job's fields named as ``scontrol show job`` names them (JobState, StdOut, Comment, Account, ...).
 
-        Read from ``squeue --json``, never from scontrol's text: a job name or comment holding `` Comment=...`` or a
-        newline would add or change fields there (issue 11). StdOut/StdErr are expanded as scontrol does. Costs a
-        full job listing on 22.05; for the state or the comment alone use ``job_state`` / ``job_comment``.
+        Never from scontrol's text: a job name or comment holding `` Comment=...`` or a newline would add or change
+        fields there (issue 11). One ``squeue -O`` call reads the fields no user chooses (``_RECORD_FIXED``), then
+        one call per user-chosen field (``_RECORD_FREE``), each alone; that costs the same on a queue of 10 jobs or
+        10,000 (22.05's ``squeue --json`` would list them all). Array and het records come from ``squeue --json``.
+        StdOut/StdErr are expanded as scontrol expands them.
         """
-        return self._job_entry(_job_id(job_id))
+        jid = _job_id(job_id)
+        names = [f for _, f in _RECORD_FIXED]
+        argv = ["squeue", "-h", "-t", "all", "-j", str(jid), "-O", fixed_fields_format(names)]
+        fixed = parse_squeue_fixed_fields(self.run(argv).stdout, jid, names)
+        if fixed is None:
+            return self._job_entry(jid)
+        values = {key: fixed[f] for key, f in _RECORD_FIXED}
+        values.update({key: self._job_field(jid, f, key) for key, f in _RECORD_FREE})
+        record = {
+            "JobId": str(jid),
+            "JobName": values["JobName"],
+            "UserId": f"{values['UserName']}({values['UserID']})",
+            "GroupId": f"{values['GroupName']}({values['GroupID']})",
+            **{k: values[k] for k in ("Account", "QOS", "JobState", "Reason", "Requeue", "Restarts", "Partition")},
+            "NodeList": values["NodeList"],
+            "BatchHost": "" if values["BatchHost"].lower() == "n/a" else values["BatchHost"],
+            **{k: values[k] for k in ("WorkDir", "Command", "Comment", "StdIn")},
+        }
+        for key in ("StdOut", "StdErr"):
+            record[key] = expand_std_path(
+                values[key], job_id=jid, user=values["UserName"], name=values["JobName"], work_dir=values["WorkDir"]
+            )
+        return record
 
     def job_state(self, job_id: int | str) -> str:
         """One job's state ("RUNNING", "COMPLETED", ...), cheaply: one ``squeue -j`` line."""
-        return self._job_field(job_id, "%T", "JobState")
+        return self._job_field(job_id, "State", "JobState")
 
     def job_comment(self, job_id: int | str) -> str:
         """One job's current comment (nuro's job record; see nuro.jobcomment), exactly as the job holds it.
 
-        Read alone with ``squeue -j ID -o '%i|%k'`` (``parse_squeue_one_field``): the controller's and the prolog's
-        read-merge-write (``merge_comment``, prolog ``refuse``) must see the job's own comment, never one a job name
-        or another field made up; ``scontrol show job -o`` text could not guarantee that.
+        Read alone with ``squeue -j ID -O 'JobArrayID:0|,Comment:0'`` (``parse_squeue_one_field``): the
+        controller's and the prolog's read-merge-write (``merge_comment``, prolog ``refuse``) must see the job's own
+        comment, never one a job name or another field made up; ``scontrol show job -o`` could not guarantee that.
         """
-        return self._job_field(job_id, "%k", "Comment")
+        return self._job_field(job_id, "Comment", "Comment")
 
     def refresh_topology(self) -> None:
         """Forget the cached topology (after a slurmctld restart with a new topology.conf)."""

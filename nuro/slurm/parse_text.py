@@ -12,10 +12,12 @@ and newlines. Each text read below is safe for its own reason:
 
 Per call site (command: why no user value can move a field):
 
-* ``CliBackend.job_comment`` / ``job_state``: ``squeue -h -t all -j ID -o '%i|<one field>'``. One job, one value,
-  and it is last: the prefix must be exactly the job's own id (``%i`` never holds '|'), and everything after the
-  first '|' up to the final newline is the value (``parse_squeue_one_field``). An array or het record (``%i`` is
-  "ID_n" / "ID+n", possibly with more records) goes to the JSON read instead.
+* ``CliBackend.job_comment`` / ``job_state`` / ``job_record``: ``squeue -h -t all -j ID -O 'JobArrayID:0|,F:0'``,
+  one call per user-chosen field F (Name, Comment, WorkDir, Command, STDOUT, STDERR, STDIN). One job, one value,
+  and it is last: the prefix must be exactly the job's own id (never holds '|'), and everything after the first '|'
+  up to the final newline is the value (``parse_squeue_one_field``). The record's other fields come in one call of
+  fields no user chooses, each followed by '|', whose count is checked (``parse_squeue_fixed_fields``). An array or
+  het record (id "ID_n" / "ID+n", possibly with more records) goes to the JSON read instead.
 * ``CliBackend.partitions``: ``scontrol show -o partition``. A partition record holds admin config only.
 * ``CliBackend.topology``: ``scontrol show topology``. Admin config only.
 * ``healthcheck.cli.node_drain_state``: ``scontrol show -o node``. A node record holds no user-chosen value; its
@@ -239,18 +241,28 @@ def parse_version(text: str) -> SlurmVersion:
     return SlurmVersion(int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
 
 
-#: ``squeue -o`` for one field of one job: the record's own id, '|', then the value, alone and last.
-ONE_FIELD_FORMAT = "%i|{spec}"
+#: ``squeue -O`` for one field of one job: the record's own id (``JobArrayID``: "123", or "123_4" / "123+0"), '|',
+#: then the value, alone and last (width 0: never cut, never padded).
+ONE_FIELD_FORMAT = "JobArrayID:0|,{field}:0"
+
+
+def fixed_fields_format(fields: Sequence[str]) -> str:
+    """``squeue -O`` for fields no user chooses, each followed by '|', after the record's id."""
+    return ",".join(f"{f}:0|" for f in ("JobArrayID", *fields))
+
+
+def _head_is(text: str, job_id: int) -> bool:
+    return text.split("\n", 1)[0].split("|", 1)[0] == str(job_id)
 
 
 def parse_squeue_one_field(text: str, job_id: int) -> str | None:
-    """The value from ``squeue -h -t all -j JOB_ID -o ONE_FIELD_FORMAT`` stdout; None when it is not one plain job.
+    """The value from ``squeue -h -t all -j JOB_ID -O ONE_FIELD_FORMAT`` stdout; None when it is not one plain job.
 
-    Why this is exact whatever the value holds (spaces, ``Key=``, '|', newlines): the output is "<%i>|<value>\n" for
-    one record, ``%i`` is the record's id and never holds '|', so the value is everything after the first '|' up to
-    the last newline squeue adds. ``%i`` equal to ``job_id`` means a plain job, which ``-j`` matches alone; an array
-    ("ID_3", "ID_[1-9]") or het ("ID+0") record can come with others, so None sends the caller to the JSON read.
-    Slurm prints an unset value as "(null)", read as "".
+    Why this is exact whatever the value holds (spaces, ``Key=``, '|', newlines): the output is "<id>|<value>\n" for
+    one record, the id never holds '|', so the value is everything after the first '|' up to the last newline squeue
+    adds. An id equal to ``job_id`` means a plain job, which ``-j`` matches alone; an array ("ID_3", "ID_[1-9]") or
+    het ("ID+0") record can come with others, so None sends the caller to the JSON read. Slurm prints an unset value
+    as "(null)", read as "".
 
     Raises:
         SlurmParseError: no output (the job vanished between the checks) or no final newline (cut off).
@@ -264,6 +276,20 @@ def parse_squeue_one_field(text: str, job_id: int) -> str | None:
         raise SlurmParseError(f"squeue output for job {job_id} is cut off (no final newline): {text[-120:]!r}")
     value = rest[:-1]
     return "" if value == "(null)" else value
+
+
+def parse_squeue_fixed_fields(text: str, job_id: int, fields: Sequence[str]) -> dict[str, str] | None:
+    """``squeue -h -t all -j JOB_ID -O fixed_fields_format(fields)`` → {field: value}; None when not one plain job.
+
+    Only for fields whose values no user chooses (states, ids, numbers, names an admin made): one line, exactly one
+    '|' after each value, or ``SlurmParseError`` (fail closed rather than guess, should one ever hold '|').
+    """
+    if text and not _head_is(text, job_id):
+        return None
+    values = text.removesuffix("\n").split("|")
+    if not text.endswith("\n") or "\n" in text[:-1] or len(values) != len(fields) + 2 or values[-1]:
+        raise SlurmParseError(f"squeue -O line for job {job_id} is not {len(fields) + 1} fields: {text[:200]!r}")
+    return {f: ("" if v == "(null)" else v) for f, v in zip(fields, values[1:-1], strict=True)}
 
 
 # Fallback for Slurm without ``squeue --json`` (before 21.08): fixed fields only, separated by the ASCII unit

@@ -142,7 +142,8 @@ def test_squeue_without_json_falls_back_to_format(tmp_path: Path, caplog: pytest
     with caplog.at_level(logging.WARNING):
         jobs = backend.jobs()
         backend.jobs()
-    done = next(j for j in jobs if j.job_id == 17)  # the hostile capture's finished job ("done|x\ny=z")
+    done_id = json.loads((FIXTURES / "hostile_jobs.json").read_text())["jobs"][-1]["job_id"]
+    done = next(j for j in jobs if j.job_id == done_id)  # the hostile capture's finished job ("done|x\ny=z")
     assert done.phase is JobPhase.FAILED and done.user == "nuro-alice" and done.nodes == ("gpu001",)
     assert all(j.name == "" and j.comment == "" for j in jobs)  # free text is never read from squeue -o
     assert fake.argvs().count(["squeue", "--json"]) == 1  # the fallback sticks
@@ -251,38 +252,52 @@ HOSTILE = json.loads((FIXTURES / "hostile_jobs.json").read_text())["jobs"]
 ONE_FIELD_READS = json.loads((FIXTURES / "squeue_one_field_hostile.json").read_text())
 
 
-@pytest.mark.parametrize("truth", HOSTILE, ids=lambda t: t["case"])
-def test_job_comment_is_the_jobs_own_comment(tmp_path: Path, truth: dict) -> None:
-    """Issue 11: the comment the controller and the prolog merge into is the job's own, whatever its name says."""
+def _replaying(tmp_path: Path, job_id: int) -> FakeSlurm:
     fake = FakeSlurm(tmp_path)
     for read in ONE_FIELD_READS:
-        if read["job_id"] == truth["job_id"]:
+        if read["job_id"] == job_id:
             fake.on(" ".join(read["argv"]), stdout=read["stdout"])
+    return fake
+
+
+@pytest.mark.parametrize("truth", HOSTILE, ids=lambda t: t["case"])
+def test_job_comment_and_record_are_the_jobs_own(tmp_path: Path, truth: dict) -> None:
+    """Issue 11: the comment the controller and the prolog merge into is the job's own, whatever its name says."""
+    job_id = truth["job_id"]
+    fake = _replaying(tmp_path, job_id)
     backend = fake.backend()
-    assert backend.job_comment(truth["job_id"]) == truth["comment"]
-    assert backend.job_state(str(truth["job_id"])) in ("PENDING", "FAILED")
-    assert fake.argvs()[0] == ["squeue", "-h", "-t", "all", "-j", str(truth["job_id"]), "-o", "%i|%k"]
+    assert backend.job_comment(job_id) == truth["comment"]
+    assert fake.argvs()[0] == ["squeue", "-h", "-t", "all", "-j", str(job_id), "-O", "JobArrayID:0|,Comment:0"]
+    assert backend.job_state(str(job_id)) in ("PENDING", "FAILED")
+    record = backend.job_record(job_id)
+    assert (record["JobName"], record["Comment"], record["WorkDir"]) == (truth["name"], truth["comment"],
+                                                                         truth["work_dir"])  # fmt: skip
+    assert record["UserId"] == "nuro-alice(1001)" and record["Account"] == "nurotest"
+    assert record["StdOut"] == f"{truth['work_dir']}/o JobId=1 {job_id}|{truth['name']}.out"
+    assert record["Requeue"] == "1" and record["QOS"] == "normal" and record["JobId"] == str(job_id)
+    assert not any(a[:2] == ["squeue", "--json"] for a in fake.argvs())  # cheap reads only, whatever the queue
 
 
-def test_job_comment_of_an_array_record_comes_from_json(tmp_path: Path) -> None:
+def test_reads_of_an_array_record_come_from_json(tmp_path: Path) -> None:
     job_id = HOSTILE[0]["job_id"]
     fake = (
         FakeSlurm(tmp_path)
         .on(f"squeue -h -t all -j {job_id}", stdout=f"{job_id}_[1-3]|x\n{job_id}_4|y\n")
         .on("squeue --json", file="squeue_hostile.json")
     )
-    assert fake.backend().job_comment(job_id) == HOSTILE[0]["comment"]
+    backend = fake.backend()
+    assert backend.job_comment(job_id) == HOSTILE[0]["comment"]
     assert fake.argvs()[1] == ["squeue", "--json", "-j", str(job_id)]
+    assert backend.job_record(job_id)["JobName"] == HOSTILE[0]["name"]
+    (tmp_path / "x").mkdir()
+    with pytest.raises(InvalidJobId, match="lists no job 999999"):
+        FakeSlurm(tmp_path / "x").on("squeue -h", stdout="999999_1|x\n").on(
+            "squeue --json", file="squeue_hostile.json"
+        ).backend().job_record(999999)
 
 
-def test_job_record_is_read_from_json(tmp_path: Path) -> None:
-    fake = FakeSlurm(tmp_path).on("squeue --json", file="squeue_hostile.json")
-    truth = next(t for t in HOSTILE if t["case"] == "name_newline_record")
-    record = fake.backend().job_record(truth["job_id"])
-    assert record["JobName"] == truth["name"] and record["UserId"] == "nuro-alice(1001)"
-    assert record["Account"] == "nurotest" and record["Comment"] == truth["comment"]
-    assert record["StdOut"] == f"{truth['work_dir']}/o JobId=1 {truth['job_id']}|{truth['name']}.out"
-    with pytest.raises(InvalidJobId):
-        fake.backend().job_record(999999)
+def test_job_ids_are_checked_before_slurm_runs(tmp_path: Path) -> None:
+    fake = FakeSlurm(tmp_path)
     with pytest.raises(InvalidJobId, match="not a plain Slurm job id"):
         fake.backend().job_comment("1 --all")
+    assert fake.argvs() == []

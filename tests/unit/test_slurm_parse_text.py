@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from nuro.slurm import JobPhase, NodeInfo, SlurmParseError, SlurmVersion
+from nuro.slurm.backend import _RECORD_FIXED
 from nuro.slurm.parse import (
     attach_switches,
     parse_sacct_exitcodes,
@@ -23,6 +24,7 @@ from nuro.slurm.parse import (
     parse_squeue_one_field,
     parse_version,
 )
+from nuro.slurm.parse_text import parse_squeue_fixed_fields
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
@@ -151,10 +153,25 @@ ONE_FIELD_READS = json.loads(read("squeue_one_field_hostile.json"))
 
 @pytest.mark.parametrize("truth", HOSTILE["jobs"], ids=lambda t: t["case"])
 def test_one_field_squeue_read_gives_the_true_value(truth: dict) -> None:
-    reads = {r["spec"]: r["stdout"] for r in ONE_FIELD_READS if r["job_id"] == truth["job_id"]}
-    assert parse_squeue_one_field(reads["%k"], truth["job_id"]) == truth["comment"]
-    assert parse_squeue_one_field(reads["%j"], truth["job_id"]) == truth["name"]
-    assert parse_squeue_one_field(reads["%T"], truth["job_id"]) in ("PENDING", "FAILED")
+    job_id = truth["job_id"]
+    reads = {r["field"]: r["stdout"] for r in ONE_FIELD_READS if r["job_id"] == job_id}
+    assert parse_squeue_one_field(reads["Comment"], job_id) == truth["comment"]
+    assert parse_squeue_one_field(reads["Name"], job_id) == truth["name"]
+    assert parse_squeue_one_field(reads["WorkDir"], job_id) == truth["work_dir"]
+    assert parse_squeue_one_field(reads["STDOUT"], job_id) == truth["work_dir"] + "/o JobId=1 %j|%x.out"
+    assert parse_squeue_one_field(reads["State"], job_id) in ("PENDING", "FAILED")
+    fixed = parse_squeue_fixed_fields(reads["*fixed*"], job_id, [f for _, f in _RECORD_FIXED])
+    assert fixed is not None
+    assert (fixed["UserName"], fixed["Account"], fixed["QOS"]) == (HOSTILE["user"], HOSTILE["account"], "normal")
+
+
+def test_fixed_fields_read_is_strict() -> None:
+    fields = ["State", "Account"]
+    assert parse_squeue_fixed_fields("12|RUNNING|vision|\n", 12, fields) == {"State": "RUNNING", "Account": "vision"}
+    assert parse_squeue_fixed_fields("12_1|RUNNING|vision|\n12_2|x|y|\n", 12, fields) is None
+    for bad in ("12|RUNNING|vi|sion|\n", "12|RUNNING|vision|\n12|x|y|\n", "12|RUNNING|vision|", ""):
+        with pytest.raises(SlurmParseError, match="is not 3 fields"):
+            parse_squeue_fixed_fields(bad, 12, fields)
 
 
 def test_one_field_read_refuses_what_is_not_one_plain_job() -> None:
@@ -203,3 +220,15 @@ def test_sacct_exit_codes_of_jobs_with_hostile_names() -> None:
     assert codes[HOSTILE["jobs"][-1]["job_id"]] == (3, None)
     with pytest.raises(SlurmParseError, match="4 values for 3 fields"):
         parse_sacct_exitcodes("12|done|x|0:0\n")
+
+
+def test_nuro_reads_no_job_record_as_text() -> None:
+    """Every job read is JSON or a one-field squeue read (issue 11); nothing runs ``scontrol show job`` to parse it."""
+    repo = Path(__file__).resolve().parents[2]
+    offenders = [
+        str(path.relative_to(repo))
+        for top in ("nuro", "slurm_plugins", "wrappers", "prolog_epilog", "healthcheck")
+        for path in (repo / top).rglob("*.py")
+        if '"show", "job"' in path.read_text() or '"job", "-o"' in path.read_text()
+    ]
+    assert offenders == []
