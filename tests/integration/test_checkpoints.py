@@ -445,3 +445,38 @@ def test_root_worker_trusts_the_job_record_and_survives_hostile_job_dirs(
     assert sum("job=811 has no job record" in r.getMessage() for r in caplog.records) == 1  # once, not per pass
     res = worker.flush("805", timeout_s=2)
     assert res.committed == [] and res.incomplete == []
+
+
+def test_the_epilog_ends_at_its_own_deadline_when_the_store_hangs(tmp_path: Path) -> None:
+    """An S3 endpoint that accepts connections and never answers: the epilog's flush cannot finish, so the epilog
+    stops waiting at NURO_EPILOG_DEADLINE_S (not at slurmd's PrologEpilogTimeout), removes the job dir and the job
+    record, and exits 0 (a store outage is not the node's fault)."""
+    import socket
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)  # connections complete in the kernel's backlog; nothing ever reads or answers
+    try:
+        node = tmp_path / "node1"
+        root = node / "staging"
+        run = _run()
+        _stage(root / "3001", 1, {".metadata": b"m", "__0_0.distcp": os.urandom(1 << 20)}, run=run)
+        _record(root, 3001, run)
+        settings = {
+            "NURO_S3_ENDPOINT": f"http://127.0.0.1:{hole.getsockname()[1]}", "NURO_S3_BUCKET": "nuro",
+            "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "NURO_STAGING_ROOT": str(root),
+            "NURO_EPILOG_FLUSH_TIMEOUT_S": "60", "NURO_EPILOG_DEADLINE_S": "4",
+        }  # fmt: skip
+        (node / "nuro.env").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        env = {"PATH": os.environ["PATH"], "NURO_ENV_FILE": str(node / "nuro.env"), "SLURM_JOB_ID": "3001",
+               "SLURMD_NODENAME": "node1", "NURO_HOOK_HEALTHCHECK": "0", "PYTHONPATH": str(REPO)}  # fmt: skip
+        t0 = time.monotonic()
+        res = subprocess.run([sys.executable, "-m", "nuro.prolog_epilog.epilog"], env=env, capture_output=True,
+                             text=True, timeout=120, cwd=REPO)  # fmt: skip
+        took = time.monotonic() - t0
+    finally:
+        hole.close()
+    assert res.returncode == 0, res.stderr
+    assert "epilog deadline (4 s" in res.stderr, res.stderr
+    assert took < 4 + 20, f"the epilog took {took:.1f} s with a 4 s deadline"  # + interpreter start and imports
+    assert not (root / "3001").exists() and jobrecord.read(root, 3001) is None
