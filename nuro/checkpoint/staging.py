@@ -215,6 +215,9 @@ def _flocked(dir_fd: int, name: str) -> Iterator[bool]:
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
     try:
         fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    except PermissionError:  # root's worker made it (0600): root has the step, this (user's) worker skips it
+        yield False
+        return
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafePath(name, "the lock file is a symlink") from None
