@@ -62,53 +62,312 @@ local function gpus_in(spec)
 	return n
 end
 
--- The nuro record in a job comment, read WITHOUT a JSON parser: anchored patterns over the compact, sorted JSON nuro
--- writes (nuro.render.comment_json). The skeleton blanks escapes ("~~") and brackets inside strings ("~") at equal
--- length, so %b{} sees only the structure and a key can only match where it is a key: inside a JSON string every '"'
--- follows a backslash. A key must appear once, directly in its object; anything else is not a pin. Returns nil when
--- the comment has no "nuro" key, else { raw = '"nuro":{...}' as sent, bad = first invalid field (P.pin_fields), team,
--- digest, name, commit }. Mirrored by nuro.policy.admission.read_nuro; the shared vectors hold both to it.
+-- The job comment, read by a strict scanner of nuro's canonical JSON (the form nuro.jobcomment.canonical writes:
+-- compact, keys sorted by code point and never repeated, ASCII with lower-case \u escapes, integers of at most 15
+-- digits, at most 8192 bytes and 32 levels). One left-to-right pass, O(size): a comment is a record only in that
+-- form, exactly when Python's nuro.jobcomment.record() says so, and scan() gives the same first problem in the same
+-- words as nuro.jobcomment.scan (its line-by-line mirror); tests/vectors/comment.json and the property test in
+-- tests/unit/test_jobcomment_bridge.py hold the two to 0 disagreements. Values: an object is
+-- { t = "o", k = { [raw key] = value }, span = { [raw key] = {first, last} }, n = count }, a string its raw text
+-- between the quotes (in canonical form a string without a backslash is exactly its text), anything else a marker.
+local MAX_BYTES, MAX_DEPTH, MAX_DIGITS = 8192, 32, 15
+local STR_SPECIAL = '[%z\1-\31"\\\127-\255]' -- anything but printable ASCII without " and \
+local NAMED = { ['"'] = 34, ["\\"] = 92, b = 8, f = 12, n = 10, r = 13, t = 9 }
+local SPACE = { [" "] = true, ["\t"] = true, ["\n"] = true, ["\r"] = true }
+local WORDS = { "true", "false", "null" }
+local OTHER = { t = "x" }
+
+local function fail(why)
+	error({ why = why }, 0)
+end
+
+local function at(i)
+	return "at byte " .. i
+end
+
+local function unexpected(c, i)
+	if i > #c then
+		return "it ends early"
+	end
+	local ch = c:sub(i, i)
+	if SPACE[ch] then
+		return "a space or line break " .. at(i) .. " (the canonical form has none)"
+	end
+	local b = ch:byte()
+	if b <= 32 or b > 126 then
+		return "a character outside printable ASCII " .. at(i)
+	end
+	return "unexpected '" .. ch .. "' " .. at(i)
+end
+
+local function key_text(raw)
+	return #raw <= 40 and raw or (raw:sub(1, 37) .. "...")
+end
+
+-- UTF-16 units to code points: a high surrogate followed by a low one is one character (as json.loads reads).
+local function combine(u)
+	local out, k, n = {}, 1, #u
+	while k <= n do
+		local a, b = u[k], u[k + 1]
+		if a >= 0xD800 and a <= 0xDBFF and b and b >= 0xDC00 and b <= 0xDFFF then
+			out[#out + 1] = 0x10000 + (a - 0xD800) * 1024 + (b - 0xDC00)
+			k = k + 2
+		else
+			out[#out + 1] = a
+			k = k + 1
+		end
+	end
+	return out
+end
+
+local function compare(a, b) -- code point sequences, as Python compares str (no locale: strcoll is not used)
+	for k = 1, math.min(#a, #b) do
+		if a[k] ~= b[k] then
+			return a[k] < b[k] and -1 or 1
+		end
+	end
+	if #a == #b then
+		return 0
+	end
+	return #a < #b and -1 or 1
+end
+
+-- The string literal at i: the index after it, and (for keys) its code points.
+local function scan_string(c, i, want_key)
+	local j, units = i + 1, want_key and {} or nil
+	while true do
+		local k = c:find(STR_SPECIAL, j)
+		if not k then
+			fail("a string " .. at(i) .. " that never ends")
+		end
+		if units then
+			for p = j, k - 1 do
+				units[#units + 1] = c:byte(p)
+			end
+		end
+		local ch = c:sub(k, k)
+		if ch == '"' then
+			return k + 1, units and combine(units)
+		end
+		if ch ~= "\\" then
+			fail("a character outside printable ASCII " .. at(k) .. " (write it as a \\u escape)")
+		end
+		if k + 1 > #c then
+			fail("a string " .. at(i) .. " that never ends")
+		end
+		local e = c:sub(k + 1, k + 1)
+		if e == "u" then
+			local hex = c:sub(k + 2, k + 5)
+			if not hex:find("^[0-9a-fA-F][0-9a-fA-F][0-9a-fA-F][0-9a-fA-F]$") then
+				fail("a bad \\u escape " .. at(k))
+			end
+			if hex:find("[A-F]") then
+				fail("an upper-case \\u escape " .. at(k) .. " (nuro writes lower case)")
+			end
+			local v = tonumber(hex, 16)
+			if (v >= 0x20 and v <= 0x7E) or v == 8 or v == 9 or v == 10 or v == 12 or v == 13 then
+				fail("a needless escape \\u" .. hex .. " " .. at(k) .. " (write the character itself or its short escape)")
+			end
+			if units then
+				units[#units + 1] = v
+			end
+			j = k + 6
+		elseif NAMED[e] then
+			if units then
+				units[#units + 1] = NAMED[e]
+			end
+			j = k + 2
+		else
+			local b = e:byte()
+			fail("the escape \\" .. ((b > 32 and b <= 126) and e or "?") .. " " .. at(k) .. " (not in the canonical form)")
+		end
+	end
+end
+
+local function scan_number(c, i)
+	local s, e = c:find("^%-?[0-9]+", i)
+	if not s then
+		fail(unexpected(c, i))
+	end
+	local text = c:sub(s, e)
+	local digits = text:sub(1, 1) == "-" and text:sub(2) or text
+	local nxt = c:sub(e + 1, e + 1)
+	if nxt == "." or nxt == "e" or nxt == "E" then
+		fail("a number " .. at(i) .. " that is not a whole number (nuro writes integers only)")
+	end
+	if #digits > 1 and digits:sub(1, 1) == "0" then
+		fail("a number with a leading zero " .. at(i))
+	end
+	if text == "-0" then
+		fail("minus zero " .. at(i))
+	end
+	if #digits > MAX_DIGITS then
+		fail("a number of more than " .. MAX_DIGITS .. " digits " .. at(i))
+	end
+	return e + 1
+end
+
+local scan_value
+
+local function scan_object(c, i, depth)
+	if depth > MAX_DEPTH then
+		fail("nesting deeper than " .. MAX_DEPTH .. " levels " .. at(i))
+	end
+	local obj = { t = "o", k = {}, span = {}, n = 0 }
+	i = i + 1
+	if c:sub(i, i) == "}" then
+		return i + 1, obj
+	end
+	local prev, prev_raw
+	while true do
+		if c:sub(i, i) ~= '"' then
+			fail(unexpected(c, i))
+		end
+		local key_at, key = i, nil
+		i, key = scan_string(c, i, true)
+		local raw = c:sub(key_at + 1, i - 2)
+		if prev then
+			local order = compare(prev, key)
+			if order == 0 then
+				fail('key "' .. key_text(raw) .. '" given twice ' .. at(key_at))
+			end
+			if order > 0 then
+				fail('key "' .. key_text(raw) .. '" ' .. at(key_at) .. ' is out of order (after "' .. key_text(prev_raw) .. '")')
+			end
+		end
+		prev, prev_raw = key, raw
+		if c:sub(i, i) ~= ":" then
+			fail(unexpected(c, i))
+		end
+		local first, v = i + 1, nil
+		i, v = scan_value(c, first, depth)
+		obj.k[raw], obj.span[raw], obj.n = v, { first, i - 1 }, obj.n + 1
+		local ch = c:sub(i, i)
+		if ch == "}" then
+			return i + 1, obj
+		end
+		if ch ~= "," then
+			fail(unexpected(c, i))
+		end
+		i = i + 1
+	end
+end
+
+local function scan_array(c, i, depth)
+	if depth > MAX_DEPTH then
+		fail("nesting deeper than " .. MAX_DEPTH .. " levels " .. at(i))
+	end
+	i = i + 1
+	if c:sub(i, i) == "]" then
+		return i + 1, OTHER
+	end
+	while true do
+		i = scan_value(c, i, depth)
+		local ch = c:sub(i, i)
+		if ch == "]" then
+			return i + 1, OTHER
+		end
+		if ch ~= "," then
+			fail(unexpected(c, i))
+		end
+		i = i + 1
+	end
+end
+
+scan_value = function(c, i, depth)
+	if i > #c then
+		fail("it ends early")
+	end
+	local ch = c:sub(i, i)
+	if ch == "{" then
+		return scan_object(c, i, depth + 1)
+	elseif ch == "[" then
+		return scan_array(c, i, depth + 1)
+	elseif ch == '"' then
+		local e = scan_string(c, i, false)
+		return e, c:sub(i + 1, e - 2)
+	elseif ch == "-" or ch:find("^[0-9]$") then
+		return scan_number(c, i), OTHER
+	end
+	for _, w in ipairs(WORDS) do
+		if c:sub(i, i + #w - 1) == w then
+			return i + #w, OTHER
+		end
+	end
+	fail(unexpected(c, i))
+end
+
+-- The comment's top object when it is canonical, else nil and the first problem (nuro.jobcomment.scan's words).
+local function scan(c)
+	if #c > MAX_BYTES then
+		return nil, "it is " .. #c .. " bytes, above nuro's " .. MAX_BYTES
+	end
+	if c == "" then
+		return nil, "it is empty"
+	end
+	if c:sub(1, 1) ~= "{" then
+		return nil, "it does not start with {"
+	end
+	local ok, e, obj = pcall(scan_value, c, 1, 0)
+	if not ok then
+		if type(e) == "table" then
+			return nil, e.why
+		end
+		error(e, 0)
+	end
+	if e <= #c then
+		return nil, "text after the closing } " .. at(e)
+	end
+	return obj
+end
+
+-- What the rules read from a comment (mirror of nuro.policy.admission.read_comment): nil without a comment and for
+-- plain text; { why = problem } for a comment that looks like a record (starts with "{" or holds "nuro":) but is not
+-- canonical; else { nuro = pins or nil, preempt = '"preempt":<value>' or nil }. pins = { raw = '"nuro":{...}',
+-- bad = first invalid field (P.pin_fields), team, digest, name, commit }.
 local HEX40 = string.rep("[0-9a-f]", 40)
 local DIGEST, COMMIT = "^sha256:" .. HEX40 .. string.rep("[0-9a-f]", 24) .. "$", "^" .. HEX40 .. "$"
 
-local function member(obj, key) -- (first, last) of the value of "key": directly in the skeleton object obj
-	local k = '"' .. key .. '":'
-	local at = obj:find(k, 1, true)
-	if not at or obj:find(k, at + 1, true) or obj:sub(2, at - 1):gsub("%b{}", ""):gsub("%b[]", ""):find("[{%[]") then
-		return nil
-	end
-	local i, j = obj:find("^%b{}", at + #k)
-	if not i then
-		i, j = obj:find('^"[^"]*"', at + #k)
-	end
-	return i, j
+local function obj_of(v)
+	return type(v) == "table" and v.t == "o" and v or nil
 end
 
-local function read_nuro(c)
-	if type(c) ~= "string" or not c:find('"nuro":', 1, true) then
+local function str_of(v)
+	return type(v) == "string" and v or nil
+end
+
+local function read_comment(c)
+	if type(c) ~= "string" or c == "" then
 		return nil
 	end
-	local s = c:gsub("\\.", "~~"):gsub('"[^"]*"', function(q)
-		return (q:gsub("[{}%[%]]", "~"))
-	end)
-	local i, j
-	if s:find("^%b{}$") then
-		i, j = member(s, "nuro")
+	local top, why = scan(c)
+	if not top then
+		if c:sub(1, 1) == "{" or c:find('"nuro":', 1, true) then
+			return { why = why }
+		end
+		return nil
 	end
-	if not i or s:sub(i, i) ~= "{" then
-		return { raw = c, bad = "nuro" }
+	local function raw(key)
+		local span = top.span[key]
+		return span and ('"' .. key .. '":' .. c:sub(span[1], span[2]))
 	end
-	local n = s:sub(i, j)
-	local rec = { raw = c:sub(i - 7, j) }
-	local function str(obj, key)
-		local a, b = member(obj or "", key)
-		return a and obj:sub(a, b):match('^"([^"]*)"$')
+	local view = { preempt = raw("preempt") }
+	if top.k.nuro == nil then
+		return view
 	end
-	local a, b = member(n, "dataset")
-	rec.digest, rec.name = (a and n:sub(a, b) or ""):match('^{"digest":"([^"]*)","name":"([^"]*)"}$')
-	a, b = member(n, "code")
-	rec.commit = str(a and n:sub(a, b):match("^{.*}$"), "commit")
-	rec.team = str(n, "team")
+	local rec = { raw = raw("nuro") }
+	view.nuro = rec
+	local n = obj_of(top.k.nuro)
+	if not n then
+		rec.bad = "nuro"
+		return view
+	end
+	local d, code = obj_of(n.k.dataset), obj_of(n.k.code)
+	if d and d.n == 2 and str_of(d.k.digest) and str_of(d.k.name) then
+		rec.digest, rec.name = d.k.digest, d.k.name
+	end
+	rec.commit = code and str_of(code.k.commit)
+	rec.team = str_of(n.k.team)
 	if not rec.digest then
 		rec.bad = "nuro.dataset"
 	elseif not rec.digest:find(DIGEST) then
@@ -120,7 +379,7 @@ local function read_nuro(c)
 	elseif not rec.team or #rec.team > 31 or not rec.team:find("^[a-z][a-z0-9_]*$") then
 		rec.bad = "nuro.team"
 	end
-	return rec
+	return view
 end
 
 -- A field of the update d, else of the job record r (nil at submit).
@@ -170,9 +429,17 @@ local function view(P, d, r, uid)
 	end
 	j.own_team = own
 	j.gpus, j.nodes = gpus_of(d, r)
-	j.rec = read_nuro(str("comment"))
+	j.cv = read_comment(str("comment"))
+	j.rec = j.cv and j.cv.nuro
+	j.comment_given = d.comment ~= nil -- on modify a comment the update leaves alone is not judged again
+	-- a QOS this submission or update chooses (an update that repeats the job's QOS chooses nothing)
+	j.new_qos = d.qos
+	if r and d.qos == r.qos then
+		j.new_qos = nil
+	end
 	if r then -- modify: what the job had before this update
-		j.old_rec, j.old_gpus = read_nuro(r.comment), gpus_of({}, r)
+		j.old_cv, j.old_gpus = read_comment(r.comment), gpus_of({}, r)
+		j.old_rec = j.old_cv and j.old_cv.nuro
 	end
 	return j
 end
@@ -202,6 +469,15 @@ local function check_qos_team(P, j)
 	end
 end
 
+-- Rule 2b: b-<team> is where the controller (root) moves a team's pending jobs within the lending limits; a user
+-- who chose it directly would skip them. On modify only an update that changes the QOS to it is judged.
+local function check_borrow_qos(P, j)
+	local owner = j.new_qos and P.qos_team[j.new_qos]
+	if owner and P.teams[owner].borrow_qos == j.new_qos and P.rules.qos_borrow then
+		return reject(P, "qos_borrow", j.new_qos, owner, owner, P.teams[owner].guaranteed_qos)
+	end
+end
+
 -- Rule 3: tier QOS (urgent, ...) only for the listed accounts or users.
 local function check_tier(P, j)
 	local tier = j.qos and P.tiers[j.qos]
@@ -226,6 +502,16 @@ end
 -- that asks for GPUs needs one (on modify: when the update raises its GPUs, so a CPU job cannot become a GPU job).
 local function check_pins(P, j)
 	local rec = j.rec
+	-- Rules 5a/5b: a comment that looks like a record must be one (else every reader ignores it), and only the
+	-- controller writes preempt marks: a user may not add, change or drop one (on submit: none at all).
+	if P.rules.comment_not_canonical then
+		if j.cv and j.cv.why and j.comment_given then
+			return reject(P, "comment_not_canonical", j.cv.why)
+		end
+		if (j.cv and j.cv.preempt) ~= (j.old_cv and j.old_cv.preempt) then
+			return reject(P, "preempt_forged")
+		end
+	end
 	if not P.pin_fields then -- a table written before these rules (same format: the keys were only added)
 		return
 	end
@@ -245,7 +531,7 @@ local function check_pins(P, j)
 	end
 end
 
-local CHECKS = { check_account, check_qos_team, check_tier, check_gpus, check_pins }
+local CHECKS = { check_account, check_qos_team, check_borrow_qos, check_tier, check_gpus, check_pins }
 
 -- Team jobs are always requeueable (preemption and failure recovery requeue them). On modify: only a change to 0.
 local function force_requeue(d, j, modifying)

@@ -49,7 +49,7 @@ def _update(key: str, value: dict, job_id: int | None, backend: CliBackend | Non
 
 def record_checkpoint(step: int, job_id: int | None = None, backend: CliBackend | None = None) -> str:
     """Tell the controller the newest committed checkpoint (it prefers preempting jobs that lose the least)."""
-    return _update("ckpt", {"step": step, "at": round(time.time(), 3)}, job_id, backend)
+    return _update("ckpt", {"step": step, "at": round(time.time())}, job_id, backend)
 
 
 def acknowledge_preemption(
@@ -59,7 +59,7 @@ def acknowledge_preemption(
 
     ``why`` (``preempted`` or ``time_limit``) says which stop signal the job answered; readers that predate it
     (``nuro.jobcomment.Mark``) read only step and time."""
-    ack: dict = {"step": step, "at": round(time.time(), 3)}
+    ack: dict = {"step": step, "at": round(time.time())}
     if why:
         ack["why"] = why
     return _update("ack", ack, job_id, backend)

@@ -249,7 +249,7 @@ class Replay:
         mark = job.comment.get("ckpt")
         if isinstance(mark, dict) and mark.get("at", 0) >= at:
             return
-        self._set_comment(job, ckpt={"step": int(job.work_done_s + gain), "at": round(at, 3)})
+        self._set_comment(job, ckpt={"step": int(job.work_done_s + gain), "at": math.ceil(at)})  # whole s
 
     def _set_comment(self, job: SimJob, **updates: object) -> None:
         job.comment_text = jobcomment.merge(job.comment_text, **updates)
@@ -275,7 +275,7 @@ class Replay:
     def _ack(self, job: SimJob) -> None:
         gain = self._trained_s(job, self.now)
         job.ack_gain_s = gain
-        mark = {"step": int(job.work_done_s + gain), "at": round(EPOCH + self.now, 3)}
+        mark = {"step": int(job.work_done_s + gain), "at": round(EPOCH + self.now)}  # whole s: canonical
         self._set_comment(job, ckpt=mark, ack=mark)
         self.log.counters["acks"] += 1
 

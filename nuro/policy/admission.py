@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from nuro import jobcomment
 from nuro.policy.luatable import DEFAULT_SWITCH_WAIT_S, policy_table
 from nuro.policy.model import Policy
 
@@ -50,8 +51,11 @@ class Reason(StrEnum):
     ACCOUNT_OTHER_TEAM = "account_other_team"
     QOS_OTHER_TEAM = "qos_other_team"
     QOS_NO_TEAM = "qos_no_team"
+    QOS_BORROW = "qos_borrow"
     TIER_DENIED = "tier_denied"
     GPU_CAP = "gpu_cap"
+    COMMENT_NOT_CANONICAL = "comment_not_canonical"
+    PREEMPT_FORGED = "preempt_forged"
     PIN_INVALID = "pin_invalid"
     PIN_TEAM = "pin_team"
     PIN_REQUIRED = "pin_required"
@@ -140,18 +144,19 @@ class Admission:
     changes: tuple[str, ...] = field(default_factory=tuple)
 
 
-# --- the nuro record in the comment (mirror of read_nuro in job_submit.lua) ---------------------------------------
+# --- the nuro record in the comment (mirror of read_comment in job_submit.lua) ------------------------------------
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # = nuro.datasets.manifest._DIGEST
 _DATASET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # = nuro.datasets.manifest._NAME
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _TEAM = re.compile(r"[a-z][a-z0-9_]{0,30}")  # = nuro.policy.model.NAME
-_DATASET_SHAPE = re.compile(r'\{"digest":"([^"]*)","name":"([^"]*)"\}')
 
 
 @dataclass(frozen=True)
 class NuroRecord:
-    """The pins read from a comment's ``nuro`` record. ``bad``: the first invalid field (a ``PIN_FIELDS`` key)."""
+    """The pins read from a comment's ``nuro`` record. ``bad``: the first invalid field (a ``PIN_FIELDS`` key).
+
+    ``raw`` is ``"nuro":`` + the record's canonical text, the bytes an update must keep (``pin_changed``)."""
 
     raw: str
     bad: str | None = None
@@ -161,77 +166,37 @@ class NuroRecord:
     commit: str | None = None
 
 
-def _balanced(s: str, i: int, open_: str, close: str) -> int | None:
-    """Lua's ``%b<open><close>`` at ``i``: the index just past the balanced group, or None."""
-    if i >= len(s) or s[i] != open_:
-        return None
-    depth = 0
-    for k in range(i, len(s)):
-        if s[k] == open_:
-            depth += 1
-        elif s[k] == close:
-            depth -= 1
-            if depth == 0:
-                return k + 1
-    return None
+@dataclass(frozen=True)
+class CommentView:
+    """What the admission rules read from a comment.
+
+    ``why``: the comment looks like a record (starts with ``{`` or holds ``"nuro":``) but is not canonical, and this
+    is the first problem (``comment_not_canonical``). ``preempt``: ``"preempt":`` + the canonical value, if any."""
+
+    why: str | None = None
+    nuro: NuroRecord | None = None
+    preempt: str | None = None
 
 
-def _drop_balanced(s: str, open_: str, close: str) -> str:
-    """Lua's ``s:gsub("%b<open><close>", "")``."""
-    out, i = [], 0
-    while i < len(s):
-        end = _balanced(s, i, open_, close)
-        if end is None:
-            out.append(s[i])
-            i += 1
-        else:
-            i = end
-    return "".join(out)
+def _str(v: Any) -> str | None:
+    return v if isinstance(v, str) else None
 
 
-def _member(obj: str, key: str) -> tuple[int, int] | None:
-    """(start, end) of the value of ``key`` directly inside the skeleton object ``obj``; None if absent or ambiguous."""
-    k = f'"{key}":'
-    at = obj.find(k)
-    if at < 0 or obj.find(k, at + 1) >= 0:
-        return None
-    if re.search(r"[{\[]", _drop_balanced(_drop_balanced(obj[1:at], "{", "}"), "[", "]")):
-        return None  # nested deeper than obj's own members
-    start = at + len(k)
-    end = _balanced(obj, start, "{", "}")
-    if end is None:
-        m = re.match(r'"[^"]*"', obj[start:])
-        end = start + m.end() if m else None
-    return (start, end) if end is not None else None
-
-
-def read_nuro(comment: str | None) -> NuroRecord | None:
-    """The ``nuro`` record of a job comment as job_submit.lua reads it, or None when there is none.
-
-    Not a JSON parser, on purpose: the same anchored patterns as the Lua (which has no JSON library) over the compact,
-    sorted JSON ``nuro.render.comment_json`` writes. Escapes become ``~~`` and brackets inside strings ``~`` (same
-    length), so only real structure is matched; every key must appear once, directly in its object.
-    """
-    if not isinstance(comment, str) or '"nuro":' not in comment:
-        return None
-    s = re.sub(r"\\.", "~~", comment, flags=re.S)
-    s = re.sub(r'"[^"]*"', lambda m: re.sub(r"[{}\[\]]", "~", m.group()), s)
-    span = _member(s, "nuro") if _balanced(s, 0, "{", "}") == len(s) else None
-    if span is None or s[span[0]] != "{":
-        return NuroRecord(raw=comment, bad="nuro")
-    n = s[span[0] : span[1]]
-
-    def text(obj: str | None, key: str) -> str | None:
-        got = _member(obj, key) if obj else None
-        m = re.fullmatch(r'"([^"]*)"', obj[got[0] : got[1]]) if obj and got else None
-        return m.group(1) if m else None
-
-    got = _member(n, "dataset")
-    shape = _DATASET_SHAPE.fullmatch(n[got[0] : got[1]]) if got else None
-    digest, name = shape.groups() if shape else (None, None)
-    got = _member(n, "code")
-    code = n[got[0] : got[1]] if got and n[got[0]] == "{" else None
-    commit, team = text(code, "commit"), text(n, "team")
+def _pins(nuro: Any) -> NuroRecord:
+    raw = '"nuro":' + jobcomment.canonical(nuro)
+    if not isinstance(nuro, dict):
+        return NuroRecord(raw=raw, bad="nuro")
+    dataset, code = nuro.get("dataset"), nuro.get("code")
+    digest = name = None
+    if (
+        isinstance(dataset, dict)
+        and set(dataset) == {"digest", "name"}
+        and _str(dataset["digest"]) is not None
+        and _str(dataset["name"]) is not None
+    ):
+        digest, name = dataset["digest"], dataset["name"]
+    commit = _str(code.get("commit")) if isinstance(code, dict) else None
+    team = _str(nuro.get("team"))
     if digest is None or name is None:
         bad: str | None = "nuro.dataset"
     elif not _DIGEST.fullmatch(digest):
@@ -244,8 +209,29 @@ def read_nuro(comment: str | None) -> NuroRecord | None:
         bad = "nuro.team"
     else:
         bad = None
-    raw = comment[span[0] - len('"nuro":') : span[1]]
     return NuroRecord(raw=raw, bad=bad, team=team, digest=digest, name=name, commit=commit)
+
+
+def read_comment(comment: str | None) -> CommentView | None:
+    """The comment as job_submit.lua's ``read_comment`` sees it: None without a comment or for plain text.
+
+    Reads through the one parser (``nuro.jobcomment.record``): only the canonical form is a record, so the bridge,
+    this preview and every other reader see the same record or none."""
+    if not comment:
+        return None
+    obj = jobcomment.record(comment)
+    if obj is None:
+        if comment.startswith("{") or '"nuro":' in comment:
+            return CommentView(why=jobcomment.scan(comment) or "not in canonical form")
+        return None
+    preempt = '"preempt":' + jobcomment.canonical(obj["preempt"]) if "preempt" in obj else None
+    return CommentView(nuro=_pins(obj["nuro"]) if "nuro" in obj else None, preempt=preempt)
+
+
+def read_nuro(comment: str | None) -> NuroRecord | None:
+    """The ``nuro`` record of a canonical comment (pins checked), or None when there is none."""
+    view = read_comment(comment)
+    return view.nuro if view is not None else None
 
 
 def _reject(table: Mapping[str, Any], reason: Reason, team: str | None, gpus: int, *args: object) -> Admission:
@@ -302,6 +288,9 @@ def decide(
                 teams[team]["guaranteed_qos"],
             )  # fmt: skip
         return _reject(table, Reason.QOS_NO_TEAM, team, gpus, request.qos, owner, request.user, request.user, owner)
+    # 2b. b-<team>: only the controller (root) moves jobs there
+    if owner is not None and teams[owner]["borrow_qos"] == request.qos and "qos_borrow" in table["rules"]:
+        return _reject(table, Reason.QOS_BORROW, team, gpus, request.qos, owner, owner, teams[owner]["guaranteed_qos"])
     # 3. tier QOS (urgent, ...) only for the allowed accounts/users
     tier = table["tiers"].get(request.qos) if request.qos is not None else None
     account = request.account if request.account is not None else team
@@ -321,8 +310,15 @@ def decide(
         )
 
     # 4a-4c. the nuro record: valid pins, for the job's team; required for team GPU jobs with require_pinning
+    view = read_comment(request.comment)
+    if "comment_not_canonical" in table["rules"]:
+        # 5a/5b. a comment that looks like a record must be one; preempt marks are the controller's alone
+        if view is not None and view.why is not None:
+            return _reject(table, Reason.COMMENT_NOT_CANONICAL, team, gpus, view.why)
+        if view is not None and view.preempt is not None:
+            return _reject(table, Reason.PREEMPT_FORGED, team, gpus)
     if "pin_fields" in table:
-        rec = read_nuro(request.comment)
+        rec = view.nuro if view is not None else None
         if rec is not None and rec.bad is not None:
             fields = table["pin_fields"]
             return _reject(table, Reason.PIN_INVALID, team, gpus, rec.bad, fields[rec.bad], team or "<team>")
@@ -481,4 +477,15 @@ def parse_sbatch_args(user: str, argv: Sequence[str]) -> JobRequest:
     return JobRequest(user=user, **values)
 
 
-__all__ = ["Admission", "JobRequest", "NuroRecord", "Reason", "decide", "gpu_count", "parse_sbatch_args", "read_nuro"]
+__all__ = [
+    "Admission",
+    "CommentView",
+    "JobRequest",
+    "NuroRecord",
+    "Reason",
+    "decide",
+    "gpu_count",
+    "parse_sbatch_args",
+    "read_comment",
+    "read_nuro",
+]

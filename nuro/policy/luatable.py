@@ -61,6 +61,12 @@ RULES: dict[str, tuple[str, str]] = {
         "nuro: QOS %s belongs to team %s and user %s is not in it. "
         "Drop --qos, or ask an admin to add %s to team %s in teams.yaml.",
     ),
+    "qos_borrow": (
+        "ESLURM_ACCESS_DENIED",
+        "nuro: QOS %s is team %s's borrowing QOS: only the nuro controller moves jobs there, within the teams' "
+        "lending limits. Submit with the default QOS (drop --qos; team %s defaults to %s): when the quota is full "
+        "the controller lends the job idle GPUs.",
+    ),
     "tier_denied": (
         "ESLURM_ACCESS_DENIED",
         "nuro: QOS %s is only for %s; user %s (%s) may not use it. "
@@ -70,6 +76,18 @@ RULES: dict[str, tuple[str, str]] = {
         "ESLURM_ACCOUNTING_POLICY",
         "nuro: team %s may use at most %d GPUs (quota %d + borrow %d); this job asks %d. "
         "Ask for fewer GPUs (--gpus-per-node / --nodes).",
+    ),
+    "comment_not_canonical": (
+        "ESLURM_ACCESS_DENIED",
+        "nuro: the job comment looks like a nuro record but is not in the exact form nuro writes (%s), so no nuro "
+        "component would read it. Resubmit with 'nuro-train submit SPEC.yaml' or nuro-sbatch (they write the "
+        'record), or use a plain-text comment that does not start with { or contain "nuro":.',
+    ),
+    "preempt_forged": (
+        "ESLURM_ACCESS_DENIED",
+        "nuro: only the nuro controller writes the preempt key of a job comment; a submission may not carry one and "
+        "an update may not add, change or remove it. Drop the preempt key (nuro-job ack / ckpt update the comment "
+        "safely).",
     ),
     "pin_changed": (
         "ESLURM_ACCESS_DENIED",
@@ -103,7 +121,7 @@ PIN_FIELDS: dict[str, str] = {
     "nuro.dataset.digest": "sha256: and 64 lower-case hex digits (a digest, not a tag such as latest)",
     "nuro.dataset.name": "a dataset name: 1-63 of a-z 0-9 . _ - starting with a letter or digit",
     "nuro.code.commit": "a full 40-digit lower-case hex commit id (not a branch, a tag or a short id)",
-    "nuro.team": "a team name, given once",
+    "nuro.team": "a team name",
 }
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

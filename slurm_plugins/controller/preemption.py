@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+from nuro import marks
 from nuro.policy.classify import WAITING_REASONS, JobClass, Kind, job_gpus, timestamp
 from nuro.slurm.models import JobInfo
 from nuro.slurm.states import JobPhase
@@ -36,14 +37,15 @@ _PREEMPT_MARK = '"preempt"'
 def finish_in_flight(cy: Cycle) -> None:
     """Phase 2: requeue victims that acknowledged or whose grace is over; keep counting the rest as being freed.
 
-    In flight = ``state.preempting`` plus running jobs whose comment carries a ``preempt`` record written during
-    their current run (the state's signal time wins when both exist). A victim that ended, or started again after
-    the signal (it was requeued and restarted), is forgotten.
+    In flight = ``state.preempting`` plus running jobs whose comment carries a ``preempt`` record the controller
+    signed (``nuro.marks``) during their current run (the state's signal time wins when both exist). A victim that
+    ended, or started again after the signal (it was requeued and restarted), is forgotten. A mark the job's user
+    wrote is ignored (logged once): the job stays a candidate for reclaim and urgent preemption.
     """
     signalled: dict[int, float] = {}
     for job in cy.view.running:
         if _PREEMPT_MARK in job.comment:
-            req = cy.comment(job).preempt
+            req = marks.authentic_preempt(job.job_id, cy.comment(job))  # a user-written mark never counts
             if req is not None:
                 signalled[job.job_id] = req.at
     signalled.update(cy.state.preempting)

@@ -3,7 +3,7 @@
 -- nuro.policy.admission (the Python preview) uses the same data.
 return {
   format = 1,
-  digest = "sha256:1d1412dee35a29fc8c8a28cd262b654c86e2bcdb1958431fa5ea9e54b6fc0af1",
+  digest = "sha256:b66586d791f1551b2396dd0359b954e3a878a25d87f23a50f17fa9609245e8aa",
   cluster_gpus = 64,
   grace_s = 60,
   leaf_nodes = 4,
@@ -75,12 +75,16 @@ return {
     ["nuro.dataset"] = "exactly {\"digest\":...,\"name\":...} (compact, sorted keys)",
     ["nuro.dataset.digest"] = "sha256: and 64 lower-case hex digits (a digest, not a tag such as latest)",
     ["nuro.dataset.name"] = "a dataset name: 1-63 of a-z 0-9 . _ - starting with a letter or digit",
-    ["nuro.team"] = "a team name, given once",
+    ["nuro.team"] = "a team name",
   },
   rules = {
     account_other_team = {
       code = "ESLURM_INVALID_ACCOUNT",
       message = "nuro: user %s belongs to team %s, not %s. Drop --account or use --account=%s.",
+    },
+    comment_not_canonical = {
+      code = "ESLURM_ACCESS_DENIED",
+      message = "nuro: the job comment looks like a nuro record but is not in the exact form nuro writes (%s), so no nuro component would read it. Resubmit with 'nuro-train submit SPEC.yaml' or nuro-sbatch (they write the record), or use a plain-text comment that does not start with { or contain \"nuro\":.",
     },
     gpu_cap = {
       code = "ESLURM_ACCOUNTING_POLICY",
@@ -101,6 +105,14 @@ return {
     pin_team = {
       code = "ESLURM_INVALID_ACCOUNT",
       message = "nuro: the nuro record in the job comment is for team %s, but the job is charged to %s. Submit for one team: nuro-sbatch --team %s (it sets --account too), or drop --account.",
+    },
+    preempt_forged = {
+      code = "ESLURM_ACCESS_DENIED",
+      message = "nuro: only the nuro controller writes the preempt key of a job comment; a submission may not carry one and an update may not add, change or remove it. Drop the preempt key (nuro-job ack / ckpt update the comment safely).",
+    },
+    qos_borrow = {
+      code = "ESLURM_ACCESS_DENIED",
+      message = "nuro: QOS %s is team %s's borrowing QOS: only the nuro controller moves jobs there, within the teams' lending limits. Submit with the default QOS (drop --qos; team %s defaults to %s): when the quota is full the controller lends the job idle GPUs.",
     },
     qos_no_team = {
       code = "ESLURM_ACCESS_DENIED",

@@ -97,9 +97,12 @@ def _running(cluster: LiveCluster, *job_ids: int, timeout_s: float = 40) -> None
 
 @contextlib.contextmanager
 def controller(cluster: LiveCluster, policy_file: Path, log_path: Path) -> Iterator[subprocess.Popen]:
+    # --heartbeat-key: the master key signs preempt marks (nuro.marks), so a restarted controller still reads them
+    argv = [str(BIN / "nuro-controller"), "--policy", str(policy_file), "--interval-s", "0.5",
+            "--heartbeat-key", str(cluster.layout.heartbeat_key)]  # fmt: skip
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [str(BIN / "nuro-controller"), "--policy", str(policy_file), "--interval-s", "0.5"],
+            argv,
             env=_env(cluster),
             stdout=log,
             stderr=subprocess.STDOUT,

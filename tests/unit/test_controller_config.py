@@ -45,12 +45,19 @@ def test_in_flight_preemptions_are_rebuilt_from_job_comments() -> None:
     def job(jid: int, state: str, comment: str) -> JobInfo:
         return JobInfo(job_id=jid, name="j", user="u", state=state, phase=JobPhase(state), comment=comment)
 
+    from nuro import jobcomment, marks
+
+    def signed(jid: int, at: int) -> str:
+        return jobcomment.canonical({"preempt": marks.sign(jid, at, 9, "reclaim")})
+
     snap = ClusterSnapshot(
         nodes=(),
         jobs=(
-            job(1, "RUNNING", '{"preempt":{"at":100.0,"for":9}}'),
-            job(2, "RUNNING", '{"ckpt":{"step":1,"at":5}}'),
-            job(3, "PENDING", '{"preempt":{"at":50.0}}'),  # requeued already: not in flight
+            job(1, "RUNNING", signed(1, 100)),
+            job(2, "RUNNING", '{"ckpt":{"at":5,"step":1}}'),
+            job(3, "PENDING", signed(3, 50)),  # requeued already: not in flight
+            job(4, "RUNNING", '{"preempt":{"at":100,"for":9}}'),  # written by the job's user: unsigned
+            job(5, "RUNNING", signed(1, 100)),  # job 1's mark copied into job 5: signed for another job
         ),
         partitions=(),
         taken_at=datetime.now(UTC),

@@ -11,6 +11,7 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from nuro import jobcomment, marks
 from nuro.policy.model import Policy, Team, Tier
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
@@ -92,15 +93,15 @@ class JobBuilder:
 
     # comment channel
     def ckpt_age_s(self, age_s: float, step: int = 100) -> JobBuilder:
-        self._comment["ckpt"] = {"step": step, "at": NOW - age_s}
+        self._comment["ckpt"] = {"step": step, "at": round(NOW - age_s)}
         return self
 
     def signalled_s_ago(self, s: float, for_job: int = 0) -> JobBuilder:
-        self._comment["preempt"] = {"at": NOW - s, "for": for_job, "why": "test"}
+        self._comment["preempt"] = marks.sign(self._id, round(NOW - s), for_job, "test")  # as the controller does
         return self
 
     def acked_s_ago(self, s: float, step: int = 120) -> JobBuilder:
-        self._comment["ack"] = {"step": step, "at": NOW - s}
+        self._comment["ack"] = {"step": step, "at": round(NOW - s)}
         return self
 
     def build(self) -> JobInfo:
@@ -120,7 +121,7 @@ class JobBuilder:
             node_count=self._node_count,
             gpus_per_node=self._gpn,
             gpus_total=self._gpn * self._node_count,
-            comment=json.dumps(self._comment) if self._comment else "",
+            comment=jobcomment.canonical(self._comment) if self._comment else "",
             submit_time=_dt(self._submit),
             start_time=_dt(self._start) if running and self._start is not None else None,
         )

@@ -10,7 +10,6 @@ requeued job for ``cred_expire``. Every cycle's decisions are also checked again
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,6 +18,7 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nuro import jobcomment, marks
 from nuro.policy.model import Policy, Team, Tier, load_policy
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
@@ -98,18 +98,19 @@ class TinySlurm:
         for j in self.jobs.values():
             comment = {}
             if j.ckpt_at is not None:
-                comment["ckpt"] = {"step": int(j.ckpt_done_s), "at": j.ckpt_at}
+                comment["ckpt"] = {"step": int(j.ckpt_done_s), "at": round(j.ckpt_at)}
             if j.preempt_at is not None:
-                comment["preempt"] = {"at": j.preempt_at, "for": 0, "why": "sim"}
+                comment["preempt"] = marks.sign(j.job_id, round(j.preempt_at), 0, "sim")  # as apply.py does
             if j.ack_at is not None:
-                comment["ack"] = {"step": int(j.ckpt_done_s), "at": j.ack_at}
+                comment["ack"] = {"step": int(j.ckpt_done_s), "at": round(j.ack_at)}
             running = bool(j.nodes)
             jobs.append(
                 JobInfo(
                     job_id=j.job_id, name="sim", user="u", state="RUNNING" if running else "PENDING",
                     phase=JobPhase.RUNNING if running else JobPhase.PENDING, reason=j.reason, account=j.team,
                     qos=j.qos, priority=self.priority(j, now), nodes=j.nodes, node_count=j.nodes_n,
-                    gpus_per_node=j.per_node, gpus_total=j.gpus, comment=json.dumps(comment) if comment else "",
+                    gpus_per_node=j.per_node, gpus_total=j.gpus,
+                    comment=jobcomment.canonical(comment) if comment else "",
                     submit_time=_dt(j.submit), start_time=_dt(j.start),
                 )
             )  # fmt: skip

@@ -107,7 +107,7 @@ def test_dirty_record_names_the_patch() -> None:
 
 
 def test_controller_channel_keys_survive_next_to_the_record() -> None:
-    comment = jobcomment.merge(render("ddp_2node").comment, ckpt={"step": 5, "at": 1.0})
+    comment = jobcomment.merge(render("ddp_2node").comment, ckpt={"step": 5, "at": 1})
     parsed = jobcomment.parse(comment)
     assert parsed.checkpoint is not None and parsed.raw["nuro"]["team"] == "perception"
 
