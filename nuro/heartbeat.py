@@ -38,8 +38,8 @@ MAX_DATAGRAM = 1400  # stays inside one Ethernet frame: no IP fragmentation
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_MISS_LIMIT = 3  # intervals of silence before a node is declared lost
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_NODE_BYTES = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_MAC_LEN = 64
+NODE_BYTES = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAC_LEN = 64
 _KEY_LABEL = b"nuro-heartbeat-key/v1\0"
 MAX_KEY_FILE = 4096  # a key file is 65 bytes; a bigger one is not ours (and is never read whole)
 
@@ -166,11 +166,11 @@ def verify(data: bytes, key: bytes | KeyLookup) -> tuple[str, bytes]:
     """
     if len(data) > MAX_DATAGRAM:
         raise BadHeartbeat(f"datagram of {len(data)} bytes exceeds {MAX_DATAGRAM}")
-    if len(data) < _MAC_LEN + 3 or data[_MAC_LEN] != 0x2E:  # "."
+    if len(data) < MAC_LEN + 3 or data[MAC_LEN] != 0x2E:  # "."
         raise BadHeartbeat("not a nuro heartbeat (no MAC prefix)")
-    mac, signed = data[:_MAC_LEN], data[_MAC_LEN + 1 :]
+    mac, signed = data[:MAC_LEN], data[MAC_LEN + 1 :]
     raw_node, sep, body = signed.partition(b" ")
-    if not sep or not _NODE_BYTES.fullmatch(raw_node):
+    if not sep or not NODE_BYTES.fullmatch(raw_node):
         raise BadHeartbeat("not a nuro heartbeat (no node name)")
     node = raw_node.decode("ascii")
     node_secret = key if isinstance(key, bytes) else key(node)
@@ -188,6 +188,11 @@ def decode(data: bytes, key: bytes | KeyLookup) -> Heartbeat:
     ``key``: the node's key (agents, tests), or a lookup node name → key (the controller: ``NodeKeys``).
     """
     node, body = verify(data, key)
+    return parse_body(node, body)
+
+
+def parse_body(node: str, body: bytes) -> Heartbeat:
+    """The heartbeat in an authenticated body (after ``verify``); ``node`` is the name in front of it."""
     try:
         raw = json.loads(body)
         if not isinstance(raw, dict):

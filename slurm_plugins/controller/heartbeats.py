@@ -8,9 +8,10 @@ Surviving a flood (junk, forged MACs, replays from anyone who can reach the port
 - the socket is drained in bursts (poll once, then read until the queue is empty) with a receive buffer of
   ``RCVBUF_BYTES`` (``SO_RCVBUFFORCE`` when we may, else ``SO_RCVBUF`` up to the kernel's ``rmem_max``), so a burst
   queues instead of being dropped;
-- every datagram costs at most one size check, one split and one HMAC before it is refused (``nuro.heartbeat.verify``:
-  no JSON is parsed before the MAC matched); each node's key is derived from the master (``NodeKeys``), so a key
-  learnt on one node forges beats for that node only;
+- every datagram costs at most one size check, one split and one HMAC before it is refused (``handle``: no JSON is
+  parsed before the MAC matched, no exception is raised on the reject path, a replay of a datagram already seen is
+  refused before the HMAC); each node's key is derived from the master (``NodeKeys``), so a key learnt on one node
+  forges beats for that node only;
 - rejects are counted by reason (``bad_mac``, ``unknown_node``, ``replay``, ``clock_skew``, ``too_big``,
   ``malformed``) and logged at most once per source address and reason per minute, for at most ``LOG_SOURCES``
   sources (spoofed addresses cannot grow memory), plus one summary line a minute while rejects keep coming;
@@ -25,6 +26,7 @@ admits old ones.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
 import select
@@ -34,7 +36,17 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from nuro.heartbeat import MAX_DATAGRAM, BadHeartbeat, KeyLookup, NodeKeys, Replay, ReplayGuard, decode
+from nuro.heartbeat import (
+    MAC_LEN,
+    MAX_DATAGRAM,
+    NODE_BYTES,
+    BadHeartbeat,
+    KeyLookup,
+    NodeKeys,
+    Replay,
+    ReplayGuard,
+    parse_body,
+)
 from nuro.slurm_plugins.controller.liveness import Beat
 from nuro.slurm_plugins.controller.ratelog import RateLog
 
@@ -45,6 +57,7 @@ LOG_SOURCES = 256
 RCVBUF_BYTES = 8 << 20  # ~10,000 small datagrams: a few hundred ms of a flood while the thread is descheduled
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 BURST = 4096  # datagrams read per wake-up before the stop flag is looked at again
+SEEN_MACS = 8192  # authentic MACs remembered for the replay short-cut (a few minutes of a 500-node fleet)
 
 
 def reject_reason(exc: BadHeartbeat) -> str:
@@ -110,6 +123,8 @@ class HeartbeatReceiver:
         self._logs = RateLog(REJECT_LOG_EVERY_S, LOG_SOURCES, clock=monotonic)
         self._summary = RateLog(REJECT_LOG_EVERY_S, 1, clock=monotonic)
         self._summary_base: Counter[str] = Counter()
+        self._log_checked: dict[str, float] = {}
+        self._seen: set[bytes] = set()
         self._stop = threading.Event()
         self._wall0, self._mono0 = clock(), monotonic()
         self._sock = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_DGRAM)
@@ -155,34 +170,66 @@ class HeartbeatReceiver:
         return self._wall0 + ((self.monotonic() if mono is None else mono) - self._mono0)
 
     def handle(self, data: bytes, source: str) -> Beat | None:
-        """Verify one datagram; queue and return the beat, or count the reject and return None."""
+        """Verify one datagram; queue and return the beat, or count the reject and return None.
+
+        The checks run cheapest first and raise nothing on the reject path (a flood is mostly rejects): size, shape,
+        a MAC already seen (a replay, refused without an HMAC), the node name, then one HMAC; only an authentic
+        datagram is parsed (``nuro.heartbeat.parse_body``) and checked for freshness.
+        """
         mono = self.monotonic()
+        n = len(data)
+        if n > MAX_DATAGRAM:
+            return self._reject("too_big", source, mono, f"{n} bytes")
+        if n < MAC_LEN + 3 or data[MAC_LEN] != 0x2E:
+            return self._reject("malformed", source, mono, "not a nuro heartbeat (no MAC prefix)")
+        mac = data[:MAC_LEN]
+        if mac in self._seen:
+            return self._reject("replay", source, mono, "a datagram already received")
+        signed = data[MAC_LEN + 1 :]
+        sp = signed.find(b" ", 0, 66)
+        if sp <= 0 or not NODE_BYTES.fullmatch(signed, 0, sp):
+            return self._reject("malformed", source, mono, "not a nuro heartbeat (no node name)")
+        node = signed[:sp].decode("ascii")
+        key = self.keys(node)
+        if key is None:
+            return self._reject("unknown_node", source, mono, f"unknown node {node!r}")
+        if not hmac.compare_digest(mac, hmac.digest(key, signed, "sha256").hex().encode()):
+            return self._reject("bad_mac", source, mono, f"MAC mismatch for {node}: wrong key or altered datagram")
+        self._remember(mac)
         try:
-            hb = decode(data, self.keys)
+            hb = parse_body(node, signed[sp + 1 :])
             self.guard.check(hb, self.reference_wall(mono))
         except BadHeartbeat as exc:
-            self._reject(reject_reason(exc), source, exc)
-            return None
+            return self._reject(reject_reason(exc), source, mono, str(exc))
         beat = Beat(hb.node, hb.boot, hb.seq, hb.sent, mono, hb.healthy, hb.problems, received_wall=self.clock())
         with self._lock:
             self._beats.append(beat)
             self.accepted += 1
         return beat
 
-    def _reject(self, reason: str, source: str, exc: BadHeartbeat) -> None:
+    def _remember(self, mac: bytes) -> None:
+        """Authentic MACs seen lately (bounded): the same datagram again is a replay, refused before any HMAC."""
+        if len(self._seen) >= SEEN_MACS:
+            self._seen.clear()
+        self._seen.add(mac)
+
+    def _reject(self, reason: str, source: str, mono: float, detail: str) -> None:
         self.rejects[reason] += 1
+        if mono - self._log_checked.get(reason, float("-inf")) < 1.0:
+            return None  # at most one logging decision per reason per second: a flood costs a counter increment
+        self._log_checked[reason] = mono
         allowed, suppressed = self._logs.allow((source, reason))
         if allowed:
             log.warning(
                 "heartbeat rejected source=%s reason=%s total=%d detail=%s (logged once a minute per source%s)",
-                source, reason, self.rejects[reason], str(exc)[:200],
-                f"; {suppressed} more since" if suppressed else "",
+                source, reason, self.rejects[reason], detail[:200], f"; {suppressed} more since" if suppressed else "",
             )  # fmt: skip
         if self._summary.allow("summary")[0]:
             delta = self.rejects - self._summary_base
             if sum(delta.values()) > 1:
                 log.warning("heartbeat rejects since the last summary: %s", dict(sorted(delta.items())))
             self._summary_base = Counter(self.rejects)
+        return None
 
     def _run(self) -> None:
         while not self._stop.is_set():
