@@ -89,11 +89,18 @@ def endpoint(ports: PortPlan) -> str:
 
 def admin_credentials(data_dir: Path | None = None) -> dict[str, str]:
     """The admin key: the random one of ``<data_dir>/identities.json`` (root-only; the dev cluster), else the
-    fixed throwaway key of a standalone weed (tests and benchmarks of the store alone, no team users)."""
+    fixed throwaway key of a standalone weed (tests and benchmarks of the store alone, no team users).
+
+    A user who may not read the identities (a team member running ``devcluster env``) gets ``{}``: their shell
+    then has no ``AWS_*`` and ``nuro.objectstore`` uses their team's key (``NURO_S3_CREDENTIALS``)."""
     if data_dir is not None:
         path = data_dir / IDENTITIES_FILE
-        if path.exists():
+        try:
             return credentials_of(json.loads(path.read_text()), S3_ACCESS_KEY)
+        except PermissionError:
+            return {}
+        except FileNotFoundError:
+            pass
     return {"AWS_ACCESS_KEY_ID": S3_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": S3_SECRET_KEY}
 
 
@@ -278,8 +285,8 @@ def dev_store(ports: PortPlan, data_dir: Path | None = None, **overrides: object
         StoreConfig(
             endpoint_url=env["NURO_S3_ENDPOINT"],
             bucket=S3_BUCKET,
-            access_key=env["AWS_ACCESS_KEY_ID"],
-            secret_key=env["AWS_SECRET_ACCESS_KEY"],
+            access_key=env.get("AWS_ACCESS_KEY_ID"),
+            secret_key=env.get("AWS_SECRET_ACCESS_KEY"),
             **overrides,  # type: ignore[arg-type]
         )
     )

@@ -234,6 +234,12 @@ def test_a_member_cannot_read_another_teams_key_the_node_key_or_the_admin_key(
         **{f"read-{k}": "denied:PermissionError" for k in secret_files},
         "list-s3-data": "denied:PermissionError",
     }
+    # `devcluster env` run by a member exports the cluster's settings and the team directory, no admin key
+    argv = ["runuser", "-u", ATTACKER, "--", str(Path(sys.executable).parent / "nuro-admin"), "devcluster", "env",
+            "--state-dir", str(lay.root)]  # fmt: skip
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, cwd="/tmp")
+    assert res.returncode == 0, res.stderr
+    assert f"NURO_S3_CREDENTIALS={lay.s3_credentials}" in res.stdout and "AWS_" not in res.stdout
     # Guessing does not help either: the admin key in the source is not the running cluster's, and a team's
     # access key id is public but useless without its secret.
     ports = PortPlan(TEST_PORT_BASE)
