@@ -25,6 +25,7 @@ from pathlib import Path
 from nuro.checkpoint.layout import validate_job_id
 from nuro.checkpoint.staging import write_atomic
 from nuro.heartbeat import is_node_name
+from nuro.jobrecord import JobRecord
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,13 @@ def record(root: Path, node: str, job_id: str, gpus: tuple[int, ...], tags: Mapp
     return path
 
 
+def claim(root: Path, rec: JobRecord, gpus: tuple[int, ...]) -> Path | None:
+    """The prolog's claim for the job of ``rec`` (``nuro.jobrecord``): its node, job id and tags all come from the
+    root-owned record (team = the job's Slurm account, run only from a nuro record of that team), never from the
+    job comment, so a job cannot make its GPU points count as another team's."""
+    return record(root, rec.node, str(rec.job_id), gpus, {"team": rec.team or "", "run": rec.run or ""})
+
+
 def forget(root: Path, node: str, job_id: str) -> bool:
     """Remove the job's claim (epilog). True when there was one."""
     try:
@@ -98,4 +106,4 @@ def gpu_tags(root: Path, node: str) -> dict[int, dict[str, str]]:
     return out
 
 
-__all__ = ["DIR", "forget", "gpu_tags", "parse_gpu_ids", "record"]
+__all__ = ["DIR", "claim", "forget", "gpu_tags", "parse_gpu_ids", "record"]

@@ -224,13 +224,11 @@ def record_gpus(rec: JobRecord) -> None:
     """Tell the node agent which GPUs this job holds here, so its ``gpu`` points carry the job (``nuro.gpujobs``),
     tagged with the record's team and run (never the comment's)."""
     from nuro.checkpoint.nodestage import staging_root
-    from nuro.gpujobs import parse_gpu_ids, record
+    from nuro.gpujobs import claim, parse_gpu_ids
 
-    node = os.environ.get("SLURMD_NODENAME", "")
     gpus = parse_gpu_ids(os.environ.get("SLURM_JOB_GPUS"))
-    if not node or not gpus:
-        return
-    record(staging_root(), node, str(rec.job_id), gpus, {"team": rec.team or "", "run": rec.run or ""})
+    if rec.node and gpus:
+        claim(staging_root(), rec, gpus)
 
 
 def task_env() -> str:

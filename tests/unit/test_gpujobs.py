@@ -80,3 +80,14 @@ def test_the_agent_reads_the_claims_under_its_staging_root(tmp_path: Path) -> No
     record(tmp_path, "gpu007", "5", (1,), {"team": "controls"})
     agent.probe_once()
     assert [p.tags.get("job") for p in writer.points[2:]] == [None, "5"]
+
+
+def test_a_claim_takes_team_and_run_from_the_job_record_only(tmp_path: Path) -> None:
+    from nuro import jobrecord
+    from nuro.gpujobs import claim
+
+    comment = '{"nuro":{"name":"their-run","team":"nlp"}}'  # names another team than the job's account
+    env = {"SLURM_JOB_ID": "12", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "1000", "SLURM_JOB_USER": "alice",
+           "SLURM_JOB_ACCOUNT": "vision", "SLURMD_NODENAME": "gpu001", "SLURM_JOB_COMMENT": comment}  # fmt: skip
+    claim(tmp_path, jobrecord.from_prolog_env(env), (0, 1))
+    assert gpu_tags(tmp_path, "gpu001") == {0: {"job": "12", "team": "vision"}, 1: {"job": "12", "team": "vision"}}
