@@ -155,8 +155,8 @@ class Controller:
         for skipped in new:
             log.error("cycle=%d %s (logged once)", self.cycles, skipped.describe())
         for skipped in released:
-            log.info("cycle=%d %s: its record changed or it left Slurm, judged again", self.cycles,
-                     skipped.describe().split(" (", 1)[0])  # fmt: skip
+            what = f"job={skipped.job_id}" if skipped.job_id is not None else f"node={skipped.node}"
+            log.info("cycle=%d %s: its record changed or it left Slurm, judged again", self.cycles, what)
         report.decide_s = time.monotonic() - t1
         if result is None:
             report.error = f"decide failed, cycle skipped: {error}"

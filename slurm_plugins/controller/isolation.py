@@ -52,8 +52,13 @@ def _error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _fingerprint(record: object) -> str:
-    return repr(record)
+def _fingerprint(record: JobInfo | NodeInfo) -> str:
+    """What a quarantine is keyed on: the fields a record's owner controls (a job's comment, name, account, QOS),
+    or a node's description. Not its priority or state, which move every few cycles: a change there would search
+    and log the same bad record again."""
+    if isinstance(record, JobInfo):
+        return repr((record.comment, record.name, record.account, record.qos, record.user))
+    return repr((record.state, record.reason, record.gres, record.gpus_total, record.partitions, record.switch))
 
 
 class Isolator:
