@@ -90,3 +90,41 @@ def test_only_one_worker_holds_a_step(tmp_path: Path) -> None:
         assert first and not second and other
     with claimed(tmp_path) as again:
         assert again
+
+
+def test_copies_into_a_job_dir_never_follow_a_planted_link_and_never_block(tmp_path: Path) -> None:
+    """What root does when it places verified files into a job's restore dir, against what the job planted."""
+    import threading
+
+    from nuro.checkpoint.verify import copy_verified, write_verified
+    from nuro.safefs import Dir, UnsafePath, open_dir
+
+    outside = tmp_path / "etc-like"
+    outside.mkdir()
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "a.distcp").write_bytes(b"abc")
+    entry = FileEntry("sub/a.distcp", 3, hashlib.sha256(b"abc").hexdigest())
+    dest_path = tmp_path / "restore"
+    dest_path.mkdir()
+    (dest_path / "sub").symlink_to(outside)  # the job swapped the shard's dir for a link
+    dest = Dir(open_dir(dest_path), dest_path)
+    try:
+        with pytest.raises(UnsafePath, match="symlink"):
+            copy_verified(src, entry, dest)
+        assert list(outside.iterdir()) == []
+        (dest_path / "sub").unlink()
+        assert copy_verified(src, entry, dest) is None and (dest_path / "sub" / "a.distcp").read_bytes() == b"abc"
+        # sources that are a FIFO or a /dev/zero link: a problem at once, never a read that blocks or never ends
+        os.unlink(src / "sub" / "a.distcp")
+        os.mkfifo(src / "sub" / "a.distcp")
+        done = threading.Event()
+        threading.Thread(target=lambda: (copy_verified(src, entry, dest), done.set()), daemon=True).start()
+        assert done.wait(5), "a FIFO source blocked the copy"
+        os.unlink(src / "sub" / "a.distcp")
+        (src / "sub" / "a.distcp").symlink_to("/dev/zero")
+        assert "unreadable" in copy_verified(src, entry, dest).why
+        # more bytes than the manifest says: refused without writing them all
+        assert "more than 3" in write_verified(dest, entry, iter([b"abcd"])).why
+    finally:
+        dest.close()
