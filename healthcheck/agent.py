@@ -56,6 +56,7 @@ log = logging.getLogger("nuro.nodeagent")
 WORKER_RESTART_S = 5.0
 METRICS_CLOSE_S = 2.0
 STATUS_FORMAT = 1
+MAX_STATUS_BYTES = 1 << 20  # a status file is a few KB (the GPU report included); a bigger one is not ours
 
 
 class Worker(Protocol):
@@ -85,8 +86,12 @@ def write_status(status_dir: str | Path, node: str, status: dict[str, Any]) -> N
 def read_status(status_dir: str | Path, node: str) -> dict[str, Any] | None:
     """The agent's last status, or None when there is none (or it is unreadable: treated as never reported)."""
     try:
-        return json.loads(status_path(status_dir, node).read_text())
-    except (FileNotFoundError, ValueError):
+        with open(status_path(status_dir, node), "rb") as fh:
+            data = fh.read(MAX_STATUS_BYTES + 1)
+        if len(data) > MAX_STATUS_BYTES:
+            return None
+        return json.loads(data)
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -115,6 +120,20 @@ def build_heartbeat(
     cut = fit_problems(problems, make)
     beat = hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut)
     return beat, hb.encode(beat, key)
+
+
+def _next_boot(now_ms: int, status_dir: str | None, node: str) -> int:
+    """This start's ``boot``: the wall clock in ms, but above the previous run's (from its status file).
+
+    Why: the controller accepts a node's beats only with a newer ``(boot, seq)`` than the last it saw, so an agent
+    restarted after the node's clock stepped back would be refused as a replay until the clock caught up; the node
+    would look dead for that long.
+    """
+    prev = read_status(status_dir, node) if status_dir else None
+    prev_boot = prev.get("boot") if isinstance(prev, dict) else None
+    if isinstance(prev_boot, int) and not isinstance(prev_boot, bool) and prev_boot >= now_ms:
+        return prev_boot + 1
+    return now_ms
 
 
 def parse_controller(text: str) -> tuple[str, int]:
@@ -228,7 +247,7 @@ class Agent:
         self.clock = clock
         self.monotonic = monotonic
         self.disk_free = disk_free
-        self.boot_ms = int(clock() * 1000)
+        self.boot_ms = _next_boot(int(clock() * 1000), config.status_dir, config.node)
         self.seq = 0
         self._sock = sock or socket.socket(
             socket.AF_INET6 if ":" in config.controller[0] else socket.AF_INET, socket.SOCK_DGRAM

@@ -145,6 +145,23 @@ def test_status_file(tmp_path: Path) -> None:
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_a_restart_after_the_clock_stepped_back_still_starts_a_newer_boot(tmp_path: Path) -> None:
+    """The controller wants a newer (boot, seq): a restarted agent whose wall clock went back must not be refused."""
+    agent, _, clock = _agent(FakeProbe.healthy(8), tmp_path)
+    agent.probe_once()
+    agent.beat_once()
+    back = clock.wall - 3600  # the node's clock stepped back an hour
+    again = Agent(agent.config, FakeProbe.healthy(8), sock=FakeSocket(), clock=lambda: back)  # type: ignore[arg-type]
+    assert again.boot_ms == agent.boot_ms + 1
+
+
+def test_an_oversized_or_nested_status_file_reads_as_none(tmp_path: Path) -> None:
+    (tmp_path / "gpu001.json").write_text("[" * 100_000)
+    assert read_status(tmp_path, "gpu001") is None
+    (tmp_path / "gpu001.json").write_text(" " * (2 << 20))
+    assert read_status(tmp_path, "gpu001") is None
+
+
 def test_many_problems_still_fit_one_datagram() -> None:
     problems = [f"gpu{i}: {'very ' * 20}long problem text" for i in range(40)]
     beat, data = build_heartbeat("gpu001", 1, 1, time.time(), problems, KEY)
