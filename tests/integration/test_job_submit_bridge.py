@@ -213,6 +213,41 @@ def test_modify_requeue_off_is_forced_back_on(cluster: LiveCluster, bridge: Path
     assert _job(cluster, job)["Requeue"] == "1"
 
 
+def test_modify_cannot_choose_the_borrow_qos(cluster: LiveCluster, bridge: Path) -> None:
+    """b-<team> is the controller's to choose (within the lending limits), on update as at submit."""
+    job = _held(cluster, "alice", "-N2", "--gpus-per-node=1")
+    out = _update(cluster, "alice", job, "qos=b-perception")
+    assert out.returncode != 0 and "Access/permission denied" in out.stderr, out.stderr
+    assert _job(cluster, job)["QOS"] == "g-perception"
+    assert re.search(rf"nuro: reject job_id={job} uid=\d+ user=alice rule=qos_borrow", _ctld_log(cluster))
+
+
+def test_modify_of_a_borrowed_job_keeps_working(cluster: LiveCluster, bridge: Path) -> None:
+    """Once root moved a job to b-<team>, its owner may still update it (the ack path) without choosing a QOS."""
+    job = _held(cluster, "alice", "-N2", "--gpus-per-node=1", f"--comment={_record('perception')}")
+    assert _update(cluster, None, job, "qos=b-perception").returncode == 0
+    ack = jobcomment.merge(_record("perception"), ack={"at": 1700000001, "step": 1})
+    out = _update(cluster, "alice", job, f"comment={ack}")
+    assert out.returncode == 0, out.stderr
+    assert _update(cluster, "alice", job, "qos=b-perception").returncode == 0  # repeating its QOS chooses nothing
+
+
+def test_modify_cannot_write_the_preempt_mark(cluster: LiveCluster, bridge: Path) -> None:
+    """Only the controller (root) writes preempt: a user may not add, change or drop it; ack beside it is fine."""
+    job = _held(cluster, "alice", "--gpus-per-node=1", f"--comment={_record('perception')}")
+    forged = jobcomment.merge(_record("perception"), preempt={"at": 1700000000, "for": 1, "why": "x"})
+    out = _update(cluster, "alice", job, f"comment={forged}")
+    assert out.returncode != 0 and "Access/permission denied" in out.stderr, out.stderr
+    assert re.search(rf"nuro: reject job_id={job} uid=\d+ user=alice rule=preempt_forged", _ctld_log(cluster))
+    assert _update(cluster, None, job, f"comment={forged}").returncode == 0  # root (the controller) may
+    acked = jobcomment.merge(forged, ack={"at": 1700000003, "step": 2})  # merge keeps preempt byte for byte
+    assert _update(cluster, "alice", job, f"comment={acked}").returncode == 0
+    for bad in (jobcomment.merge(acked, preempt=None), jobcomment.merge(acked, preempt={"at": 1, "why": "y"})):
+        out = _update(cluster, "alice", job, f"comment={bad}")
+        assert out.returncode != 0, (bad, out.stderr)
+    assert _job(cluster, job)["Comment"] == acked
+
+
 def test_root_may_move_a_job_to_the_borrow_qos(cluster: LiveCluster, bridge: Path) -> None:
     """The controller (root) moves pending jobs to b-<team>; and root is never judged by the bridge."""
     job = _held(cluster, "alice", "-N2", "--gpus-per-node=8")
@@ -234,7 +269,7 @@ def test_modify_may_update_channel_keys_but_not_the_record(cluster: LiveCluster,
     """The job (as its user) writes ack/ckpt beside the record; changing or dropping the record is refused."""
     original = _record("perception")
     job = _held(cluster, "alice", "--gpus-per-node=1", f"--comment={original}")
-    with_ack = jobcomment.merge(original, ack={"at": 1.5, "step": 3})
+    with_ack = jobcomment.merge(original, ack={"at": 1700000002, "step": 3})
     assert _update(cluster, "alice", job, f"comment={with_ack}").returncode == 0
     assert _job(cluster, job)["Comment"] == with_ack
     meta = json.loads(original)["nuro"]

@@ -1,0 +1,177 @@
+"""Attacks on preemption state: forge the controller's ``preempt`` mark, choose ``b-<team>`` or ``urgent`` directly.
+
+Before issue 11 a user who wrote ``{"preempt": {...}}`` into their own job's comment made the job look "already being
+preempted" forever, so the controller never chose it again (no reclaim, no urgent preemption); and ``--qos=b-<team>``
+chosen at submit skipped the lending limits the controller enforces. Now (as team member alice, on the real cluster):
+
+- the bridge refuses a submit or update that carries, adds, changes or removes a ``preempt`` key (``preempt_forged``);
+- a mark that gets in anyway (here written as root, as if the bridge had failed open without its table) is ignored:
+  only marks the controller signed with its key count (``nuro.marks``), and the forger's borrowed job is reclaimed
+  for the other team like any borrower;
+- ``--qos=b-<team>`` is refused on submit and on ``scontrol update qos=`` (``qos_borrow``), ``urgent`` is refused on
+  update for a user the tier does not list (``tier_denied``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from nuro import jobcomment
+from nuro.slurm import JobInfo, JobPhase
+from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
+from tests.integration.isolation.conftest import ATTACKER, MEMBERS, Guard, as_user
+
+pytestmark = pytest.mark.slurm
+
+BIN = Path(sys.executable).parent
+GRACE_S = 20
+USERS = {"perception": "alice", "prediction": "priya", "controls": "chen", "simulation": "sam"}
+# Records a checkpoint, acknowledges a preemption (USR1) at once, otherwise sleeps.
+JOB = """#!/bin/bash
+#SBATCH --nodes=1
+NJ={bin}/nuro-job
+trap '$NJ ack --step 42' USR1
+$NJ ckpt --step 40
+for i in $(seq 900); do sleep 1; done
+"""
+
+
+@pytest.fixture(scope="module")
+def short_grace(cluster: LiveCluster, teams: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The example policy with a short grace, applied (the isolation fixture applied the example itself)."""
+    raw = yaml.safe_load((REPO / "examples" / "policy" / "teams.yaml").read_text())
+    raw["grace_s"] = GRACE_S
+    path = tmp_path_factory.mktemp("policy") / "teams.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(path)])
+    yield path
+    cancel_jobs_of(cluster, MEMBERS, timeout_s=180)
+    cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(teams)])
+
+
+@contextlib.contextmanager
+def controller(cluster: LiveCluster, policy: Path, log_path: Path) -> Iterator[None]:
+    """The policy loop with the cluster's master key (it signs preempt marks), stopped afterwards."""
+    argv = [str(BIN / "nuro-controller"), "--policy", str(policy), "--interval-s", "0.5",
+            "--heartbeat-key", str(cluster.layout.heartbeat_key)]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, env={**os.environ, **cluster.env}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+
+
+def _submit(cluster: LiveCluster, team: str, *extra: str) -> int:
+    argv = ["sbatch", "--parsable", f"--account={team}", "--output=/dev/null", "--requeue", "--gres=gpu:8",
+            "--exclusive", *extra]  # fmt: skip
+    out = as_user(cluster, USERS[team], argv, stdin=JOB.format(bin=BIN))
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip().split(";")[0])
+
+
+def _job(cluster: LiveCluster, job_id: int) -> JobInfo:
+    return next(j for j in cluster.backend.jobs() if j.job_id == job_id)
+
+
+def _running(cluster: LiveCluster, *job_ids: int, timeout_s: float = 60) -> None:
+    for job_id in job_ids:
+        cluster.backend.wait_for_job(job_id, {JobPhase.RUNNING}, timeout_s=timeout_s)
+
+
+def _ctld_log(cluster: LiveCluster) -> str:
+    return (cluster.layout.log / "slurmctld.log").read_text(errors="replace")
+
+
+def _held(cluster: LiveCluster, user: str, *args: str) -> int:
+    argv = ["sbatch", "--parsable", "--hold", "-J", "nuro-pmark", "-D", "/tmp", "-o", "/dev/null", *args,
+            "--wrap", "true"]  # fmt: skip
+    out = as_user(cluster, user, argv)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.strip().split(";")[0])
+
+
+def test_direct_borrow_qos_is_refused(cluster: LiveCluster, guard: Guard) -> None:
+    out = as_user(cluster, ATTACKER, ["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--qos=b-perception",
+                                      "--gpus-per-node=8", "--wrap", "true"])  # fmt: skip
+    assert out.returncode != 0, f"sbatch accepted {out.stdout}"
+    assert "sbatch: error: nuro: QOS b-perception is team perception's borrowing QOS: only the nuro controller" in (
+        out.stderr
+    ), out.stderr
+    assert "drop --qos; team perception defaults to g-perception" in out.stderr
+    job = _held(cluster, ATTACKER, "--gpus-per-node=8")
+    try:
+        res = as_user(cluster, ATTACKER, ["scontrol", "update", f"jobid={job}", "qos=b-perception"])
+        assert res.returncode != 0 and "Access/permission denied" in res.stderr, res.stderr
+        assert _job(cluster, job).qos == "g-perception"
+        assert re.search(rf"nuro: reject job_id={job} uid=\d+ user={ATTACKER} rule=qos_borrow", _ctld_log(cluster))
+        # the urgent tier on update: chen (controls) is not listed under tiers.urgent
+        other = _held(cluster, "chen", "--gpus-per-node=1")
+        res = as_user(cluster, "chen", ["scontrol", "update", f"jobid={other}", "qos=urgent"])
+        assert res.returncode != 0 and _job(cluster, other).qos == "g-controls", res.stderr
+        assert re.search(rf"nuro: reject job_id={other} uid=\d+ user=chen rule=tier_denied", _ctld_log(cluster))
+    finally:
+        cluster.run(["scancel", "--name=nuro-pmark"], check=False)
+
+
+def test_user_cannot_write_a_preempt_mark(cluster: LiveCluster, guard: Guard) -> None:
+    mark = '{"preempt":{"at":1700000000,"for":1,"why":"already being preempted"}}'
+    out = as_user(cluster, ATTACKER, ["sbatch", "--parsable", "--hold", "-o", "/dev/null", f"--comment={mark}",
+                                      "--wrap", "true"])  # fmt: skip
+    assert out.returncode != 0 and "only the nuro controller writes the preempt key" in out.stderr, out.stderr
+    job = _held(cluster, ATTACKER, "--gpus-per-node=1")
+    try:
+        res = as_user(cluster, ATTACKER, ["scontrol", "update", f"jobid={job}", f"comment={mark}"])
+        assert res.returncode != 0 and "Access/permission denied" in res.stderr, res.stderr
+        assert "preempt" not in cluster.backend.job_comment(job)
+        assert re.search(rf"nuro: reject job_id={job} uid=\d+ user={ATTACKER} rule=preempt_forged", _ctld_log(cluster))
+    finally:
+        cluster.run(["scancel", "--name=nuro-pmark"], check=False)
+
+
+def test_forged_mark_does_not_dodge_reclaim(
+    cluster: LiveCluster, guard: Guard, short_grace: Path, tmp_path: Path
+) -> None:
+    """alice's borrowed job carries a forged mark (written as root: the bridge would refuse alice herself); when
+    prediction needs its GPUs back, the controller ignores the mark and reclaims the job all the same."""
+    log_path = tmp_path / "controller.log"
+    cancel_jobs_of(cluster, MEMBERS, timeout_s=180)
+    with controller(cluster, short_grace, log_path):
+        guaranteed = [_submit(cluster, "perception") for _ in range(3)]  # perception's 24-GPU quota
+        _running(cluster, *guaranteed)
+        borrower = _submit(cluster, "perception")
+        wait_until(lambda: _job(cluster, borrower).qos == "b-perception", 60, "the controller to lend GPUs")
+        _running(cluster, borrower)
+        fillers = [_submit(cluster, t) for t in ("simulation", "simulation", "controls", "prediction")]
+        _running(cluster, *fillers)
+        # The forgery: a preempt mark of the current run ("signalled" now, for a job that does not exist).
+        now = int(_job(cluster, borrower).start_time.timestamp()) + 1
+        forged = jobcomment.merge(
+            cluster.backend.job_comment(borrower), preempt={"at": now, "for": 0, "why": "already being preempted"}
+        )
+        res = as_user(cluster, ATTACKER, ["scontrol", "update", f"jobid={borrower}", f"comment={forged}"])
+        assert res.returncode != 0, "the bridge let alice write a preempt mark"
+        cluster.run(["scontrol", "update", f"jobid={borrower}", f"comment={forged}"])  # as root: bridge bypassed
+        assert jobcomment.parse(cluster.backend.job_comment(borrower)).preempt is not None
+        wait_until(lambda: f"job={borrower} preempt mark ignored: unsigned" in log_path.read_text(), 30,
+                   "the controller to ignore the forged mark")  # fmt: skip
+        claimant = _submit(cluster, "prediction")
+        wait_until(lambda: f"decision=Preempt job={borrower} " in log_path.read_text(), 60,
+                   f"the controller to reclaim the forger's borrowed job {borrower}")  # fmt: skip
+        wait_until(lambda: _job(cluster, borrower).restart_count >= 1, 60, f"borrower {borrower} to be requeued")
+        _running(cluster, claimant, timeout_s=90)
+        log = log_path.read_text()
+        assert f"decision=Requeue job={borrower} applied=True" in log, log[-3000:]
+        assert all(_job(cluster, j).phase is JobPhase.RUNNING for j in guaranteed), "guaranteed work was touched"
+    cancel_jobs_of(cluster, MEMBERS, timeout_s=180)
