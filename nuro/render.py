@@ -185,7 +185,8 @@ def checkout_lines(code: CodePin) -> list[str]:
         '  rm -rf "$nuro_tmp" "$nuro_tmp.tar" "$nuro_tmp.patch" && mkdir -p "$nuro_tmp" || nuro_fail "cannot prepare $nuro_tmp"',  # noqa: E501
         '  nuro_git -C "$NURO_CODE_REPO" archive --format=tar -o "$nuro_tmp.tar" "$NURO_CODE_COMMIT" \\',
         '    || nuro_fail "git archive of commit $NURO_CODE_COMMIT from $NURO_CODE_REPO failed (was it garbage-collected?)"',  # noqa: E501
-        '  nuro_got=$(nuro_git get-tar-commit-id < "$nuro_tmp.tar")',
+        # from / : git 2.39's get-tar-commit-id exits 1 with nothing printed when the cwd is ~130+ characters deep
+        '  nuro_got=$(cd / && nuro_git get-tar-commit-id < "$nuro_tmp.tar")',
         '  [ "$nuro_got" = "$NURO_CODE_COMMIT" ] || nuro_fail "the archive holds commit \'$nuro_got\', not $NURO_CODE_COMMIT"',  # noqa: E501
         '  tar -x -f "$nuro_tmp.tar" -C "$nuro_tmp" || nuro_fail "unpacking commit $NURO_CODE_COMMIT failed"',
         '  rm -f "$nuro_tmp.tar"',

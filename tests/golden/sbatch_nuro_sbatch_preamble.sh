@@ -25,7 +25,7 @@ if [ "$(cat "$NURO_JOB_DIR/code.pin" 2>/dev/null)" != "$NURO_CODE_PIN" ]; then
   rm -rf "$nuro_tmp" "$nuro_tmp.tar" "$nuro_tmp.patch" && mkdir -p "$nuro_tmp" || nuro_fail "cannot prepare $nuro_tmp"
   nuro_git -C "$NURO_CODE_REPO" archive --format=tar -o "$nuro_tmp.tar" "$NURO_CODE_COMMIT" \
     || nuro_fail "git archive of commit $NURO_CODE_COMMIT from $NURO_CODE_REPO failed (was it garbage-collected?)"
-  nuro_got=$(nuro_git get-tar-commit-id < "$nuro_tmp.tar")
+  nuro_got=$(cd / && nuro_git get-tar-commit-id < "$nuro_tmp.tar")
   [ "$nuro_got" = "$NURO_CODE_COMMIT" ] || nuro_fail "the archive holds commit '$nuro_got', not $NURO_CODE_COMMIT"
   tar -x -f "$nuro_tmp.tar" -C "$nuro_tmp" || nuro_fail "unpacking commit $NURO_CODE_COMMIT failed"
   rm -f "$nuro_tmp.tar"
