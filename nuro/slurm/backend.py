@@ -20,6 +20,10 @@ Job reads never parse ``scontrol show job`` text (issue 11: a job name with `` C
 fields and records there): the snapshot is JSON, ``job_comment``/``job_state``/``job_record`` read each user-chosen
 value alone (``squeue -O 'JobArrayID:0|,Comment:0'``), array and het records from JSON. Which text reads remain
 and why each is safe: ``nuro.slurm.parse_text``.
+Why not ``scontrol show job --json ID`` for one job: it exists from 24.11 only, and 22.05's ``squeue --json`` lists
+every job whatever ``-j`` says (a one-job read would cost a full listing). The one-field reads are exact on every
+version and cost the same at any queue size; switching to scontrol's JSON on >= 24.11 waits for a capture from
+that version to test it against.
 """
 
 from __future__ import annotations
@@ -124,6 +128,13 @@ class Backend(abc.ABC):
         if job is None:
             raise InvalidJobId(f"no job {job_id}", argv=())
         return job.comment or ""
+
+    def job_state(self, job_id: int | str) -> str:
+        """One job's state ("RUNNING", ...); backends override with a cheaper single-job read."""
+        job = self.find_job(int(job_id))
+        if job is None:
+            raise InvalidJobId(f"no job {job_id}", argv=())
+        return job.state
 
     def merge_comment(self, job_id: int | str, **updates: object) -> str:
         """Read the job's comment, set ``updates`` (None deletes a key), write it back; returns the new comment.

@@ -87,3 +87,23 @@ def test_comment_survives_into_accounting(backend: Backend) -> None:
     job_id = backend.submit("#!/bin/bash\ntrue\n", "-o", "/dev/null", f"--comment={comment}")
     record = _accounting_record(backend, job_id)
     assert record.phase is JobPhase.COMPLETED and record.comment == comment, record
+
+
+def test_single_job_reads_agree_with_the_snapshot(backend: Backend) -> None:
+    """job_comment / job_state / job_record (one-field squeue reads) give what squeue --json gives, for values that
+    would add fields to scontrol's text (issue 11; the team-member attacks are in isolation/test_text_injection.py)."""
+    name, comment = 'n Comment={"x":1}\nJobId=1 JobName=fake', "c|d Account=other\nUserId=root(0)\n"
+    job_id = backend.submit(
+        "#!/bin/bash\ntrue\n", "-H", "-o", "/tmp/nuro-live-%j-%x.out", "-J", name, "--comment", comment
+    )
+    try:
+        job = backend.read_snapshot().job(job_id)
+        assert job is not None and (job.name, job.comment) == (name, comment)
+        assert backend.job_comment(job_id) == comment and backend.job_state(job_id) == job.state == "PENDING"
+        record = backend.job_record(job_id)  # type: ignore[attr-defined]
+        assert (record["JobName"], record["Comment"], record["Account"]) == (name, comment, job.account)
+        assert record["StdOut"] == f"/tmp/nuro-live-{job_id}-{name}.out" and record["JobState"] == "PENDING"
+    finally:
+        backend.cancel(job_id)
+    with pytest.raises(InvalidJobId):
+        backend.job_comment(999999)

@@ -109,11 +109,9 @@ def test_controller_preempt_writes_back_only_the_jobs_own_comment(cluster: LiveC
         now = int(time.time())  # whole seconds: nuro comments hold integers only (nuro.jobcomment)
         outcome = apply_decision(cluster.backend, decision, now)
         assert outcome.applied, outcome.message
-        written = _json_job(cluster, job_id).comment
-        expected = jobcomment.merge(comment, preempt={"at": round(now, 3), "for": 4242, "why": "text-injection test"})
-        assert written == expected  # the job's {"run": "a"} plus root's mark: nothing from the name
-        raw = jobcomment.parse(written).raw
-        assert raw["run"] == "a" and raw["preempt"]["for"] == 4242 and "refused" not in raw
+        raw = jobcomment.parse(_json_job(cluster, job_id).comment).raw
+        assert set(raw) == {"run", "preempt"}, raw  # the job's {"run": "a"} plus root's mark: nothing from the name
+        assert raw["run"] == "a" and raw["preempt"]["for"] == 4242 and raw["preempt"]["at"] == now
     finally:
         cluster.run(["scancel", str(job_id)], check=False)
 
