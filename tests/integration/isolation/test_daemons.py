@@ -8,7 +8,8 @@
   machine's clock is left alone): nobody is declared lost;
 - a member's job whose record makes the policy code raise (the dev cluster's fault mark in its comment): only that
   job is skipped, logged once, the other team's job is still handled, the detector unaffected;
-- the controller process is killed: the supervisor restarts it, with the new PID in ``status``.
+- the controller process is killed: the supervisor restarts it, with the new PID in ``status``; so are a killed
+  slurmctld and a killed node agent.
 
 Each ends by asserting that the controller, its detector and every agent still run (``guard``: the supervisor's
 daemons alive; plus a live detector: beats accepted after the attack).
@@ -317,3 +318,27 @@ def test_a_job_whose_record_makes_the_policy_raise_costs_only_that_job(
         _detector_alive(cluster, "gpu005", restore)
     finally:
         cluster.run(["scancel", str(bad), str(good)], check=False)
+
+
+def _ref(cluster: LiveCluster, name: str):
+    return next((d for d in read_record(cluster.layout.record).daemons if d.name == name), None)
+
+
+@pytest.mark.parametrize("name", ["slurmctld", "agent:gpu003"])
+def test_a_crashed_slurmctld_or_agent_is_restarted_like_its_unit(
+    cluster: LiveCluster, guard: Guard, restore: list[str], name: str
+) -> None:
+    """slurmctld: Restart=on-failure; a node agent: Restart=always. Both come back under the supervisor, recorded."""
+    if name.startswith("agent:"):
+        restore.append(name.removeprefix("agent:"))
+    old = _ref(cluster, name)
+    psutil.Process(old.pid).kill()
+    new = wait_until(lambda: (r := _ref(cluster, name)) and r.pid != old.pid and r.is_alive() and r, 60, f"{name} back")
+    procs = {p["name"]: p for p in manager.status(cluster.layout)["processes"]}
+    assert procs[name]["pid"] == new.pid and procs[name]["alive"]
+    if name == "slurmctld":
+        wait_until(lambda: cluster.run(["sinfo", "-h"], check=False).returncode == 0, 60, "slurmctld answering")
+    else:
+        node = name.removeprefix("agent:")
+        wait_until(lambda: json.loads((cluster.layout.agents_dir / f"{node}.json").read_text())["pid"] == new.pid,
+                   30, f"the new agent of {node} beating")  # fmt: skip
