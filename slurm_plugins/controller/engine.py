@@ -135,7 +135,10 @@ def rebuild_state(snapshot: ClusterSnapshot) -> ControllerState:
     preempting = {}
     for job in snapshot.jobs:
         if job.phase.holds_resources and '"preempt"' in job.comment:
-            req = marks.authentic_preempt(job.job_id, jobcomment.parse(job.comment))
+            try:
+                req = marks.authentic_preempt(job.job_id, jobcomment.parse(job.comment))
+            except Exception:  # noqa: BLE001 - one job's record must not keep the daemon from starting
+                continue  # decide (behind the Isolator) judges this job again, and quarantines it if it raises
             if req is not None and timestamp(job.start_time, float("-inf")) <= req.at:
                 preempting[job.job_id] = req.at
     return ControllerState(preempting=MappingProxyType(dict(sorted(preempting.items()))))
