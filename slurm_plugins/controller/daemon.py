@@ -212,7 +212,7 @@ class Controller:
             kind, fields = "job_preempt_requeued", {"acked": decision.acked}
         try:
             self.events.append(kind, jobs=[decision.job_id], reason=decision.reason, **fields)
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - the journal never stops a cycle half-applied
             log.warning("event log: %s not recorded: %s", kind, exc)
 
     def reload_policy(self, path: Path) -> None:
