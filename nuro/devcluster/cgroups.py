@@ -69,13 +69,16 @@ def confinement(state_dir: Path) -> Confinement:
     """The dev cluster's :class:`Confinement`: cgroup/v1 at its own mountpoint, no core binding.
 
     ConstrainCores and task/affinity stay off: every emulated node claims 16 CPUs on a box with 2, and binding a
-    task to CPUs that do not exist fails its launch. Devices, RAM and swap are constrained as in production.
+    task to CPUs that do not exist fails its launch. Devices, RAM and swap are constrained as in production; swap
+    only where the kernel accounts it (``memory.memsw.*``): without it task/cgroup refuses to load ("ConstrainSwapSpace
+    is enabled but there is no support for swap") and no slurmd starts.
     """
     return Confinement(
         cgroup_plugin="cgroup/v1",
         cgroup_mountpoint=str(mountpoint(state_dir)),
         constrain_cores=False,
         task_affinity=False,
+        constrain_swap=(CGROUP_ROOT / "memory" / "memory.memsw.limit_in_bytes").exists(),
     )
 
 
