@@ -61,8 +61,9 @@ def cluster_cgroup_name(state_dir: Path) -> str:
 
 
 def mountpoint(state_dir: Path) -> Path:
-    """``CgroupMountpoint`` of the cluster: ``<state dir>/cgroup`` (one bind mount per controller below it)."""
-    return Path(os.path.abspath(state_dir)) / "cgroup"
+    """``CgroupMountpoint`` of the cluster: ``<state dir>/cgroup`` (one bind mount per controller below it), with
+    symlinks resolved: /proc/self/mountinfo names mounts by their real path, and ``release`` finds them there."""
+    return Path(os.path.realpath(state_dir)) / "cgroup"
 
 
 def confinement(state_dir: Path) -> Confinement:
