@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -63,3 +64,42 @@ def test_in_flight_preemptions_are_rebuilt_from_job_comments() -> None:
         taken_at=datetime.now(UTC),
     )
     assert dict(rebuild_state(snap).preempting) == {1: 100.0}
+
+
+# -- the daemon's clocks and loops --------------------------------------------------------------------------------
+def test_the_clock_offset_hook_steps_the_wall_clock_only_when_set(tmp_path: Path) -> None:
+    from nuro.slurm_plugins.controller.daemon import CLOCK_OFFSET_ENV, OffsetClock, wall_clock_from_env
+
+    assert wall_clock_from_env({}) is time.time  # production: the plain system clock
+    path = tmp_path / "offset"
+    clock = wall_clock_from_env({CLOCK_OFFSET_ENV: str(path)})
+    assert isinstance(clock, OffsetClock) and abs(clock() - time.time()) < 1  # no file: no offset
+    path.write_text("-30\n")
+    clock._read_at = float("-inf")
+    assert abs(clock() - (time.time() - 30)) < 1
+    path.write_text("x" * 1000)  # garbage (and more than it reads): offset 0, never an error
+    clock._read_at = float("-inf")
+    assert abs(clock() - time.time()) < 1
+
+
+def test_the_policy_loop_outlives_a_cycle_that_raises() -> None:
+    import threading
+
+    from nuro.slurm_plugins.controller.daemon import Controller
+    from tests.unit.test_engine_builders import a_policy
+
+    class Broken:
+        calls = 0
+
+        def read_snapshot(self) -> ClusterSnapshot:
+            Broken.calls += 1
+            raise RuntimeError("a parser bug")
+
+    stop = threading.Event()
+    ctl = Controller(Broken(), a_policy(8).team("a", quota=8).build())  # type: ignore[arg-type]
+    t = threading.Thread(target=ctl.run, args=(0.05, stop))
+    t.start()
+    time.sleep(0.5)
+    stop.set()
+    t.join(5)
+    assert not t.is_alive() and Broken.calls >= 3  # it kept cycling
