@@ -177,28 +177,39 @@ def test_running_job_usage_is_bounded_in_entries_depth_and_time(tmp_path: Path) 
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="job records are root-owned (the prolog writes them as root)")
-def test_check_node_attributes_a_low_disk_to_the_job_that_holds_it(tmp_path: Path) -> None:
+def test_disk_state_attributes_a_low_disk_to_the_job_that_holds_it(tmp_path: Path) -> None:
+    """The measuring and the rule together, with the free-space reading fixed (the real disk here is shared)."""
     from dataclasses import replace
 
-    from nuro.healthcheck.cli import check_node, disk_full_reason
+    from nuro.healthcheck.checks import disk_verdict, evaluate
+    from nuro.healthcheck.cli import disk_full_reason, disk_state
 
     root = tmp_path / "staging"
     _write(root / "31" / "fill", 4 << 20)
     _record(root, 31)
-    free = disk_free_bytes(str(root))
-    # A floor just above what is free, by less than the job holds: the job accounts for the shortfall.
+    free = 10 << 30
     settings = replace(
         HealthSettings(probe="none"), staging_root=str(root), staging_min_free_bytes=free + (1 << 20),
-        min_blame_bytes=1 << 20,  # the default (1/20 of the floor) would want GiBs on this machine's real disk
+        min_blame_bytes=1 << 20,  # the default (1/20 of the floor) would want half a GiB
     )  # fmt: skip
-    out = check_node("gpu001", settings)
-    assert out.healthy and [u.job_id for u in out.jobs_to_fail] == [31]
+    got_free, usage = disk_state(settings, "gpu001", free, reader=lambda _p: free)
+    assert got_free == free and usage is not None and [u.job_id for u in usage] == [31]
+    verdict = disk_verdict(got_free, settings.staging_min_free_bytes, usage, settings.min_blame_bytes)
+    assert [u.job_id for u in verdict.jobs_to_fail] == [31]
+    assert evaluate(None, None, got_free, settings.staging_min_free_bytes, None, job_disk_use=usage,
+                    min_job_bytes=settings.min_blame_bytes) == []  # fmt: skip
+    out = Outcome("gpu001", "periodic", (), None, got_free, None, jobs_to_fail=verdict.jobs_to_fail,
+                  min_free_bytes=settings.staging_min_free_bytes, staging_root=str(root))  # fmt: skip
     why = disk_full_reason(out, out.jobs_to_fail[0])
-    assert why.startswith("nuro-health: cancelled: the staging disk of gpu001") and f"{root}/31" in why
+    assert why.startswith("nuro-health: cancelled: the staging disk of gpu001") and f"{root}/31) holds" in why
     # A shortfall far beyond what any job holds: the node's problem (drained), no job failed.
-    settings = replace(settings, staging_min_free_bytes=free + (1 << 40))
-    out = check_node("gpu001", settings)
-    assert [p.code for p in out.problems] == ["disk"] and out.jobs_to_fail == ()
+    big = replace(settings, staging_min_free_bytes=free + (1 << 40))
+    got_free, usage = disk_state(big, "gpu001", free, reader=lambda _p: free)
+    assert disk_verdict(got_free, big.staging_min_free_bytes, usage, big.min_blame_bytes).node_problem
+    # Space given back during the confirmation pause (an epilog's unlink returning) is nobody's problem.
+    readings = iter([free, free + (2 << 40)])
+    got_free, usage = disk_state(big, "gpu001", free, reader=lambda _p: next(readings))
+    assert got_free > big.staging_min_free_bytes and usage is None
 
 
 def test_a_low_reading_that_is_still_rising_is_re_read_until_it_settles() -> None:
