@@ -11,7 +11,10 @@ Also one hostile job per tree: a FIFO planted at a step's upload state file (``.
 reads. Before, the epilog blocks on it until slurmd's ``PrologEpilogTimeout`` (here: until ``--hang-s``, then it
 is killed and reported as blocked); after, the FIFO is refused at once and the epilog ends in its normal time.
 
-    python -m bench.bench_epilog [--jobs 5] [--steps 2] [--mib 8] [--port-base 14400] [--before 0b1f475]
+    python -m bench.bench_epilog [--jobs 5] [--steps 2] [--mib 8] [--port-base 14400] [--before 0b1f475] [--no-health]
+
+``--no-health`` skips the node health check in both trees (``NURO_HOOK_HEALTHCHECK=0``): what is left is the
+checkpoint part this work changed (flush, cache, job dir and record removal) plus the interpreter start.
 
 Benchmarks measure; nothing asserts a speed.
 """
@@ -52,7 +55,9 @@ def _extract(rev: str, dest: Path) -> Path:
     return dest
 
 
-def _hook(tree: Path, module: str, node: Path, job: int, run: str, s3_env: dict[str, str], timeout_s: float) -> float:
+def _hook(
+    tree: Path, module: str, node: Path, job: int, run: str, s3_env: dict[str, str], timeout_s: float, health: bool
+) -> float:
     """Run one hook like slurmd does; returns its wall time (``inf`` when it had to be killed at ``timeout_s``)."""
     env_file = node / "nuro.env"
     settings = {**s3_env, "NURO_STAGING_ROOT": str(node / "staging"), "NURO_CACHE_DIR": str(node / "cache"),
@@ -63,6 +68,7 @@ def _hook(tree: Path, module: str, node: Path, job: int, run: str, s3_env: dict[
         "PATH": os.environ["PATH"], "NURO_ENV_FILE": str(env_file), "SLURM_JOB_ID": str(job),
         "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY), "SLURM_JOB_USER": "nobody",
         "SLURM_JOB_ACCOUNT": TEAM, "SLURM_JOB_COMMENT": comment, "SLURMD_NODENAME": node.name,
+        "NURO_HOOK_HEALTHCHECK": "1" if health else "0",
     }  # fmt: skip
     t0 = time.perf_counter()
     try:
@@ -103,6 +109,7 @@ def main() -> None:
     ap.add_argument("--port-base", type=int, default=14400)
     ap.add_argument("--before", default="0b1f475")
     ap.add_argument("--hang-s", type=float, default=30.0, help="kill a blocked epilog after this long")
+    ap.add_argument("--no-health", action="store_true", help="skip the node health check (checkpoint part only)")
     args = ap.parse_args()
 
     from nuro.devcluster import s3
@@ -125,10 +132,10 @@ def main() -> None:
                     node = work / f"{name}-{job}"
                     node.mkdir()
                     run = f"b-{uuid.uuid4().hex[:8]}"
-                    _hook(tree, "nuro.prolog_epilog.prolog", node, job, run, s3_env, 120)
+                    _hook(tree, "nuro.prolog_epilog.prolog", node, job, run, s3_env, 120, False)
                     _stage(node / "staging" / str(job), job, run, args.steps, args.mib, bad)
                     took = _hook(tree, "nuro.prolog_epilog.epilog", node, job, run, s3_env,
-                                 args.hang_s if bad else 300)  # fmt: skip
+                                 args.hang_s if bad else 300, not args.no_health)  # fmt: skip
                     (hostile.__setitem__(name, took) if bad else times[name].append(took))
                     print(f"{name} job={job}{' (FIFO)' if bad else ''} epilog {took:.2f} s", flush=True)
                     shutil.rmtree(node, ignore_errors=True)
@@ -136,8 +143,9 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     save(
-        "epilog",
+        "epilog-no-health" if args.no_health else "epilog",
         {
+            "health_check": not args.no_health,
             "jobs_per_tree": args.jobs, "steps_per_job": args.steps, "mib_per_step": args.mib,
             "before_rev": args.before,
             "epilog_s_median": {k: round(v, 3) for k, v in med.items()},
