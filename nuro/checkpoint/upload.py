@@ -348,6 +348,9 @@ class UploadWorker:
             return req
         if req.step != sd.step:
             raise ManifestError(f"{sd.where}: the request names step {req.step}, its directory is step {sd.step}")
+        ours = [f.path for f in req.files if L.is_control_file(f.path)]
+        if ours:  # markers, locks and state root writes there are never part of a checkpoint
+            raise ManifestError(f"{sd.where}: the request lists the upload worker's own files {ours[:5]}")
         return bind_request(
             req, team=owner.team, run=owner.run, job_id=owner.job_id, restart=owner.restart, keep=owner.keep
         )

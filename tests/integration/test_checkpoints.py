@@ -384,7 +384,7 @@ def test_root_worker_trusts_the_job_record_and_survives_hostile_job_dirs(
     victim.close()
     before = {o.key: store.get(o.key)[0] for o in store.list(L.run_prefix(TEAM, theirs))}
 
-    runs = {j: f"{mine}-{j}" for j in range(801, 813)}  # each job its own run: no step is committed by another
+    runs = {j: f"{mine}-{j}" for j in range(801, 814)}  # each job its own run: no step is committed by another
     honest = _stage(root / "801", 1, files, run=runs[801])
     _stage(root / "802", 1, files, run=theirs, keep=1)  # forged: another run, and keep=1 to delete its steps
     _stage(root / "803", 1, files, run=runs[803], team="nlp")  # forged: another team
@@ -412,7 +412,8 @@ def test_root_worker_trusts_the_job_record_and_survives_hostile_job_dirs(
     elsewhere = tmp_path / "someone-elses-file"
     elsewhere.write_bytes(files["__0_0.distcp"])
     os.link(elsewhere, hard / "__0_0.distcp")  # same bytes, but a hard link: root never reads it
-    for job in range(801, 813):
+    _stage(root / "813", 1, {**files, ".verified.json": b"{}"}, run=runs[813])  # lists a file of root's
+    for job in range(801, 814):
         if job != 811:
             _record(root, job, runs[job])
 
@@ -421,24 +422,26 @@ def test_root_worker_trusts_the_job_record_and_survives_hostile_job_dirs(
     report = worker.run_once()
     took = time.monotonic() - t0
     assert report.committed == [("801", 1)], report
-    assert sorted(report.abandoned) == [(str(j), 1) for j in (802, 803, 804, 805, 806, 807, 808, 809, 812)], report
+    refused = (802, 803, 804, 805, 806, 807, 808, 809, 812, 813)
+    assert sorted(report.abandoned) == [(str(j), 1) for j in refused], report
     assert report.skipped_jobs == ["811"], report
     assert took < 30, f"one pass took {took:.1f} s"
     assert store.exists(L.manifest_key(TEAM, runs[801], 1))
     assert not list(store.list(L.run_prefix("nlp", runs[803])))
-    for j in range(802, 813):  # nothing of the refused jobs reached S3
+    for j in refused:  # nothing of the refused jobs reached S3
         assert not list(store.list(L.run_prefix(TEAM, runs[j]))), j
     after = {o.key: store.get(o.key)[0] for o in store.list(L.run_prefix(TEAM, theirs))}
     assert after == before  # the other run: byte-identical, nothing new
     reasons = {
         j: json.loads((root / str(j) / "ckpt" / L.step_name(1) / L.ABANDONED_FILE).read_bytes())["reason"]
-        for j in (802, 803, 804, 805, 806, 807, 808, 809, 812)
+        for j in refused
     }
     assert "job record says" in reasons[802] and theirs in reasons[802], reasons[802]
     assert "team='nlp'" in reasons[803] and "restart=3" in reasons[804]
     assert "lock file is not a regular file" in reasons[805], reasons[805]
     assert "not a regular file" in reasons[806] and "symlink" in reasons[807] and "symlink" in reasons[808]
     assert "larger than" in reasons[809] and "links" in reasons[812], (reasons[809], reasons[812])
+    assert "upload worker's own files" in reasons[813], reasons[813]
     assert not (root / "811" / "ckpt" / L.step_name(1) / L.ABANDONED_FILE).exists()
     # a second pass says nothing new and still finishes at once; flush of a hostile job is bounded too
     assert worker.run_once().committed == []
