@@ -8,10 +8,10 @@ Surviving a flood (junk, forged MACs, replays from anyone who can reach the port
 - the socket is drained in bursts (poll once, then read until the queue is empty) with a receive buffer of
   ``RCVBUF_BYTES`` (``SO_RCVBUFFORCE`` when we may, else ``SO_RCVBUF`` up to the kernel's ``rmem_max``), so a burst
   queues instead of being dropped;
-- every datagram costs at most one size check, one split and one HMAC before it is refused (``handle``: no JSON is
+- every datagram costs at most one size check, one split and one MAC before it is refused (``handle``: no JSON is
   parsed before the MAC matched, no exception is raised on the reject path, a replay of a datagram already seen is
-  refused before the HMAC); each node's key is derived from the master (``NodeKeys``), so a key learnt on one node
-  forges beats for that node only;
+  refused before the MAC, and the MAC is keyed BLAKE2b from a per-node keyed hasher); each node's key is derived
+  from the master (``NodeKeys``), so a key learnt on one node forges beats for that node only;
 - rejects are counted by reason (``bad_mac``, ``unknown_node``, ``replay``, ``clock_skew``, ``too_big``,
   ``malformed``) and logged at most once per source address and reason per minute, for at most ``LOG_SOURCES``
   sources (spoofed addresses cannot grow memory), plus one summary line a minute while rejects keep coming;
@@ -47,6 +47,7 @@ from nuro.heartbeat import (
     ReplayGuard,
     parse_body,
 )
+from nuro.heartbeat import mac as hb_mac
 from nuro.slurm_plugins.controller.liveness import Beat
 from nuro.slurm_plugins.controller.ratelog import RateLog
 
@@ -193,7 +194,8 @@ class HeartbeatReceiver:
         key = self.keys(node)
         if key is None:
             return self._reject("unknown_node", source, mono, f"unknown node {node!r}")
-        if not hmac.compare_digest(mac, hmac.digest(key, signed, "sha256").hex().encode()):
+        expected = self.keys.mac(node, signed) if isinstance(self.keys, NodeKeys) else hb_mac(key, signed)
+        if not hmac.compare_digest(mac, expected):
             return self._reject("bad_mac", source, mono, f"MAC mismatch for {node}: wrong key or altered datagram")
         self._remember(mac)
         try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import hmac
 import os
 
 import pytest
@@ -21,6 +20,7 @@ from nuro.heartbeat import (
     derive_key,
     encode,
     load_key,
+    mac,
     node_key,
     verify,
     write_key,
@@ -118,11 +118,11 @@ def test_a_beat_checks_with_its_own_node_key_only() -> None:
 def test_the_clear_node_name_must_match_the_body() -> None:
     k1 = node_key(KEY, "gpu001")
     data = encode(beat(node="gpu001"), k1)
-    mac, _, signed = data.partition(b".")
+    _, _, signed = data.partition(b".")
     _, _, body = signed.partition(b" ")
     # re-signed with gpu002 in front and gpu001 inside: the MAC holds (same key) but the names differ
     forged_signed = b"gpu002 " + body
-    forged = hmac.new(k1, forged_signed, hashlib.sha256).hexdigest().encode() + b"." + forged_signed
+    forged = mac(k1, forged_signed) + b"." + forged_signed
     with pytest.raises(BadHeartbeat, match="differs"):
         decode(forged, k1)
 
@@ -155,3 +155,13 @@ def test_a_huge_key_file_is_refused_without_reading_it_whole(tmp_path) -> None:
     os.chmod(path, 0o600)
     with pytest.raises(BadHeartbeat, match="larger than"):
         load_key(path)
+
+
+def test_the_mac_is_keyed_blake2b_of_the_signed_part_and_long_keys_are_hashed_first() -> None:
+    data = encode(beat(), KEY)
+    signed = data[65:]
+    assert data[:64] == hashlib.blake2b(signed, key=KEY, digest_size=32).hexdigest().encode()
+    long_key = b"z" * 100
+    assert decode(encode(beat(), long_key), long_key) == beat()
+    keys = NodeKeys(KEY)
+    assert keys.mac("gpu001", signed) == mac(node_key(KEY, "gpu001"), signed)

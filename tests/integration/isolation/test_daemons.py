@@ -53,7 +53,7 @@ from tests.integration.isolation.conftest import (
 pytestmark = pytest.mark.slurm
 
 FLOOD = r"""
-import hashlib, hmac, os, socket, sys, time
+import hashlib, os, socket, sys, time
 port, seconds, replay_file = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 replayed = [bytes.fromhex(line) for line in open(replay_file).read().split()]
 forged = []
@@ -62,7 +62,7 @@ for i in range(1, 9):
     body = ('{"boot":1,"healthy":true,"node":"%s","problems":[],"seq":99999999,"sent":%.3f,"v":2}'
             % (node, time.time())).encode()
     signed = node.encode() + b" " + body
-    forged.append(hmac.new(os.urandom(32), signed, hashlib.sha256).hexdigest().encode() + b"." + signed)
+    forged.append(hashlib.blake2b(signed, key=os.urandom(32), digest_size=32).hexdigest().encode() + b"." + signed)
 junk = [os.urandom(n) for n in (8, 100, 700, 1400)] + [b"0" * 64 + b".gpu001 " + os.urandom(200)]
 packets = junk + forged + replayed
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -84,7 +84,7 @@ print(sent, blocked)
 #: Beats for gpu007 in nuro's wire format (nuro.heartbeat, format 2), signed with the key file given: plain Python, as
 #: an attacker would write it.
 SPOOF = r"""
-import hashlib, hmac, json, socket, sys, time
+import hashlib, json, socket, sys, time
 key, port = open(sys.argv[1], "rb").read().strip(), int(sys.argv[2])
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 boot = int(time.time() * 1000) + 10**9
@@ -92,7 +92,7 @@ for seq in range(1, 300):
     body = json.dumps({"boot": boot, "healthy": True, "node": "gpu007", "problems": [], "seq": seq,
                        "sent": time.time(), "v": 2}, separators=(",", ":"), sort_keys=True).encode()
     signed = b"gpu007 " + body
-    s.sendto(hmac.new(key, signed, hashlib.sha256).hexdigest().encode() + b"." + signed, ("127.0.0.1", port))
+    s.sendto(hashlib.blake2b(signed, key=key, digest_size=32).hexdigest().encode() + b"." + signed, ("127.0.0.1", port))
     time.sleep(0.2)
 """
 
