@@ -1,8 +1,8 @@
 """The node agent → controller heartbeat: one authenticated UDP datagram per node per interval.
 
-Why UDP and HMAC: a heartbeat must cost nothing on a 500-node fleet and must never block the agent (a hung TCP
-connect to a restarting controller would look like a dead node). Each datagram is self-contained JSON plus an
-HMAC-SHA256 over its exact bytes, so a user on a compute node cannot keep a dead node "alive" or declare a healthy
+Why UDP and a MAC: a heartbeat must cost nothing on a 500-node fleet and must never block the agent (a hung TCP
+connect to a restarting controller would look like a dead node). Each datagram is self-contained JSON plus a MAC
+over its exact bytes, so a user on a compute node cannot keep a dead node "alive" or declare a healthy
 one dead. Replays are refused by the receiver (``Replay``): per node, a datagram must carry a newer ``(boot, seq)``
 than the last accepted one, and its send time must be within ``max_skew_s`` of the receiver's clock.
 
@@ -14,10 +14,10 @@ derived for. ``derive_key(master, purpose)`` gives other controller-only secrets
 the same master, each purpose its own key.
 
 Wire format (bytes): ``<64 hex mac>.<node> <json>``; the MAC is keyed BLAKE2b-256 (``mac``) over ``<node> <json>``
-with the node's key (a keyed hash built for exactly this, about 3× cheaper than HMAC-SHA256 to check, which is
+with the node's key (a keyed hash built for exactly this, several times cheaper than HMAC-SHA256 to check, which is
 what a flood of forgeries costs the receiver per datagram). The node name travels in
 the clear in front of the body so the receiver can pick the key and check the MAC before parsing anything (a flood
-of junk costs one length check, one split and one HMAC per datagram, never a JSON parse). json is compact, sorted,
+of junk costs one length check, one split and one MAC per datagram, never a JSON parse). json is compact, sorted,
 and holds ``v`` (format), ``node`` (must equal the clear one), ``boot`` (agent start time, ms: a restarted agent
 starts a new sequence), ``seq``, ``sent`` (Unix s), ``healthy`` (bool: the agent's last probe passed),
 ``problems`` (short texts when not healthy).
