@@ -66,16 +66,19 @@ end
 -- compact, keys sorted by code point and never repeated, ASCII with lower-case \u escapes, integers of at most 15
 -- digits, at most 8192 bytes and 32 levels). One left-to-right pass, O(size): a comment is a record only in that
 -- form, exactly when Python's nuro.jobcomment.record() says so, and scan() gives the same first problem in the same
--- words as nuro.jobcomment.scan (its line-by-line mirror); tests/vectors/comment.json and the property test in
--- tests/unit/test_jobcomment_bridge.py hold the two to 0 disagreements. Values: an object is
--- { t = "o", k = { [raw key] = value }, span = { [raw key] = {first, last} }, n = count }, a string its raw text
--- between the quotes (in canonical form a string without a backslash is exactly its text), anything else a marker.
+-- words as nuro.jobcomment.scan (its line-by-line mirror); tests/vectors/comment.json and the property tests
+-- (tests/unit/test_comment_bridge.py under lua5.1, tests/integration/isolation/test_comment_parse.py through real
+-- sbatch) hold the two to 0 disagreements. An object is { [raw key] = value, [SPANS] = { [raw key] = first byte of
+-- the value * 65536 + its last byte }, [COUNT] = member count } (numeric slots never meet a string key); a string
+-- value is STR (its text lies inside its span: in canonical form a string without a backslash is exactly its text),
+-- anything else OTHER.
 local MAX_BYTES, MAX_DEPTH, MAX_DIGITS = 8192, 32, 15
 local STR_SPECIAL = '[%z\1-\31"\\\127-\255]' -- anything but printable ASCII without " and \
-local NAMED = { ['"'] = 34, ["\\"] = 92, b = 8, f = 12, n = 10, r = 13, t = 9 }
-local SPACE = { [" "] = true, ["\t"] = true, ["\n"] = true, ["\r"] = true }
-local WORDS = { "true", "false", "null" }
-local OTHER = { t = "x" }
+local NAMED = { [34] = 34, [92] = 92, [98] = 8, [102] = 12, [110] = 10, [114] = 13, [116] = 9 } -- " \ b f n r t
+local SPACE = { [32] = true, [9] = true, [10] = true, [13] = true }
+local B_OPEN, B_CLOSE, A_OPEN, A_CLOSE, QUOTE, COLON, COMMA, MINUS, BSL = 123, 125, 91, 93, 34, 58, 44, 45, 92
+local STR, OTHER, SPANS, COUNT = { t = "s" }, { t = "x" }, 1, 2
+local sbyte, ssub, sfind, schar = string.byte, string.sub, string.find, string.char
 
 local function fail(why)
 	error({ why = why }, 0)
@@ -86,29 +89,28 @@ local function at(i)
 end
 
 local function unexpected(c, i)
-	if i > #c then
+	local b = sbyte(c, i)
+	if not b then
 		return "it ends early"
 	end
-	local ch = c:sub(i, i)
-	if SPACE[ch] then
+	if SPACE[b] then
 		return "a space or line break " .. at(i) .. " (the canonical form has none)"
 	end
-	local b = ch:byte()
 	if b <= 32 or b > 126 then
 		return "a character outside printable ASCII " .. at(i)
 	end
-	return "unexpected '" .. ch .. "' " .. at(i)
+	return "unexpected '" .. schar(b) .. "' " .. at(i)
 end
 
 local function key_text(raw)
-	return #raw <= 40 and raw or (raw:sub(1, 37) .. "...")
+	return #raw <= 40 and raw or (ssub(raw, 1, 37) .. "...")
 end
 
--- UTF-16 units to code points: a high surrogate followed by a low one is one character (as json.loads reads).
-local function combine(u)
-	local out, k, n = {}, 1, #u
+-- A key's UTF-16 units as code points: a high surrogate followed by a low one is one character (as json.loads reads).
+local function code_points(units)
+	local out, k, n = {}, 1, #units
 	while k <= n do
-		local a, b = u[k], u[k + 1]
+		local a, b = units[k], units[k + 1]
 		if a >= 0xD800 and a <= 0xDBFF and b and b >= 0xDC00 and b <= 0xDFFF then
 			out[#out + 1] = 0x10000 + (a - 0xD800) * 1024 + (b - 0xDC00)
 			k = k + 2
@@ -120,7 +122,28 @@ local function combine(u)
 	return out
 end
 
-local function compare(a, b) -- code point sequences, as Python compares str (no locale: strcoll is not used)
+local function as_points(key) -- a key without escapes is kept as its text; compare() needs code points for mixes
+	if type(key) == "table" then
+		return key
+	end
+	return { sbyte(key, 1, -1) }
+end
+
+-- Code point order, as Python compares str. Byte by byte, never `<` on strings (that is strcoll: locale order).
+local function compare(a, b)
+	if type(a) == "string" and type(b) == "string" then
+		if a == b then
+			return 0
+		end
+		for k = 1, math.min(#a, #b) do
+			local x, y = sbyte(a, k), sbyte(b, k)
+			if x ~= y then
+				return x < y and -1 or 1
+			end
+		end
+		return #a < #b and -1 or 1
+	end
+	a, b = as_points(a), as_points(b)
 	for k = 1, math.min(#a, #b) do
 		if a[k] ~= b[k] then
 			return a[k] < b[k] and -1 or 1
@@ -132,36 +155,47 @@ local function compare(a, b) -- code point sequences, as Python compares str (no
 	return #a < #b and -1 or 1
 end
 
--- The string literal at i: the index after it, and (for keys) its code points.
+-- The string literal at i: the index after it, and (for keys) the key to compare: its text, or with escapes its
+-- code points.
 local function scan_string(c, i, want_key)
-	local j, units = i + 1, want_key and {} or nil
+	local j, units = i + 1, nil
 	while true do
-		local k = c:find(STR_SPECIAL, j)
+		local k = sfind(c, STR_SPECIAL, j)
 		if not k then
 			fail("a string " .. at(i) .. " that never ends")
 		end
-		if units then
-			for p = j, k - 1 do
-				units[#units + 1] = c:byte(p)
+		local ch = sbyte(c, k)
+		if ch == QUOTE then
+			if not want_key then
+				return k + 1
 			end
+			if not units then
+				return k + 1, ssub(c, i + 1, k - 1)
+			end
+			for p = j, k - 1 do
+				units[#units + 1] = sbyte(c, p)
+			end
+			return k + 1, code_points(units)
 		end
-		local ch = c:sub(k, k)
-		if ch == '"' then
-			return k + 1, units and combine(units)
-		end
-		if ch ~= "\\" then
+		if ch ~= BSL then
 			fail("a character outside printable ASCII " .. at(k) .. " (write it as a \\u escape)")
 		end
-		if k + 1 > #c then
+		if want_key then
+			units = units or {}
+			for p = j, k - 1 do
+				units[#units + 1] = sbyte(c, p)
+			end
+		end
+		local e = sbyte(c, k + 1)
+		if not e then
 			fail("a string " .. at(i) .. " that never ends")
 		end
-		local e = c:sub(k + 1, k + 1)
-		if e == "u" then
-			local hex = c:sub(k + 2, k + 5)
-			if not hex:find("^[0-9a-fA-F][0-9a-fA-F][0-9a-fA-F][0-9a-fA-F]$") then
+		if e == 117 then -- u
+			local hex = ssub(c, k + 2, k + 5)
+			if not sfind(hex, "^[0-9a-fA-F][0-9a-fA-F][0-9a-fA-F][0-9a-fA-F]$") then
 				fail("a bad \\u escape " .. at(k))
 			end
-			if hex:find("[A-F]") then
+			if sfind(hex, "[A-F]") then
 				fail("an upper-case \\u escape " .. at(k) .. " (nuro writes lower case)")
 			end
 			local v = tonumber(hex, 16)
@@ -178,30 +212,28 @@ local function scan_string(c, i, want_key)
 			end
 			j = k + 2
 		else
-			local b = e:byte()
-			fail("the escape \\" .. ((b > 32 and b <= 126) and e or "?") .. " " .. at(k) .. " (not in the canonical form)")
+			fail("the escape \\" .. ((e > 32 and e <= 126) and schar(e) or "?") .. " " .. at(k) .. " (not in the canonical form)")
 		end
 	end
 end
 
 local function scan_number(c, i)
-	local s, e = c:find("^%-?[0-9]+", i)
+	local s, e = sfind(c, "^%-?[0-9]+", i)
 	if not s then
 		fail(unexpected(c, i))
 	end
-	local text = c:sub(s, e)
-	local digits = text:sub(1, 1) == "-" and text:sub(2) or text
-	local nxt = c:sub(e + 1, e + 1)
-	if nxt == "." or nxt == "e" or nxt == "E" then
+	local nxt = sbyte(c, e + 1)
+	if nxt == 46 or nxt == 101 or nxt == 69 then -- . e E
 		fail("a number " .. at(i) .. " that is not a whole number (nuro writes integers only)")
 	end
-	if #digits > 1 and digits:sub(1, 1) == "0" then
+	local first = sbyte(c, s) == MINUS and s + 1 or s
+	if e > first and sbyte(c, first) == 48 then
 		fail("a number with a leading zero " .. at(i))
 	end
-	if text == "-0" then
+	if first > s and e == first and sbyte(c, first) == 48 then
 		fail("minus zero " .. at(i))
 	end
-	if #digits > MAX_DIGITS then
+	if e - first + 1 > MAX_DIGITS then
 		fail("a number of more than " .. MAX_DIGITS .. " digits " .. at(i))
 	end
 	return e + 1
@@ -213,19 +245,20 @@ local function scan_object(c, i, depth)
 	if depth > MAX_DEPTH then
 		fail("nesting deeper than " .. MAX_DEPTH .. " levels " .. at(i))
 	end
-	local obj = { t = "o", k = {}, span = {}, n = 0 }
+	local spans, n = {}, 0
+	local obj = { [SPANS] = spans, [COUNT] = 0 }
 	i = i + 1
-	if c:sub(i, i) == "}" then
+	if sbyte(c, i) == B_CLOSE then
 		return i + 1, obj
 	end
 	local prev, prev_raw
 	while true do
-		if c:sub(i, i) ~= '"' then
+		if sbyte(c, i) ~= QUOTE then
 			fail(unexpected(c, i))
 		end
 		local key_at, key = i, nil
 		i, key = scan_string(c, i, true)
-		local raw = c:sub(key_at + 1, i - 2)
+		local raw = type(key) == "string" and key or ssub(c, key_at + 1, i - 2)
 		if prev then
 			local order = compare(prev, key)
 			if order == 0 then
@@ -236,17 +269,18 @@ local function scan_object(c, i, depth)
 			end
 		end
 		prev, prev_raw = key, raw
-		if c:sub(i, i) ~= ":" then
+		if sbyte(c, i) ~= COLON then
 			fail(unexpected(c, i))
 		end
 		local first, v = i + 1, nil
 		i, v = scan_value(c, first, depth)
-		obj.k[raw], obj.span[raw], obj.n = v, { first, i - 1 }, obj.n + 1
-		local ch = c:sub(i, i)
-		if ch == "}" then
+		obj[raw], spans[raw], n = v, first * 65536 + i - 1, n + 1
+		local ch = sbyte(c, i)
+		if ch == B_CLOSE then
+			obj[COUNT] = n
 			return i + 1, obj
 		end
-		if ch ~= "," then
+		if ch ~= COMMA then
 			fail(unexpected(c, i))
 		end
 		i = i + 1
@@ -258,41 +292,41 @@ local function scan_array(c, i, depth)
 		fail("nesting deeper than " .. MAX_DEPTH .. " levels " .. at(i))
 	end
 	i = i + 1
-	if c:sub(i, i) == "]" then
+	if sbyte(c, i) == A_CLOSE then
 		return i + 1, OTHER
 	end
 	while true do
 		i = scan_value(c, i, depth)
-		local ch = c:sub(i, i)
-		if ch == "]" then
+		local ch = sbyte(c, i)
+		if ch == A_CLOSE then
 			return i + 1, OTHER
 		end
-		if ch ~= "," then
+		if ch ~= COMMA then
 			fail(unexpected(c, i))
 		end
 		i = i + 1
 	end
 end
 
+local WORDS = { [116] = "true", [102] = "false", [110] = "null" }
+
 scan_value = function(c, i, depth)
-	if i > #c then
+	local b = sbyte(c, i)
+	if not b then
 		fail("it ends early")
 	end
-	local ch = c:sub(i, i)
-	if ch == "{" then
+	if b == QUOTE then
+		return scan_string(c, i, false), STR
+	elseif b == B_OPEN then
 		return scan_object(c, i, depth + 1)
-	elseif ch == "[" then
+	elseif b == A_OPEN then
 		return scan_array(c, i, depth + 1)
-	elseif ch == '"' then
-		local e = scan_string(c, i, false)
-		return e, c:sub(i + 1, e - 2)
-	elseif ch == "-" or ch:find("^[0-9]$") then
+	elseif b == MINUS or (b >= 48 and b <= 57) then
 		return scan_number(c, i), OTHER
 	end
-	for _, w in ipairs(WORDS) do
-		if c:sub(i, i + #w - 1) == w then
-			return i + #w, OTHER
-		end
+	local w = WORDS[b]
+	if w and ssub(c, i, i + #w - 1) == w then
+		return i + #w, OTHER
 	end
 	fail(unexpected(c, i))
 end
@@ -305,7 +339,7 @@ local function scan(c)
 	if c == "" then
 		return nil, "it is empty"
 	end
-	if c:sub(1, 1) ~= "{" then
+	if sbyte(c, 1) ~= B_OPEN then
 		return nil, "it does not start with {"
 	end
 	local ok, e, obj = pcall(scan_value, c, 1, 0)
@@ -328,46 +362,49 @@ end
 local HEX40 = string.rep("[0-9a-f]", 40)
 local DIGEST, COMMIT = "^sha256:" .. HEX40 .. string.rep("[0-9a-f]", 24) .. "$", "^" .. HEX40 .. "$"
 
-local function obj_of(v)
-	return type(v) == "table" and v.t == "o" and v or nil
-end
-
-local function str_of(v)
-	return type(v) == "string" and v or nil
-end
-
 local function read_comment(c)
 	if type(c) ~= "string" or c == "" then
 		return nil
 	end
 	local top, why = scan(c)
 	if not top then
-		if c:sub(1, 1) == "{" or c:find('"nuro":', 1, true) then
+		if sbyte(c, 1) == B_OPEN or sfind(c, '"nuro":', 1, true) then
 			return { why = why }
 		end
 		return nil
 	end
+	local function text(parent, key, inner) -- the value's bytes (inside the quotes with inner)
+		local span = parent[SPANS][key]
+		local first, last = math.floor(span / 65536), span % 65536
+		return inner and ssub(c, first + 1, last - 1) or ssub(c, first, last)
+	end
 	local function raw(key)
-		local span = top.span[key]
-		return span and ('"' .. key .. '":' .. c:sub(span[1], span[2]))
+		return top[key] ~= nil and ('"' .. key .. '":' .. text(top, key)) or nil
+	end
+	local function obj_of(parent, key)
+		local v = parent[key]
+		return type(v) == "table" and v[SPANS] and v or nil
+	end
+	local function str_of(parent, key)
+		return parent[key] == STR and text(parent, key, true) or nil
 	end
 	local view = { preempt = raw("preempt") }
-	if top.k.nuro == nil then
+	if top.nuro == nil then
 		return view
 	end
 	local rec = { raw = raw("nuro") }
 	view.nuro = rec
-	local n = obj_of(top.k.nuro)
+	local n = obj_of(top, "nuro")
 	if not n then
 		rec.bad = "nuro"
 		return view
 	end
-	local d, code = obj_of(n.k.dataset), obj_of(n.k.code)
-	if d and d.n == 2 and str_of(d.k.digest) and str_of(d.k.name) then
-		rec.digest, rec.name = d.k.digest, d.k.name
+	local d, code = obj_of(n, "dataset"), obj_of(n, "code")
+	if d and d[COUNT] == 2 and str_of(d, "digest") and str_of(d, "name") then
+		rec.digest, rec.name = str_of(d, "digest"), str_of(d, "name")
 	end
-	rec.commit = code and str_of(code.k.commit)
-	rec.team = str_of(n.k.team)
+	rec.commit = code and str_of(code, "commit")
+	rec.team = str_of(n, "team")
 	if not rec.digest then
 		rec.bad = "nuro.dataset"
 	elseif not rec.digest:find(DIGEST) then
