@@ -6,9 +6,13 @@ Thin by design: every decision reads the generated policy table nuro_policy.lua 
 against this file by the shared vectors in tests/vectors/admission.json through real sbatch. Change a rule in both.
 
 Per submission: one dofile of the table (slurmctld has no stat() in Lua 5.1, and re-reading keeps `policy apply`
-effective at once), then O(1) table lookups. Rules, in order (first failure wins):
-  1 account_other_team  2 qos_other_team / qos_no_team  3 tier_denied  4 gpu_cap
-  5 pin_changed (modify)  6 pin_invalid  7 pin_team  8 pin_required (only with require_pinning)
+effective at once), then O(1) table lookups and one O(size) scan of the comment. Rules, in order (first failure
+wins):
+  1 account_other_team  2 qos_other_team / qos_no_team  2b qos_borrow  3 tier_denied  4 gpu_cap
+  5a comment_not_canonical  5b preempt_forged  5 pin_changed (modify)  6 pin_invalid  7 pin_team
+  8 pin_required (only with require_pinning)
+The comment is read by `scan` below: a nuro record only in the canonical form nuro.jobcomment reads (the one parser
+of every nuro component), so this bridge and the Python readers never see different records.
   then for team jobs: default QOS g-<team> and account <team>, requeue forced on; for 2..leaf_nodes nodes without
   --switches: req_switch=1 with wait4switch=switch_wait_s (a hint that never blocks longer than that).
 

@@ -12,8 +12,11 @@ Rules (first failing check wins; root is let through unchanged, see docs/job_sub
 |---|---|---|---|
 | 1 | account_other_team | a team member names another team's account | reject, ESLURM_INVALID_ACCOUNT |
 | 2 | qos_other_team, qos_no_team | QOS ``g-``/``b-`` of a team that is not the job's | reject, ESLURM_ACCESS_DENIED |
+| 2b | qos_borrow | ``b-<team>`` chosen by the user (only the controller moves jobs there) | reject, ACCESS_DENIED |
 | 3 | tier_denied | tier QOS (``urgent``) and neither user nor account allowed | reject, ESLURM_ACCESS_DENIED |
 | 4 | gpu_cap | more GPUs than the team's quota + borrowing limit | reject, ESLURM_ACCOUNTING_POLICY |
+| 4x | comment_not_canonical | comment looks like a record, is not canonical (nuro.jobcomment) | reject, ACCESS_DENIED |
+| 4y | preempt_forged | the comment carries a ``preempt`` key (only the controller writes it) | reject, ACCESS_DENIED |
 | 4a | pin_invalid | a ``nuro`` record in the comment without a valid pin (tag, short commit) | reject, ACCESS_DENIED |
 | 4b | pin_team | the record's ``nuro.team`` is not the account the job is charged to | reject, INVALID_ACCOUNT |
 | 4c | pin_required | ``require_pinning``, a team job asks for GPUs, no ``nuro`` record | reject, ACCESS_DENIED |
@@ -22,7 +25,8 @@ Rules (first failing check wins; root is let through unchanged, see docs/job_sub
 | 7 | switch hint | 2..leaf_nodes nodes and no ``--switches`` | ``--switches=1@<switch_wait_s>`` |
 
 (``pin_changed``, a modify-only rule of the bridge, has no preview: ``decide`` judges submissions.) The comment is read
-by ``read_nuro``, a mirror of the Lua's pattern reader (not ``json.loads``), so both sides judge every comment alike.
+by ``read_comment`` through the one parser ``nuro.jobcomment`` (canonical form only; its scanner mirrors the Lua's),
+so both sides judge every comment alike.
 
 The job's team is the team of ``--account`` when given (None if that account is not a team), else the user's team.
 GPUs are counted as Slurm 22.05 receives them: ``max(per_job, per_node × nodes, per_task × tasks,
