@@ -382,12 +382,19 @@ class CliBackend(Backend):
             raise InvalidJobId(f"slurmctld lists no job {job_id}", argv=["squeue", "--json"])
         return record
 
+    def _one_job_output(self, argv: list[str], job_id: int) -> str:
+        """stdout of a one-job squeue read; no record at all (the job just left slurmctld) is ``InvalidJobId``."""
+        out = self.run(argv).stdout
+        if not out.strip():
+            raise InvalidJobId(f"slurmctld lists no job {job_id}", argv=argv)
+        return out
+
     def _job_field(self, job_id: int | str, field: str, key: str) -> str:
         """One value of one job, exact whatever it holds: ``squeue -j ID -O 'JobArrayID:0|,<field>:0'`` (see
         ``parse_squeue_one_field``); an array or het record falls back to the JSON read (scontrol name ``key``)."""
         jid = _job_id(job_id)
         argv = ["squeue", "-h", "-t", "all", "-j", str(jid), "-O", ONE_FIELD_FORMAT.format(field=field)]
-        value = parse_squeue_one_field(self.run(argv).stdout, jid)
+        value = parse_squeue_one_field(self._one_job_output(argv, jid), jid)
         if value is None:
             log.debug("job=%d is an array or het record: reading %s from squeue --json", jid, key)
             return self._job_entry(jid)[key]
@@ -405,7 +412,7 @@ class CliBackend(Backend):
         jid = _job_id(job_id)
         names = [f for _, f in _RECORD_FIXED]
         argv = ["squeue", "-h", "-t", "all", "-j", str(jid), "-O", fixed_fields_format(names)]
-        fixed = parse_squeue_fixed_fields(self.run(argv).stdout, jid, names)
+        fixed = parse_squeue_fixed_fields(self._one_job_output(argv, jid), jid, names)
         if fixed is None:
             return self._job_entry(jid)
         values = {key: fixed[f] for key, f in _RECORD_FIXED}

@@ -301,3 +301,10 @@ def test_job_ids_are_checked_before_slurm_runs(tmp_path: Path) -> None:
     with pytest.raises(InvalidJobId, match="not a plain Slurm job id"):
         fake.backend().job_comment("1 --all")
     assert fake.argvs() == []
+
+
+def test_a_job_that_just_left_slurmctld_is_an_invalid_job_id(tmp_path: Path) -> None:
+    backend = FakeSlurm(tmp_path).on("squeue -h", stdout="").backend()
+    for read in (backend.job_comment, backend.job_state, backend.job_record):
+        with pytest.raises(InvalidJobId, match="lists no job 12"):
+            read(12)
