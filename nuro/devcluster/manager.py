@@ -43,6 +43,7 @@ from nuro.devcluster.layout import (
 from nuro.devcluster.procs import stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
 from nuro.heartbeat import write_key
+from nuro.metrics import identities as metrics_identities
 from nuro.metrics.sink import ENV_URL as ENV_METRICS_URL
 from nuro.objectstore import ENV_CREDENTIALS as ENV_S3_CREDENTIALS
 from nuro.slurmconf import (
@@ -103,6 +104,8 @@ def env_exports(layout: Layout) -> dict[str, str]:
         env.update(s3.s3_env(PortPlan(base), layout.s3_data))  # admin key: root's flows (members drop AWS_*)
         env[ENV_S3_CREDENTIALS] = str(layout.s3_credentials)  # without AWS_*: the user's team key (docs/security.md)
         env[ENV_METRICS_URL] = metrics_url(PortPlan(base))
+        env.update(metrics_identities.admin_env(layout.influx_dir))  # admin: root only (members use their team's)
+        env[metrics_identities.ENV_CREDENTIALS] = str(layout.etc / "metrics")  # <team>.env, as etc/s3
     return env
 
 
@@ -212,9 +215,18 @@ def _write_hooks(layout: Layout) -> None:
     # Per-team S3 keys (etc/s3/<team>.env, group-readable by the team) and the nodes' own key, which replaces
     # the admin key in nuro.env: root daemons act with the node identity only. First: env_exports reads the admin key.
     node_key = s3.provision(layout.s3_data, layout.s3_credentials, s3.dev_teams(layout.teams_yaml))
+    # Per-team metrics users and databases (etc/metrics/<team>.env, same groups); the nodes write as nuro_node.
+    influx_ids = metrics_identities.ensure_identities(layout.influx_dir, s3.dev_teams(layout.teams_yaml))
+    base = recorded_port_base(layout)
+    if base is not None:
+        ports = PortPlan(base)
+        metrics_identities.write_team_files(
+            influx_ids, layout.etc / "metrics", lambda db: f"influx1://127.0.0.1:{ports.influx}/{db}"
+        )
     env = {
         **env_exports(layout),
         **node_key,
+        **metrics_identities.node_env(influx_ids),
         "NURO_CACHE_DIR": str(layout.cache),
         # The emulated nodes share one disk: production's 20 GiB staging floor would drain them all on a small box.
         "NURO_STAGING_MIN_FREE_GB": "1",

@@ -205,12 +205,18 @@ class Supervisor:
         from nuro.metrics import servers
 
         lay = self.layout
-        config = servers.write_influx_config(lay.influx_dir, self.ports.influx, self.ports.influx_rpc)
+        from nuro.metrics import identities
+
+        ids = identities.read_identities(lay.influx_dir)  # per-team users (manager._write_hooks made them)
+        config = servers.write_influx_config(lay.influx_dir, self.ports.influx, self.ports.influx_rpc, auth=bool(ids))
         argv = servers.influx_argv(servers.ensure_influxd(), config)
         proc = self._spawn("influxd", argv, "influxd.log", cwd=lay.influx_dir)
         url = f"http://127.0.0.1:{self.ports.influx}"
         self._ready("influxd", proc, lambda: servers.influx_ready(url), 30, "influxd.log")
-        servers.create_database(url, METRICS_DB)
+        if ids:
+            identities.provision_auth(url, ids)
+        else:
+            servers.create_database(url, METRICS_DB)
 
     def start_mariadb(self) -> None:
         lay = self.layout

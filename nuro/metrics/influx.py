@@ -156,11 +156,16 @@ def parse_rows(body: Mapping) -> list[Row]:
 class _HttpBase:
     """Shared HTTP plumbing: one connection pool, error classification, InfluxQL reads."""
 
-    def __init__(self, base_url: str, db: str, token: str | None, timeout_s: float) -> None:
+    def __init__(self, base_url: str, db: str, token: str | None, timeout_s: float, user: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.db = db
         self.timeout_s = timeout_s
-        self._headers = {"Authorization": f"Token {token}"} if token else {}
+        if user:  # an InfluxDB 1.x user (auth-enabled): HTTP Basic, password = token
+            from nuro.metrics.identities import basic_auth
+
+            self._headers = {"Authorization": basic_auth(user, token or "")}
+        else:
+            self._headers = {"Authorization": f"Token {token}"} if token else {}
         # retries=False: BufferedWriter owns retrying; a sink call must fail fast and say why.
         self._http = urllib3.PoolManager(
             num_pools=2, maxsize=4, retries=False, timeout=urllib3.Timeout(connect=2.0, read=timeout_s)
@@ -213,10 +218,13 @@ class InfluxV1Sink(_HttpBase):
         db: the database (on 2.x: a bucket mapped through the v1 compatibility API).
         token: sent as ``Authorization: Token …`` when given (2.x/3.x); influxd 1.x without auth ignores it.
         timeout_s: per request (read); connecting has 2 s.
+        user: an InfluxDB 1.x user (``auth-enabled``): sent as HTTP Basic with ``token`` as the password.
     """
 
-    def __init__(self, base_url: str, db: str, *, token: str | None = None, timeout_s: float = 10.0) -> None:
-        super().__init__(base_url, db, token, timeout_s)
+    def __init__(
+        self, base_url: str, db: str, *, token: str | None = None, timeout_s: float = 10.0, user: str | None = None
+    ) -> None:
+        super().__init__(base_url, db, token, timeout_s, user)
         self.name = f"influx1 {self.base_url}/{db}"
         self._write_path = "/write?" + urllib.parse.urlencode({"db": db, "precision": "ns"})
 

@@ -58,8 +58,11 @@ def ensure_victoria_metrics() -> Path:
 
 
 # -- influxd ------------------------------------------------------------------------------------------------------
-def influx_config(state_dir: Path, http_port: int, rpc_port: int) -> str:
-    """influxd 1.6.7's config: loopback-only HTTP + RPC, everything else off; data under ``state_dir``."""
+def influx_config(state_dir: Path, http_port: int, rpc_port: int, auth: bool = False) -> str:
+    """influxd 1.6.7's config: loopback-only HTTP + RPC, everything else off; data under ``state_dir``.
+
+    ``auth``: ``auth-enabled`` (the dev cluster: per-team users, ``nuro.metrics.identities``); standalone servers
+    of tests and benches run without it."""
     return f"""\
 reporting-enabled = false
 bind-address = "127.0.0.1:{rpc_port}"
@@ -91,7 +94,7 @@ bind-address = "127.0.0.1:{rpc_port}"
 [http]
   enabled = true
   bind-address = "127.0.0.1:{http_port}"
-  auth-enabled = false
+  auth-enabled = {"true" if auth else "false"}
   log-enabled = false
   suppress-write-log = true
   pprof-enabled = false
@@ -127,10 +130,10 @@ def influx_argv(influxd: Path, config: Path) -> list[str]:
     return [str(influxd), "run", "-config", str(config)]
 
 
-def write_influx_config(state_dir: Path, http_port: int, rpc_port: int) -> Path:
+def write_influx_config(state_dir: Path, http_port: int, rpc_port: int, auth: bool = False) -> Path:
     state_dir.mkdir(parents=True, exist_ok=True)
     path = state_dir / "influxdb.conf"
-    path.write_text(influx_config(state_dir, http_port, rpc_port))
+    path.write_text(influx_config(state_dir, http_port, rpc_port, auth))
     return path
 
 

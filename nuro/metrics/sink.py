@@ -18,6 +18,11 @@ error                         when                                              
   token from ``NURO_METRICS_TOKEN``; reads through the v1-compatible InfluxQL ``/query`` (database = bucket).
 - ``sqlite:///ABS/PATH.sqlite`` – the embedded sink.
 - unset – embedded SQLite at ``$NURO_METRICS_DB``, else ``~/.nuro/metrics.sqlite``.
+
+Credentials (``nuro.metrics.identities``): with ``NURO_METRICS_USER`` set, ``influx1://`` authenticates as that
+InfluxDB 1.x user (HTTP Basic, password ``NURO_METRICS_TOKEN``); without it the token goes as ``Authorization:
+Token`` (2.x/3.x). With no token set, ``NURO_METRICS_CREDENTIALS`` (a team's ``<team>.env`` or their directory)
+supplies the team's URL, user and token, so a member writes only their team's database.
 """
 
 from __future__ import annotations
@@ -101,7 +106,9 @@ def sink_from_env(env: Mapping[str, str] | None = None) -> MetricsSink:
     Raises:
         MetricsConfigError: the URL is malformed or its scheme unknown.
     """
-    env = os.environ if env is None else env
+    from nuro.metrics.identities import ENV_USER, resolve
+
+    env = resolve(os.environ if env is None else env)
     url = env.get(ENV_URL, "").strip()
     if not url:
         from nuro.metrics.sqlite import SQLiteSink
@@ -114,7 +121,8 @@ def sink_from_env(env: Mapping[str, str] | None = None) -> MetricsSink:
         db = parts.path.strip("/")
         if not db or "/" in db:
             raise MetricsConfigError(f"{ENV_URL}={url!r}: name one database, e.g. influx1://127.0.0.1:8086/nuro")
-        return InfluxV1Sink(_host_port(url, parts), db, token=env.get(ENV_TOKEN) or None)
+        user = env.get(ENV_USER) or None
+        return InfluxV1Sink(_host_port(url, parts), db, token=env.get(ENV_TOKEN) or None, user=user)
     if parts.scheme == "influx2":
         from nuro.metrics.influx import InfluxV2Sink
 

@@ -1,0 +1,224 @@
+"""Who may write which metrics: per-team InfluxDB 1.x users and databases, and the files that carry their passwords.
+
+Why databases and not tags (docs/security.md, "Metrics"): influxd 1.x grants are per database and cannot look at a
+point's tags, so one shared database lets any writer tag a point ``team=<another team>``. Each team therefore
+writes its own database ``nuro_<team>`` as its own user ``team_<team>`` (WRITE+READ there, nothing else); a point
+in ``nuro_<team>`` was written by a member of that team by construction, whatever its ``team`` tag says. The
+platform database ``nuro`` holds the node agents' ``gpu`` points, written by ``nuro_node``; the admin
+``nuro_admin`` (root's shells, tests, demo) has all privileges.
+
+Passwords live in ``<influx_dir>/users.json`` (root 0600, reused across down/up, like the S3 secrets). A team's
+credential reaches its members the way its S3 key does: ``<etc>/metrics/<team>.env`` (0640 root:``nuro-<team>``)
+with ``NURO_METRICS_URL``, ``NURO_METRICS_USER`` and ``NURO_METRICS_TOKEN``. ``NURO_METRICS_CREDENTIALS`` names that
+directory (or one file); ``sink_from_env`` reads it when no token is given directly, picking ``<team>.env`` by
+``NURO_TEAM`` or the one file the user can read (``nuro.objectstore.pick_credentials_file``'s rule).
+"""
+
+from __future__ import annotations
+
+import base64
+import grp
+import json
+import os
+import secrets
+import stat
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import urllib3
+
+from nuro.metrics.sink import MetricsConfigError
+
+ENV_CREDENTIALS = "NURO_METRICS_CREDENTIALS"
+ENV_USER = "NURO_METRICS_USER"
+ADMIN_USER = "nuro_admin"
+NODE_USER = "nuro_node"
+PLATFORM_DB = "nuro"
+USERS_FILE = "users.json"
+_MAX_BYTES = 64 * 1024
+_KEYS = ("NURO_METRICS_URL", ENV_USER, "NURO_METRICS_TOKEN")
+_HTTP = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=1.0, read=10.0))
+
+
+class MetricsCredentialsError(MetricsConfigError):
+    """``NURO_METRICS_CREDENTIALS`` names no file this user can use; the message says which and why."""
+
+
+class ProvisionError(RuntimeError):
+    """influxd refused a user/database statement; the message names the statement and the answer."""
+
+
+def team_user(team: str) -> str:
+    return f"team_{team}"
+
+
+def team_db(team: str) -> str:
+    return f"nuro_{team}"
+
+
+# -- passwords ------------------------------------------------------------------------------------------------------
+def read_identities(influx_dir: Path) -> dict:
+    """``{"users": {user: password}, "teams": [...]}`` of ``users.json``; ``{}`` when absent or unreadable (a user
+    who is not root, an old state dir)."""
+    try:
+        data = json.loads((influx_dir / USERS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and isinstance(data.get("users"), dict) else {}
+
+
+def ensure_identities(influx_dir: Path, teams: Iterable[str]) -> dict:
+    """Passwords for the admin, the node and each team (old ones kept, new ones random); ``users.json`` rewritten
+    root 0600. Teams no longer listed lose their entry (their influxd user stays, with no file to reach it)."""
+    old = read_identities(influx_dir).get("users", {})
+    teams = sorted(set(teams))
+    names = [ADMIN_USER, NODE_USER, *(team_user(t) for t in teams)]
+    users = {n: old.get(n) or secrets.token_urlsafe(24) for n in names}
+    data = {"users": users, "teams": teams}
+    influx_dir.mkdir(parents=True, exist_ok=True)
+    tmp = influx_dir / f".{USERS_FILE}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=1)
+    os.replace(tmp, influx_dir / USERS_FILE)
+    return data
+
+
+def admin_env(influx_dir: Path) -> dict[str, str]:
+    """``NURO_METRICS_USER``/``TOKEN`` of the admin, for root's ``devcluster env``; ``{}`` if unreadable here."""
+    pw = read_identities(influx_dir).get("users", {}).get(ADMIN_USER)
+    return {ENV_USER: ADMIN_USER, "NURO_METRICS_TOKEN": pw} if pw else {}
+
+
+def node_env(identities: Mapping) -> dict[str, str]:
+    """The node agents' metrics identity (nuro.env, root 0600): write the platform database only."""
+    return {ENV_USER: NODE_USER, "NURO_METRICS_TOKEN": identities["users"][NODE_USER]}
+
+
+def write_team_files(identities: Mapping, creds_dir: Path, base_url_of_db) -> None:  # noqa: ANN001
+    """``<creds_dir>/<team>.env`` per team, 0640 root:``nuro-<team>`` (the group the S3 provisioning made);
+    ``base_url_of_db(db)`` gives the ``NURO_METRICS_URL`` for a database. Files of dropped teams are removed."""
+    from nuro.devcluster.s3 import team_group
+
+    creds_dir.mkdir(parents=True, exist_ok=True)
+    creds_dir.chmod(0o755)
+    teams = list(identities.get("teams", []))
+    for team in teams:
+        user = team_user(team)
+        body = (
+            f"NURO_METRICS_URL={base_url_of_db(team_db(team))}\n"
+            f"{ENV_USER}={user}\nNURO_METRICS_TOKEN={identities['users'][user]}\n"
+        )
+        target = creds_dir / f"{team}.env"
+        tmp = creds_dir / f".{team}.env.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(body)
+            os.fchown(fh.fileno(), 0, grp.getgrnam(team_group(team)).gr_gid)
+            os.fchmod(fh.fileno(), 0o640)
+        os.replace(tmp, target)
+    for stale in creds_dir.glob("*.env"):
+        if stale.name.removesuffix(".env") not in teams:
+            stale.unlink()
+
+
+# -- influxd users, databases, grants --------------------------------------------------------------------------------
+def _query(base_url: str, stmt: str, auth: tuple[str, str] | None) -> tuple[int, str]:
+    headers = {"Content-Type": "application/x-www-form-urlencoded"}
+    if auth:
+        headers["Authorization"] = basic_auth(*auth)
+    try:
+        resp = _HTTP.request("POST", f"{base_url}/query", body=urllib.parse.urlencode({"q": stmt}), headers=headers)
+    except urllib3.exceptions.HTTPError as exc:
+        raise ProvisionError(f"influxd {base_url}: {stmt.split(' WITH ')[0]}: {exc}") from exc
+    return resp.status, resp.data.decode(errors="replace")
+
+
+def _must(base_url: str, stmt: str, auth: tuple[str, str]) -> str:
+    status, text = _query(base_url, stmt, auth)
+    if status != 200 or '"error"' in text:
+        shown = stmt.split(" WITH PASSWORD")[0].split(" = '")[0]  # never log a password
+        raise ProvisionError(f"influxd {base_url}: {shown} answered {status}: {text[:300]}")
+    return text
+
+
+def provision_auth(base_url: str, identities: Mapping) -> None:
+    """Users, databases and grants on an ``auth-enabled`` influxd (idempotent; passwords reset to ``identities``).
+
+    The first admin can be created without credentials only while no user exists (influxd's bootstrap rule);
+    afterwards every statement runs as that admin.
+    """
+    from nuro.metrics.influx import quote_ident, quote_str
+
+    users = identities["users"]
+    admin = (ADMIN_USER, users[ADMIN_USER])
+    _query(
+        base_url, f"CREATE USER {quote_ident(ADMIN_USER)} WITH PASSWORD {quote_str(admin[1])} WITH ALL PRIVILEGES", None
+    )
+
+    def user(name: str) -> None:
+        stmt = f"CREATE USER {quote_ident(name)} WITH PASSWORD {quote_str(users[name])}"
+        status, text = _query(base_url, stmt, admin)
+        if "already exists" in text:
+            _must(base_url, f"SET PASSWORD FOR {quote_ident(name)} = {quote_str(users[name])}", admin)
+        elif status != 200 or '"error"' in text:
+            raise ProvisionError(f"influxd {base_url}: CREATE USER {name} answered {status}: {text[:300]}")
+
+    user(ADMIN_USER)
+    _must(base_url, f"GRANT ALL PRIVILEGES TO {quote_ident(ADMIN_USER)}", admin)
+    _must(base_url, f"CREATE DATABASE {quote_ident(PLATFORM_DB)}", admin)
+    user(NODE_USER)
+    _must(base_url, f"GRANT ALL ON {quote_ident(PLATFORM_DB)} TO {quote_ident(NODE_USER)}", admin)
+    for team in identities.get("teams", []):
+        name, db = team_user(team), team_db(team)
+        _must(base_url, f"CREATE DATABASE {quote_ident(db)}", admin)
+        user(name)
+        _must(base_url, f"GRANT ALL ON {quote_ident(db)} TO {quote_ident(name)}", admin)
+
+
+def basic_auth(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+# -- a member's credential -----------------------------------------------------------------------------------------
+def _read_env_file(path: Path) -> dict[str, str]:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except PermissionError:
+        raise MetricsCredentialsError(
+            f"cannot read metrics credentials {path}: permission denied. Team credentials are readable only by "
+            "the team's Unix group (check 'ls -l' and 'id'); use your own team's file"
+        ) from None
+    except OSError as exc:
+        raise MetricsCredentialsError(f"cannot read metrics credentials {path}: {exc.strerror}") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise MetricsCredentialsError(f"metrics credentials {path} is not a regular file")
+        raw = fh.read(_MAX_BYTES + 1)
+    if len(raw) > _MAX_BYTES:
+        raise MetricsCredentialsError(f"metrics credentials {path} is larger than {_MAX_BYTES} bytes: not one")
+    values: dict[str, str] = {}
+    for line in raw.decode("utf-8", "replace").splitlines():
+        key, sep, value = line.strip().removeprefix("export ").partition("=")
+        if sep and key.strip() in _KEYS:
+            values[key.strip()] = value.strip().strip("'\"")
+    missing = [k for k in _KEYS if not values.get(k)]
+    if missing:
+        raise MetricsCredentialsError(f"metrics credentials {path} lacks {', '.join(missing)}")
+    return values
+
+
+def resolve(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with the team's URL/user/token from ``NURO_METRICS_CREDENTIALS`` when no token is set directly
+    (root and the nodes set one; a member's shell and jobs do not). Unchanged otherwise."""
+    spec = env.get(ENV_CREDENTIALS, "").strip()
+    if not spec or env.get("NURO_METRICS_TOKEN"):
+        return env
+    from nuro.objectstore import CredentialsError, pick_credentials_file
+
+    try:
+        path, _team = pick_credentials_file(spec, env.get("NURO_TEAM") or None)
+    except CredentialsError as exc:
+        raise MetricsCredentialsError(f"{ENV_CREDENTIALS}={spec}: {exc}".replace(" S3 ", " metrics ")) from None
+    return {**env, **_read_env_file(path)}
