@@ -248,6 +248,32 @@ def test_modify_cannot_write_the_preempt_mark(cluster: LiveCluster, bridge: Path
     assert _job(cluster, job)["Comment"] == acked
 
 
+MODIFY = json.loads((REPO / "tests/vectors/modify.json").read_text())["vectors"]
+
+
+@pytest.mark.parametrize("vector", MODIFY, ids=[v["id"] for v in MODIFY])
+def test_modify_vector_through_real_scontrol(cluster: LiveCluster, bridge: Path, vector: dict) -> None:
+    """The shared modify vectors: a held job of the user, root's update first (the controller's part), then the
+    user's own ``scontrol update``; accepted or refused with the rule in slurmctld's log."""
+    job = _held(cluster, vector["user"], *vector["submit"])
+    try:
+        if "root_update" in vector:
+            out = _update(cluster, None, job, *(f"{k}={v}" for k, v in vector["root_update"].items()))
+            assert out.returncode == 0, out.stderr
+        out = _update(cluster, vector["user"], job, *(f"{k}={v}" for k, v in vector["update"].items()))
+        if vector["expect"]["verdict"] == "accept":
+            assert out.returncode == 0, out.stderr
+            if "comment" in vector["update"]:
+                assert _job(cluster, job)["Comment"] == vector["update"]["comment"]
+            return
+        assert out.returncode != 0 and "Access/permission denied" in out.stderr, out.stderr
+        rule = vector["expect"]["rule"]
+        assert re.search(rf"nuro: reject job_id={job} uid=\d+ user={vector['user']} rule={rule} ", _ctld_log(cluster))
+        assert _job(cluster, job)["QOS"] == vector["job"]["qos"]
+    finally:
+        cluster.run(["scancel", job], check=False)
+
+
 def test_root_may_move_a_job_to_the_borrow_qos(cluster: LiveCluster, bridge: Path) -> None:
     """The controller (root) moves pending jobs to b-<team>; and root is never judged by the bridge."""
     job = _held(cluster, "alice", "-N2", "--gpus-per-node=8")

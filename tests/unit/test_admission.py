@@ -367,3 +367,30 @@ def test_lua_modify_keeps_the_record(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     got = {row.split("\t")[0]: row.split("\t")[1:] for row in out.stdout.splitlines()}
     assert got == {i: [code, rule] for i, _, _, code, rule in cases}
+
+
+MODIFY = json.loads((REPO / "tests/vectors/modify.json").read_text())["vectors"]
+
+
+@needs_lua
+def test_lua_modify_matches_vectors(tmp_path: Path) -> None:
+    """The shared modify vectors (b-<team> and urgent on update, preempt marks, the canonical form) under the stub;
+    the same vectors run through real scontrol update in tests/integration/test_job_submit_bridge.py."""
+    cases = []
+    for v in MODIFY:
+        rec = {"job_id": 7, "user_id": 1000, "tres_per_node": "gres:gpu:1", "min_nodes": 1, "max_nodes": 1, **v["job"]}
+        update = {("time_limit" if k == "timelimit" else k): (int(x) if k == "timelimit" else x)
+                  for k, x in v["update"].items()}  # fmt: skip
+        cases.append({"id": v["id"], "desc": {"user_id": 1000, "user_name": v["user"], **update}, "rec": rec})
+    (tmp_path / "job_submit.lua").write_text((REPO / "slurm_plugins/job_submit.lua").read_text())
+    (tmp_path / TABLE_FILE).write_text(render_lua_table(POLICY))
+    (tmp_path / "cases.lua").write_text("return {\n" + ",\n".join(_lua_value(c) for c in cases) + "\n}\n")
+    (tmp_path / "stub.lua").write_text(_MODIFY_STUB)
+    out = subprocess.run(
+        [LUA, str(tmp_path / "stub.lua"), str(tmp_path / "job_submit.lua"), str(tmp_path / "cases.lua")],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = {row.split("\t")[0]: row.split("\t")[1:] for row in out.stdout.splitlines()}
+    want = {v["id"]: ["0", ""] if v["expect"]["verdict"] == "accept" else ["2002", v["expect"]["rule"]] for v in MODIFY}
+    assert got == want
