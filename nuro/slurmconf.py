@@ -126,6 +126,8 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
         "# Above nuro's own hook deadlines (120 s staging / upload flush, plus the health check): those fire first.",
         "# Slurm 25.05+ also reads PrologTimeout/EpilogTimeout; both default to this value.",
         f"PrologEpilogTimeout={t.prolog_epilog_timeout_s}",
+        "# slurmctld counts a batch job whose prolog runs longer than this as missing and requeues it (node failure)",
+        f"BatchStartTimeout={t.prolog_epilog_timeout_s}",
         f"Prolog={p.prolog}",
         f"Epilog={p.epilog}",
         *(

@@ -163,7 +163,11 @@ def check(comment: str | None, limit_s: float = DEFAULT_DEADLINE_S) -> None:
 
 
 def refuse(job_id: int, why: str) -> None:
-    """Record why in the job's comment and requeue it held (the owner sees it in nuro-train status)."""
+    """Record why in the job's comment and requeue it held (the owner sees it in nuro-train status).
+
+    When the requeue is refused because the job is pending already (another node's prolog requeued it, or
+    slurmctld did: a prolog that outlasts ``BatchStartTimeout`` makes it count the batch job as missing and
+    requeue it), it is held where it is, so it never starts unverified and never loops through prologs."""
     from nuro.slurm import CliBackend, SlurmError
 
     backend = CliBackend(timeout_s=20)
@@ -174,9 +178,16 @@ def refuse(job_id: int, why: str) -> None:
             backend.update_comment(
                 job_id, jobcomment.merge(comment, refused={"why": why[:1000], "node": node, "at": round(time.time())})
             )
+    except SlurmError as exc:
+        log.warning("job=%d node=%s refuse: reason not recorded: %s", job_id, node, exc)
+    try:
         backend.requeue(job_id, hold=True)
-    except SlurmError as exc:  # another node's prolog may have requeued it already
-        log.warning("job=%d node=%s refuse: %s", job_id, node, exc)
+    except SlurmError as exc:
+        log.info("job=%d node=%s requeuehold refused (%s): holding it where it is", job_id, node, exc)
+        try:
+            backend.hold(job_id)
+        except SlurmError as exc2:  # held or ended already
+            log.warning("job=%d node=%s refuse: %s", job_id, node, exc2)
 
 
 def write_record() -> JobRecord:
