@@ -52,8 +52,10 @@ from nuro.prolog_epilog.health import node_is_healthy
 log = logging.getLogger("nuro.prolog")
 
 DEFAULT_DEADLINE_S = 240.0
-#: Kept for ``refuse`` (its Slurm calls have their own 20 s timeout) and the GPU claim after the checks.
-RESERVE_S = 30.0
+#: Each Slurm call of ``refuse`` (at most four: comment, update, requeuehold, hold).
+REFUSE_CALL_TIMEOUT_S = 15.0
+#: Kept out of the checks' share of the deadline: a refusal's Slurm calls and the GPU claim after the checks.
+RESERVE_S = 4 * REFUSE_CALL_TIMEOUT_S
 #: Every S3 call of the prolog: a short connect, a read timeout per socket read, few retries (first try included).
 PROLOG_STORE = {"connect_timeout_s": 5.0, "read_timeout_s": 20.0, "max_attempts": 3}
 
@@ -170,7 +172,7 @@ def refuse(job_id: int, why: str) -> None:
     requeue it), it is held where it is, so it never starts unverified and never loops through prologs."""
     from nuro.slurm import CliBackend, SlurmError
 
-    backend = CliBackend(timeout_s=20)
+    backend = CliBackend(timeout_s=REFUSE_CALL_TIMEOUT_S)
     node = os.environ.get("SLURMD_NODENAME", "?")
     try:
         comment = backend.job_comment(job_id)

@@ -160,13 +160,13 @@ def test_a_store_that_never_answers_holds_the_job_within_the_deadline_and_drains
 
     threading.Thread(target=accept, daemon=True).start()
     lines = [ln for ln in saved.decode().splitlines() if not ln.startswith(("NURO_S3_ENDPOINT=", "NURO_PROLOG_DEAD"))]
-    lines += [f"NURO_S3_ENDPOINT=http://127.0.0.1:{tarpit.getsockname()[1]}", "NURO_PROLOG_DEADLINE_S=36"]
+    lines += [f"NURO_S3_ENDPOINT=http://127.0.0.1:{tarpit.getsockname()[1]}", "NURO_PROLOG_DEADLINE_S=66"]
     env_file.write_text("\n".join(lines) + "\n")
     out = shared_tmp / "tarpit.out"
     try:
         job_id = _submit(cluster, out, _pin(name, digest))
         why = _held_with_reason(cluster, job_id)
-        # within what the 36 s deadline leaves after its 30 s reserve (less the prolog's own start)
+        # within what the 66 s deadline leaves after its 60 s reserve (less the prolog's own start)
         assert re.search(r"could not be verified: .* within [0-9] s", why) and "scontrol release" in why, why
         assert not out.exists() or "TRAINING-STARTED" not in out.read_text()
         drained = cluster.run(["sinfo", "-h", "-R", "-o", "%N %E"], check=False).stdout.strip()
