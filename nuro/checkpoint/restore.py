@@ -121,12 +121,15 @@ def _open_step(root: Where, name: str) -> Dir | None:
 
 def _move_verified(src: Dir, entry: FileEntry, dest: Dir, owner: tuple[int, int] | None) -> bool:
     """Move ``entry`` from a root-owned local copy (the node cache, which no job can change) into ``dest``: it is
-    verified on its own open fd, given to ``owner`` by that fd, and renamed between directory fds."""
+    verified, given to ``owner`` by its own fd (only with a single link), and renamed between directory fds.
+    False when it cannot be moved (the caller then copies or downloads it)."""
     if check_local_file(src, entry) is not None:
         return False
     *dirs, leaf = entry.path.split("/")
     fd = safefs.open_beneath(src.fd, entry.path)
     try:
+        if os.fstat(fd).st_nlink != 1:  # a hard link to some other file must never change owner
+            return False
         if owner is not None:
             safefs.fchown(fd, *owner)
     finally:
