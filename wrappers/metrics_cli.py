@@ -18,6 +18,7 @@ Exit codes: 0 ok, 1 Slurm unreachable, 4 no such job, 5 the metrics sink cannot 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -118,12 +119,19 @@ def read_rows(sink: Any, ref: RunRef, now_ns: int, limit: int | None = DEFAULT_H
     agent, a node without the prolog's claims, or a job that ended more than ``GPU_RECENT_S`` ago), every GPU of
     the job's nodes, which on a shared node includes other jobs' GPUs; ``summarize`` says which.
     """
+    from nuro.metrics.identities import platform_view
+
     train = sink.query(train_query(ref, limit))
     since = now_ns - int(GPU_RECENT_S * 1e9)
-    gpus: list[Row] = sink.query(Query(GPU, where={"job": str(ref.job_id)}, since_ns=since))
-    if not gpus:
-        for node in ref.nodes:
-            gpus += sink.query(Query(GPU, where={"node": node}, since_ns=since))
+    gpu_sink: Any = platform_view(sink)  # a team's database has no gpu points: the agents write the platform's
+    try:
+        gpus: list[Row] = gpu_sink.query(Query(GPU, where={"job": str(ref.job_id)}, since_ns=since))
+        if not gpus:
+            for node in ref.nodes:
+                gpus += gpu_sink.query(Query(GPU, where={"node": node}, since_ns=since))
+    finally:
+        if gpu_sink is not sink:
+            gpu_sink.close()
     return train, gpus
 
 
@@ -277,11 +285,14 @@ def plot_text(series: Mapping[str, list], width: int = 100, height: int = 30) ->
 
 
 # -- metrics ------------------------------------------------------------------------------------------------------
-def _open_sink() -> Any:
+def _open_sink(team: str | None = None) -> Any:
+    """The sink of ``NURO_METRICS_URL``; a member without a token reads ``team``'s database with that team's
+    credential (``NURO_METRICS_CREDENTIALS``): the run's team, so another team's run is refused, not read empty."""
     from nuro.metrics.sink import MetricsConfigError, SinkError, sink_from_env
 
+    env = {**os.environ, "NURO_TEAM": team} if team else None
     try:
-        return sink_from_env()
+        return sink_from_env(env)
     except (SinkError, MetricsConfigError) as exc:
         _fail(f"cannot open the metrics sink: {exc}", EXIT_SINK)
 
@@ -313,7 +324,7 @@ def metrics(job_id: int, follow: bool, plot: bool, as_json: bool, interval_s: fl
     --json prints once (with --plot: the plotted series too); --follow refreshes until the job ends.
     """
     backend = CliBackend(timeout_s=30)
-    sink = _open_sink()
+    sink = _open_sink(_resolve_or_exit(backend, job_id).team)
     try:
         if follow and not as_json:
             _follow(backend, sink, job_id, plot, interval_s, limit)

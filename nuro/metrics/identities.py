@@ -5,7 +5,8 @@ point's tags, so one shared database lets any writer tag a point ``team=<another
 writes its own database ``nuro_<team>`` as its own user ``team_<team>`` (WRITE+READ there, nothing else); a point
 in ``nuro_<team>`` was written by a member of that team by construction, whatever its ``team`` tag says. The
 platform database ``nuro`` holds the node agents' ``gpu`` points, written by ``nuro_node``; the admin
-``nuro_admin`` (root's shells, tests, demo) has all privileges.
+``nuro_admin`` (root's shells, tests, demo) has all privileges. Team users may also READ ``nuro`` (the GPUs of
+their jobs in ``nuro-train metrics``; ``platform_view``).
 
 Passwords live in ``<influx_dir>/users.json`` (root 0600, reused across down/up, like the S3 secrets). A team's
 credential reaches its members the way its S3 key does: ``<etc>/metrics/<team>.env`` (0640 root:``nuro-<team>``)
@@ -175,6 +176,17 @@ def provision_auth(base_url: str, identities: Mapping) -> None:
         _must(base_url, f"CREATE DATABASE {quote_ident(db)}", admin)
         user(name)
         _must(base_url, f"GRANT ALL ON {quote_ident(db)} TO {quote_ident(name)}", admin)
+        _must(base_url, f"GRANT READ ON {quote_ident(PLATFORM_DB)} TO {quote_ident(name)}", admin)
+
+
+def platform_view(sink: object) -> object:
+    """The sink holding the agents' ``gpu`` points for a reader of ``sink``: the platform database beside a
+    team's InfluxDB 1.x database (team users may read it), else ``sink`` itself."""
+    from nuro.metrics.influx import InfluxV1Sink
+
+    if isinstance(sink, InfluxV1Sink) and sink.db.startswith("nuro_"):
+        return sink.sibling(PLATFORM_DB)
+    return sink
 
 
 def basic_auth(user: str, password: str) -> str:

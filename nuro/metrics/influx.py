@@ -228,6 +228,12 @@ class InfluxV1Sink(_HttpBase):
         self.name = f"influx1 {self.base_url}/{db}"
         self._write_path = "/write?" + urllib.parse.urlencode({"db": db, "precision": "ns"})
 
+    def sibling(self, db: str) -> InfluxV1Sink:
+        """The same server and credential on database ``db`` (a team's reader of the platform ``gpu`` points)."""
+        other = InfluxV1Sink(self.base_url, db, timeout_s=self.timeout_s)
+        other._headers = dict(self._headers)
+        return other
+
     def write(self, points: Sequence[Point]) -> None:
         if not points:
             return

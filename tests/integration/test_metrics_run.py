@@ -140,6 +140,19 @@ TWO_GPUS = {"gpus": 2, "gpu0.util": 55, "gpu1.util": 66, "gpu0.temp": 61, "gpu0.
             "gpu0.sm_clock": 1980, "gpu0.mem_used_mib": 1024, "gpu0.mem_total_mib": 81920}  # fmt: skip
 
 
+def node_metrics_identity() -> dict[str, str]:
+    """The nodes' metrics user and token from the test cluster's nuro.env (what the real agents use); ``{}`` when
+    no cluster wrote one (the standalone influxd of this module runs without auth)."""
+    from tests.integration.conftest import TEST_STATE_DIR
+
+    try:
+        text = (TEST_STATE_DIR / "etc" / "nuro.env").read_text()
+    except OSError:
+        return {}
+    env = dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {k: env[k] for k in ("NURO_METRICS_USER", "NURO_METRICS_TOKEN") if k in env}
+
+
 def _start_agent(
     lib_dir: Path, work: Path, node: str, url: str, scenario: dict = TWO_GPUS, staging_root: str | None = None
 ) -> subprocess.Popen:
@@ -151,6 +164,7 @@ def _start_agent(
     env.pop("NURO_ENV_FILE", None)
     env.pop("NURO_AGENT_STATUS_DIR", None)  # never the cluster's: its health checks read the real agents' files
     env["NURO_METRICS_URL"] = url
+    env.update(node_metrics_identity())  # the dev cluster's influxd runs auth-enabled: write as the nodes do
     env["NURO_STAGING_ROOT"] = staging_root or str(work / "no-staging")
     argv = [sys.executable, "-m", "nuro.healthcheck.agent", "--node", node, "--controller", "127.0.0.1:9",
             "--key-file", str(key), "--interval-s", "0.5", "--probe", "nvml", "--expect-gpus", str(scenario["gpus"]),

@@ -140,7 +140,9 @@ class MetricsLogger:
 
     Args:
         sink: a ``nuro.metrics.sink.MetricsSink``; None = ``sink_from_env()`` (``NURO_METRICS_URL``, default the
-            embedded SQLite file). A sink the logger opened itself is closed by ``close``.
+            embedded SQLite file; a member's job without a token writes its team's database ``nuro_<team>`` with
+            the team's credential from ``NURO_METRICS_CREDENTIALS``, so its ``team`` tag cannot name another
+            team's data). A sink the logger opened itself is closed by ``close``.
         env: the run (tags); None = ``RunEnv.from_env()``.
         every_n_steps: emit a point when ``step % every_n_steps == 0``; the calls in between still count towards
             that point's step time and throughput. 1 = every step.

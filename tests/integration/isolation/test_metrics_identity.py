@@ -34,9 +34,13 @@ _WRITE = """
 import json, os, sys, time
 from nuro.metrics.model import Point
 from nuro.metrics.sink import sink_from_env
+from nuro.metrics.model import Query
 env = {**os.environ, **json.loads(sys.argv[1])}
 try:
     sink = sink_from_env(env)
+    if sys.argv[2] == "--read":
+        print(json.dumps({"ok": True, "rows": len(sink.query(Query(sys.argv[3])))}))
+        sys.exit(0)
     sink.write([Point("train", {"team": sys.argv[3], "run": sys.argv[2]}, {"loss": 0.5}, time.time_ns())])
     print(json.dumps({"ok": True, "sink": sink.name}))
 except Exception as exc:
@@ -89,6 +93,11 @@ def test_a_member_cannot_write_metrics_as_another_team(cluster: LiveCluster, gua
     for db in (team_db(VICTIM_TEAM), "nuro"):
         res = write_as(cluster, ATTACKER, {**mine, "NURO_METRICS_URL": f"{base}/{db}"}, run, VICTIM_TEAM)
         assert "SinkRejected" in res.get("error", "") and "403" in res["error"], (db, res)
+    # ... and reading prediction's database with it: 403 too; the platform database (GPUs) is readable
+    res = write_as(cluster, ATTACKER, {**mine, "NURO_METRICS_URL": f"{base}/{team_db(VICTIM_TEAM)}"}, "--read", "train")
+    assert "403" in res.get("error", ""), res
+    res = write_as(cluster, ATTACKER, {**mine, "NURO_METRICS_URL": f"{base}/nuro"}, "--read", "gpu")
+    assert res.get("ok"), res
     # 2. no credential at all (the shared URL of before): 401
     for db in (team_db(VICTIM_TEAM), "nuro"):
         res = write_as(
