@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,29 @@ def teams(cluster: LiveCluster) -> Iterator[Path]:
     cancel_jobs_of(cluster, MEMBERS)
     yield POLICY
     cancel_jobs_of(cluster, MEMBERS)
+
+
+@pytest.fixture(scope="module")
+def passthrough(cluster: LiveCluster, teams: Path) -> Iterator[None]:
+    """The job_submit bridge without its table (jobs pass unchanged): the attacks on root's node-side code must not
+    depend on the bridge, the first line of defence, having stopped them already."""
+    table = Path(cluster.env["SLURM_CONF"]).parent / "nuro_policy.lua"
+    saved = table.read_bytes() if table.exists() else None
+    table.unlink(missing_ok=True)
+    yield
+    if saved is not None:
+        table.write_bytes(saved)
+
+
+@pytest.fixture
+def shared(cluster: LiveCluster) -> Iterator[Path]:
+    """A directory members' jobs can read their programs from and write their output to (pytest's tmp is root-only),
+    inside the cluster's state dir, removed afterwards."""
+    d = cluster.layout.root / f"iso-{uuid.uuid4().hex[:8]}"
+    d.mkdir()
+    d.chmod(0o777)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def _digest(data: bytes) -> str:

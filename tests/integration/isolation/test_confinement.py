@@ -12,10 +12,7 @@ checks the platform is intact (daemons alive, root-owned files unchanged).
 from __future__ import annotations
 
 import json
-import shutil
 import sys
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -71,16 +68,6 @@ report = {
 with open(out, "w") as fh:
     json.dump(report, fh)
 """
-
-
-@pytest.fixture
-def shared(cluster: LiveCluster) -> Iterator[Path]:
-    """A directory alice's jobs can write (their report and pid files)."""
-    d = cluster.layout.root / f"iso-confine-{uuid.uuid4().hex[:6]}"
-    d.mkdir()
-    d.chmod(0o777)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def _sbatch(cluster: LiveCluster, user: str, out: Path, script: str, *args: str) -> int:

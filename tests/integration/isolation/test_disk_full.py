@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -56,17 +55,6 @@ def small_staging(cluster: LiveCluster) -> Iterator[Path]:
         yield root
     finally:
         subprocess.run(["umount", "-l", str(root)], check=False)
-
-
-@pytest.fixture
-def shared(cluster: LiveCluster) -> Iterator[Path]:
-    d = cluster.layout.root / f"iso-disk-{uuid.uuid4().hex[:6]}"
-    d.mkdir()
-    d.chmod(0o777)
-    yield d
-    for p in sorted(d.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() or p.is_symlink() else p.rmdir()
-    d.rmdir()
 
 
 def _sbatch(cluster: LiveCluster, user: str, out: Path, script: str) -> int:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -33,28 +32,6 @@ from tests.integration.isolation.conftest import ATTACKER, ATTACKER_TEAM, VICTIM
 pytestmark = pytest.mark.slurm
 
 NODE = "gpu006"
-
-
-@pytest.fixture(scope="module")
-def passthrough(cluster: LiveCluster, teams: Path) -> Iterator[None]:
-    table = Path(cluster.env["SLURM_CONF"]).parent / "nuro_policy.lua"
-    saved = table.read_bytes() if table.exists() else None
-    table.unlink(missing_ok=True)
-    yield
-    if saved is not None:
-        table.write_bytes(saved)
-
-
-@pytest.fixture
-def shared(cluster: LiveCluster) -> Iterator[Path]:
-    """A directory the member's jobs can write their output to (pytest's tmp is root-only)."""
-    d = cluster.layout.root / f"iso-staging-{uuid.uuid4().hex[:6]}"
-    d.mkdir()
-    d.chmod(0o777)
-    yield d
-    for p in sorted(d.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() or p.is_symlink() else p.rmdir()
-    d.rmdir()
 
 
 def _seed(store: ObjectStore, tmp: Path, team: str, run: str, mib: int = 4) -> int:

@@ -23,7 +23,6 @@ import json
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -136,28 +135,12 @@ print("VERDICTS " + json.dumps({s: verdict(d) for s, d in steps.items()}), flush
 """
 
 
-@pytest.fixture(scope="module")
-def passthrough(cluster: LiveCluster, teams: Path) -> Iterator[None]:
-    table = Path(cluster.env["SLURM_CONF"]).parent / "nuro_policy.lua"
-    saved = table.read_bytes() if table.exists() else None
-    table.unlink(missing_ok=True)
-    yield
-    if saved is not None:
-        table.write_bytes(saved)
-
-
 @pytest.fixture
-def shared(cluster: LiveCluster) -> Iterator[Path]:
-    """A directory the member's jobs can read their program from and write their output to."""
-    d = cluster.layout.root / f"iso-upload-{uuid.uuid4().hex[:6]}"
-    d.mkdir()
-    d.chmod(0o777)
-    (d / "job.py").write_text(_JOB)
-    (d / "job.py").chmod(0o644)
-    yield d
-    for p in sorted(d.rglob("*"), reverse=True):
-        p.unlink() if not p.is_dir() or p.is_symlink() else p.rmdir()
-    d.rmdir()
+def shared(shared: Path) -> Path:
+    """The shared job directory (conftest) with the member's checkpointing program in it."""
+    (shared / "job.py").write_text(_JOB)
+    (shared / "job.py").chmod(0o644)
+    return shared
 
 
 def _staging(cluster: LiveCluster) -> Path:
