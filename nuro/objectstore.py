@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import stat
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -48,6 +47,8 @@ from botocore.exceptions import (
 from botocore.exceptions import (
     ReadTimeoutError as BotoReadTimeout,
 )
+
+from nuro import credfile
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,6 @@ _NETWORK_ERRORS = (EndpointConnectionError, BotoConnectTimeout, BotoReadTimeout,
 
 
 ENV_CREDENTIALS = "NURO_S3_CREDENTIALS"
-_CREDENTIALS_MAX_BYTES = 64 * 1024
-_CREDENTIAL_SUFFIX = ".env"
 
 
 class CredentialsError(AccessDenied):
@@ -103,33 +102,12 @@ class CredentialsError(AccessDenied):
 
 
 def read_credentials_file(path: str | Path) -> tuple[str, str]:
-    """(access key, secret key) from a ``KEY=VALUE`` file (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``;
-    blank lines, ``#`` comments and a leading ``export`` are allowed). Read at most 64 KiB, regular files only."""
-    path = Path(path)
+    """(access key, secret key) from a team's credentials file (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``;
+    ``nuro.credfile`` reads it)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except PermissionError:
-        raise CredentialsError(
-            f"cannot read S3 credentials {path}: permission denied. Team credentials are readable only by the "
-            "team's Unix group (check 'ls -l' and 'id'); use your own team's file"
-        ) from None
-    except OSError as exc:
-        raise CredentialsError(f"cannot read S3 credentials {path}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise CredentialsError(f"S3 credentials {path} is not a regular file")
-    with os.fdopen(fd, "rb") as fh:
-        raw = fh.read(_CREDENTIALS_MAX_BYTES + 1)
-    if len(raw) > _CREDENTIALS_MAX_BYTES:
-        raise CredentialsError(f"S3 credentials {path} is larger than {_CREDENTIALS_MAX_BYTES} bytes: not one")
-    values: dict[str, str] = {}
-    for line in raw.decode("utf-8", "replace").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.removeprefix("export ").partition("=")
-        if sep:
-            values[key.strip()] = value.strip().strip("'\"")
+        values = credfile.read_env_file(path, "S3 credentials")
+    except credfile.CredentialFileError as exc:
+        raise CredentialsError(str(exc)) from None
     access, secret = values.get("AWS_ACCESS_KEY_ID"), values.get("AWS_SECRET_ACCESS_KEY")
     if not access or not secret:
         raise CredentialsError(f"S3 credentials {path} lacks AWS_ACCESS_KEY_ID or AWS_SECRET_ACCESS_KEY")
@@ -137,29 +115,11 @@ def read_credentials_file(path: str | Path) -> tuple[str, str]:
 
 
 def pick_credentials_file(spec: str | Path, team: str | None = None) -> tuple[Path, str | None]:
-    """The credentials file ``NURO_S3_CREDENTIALS`` means, and the team it is for (its ``<team>.env`` name).
-
-    A directory holds one ``<team>.env`` per team: ``team`` (``NURO_TEAM``) picks one; without it the one file
-    this user may read is used (a member of one team), and several or none is an error that says what to set.
-    """
-    path = Path(spec)
-    if not path.is_dir():
-        stem = path.name.removesuffix(_CREDENTIAL_SUFFIX) if path.name.endswith(_CREDENTIAL_SUFFIX) else None
-        return path, stem
-    if team:
-        if "/" in team or team.startswith("."):
-            raise CredentialsError(f"NURO_TEAM={team!r} is not a team name")
-        return path / f"{team}{_CREDENTIAL_SUFFIX}", team
-    readable = sorted(p for p in path.glob(f"*{_CREDENTIAL_SUFFIX}") if os.access(p, os.R_OK))
-    if len(readable) == 1:
-        return readable[0], readable[0].name.removesuffix(_CREDENTIAL_SUFFIX)
-    if not readable:
-        raise CredentialsError(
-            f"no team S3 credentials in {path} are readable by this user: you are in no team's Unix group "
-            "(ask the platform admin to add you to your team)"
-        )
-    teams = ", ".join(p.name.removesuffix(_CREDENTIAL_SUFFIX) for p in readable)
-    raise CredentialsError(f"several team S3 credentials in {path} are readable here ({teams}): set NURO_TEAM")
+    """The credentials file ``NURO_S3_CREDENTIALS`` means, and its team (``nuro.credfile.pick_team_file``)."""
+    try:
+        return credfile.pick_team_file(spec, team, "S3 credentials")
+    except credfile.CredentialFileError as exc:
+        raise CredentialsError(str(exc)) from None
 
 
 @dataclass(frozen=True)

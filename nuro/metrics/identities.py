@@ -12,7 +12,7 @@ Passwords live in ``<influx_dir>/users.json`` (root 0600, reused across down/up,
 credential reaches its members the way its S3 key does: ``<etc>/metrics/<team>.env`` (0640 root:``nuro-<team>``)
 with ``NURO_METRICS_URL``, ``NURO_METRICS_USER`` and ``NURO_METRICS_TOKEN``. ``NURO_METRICS_CREDENTIALS`` names that
 directory (or one file); ``sink_from_env`` reads it when no token is given directly, picking ``<team>.env`` by
-``NURO_TEAM`` or the one file the user can read (``nuro.objectstore.pick_credentials_file``'s rule).
+``NURO_TEAM`` or the one file the user can read (``nuro.credfile.pick_team_file``).
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ import grp
 import json
 import os
 import secrets
-import stat
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import urllib3
 
+from nuro import credfile
 from nuro.metrics.sink import MetricsConfigError
 
 ENV_CREDENTIALS = "NURO_METRICS_CREDENTIALS"
@@ -37,7 +37,6 @@ ADMIN_USER = "nuro_admin"
 NODE_USER = "nuro_node"
 PLATFORM_DB = "nuro"
 USERS_FILE = "users.json"
-_MAX_BYTES = 64 * 1024
 _KEYS = ("NURO_METRICS_URL", ENV_USER, "NURO_METRICS_TOKEN")
 _HTTP = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=1.0, read=10.0))
 
@@ -196,29 +195,13 @@ def basic_auth(user: str, password: str) -> str:
 # -- a member's credential -----------------------------------------------------------------------------------------
 def _read_env_file(path: Path) -> dict[str, str]:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except PermissionError:
-        raise MetricsCredentialsError(
-            f"cannot read metrics credentials {path}: permission denied. Team credentials are readable only by "
-            "the team's Unix group (check 'ls -l' and 'id'); use your own team's file"
-        ) from None
-    except OSError as exc:
-        raise MetricsCredentialsError(f"cannot read metrics credentials {path}: {exc.strerror}") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
-            raise MetricsCredentialsError(f"metrics credentials {path} is not a regular file")
-        raw = fh.read(_MAX_BYTES + 1)
-    if len(raw) > _MAX_BYTES:
-        raise MetricsCredentialsError(f"metrics credentials {path} is larger than {_MAX_BYTES} bytes: not one")
-    values: dict[str, str] = {}
-    for line in raw.decode("utf-8", "replace").splitlines():
-        key, sep, value = line.strip().removeprefix("export ").partition("=")
-        if sep and key.strip() in _KEYS:
-            values[key.strip()] = value.strip().strip("'\"")
+        values = credfile.read_env_file(path, "metrics credentials")
+    except credfile.CredentialFileError as exc:
+        raise MetricsCredentialsError(str(exc)) from None
     missing = [k for k in _KEYS if not values.get(k)]
     if missing:
         raise MetricsCredentialsError(f"metrics credentials {path} lacks {', '.join(missing)}")
-    return values
+    return {k: values[k] for k in _KEYS}
 
 
 def resolve(env: Mapping[str, str]) -> Mapping[str, str]:
@@ -227,10 +210,8 @@ def resolve(env: Mapping[str, str]) -> Mapping[str, str]:
     spec = env.get(ENV_CREDENTIALS, "").strip()
     if not spec or env.get("NURO_METRICS_TOKEN"):
         return env
-    from nuro.objectstore import CredentialsError, pick_credentials_file
-
     try:
-        path, _team = pick_credentials_file(spec, env.get("NURO_TEAM") or None)
-    except CredentialsError as exc:
-        raise MetricsCredentialsError(f"{ENV_CREDENTIALS}={spec}: {exc}".replace(" S3 ", " metrics ")) from None
+        path, _team = credfile.pick_team_file(spec, env.get("NURO_TEAM") or None, "metrics credentials")
+    except credfile.CredentialFileError as exc:
+        raise MetricsCredentialsError(f"{ENV_CREDENTIALS}={spec}: {exc}") from None
     return {**env, **_read_env_file(path)}
