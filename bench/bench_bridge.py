@@ -114,7 +114,7 @@ def lua_cost(calls: int, repeats: int = 7) -> dict:
     """µs of CPU per slurm_job_submit, old vs new bridge, per comment kind: the minimum over ``repeats`` interleaved
     runs (the least disturbed by other load on the machine), the median beside it."""
     from nuro.policy.luatable import TABLE_FILE
-    from tests.luabridge import LUA, _lua_value, job_desc
+    from tests.luabridge import LUA, job_desc, lua_value
 
     if LUA is None:
         raise SystemExit("lua5.1 is not installed (apt-get install lua5.1)")
@@ -127,8 +127,8 @@ def lua_cost(calls: int, repeats: int = 7) -> dict:
             d.mkdir()
             (d / "job_submit.lua").write_text(bridge or (REPO / "slurm_plugins/job_submit.lua").read_text())
             (d / TABLE_FILE).write_text(table)
-            (d / "job.lua").write_text("return " + _lua_value(job_desc(USER)) + "\n")
-            (d / "comments.lua").write_text("return " + _lua_value(comments) + "\n")
+            (d / "job.lua").write_text("return " + lua_value(job_desc(USER)) + "\n")
+            (d / "comments.lua").write_text("return " + lua_value(comments) + "\n")
             (d / "timer.lua").write_text(_TIMER)
         for _ in range(repeats):
             for label in ("old", "new"):

@@ -87,7 +87,8 @@ class Verdict:
     message: str = ""
 
 
-def _lua_value(value: object) -> str:
+def lua_value(value: object) -> str:
+    """A Python value (None, bool, int, str, dict) as a Lua literal: the stub job records and cases."""
     if value is None:
         return "nil"
     if isinstance(value, bool):
@@ -97,7 +98,7 @@ def _lua_value(value: object) -> str:
     if isinstance(value, str):
         return lua_string(value)
     if isinstance(value, dict):
-        return "{" + ", ".join(f"[{lua_string(k)}] = {_lua_value(v)}" for k, v in value.items() if v is not None) + "}"
+        return "{" + ", ".join(f"[{lua_string(k)}] = {lua_value(v)}" for k, v in value.items() if v is not None) + "}"
     raise TypeError(value)
 
 
@@ -121,7 +122,7 @@ def run_bridge(
         d = Path(tmp)
         shutil.copy(BRIDGE, d / "job_submit.lua")
         (d / TABLE_FILE).write_text(table_text)
-        (d / "job.lua").write_text("return " + _lua_value(job or job_desc("alice")) + "\n")
+        (d / "job.lua").write_text("return " + lua_value(job or job_desc("alice")) + "\n")
         (d / "comments.lua").write_text("return {\n" + ",\n".join(lua_string(c) for c in comments) + "\n}\n")
         (d / "stub.lua").write_text(_STUB)
         argv = [LUA, str(d / "stub.lua"), str(d / "job_submit.lua"), str(d / "job.lua"), str(d / "comments.lua")]

@@ -20,6 +20,7 @@ from nuro.policy import load_policy, parse_policy
 from nuro.policy.admission import JobRequest, Reason, decide, gpu_count, parse_sbatch_args, read_nuro
 from nuro.policy.luatable import PIN_FIELDS, RULES, TABLE_FILE, lua_string, policy_table, render_lua_table
 from nuro.policy.model import NAME, Policy
+from tests.luabridge import lua_value
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = json.loads((REPO / "tests/vectors/admission.json").read_text())
@@ -196,27 +197,13 @@ def _job_desc(user: str, req: JobRequest) -> dict:
     }
 
 
-def _lua_value(value: object) -> str:
-    if value is None:
-        return "nil"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, str):
-        return lua_string(value)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"[{lua_string(k)}] = {_lua_value(v)}" for k, v in value.items() if v is not None) + "}"
-    raise TypeError(value)
-
-
 def _run_lua(tmp_path: Path, cases: list[dict], table_text: str | None) -> dict[str, list[str]]:
     bridge = tmp_path / "job_submit.lua"
     shutil.copy(REPO / "slurm_plugins/job_submit.lua", bridge)
     if table_text is not None:
         (tmp_path / TABLE_FILE).write_text(table_text)
     cases_file = tmp_path / "cases.lua"
-    cases_file.write_text("return {\n" + ",\n".join(_lua_value(c) for c in cases) + "\n}\n")
+    cases_file.write_text("return {\n" + ",\n".join(lua_value(c) for c in cases) + "\n}\n")
     stub = tmp_path / "stub.lua"
     stub.write_text(_STUB)
     out = subprocess.run([LUA, str(stub), str(bridge), str(cases_file)], capture_output=True, text=True, timeout=30)
@@ -357,7 +344,7 @@ def test_lua_modify_keeps_the_record(tmp_path: Path) -> None:
     strict = Policy.model_validate({**POLICY.model_dump(), "require_pinning": True})
     (tmp_path / TABLE_FILE).write_text(render_lua_table(strict))
     (tmp_path / "cases.lua").write_text(
-        "return {\n" + ",\n".join(_lua_value({"id": i, "desc": d, "rec": r}) for i, d, r, _, _ in cases) + "\n}\n"
+        "return {\n" + ",\n".join(lua_value({"id": i, "desc": d, "rec": r}) for i, d, r, _, _ in cases) + "\n}\n"
     )
     (tmp_path / "stub.lua").write_text(_MODIFY_STUB)
     out = subprocess.run(
@@ -384,7 +371,7 @@ def test_lua_modify_matches_vectors(tmp_path: Path) -> None:
         cases.append({"id": v["id"], "desc": {"user_id": 1000, "user_name": v["user"], **update}, "rec": rec})
     (tmp_path / "job_submit.lua").write_text((REPO / "slurm_plugins/job_submit.lua").read_text())
     (tmp_path / TABLE_FILE).write_text(render_lua_table(POLICY))
-    (tmp_path / "cases.lua").write_text("return {\n" + ",\n".join(_lua_value(c) for c in cases) + "\n}\n")
+    (tmp_path / "cases.lua").write_text("return {\n" + ",\n".join(lua_value(c) for c in cases) + "\n}\n")
     (tmp_path / "stub.lua").write_text(_MODIFY_STUB)
     out = subprocess.run(
         [LUA, str(tmp_path / "stub.lua"), str(tmp_path / "job_submit.lua"), str(tmp_path / "cases.lua")],
