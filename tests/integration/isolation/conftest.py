@@ -172,10 +172,22 @@ def guard(cluster: LiveCluster, teams: Path, tmp_path_factory: pytest.TempPathFa
     g.check()
 
 
+#: What root's ``devcluster env`` adds and a member's shell never has: the admin S3 key and metrics login.
+ADMIN_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "NURO_METRICS_USER", "NURO_METRICS_TOKEN")
+
+
+def member_env(cluster: LiveCluster) -> dict[str, str]:
+    """The cluster's settings as a member's shell has them: no admin key, so their team's credential files are
+    used (``NURO_S3_CREDENTIALS``, ``NURO_METRICS_CREDENTIALS``); a plain PATH with the venv's tools."""
+    env = {k: v for k, v in cluster.env.items() if k not in ADMIN_KEYS}
+    return {**env, "PATH": f"{BIN}:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
+
+
 def as_user(cluster: LiveCluster, user: str, argv: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
-    """Run ``argv`` as ``user`` with the cluster's environment; never raises on a non-zero exit."""
+    """Run ``argv`` as ``user`` in a member's environment (``member_env``: nothing of root's, no admin key);
+    never raises on a non-zero exit. Jobs it submits inherit that environment (sbatch exports it)."""
     return subprocess.run(
-        ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in cluster.env.items()), *argv],
+        ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in member_env(cluster).items()), *argv],
         input=stdin,
         capture_output=True,
         text=True,

@@ -14,7 +14,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,11 +21,9 @@ from nuro.metrics.identities import team_db
 from nuro.metrics.model import Query
 from nuro.metrics.sink import sink_from_env
 from tests.integration.conftest import LiveCluster
-from tests.integration.isolation.conftest import ATTACKER, ATTACKER_TEAM, VICTIM, VICTIM_TEAM, Guard
+from tests.integration.isolation.conftest import ATTACKER, ATTACKER_TEAM, VICTIM, VICTIM_TEAM, Guard, member_env
 
 pytestmark = pytest.mark.slurm
-
-_ADMIN_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "NURO_METRICS_USER", "NURO_METRICS_TOKEN")
 
 #: Run as the member: argv[1] is a JSON dict of env overrides for sink_from_env, argv[2] the run tag. Prints
 #: {"ok": true} or {"error": "<type>: <message>"}.
@@ -46,12 +43,6 @@ try:
 except Exception as exc:
     print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
 """
-
-
-def member_env(cluster: LiveCluster) -> dict[str, str]:
-    """The cluster's settings as a member's shell has them: no admin S3 key, no admin metrics token."""
-    env = {k: v for k, v in cluster.env.items() if k not in _ADMIN_KEYS}
-    return {**env, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 
 
 def write_as(cluster: LiveCluster, user: str, overrides: dict[str, str], run: str, team_tag: str) -> dict:

@@ -27,15 +27,9 @@ from nuro.devcluster import s3
 from nuro.devcluster.layout import S3_ACCESS_KEY, S3_SECRET_KEY, PortPlan
 from nuro.objectstore import ObjectStore, StoreConfig
 from tests.integration.conftest import TEST_PORT_BASE, LiveCluster
-from tests.integration.isolation.conftest import ATTACKER, ATTACKER_TEAM, VICTIM, VICTIM_TEAM, Guard
+from tests.integration.isolation.conftest import ATTACKER, ATTACKER_TEAM, VICTIM, VICTIM_TEAM, Guard, member_env
 
 pytestmark = pytest.mark.usefixtures("teams")
-
-
-def member_env(cluster: LiveCluster) -> dict[str, str]:
-    """A team member's shell: the cluster's settings without the admin key, so their team's file is used."""
-    env = {k: v for k, v in cluster.env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
-    return {**env, "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8"}
 
 
 # The attacker's toolbox: every call is tried, and its outcome recorded as "ok" or the error's class and code.
