@@ -127,6 +127,7 @@ def _test_inventory(root: Path, ssh_hosts: SSHHosts, cluster: LiveCluster) -> Pa
         "vault_nuro_s3_secret_key": "test-secret",
         "vault_nuro_metrics_token": "test-token",
         "vault_nuro_s3_team_keys": {"perception": {"access_key": "team-p", "secret_key": "team-p-secret"}},
+        "vault_nuro_metrics_team_logins": {"perception": {"user": "team_perception", "token": "team-p-metrics"}},
         "nuro_team_members": {"perception": ["alice"]},
         "vault_nuro_heartbeat_key": "00" * 32,
         # No GPUs in the namespaces: no probe, no expected count (an empty value leaves the key out).
@@ -302,6 +303,13 @@ def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> No
         st = team_file.stat()
         assert (st.st_mode & 0o777, grp.getgrgid(st.st_gid).gr_name) == (0o640, "nuro-perception")
         assert team_file.read_text().endswith("AWS_ACCESS_KEY_ID=team-p\nAWS_SECRET_ACCESS_KEY=team-p-secret\n")
+        metrics_file = host / "etc" / "nuro" / "metrics" / "perception.env"
+        st = metrics_file.stat()
+        assert (st.st_mode & 0o777, grp.getgrgid(st.st_gid).gr_name) == (0o640, "nuro-perception")
+        assert "NURO_METRICS_USER=team_perception\nNURO_METRICS_TOKEN=team-p-metrics\n" in metrics_file.read_text()
+        assert "/nuro_perception\n" in metrics_file.read_text()
+    assert f"NURO_METRICS_CREDENTIALS={login}/etc/nuro/metrics" in profile
+    assert "test-token" not in (login / "etc" / "nuro" / "credentials.env").read_text()  # no shared token
     assert "team-p-secret" not in env_file.read_text() and "alice" in grp.getgrnam("nuro-perception").gr_mem
 
 
