@@ -50,7 +50,7 @@ class CodePin:
         dirty: True when uncommitted changes ship with the job (``allow_dirty``).
         diff: the patch applied on top of ``commit`` (``git apply`` format, binary-safe); None when clean.
         diff_sha256: ``sha256:<hex>`` of ``diff``; recorded in the job comment and checked by the job.
-        diff_uri: where the caller stored the patch (e.g. ``s3://nuro/code-diffs/sha256/<hex>.patch``), or None.
+        diff_uri: where the caller stored the patch (e.g. ``s3://nuro/code-diffs/<team>/sha256/<hex>.patch``), or None.
     """
 
     repo: str

@@ -404,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 values["code.repo"], values.get("code.commit"), allow_dirty=values.get("code.allow_dirty", False)
             )
             if code.diff is not None and store_configured() and not dry_run:
-                code = store_diff(code)
+                code = store_diff(code, team)
         run_root = values.get("run_root") or AbsPath().parse(os.path.expanduser("~/nuro-runs"))
     except (FieldError, PinError, CodePinError) as exc:
         return _fail(EXIT_INVALID, str(exc))

@@ -95,7 +95,7 @@ def plan_submission(
         except PinError as exc:
             problems.append(f"dataset: {exc}")
         try:
-            code = with_planned_diff_uri(pinning.result(), env)
+            code = with_planned_diff_uri(pinning.result(), spec.team, env)
         except CodePinError as exc:
             problems.append(f"code: {exc}")
     if problems:
@@ -124,7 +124,7 @@ def apply_submission(
     request = planned.request
     if planned.pins.code.diff_uri is not None:
         try:
-            store_diff(planned.pins.code, env)
+            store_diff(planned.pins.code, planned.spec.team, env)
         except PinError as exc:
             raise InvalidSubmission([str(exc)]) from exc
     try:

@@ -146,10 +146,10 @@ def identity_actions(
 
     A team: read, write (= put and delete) and list its own ``checkpoints/<team>/``, ``runs/<team>/`` (the run
     events its jobs record) and ``team-datasets/<team>/`` (its datasets: shards, manifests, tags); read and list
-    the shared ``datasets/`` (written by the admin only); read and write ``code-diffs/`` (the content-addressed
-    patches ``nuro-train submit`` stores). ``dataset_readers`` (team → other teams) also lets a team read the
-    datasets of the teams listed for it. The nodes: every team's checkpoints and run events (upload worker,
-    retention, restore, the epilog's flush); datasets and code patches read-only (the prolog verifies pins).
+    the shared ``datasets/`` (written by the admin only); read and write its own ``code-diffs/<team>/`` (the
+    content-addressed patches ``nuro-train submit`` stores). ``dataset_readers`` (team → other teams) also lets a
+    team read the datasets of the teams listed for it. The nodes: every team's checkpoints and run events (upload
+    worker, retention, restore, the epilog's flush); datasets and code patches read-only (the prolog verifies pins).
     """
     b = bucket
     if who == ADMIN:
@@ -167,7 +167,7 @@ def identity_actions(
         *(f"{a}:{b}/{p}{team}/*" for p in ("checkpoints/", "runs/", "team-datasets/") for a in rw),
         f"Read:{b}/datasets/*", f"List:{b}/datasets/*",
         *(f"{a}:{b}/team-datasets/{validate_team(other)}/*" for other in readable for a in ("Read", "List")),
-        f"Read:{b}/code-diffs/*", f"Write:{b}/code-diffs/*",
+        f"Read:{b}/code-diffs/{team}/*", f"Write:{b}/code-diffs/{team}/*",
     ]  # fmt: skip
 
 

@@ -20,7 +20,7 @@ from nuro.jobspec.fields import is_digest_ref
 log = logging.getLogger(__name__)
 
 #: S3 key prefix of shipped uncommitted-changes patches, content-addressed (``<prefix><hex>.patch``).
-DIFF_PREFIX = "code-diffs/sha256/"
+DIFF_PREFIX = "code-diffs/"  # + <team>/sha256/<hex>.patch: each team writes (and may delete) only its own
 
 
 class PinError(ValueError):
@@ -94,24 +94,29 @@ def resolve_dataset(ref: str, env: Mapping[str, str] | None = None, store: Any =
     return DatasetPin(name=name, digest=digest)
 
 
-def diff_key(code: CodePin) -> str:
-    """The content-addressed key of the code patch (``code.diff_sha256`` must be set)."""
+def diff_key(code: CodePin, team: str) -> str:
+    """The content-addressed key of the code patch under its team's prefix (``code.diff_sha256`` must be set).
+
+    Per team because S3 write means delete: in one shared prefix any team could delete the patch another team's
+    run records as its lineage (docs/security.md)."""
+    from nuro.checkpoint.layout import validate_team
+
     if not code.diff_sha256:
         raise ValueError("this CodePin carries no patch")
-    return DIFF_PREFIX + code.diff_sha256.removeprefix("sha256:") + ".patch"
+    return f"{DIFF_PREFIX}{validate_team(team)}/sha256/{code.diff_sha256.removeprefix('sha256:')}.patch"
 
 
-def with_planned_diff_uri(code: CodePin, env: Mapping[str, str] | None = None) -> CodePin:
+def with_planned_diff_uri(code: CodePin, team: str, env: Mapping[str, str] | None = None) -> CodePin:
     """The pin with the URI its patch will be stored at when a store is configured (known before storing: the key
     is content-addressed), so the plan renders the final run record and apply only stores. Touches no network."""
     if code.diff is None or not store_configured(env):
         return code
     from nuro.objectstore import StoreConfig
 
-    return code.with_diff_uri(f"s3://{StoreConfig.from_env(env).bucket}/{diff_key(code)}")
+    return code.with_diff_uri(f"s3://{StoreConfig.from_env(env).bucket}/{diff_key(code, team)}")
 
 
-def store_diff(code: CodePin, env: Mapping[str, str] | None = None, store: Any = None) -> CodePin:
+def store_diff(code: CodePin, team: str, env: Mapping[str, str] | None = None, store: Any = None) -> CodePin:
     """Store the code patch as an artifact (once: content-addressed, never overwritten); returns the pin with its URI.
 
     A no-op for a clean pin. The patch also travels inside the job script, so the job never depends on the store;
@@ -125,7 +130,7 @@ def store_diff(code: CodePin, env: Mapping[str, str] | None = None, store: Any =
     from nuro.objectstore import ObjectStoreError
 
     s = store if store is not None else _open_store(env)
-    key = diff_key(code)
+    key = diff_key(code, team)
     try:
         s.put_if_absent(key, code.diff)
     except ObjectStoreError as exc:
