@@ -100,6 +100,7 @@ def victim(cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory) -> di
         t("ckpt-shard", lambda: store.put_if_absent(L.shard_key(team, run, 1, "model.bin"), b"weights" * 100))
         t("ckpt-manifest", lambda: store.put_if_absent(L.manifest_key(team, run, 1), b'{"step": 1}'))
         t("ckpt-tag", lambda: store.put(L.tag_key(team, run, "best"), b'{"step": 1}'))
+        t("own-patch", lambda: store.put_if_absent(f"code-diffs/{team}/sha256/{'a' * 64}.patch", b"a patch"))
         print(json.dumps(out))
         """, VICTIM_TEAM, run, name, str(data),
     )  # fmt: skip
@@ -107,6 +108,7 @@ def victim(cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory) -> di
     assert {k: v for k, v in out.items() if k.startswith("ckpt-")} == dict.fromkeys(
         ("ckpt-shard", "ckpt-manifest", "ckpt-tag"), "ok"
     )  # a team writes its own checkpoints
+    assert out["own-patch"] == "ok"  # and its own code patches (nuro-train submit --allow-dirty)
     return {"run": run, "name": name, "digest": out["digest"], "team": VICTIM_TEAM}
 
 
@@ -128,6 +130,7 @@ def test_team_key_cannot_touch_another_teams_checkpoints_datasets_or_tags(
         **guard.watch_s3(f"{L.PREFIX}{team}/"),
         **guard.watch_s3(f"team-datasets/{team}/"),
         **guard.watch_s3(f"datasets/{shared['name']}/"),
+        **guard.watch_s3(f"code-diffs/{team}/"),
     }
     assert any("/manifests/" in k for k in before) and any(k.endswith("/tags/v1") for k in before)
     assert L.manifest_key(team, run, 1) in before
@@ -183,6 +186,9 @@ def test_team_key_cannot_touch_another_teams_checkpoints_datasets_or_tags(
         t("shared-new-tag", lambda: store.put_if_absent(M.tag_key(shared, "planted"), b"{}"))
         t("shared-shard", lambda: store.put(M.shard_key("sha256:" + "0" * 64), b"planted"))
         t("shared-delete", lambda: store.delete(M.manifest_key(shared, shared_digest)))
+        # the other team's code patches (their runs' lineage): neither deleted nor planted
+        t("delete-patch", lambda: store.delete(f"code-diffs/{team}/sha256/{'a' * 64}.patch"))
+        t("plant-patch", lambda: store.put_if_absent(f"code-diffs/{team}/sha256/{'b' * 64}.patch", b"planted"))
         print(json.dumps(out))
         """, team, run, name, digest, shared["name"], shared["digest"], str(mine),
     )  # fmt: skip
@@ -191,7 +197,7 @@ def test_team_key_cannot_touch_another_teams_checkpoints_datasets_or_tags(
     tried = {k: v for k, v in out.items() if k not in ("team", "key")}
     allowed = {k: v for k, v in tried.items() if not v.startswith("denied:")}
     assert not allowed, f"alice, with perception's key, got through: {allowed}"
-    assert len(tried) == 32
+    assert len(tried) == 34
     # the store's own refusal (403), not a crash or a missing object
     assert tried["get-ckpt"] == "denied:AccessDenied:AccessDenied" and tried["delete-objects"] == "denied:AccessDenied"
     assert tried["move-ds-tag"].startswith("denied:AccessDenied")  # HEAD of their manifest is already refused
