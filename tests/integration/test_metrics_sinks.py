@@ -106,7 +106,11 @@ def test_influx2_write_api_into_victoria_metrics(vm: servers.LocalServer) -> Non
     http = urllib3.PoolManager()
     series: dict[str, dict] = {}
     deadline = time.monotonic() + 10
-    while len(series) < 2 and time.monotonic() < deadline:  # new series become searchable after ~1 s
+
+    def complete() -> bool:  # both series, each with all 50 samples (vm exposes a new series' samples in parts)
+        return len(series) == 2 and all(len(s.get("timestamps", [])) >= len(pts) for s in series.values())
+
+    while not complete() and time.monotonic() < deadline:  # new series become searchable after ~1 s
         assert http.request("GET", f"{vm.url}/internal/force_flush").status == 200
         match = {"match[]": '{__name__=~"train_.*",rank="0"}'}
         resp = http.request("GET", f"{vm.url}/api/v1/export", fields=match)
