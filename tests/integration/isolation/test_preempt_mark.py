@@ -147,6 +147,9 @@ def test_forged_mark_does_not_dodge_reclaim(
     prediction needs its GPUs back, the controller ignores the mark and reclaims the job all the same."""
     log_path = tmp_path / "controller.log"
     cancel_jobs_of(cluster, MEMBERS, timeout_s=180)
+    # The scenario needs all 8 nodes: with one still busy or drained by an earlier test, a filler would reclaim
+    # the borrower before the forgery and the test would prove nothing.
+    wait_until(lambda: {n.state.upper() for n in cluster.backend.nodes()} == {"IDLE"}, 120, "all nodes idle")
     with controller(cluster, short_grace, log_path):
         guaranteed = [_submit(cluster, "perception") for _ in range(3)]  # perception's 24-GPU quota
         _running(cluster, *guaranteed)
@@ -155,6 +158,7 @@ def test_forged_mark_does_not_dodge_reclaim(
         _running(cluster, borrower)
         fillers = [_submit(cluster, t) for t in ("simulation", "simulation", "controls", "prediction")]
         _running(cluster, *fillers)
+        assert f"decision=Preempt job={borrower} " not in log_path.read_text(), "reclaimed before the forgery"
         # The forgery: a preempt mark of the current run ("signalled" now, for a job that does not exist).
         now = int(_job(cluster, borrower).start_time.timestamp()) + 1
         forged = jobcomment.merge(

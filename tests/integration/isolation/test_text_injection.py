@@ -146,4 +146,8 @@ def test_finished_job_keeps_its_fields_and_exit_code_in_accounting(cluster: Live
 
     job = wait_until(finished, 90, f"an accounting record of finished job {job_id}", interval_s=0.5)
     assert job.phase is JobPhase.FAILED and (job.exit_code, job.exit_signal) == (3, None)
-    assert (job.name, job.comment, job.user, job.account) == (name, comment, ATTACKER, ATTACKER_TEAM)
+    # The name as accounting has it, or "allocation": slurmdbd's placeholder for a job whose start it recorded
+    # before the name (as_mysql_job.c; seen once in a full CI run, never alone). Never a value injected from the
+    # name, which is the point here; the comment, user and account must be the job's own.
+    assert job.name in (name, "allocation"), job.name
+    assert (job.comment, job.user, job.account) == (comment, ATTACKER, ATTACKER_TEAM)
