@@ -18,6 +18,12 @@ for module in (
     "bench.bench_checkpoint_stall",
     "bench.bench_detection",
     "bench.bench_resume",
+    # issue 11: what the isolation costs, each against 0b1f475 in the same run
+    "bench.bench_bridge",
+    "bench.bench_controller_isolation",
+    "bench.bench_hooks",
+    "bench.bench_epilog",
+    "bench.bench_heartbeat_flood",
 ):
     print(f"== {module}", flush=True)
     subprocess.run([sys.executable, "-m", module], cwd=REPO, check=True)
