@@ -28,13 +28,15 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, cluster, save
+from tests.luabridge import FIND_UPVALUE, install_script
 
 BASELINE_COMMIT = "0b1f475"
 POLICY = REPO / "examples" / "policy" / "teams.yaml"
 USER = "alice"
 NEW_RULES = ("comment_not_canonical", "preempt_forged", "qos_borrow")
 
-_TIMER = r"""
+_TIMER = (
+    r"""
 local CODES = { ESLURM_ACCESS_DENIED = 2002, ESLURM_ACCOUNTING_POLICY = 2050, ESLURM_INVALID_ACCOUNT = 2045 }
 slurm = { SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294, NO_VAL16 = 65534, INFINITE = 4294967295 }
 for k, v in pairs(CODES) do slurm[k] = v end
@@ -58,22 +60,9 @@ for name, c in pairs(comments) do
   print(name .. "\t" .. ((os.clock() - t0) / calls * 1e6) .. "\t" .. rc)
 end
 -- the comment reader alone (old: read_nuro, new: read_comment), found among the bridge's upvalues
-local function find(f, names, seen)
-  seen = seen or {}
-  if seen[f] then return nil end
-  seen[f] = true
-  local i = 1
-  while true do
-    local n, v = debug.getupvalue(f, i)
-    if not n then return nil end
-    if names[n] then return v end
-    if type(v) == "function" then
-      local got = find(v, names, seen)
-      if got then return got end
-    end
-    i = i + 1
-  end
-end
+"""
+    + FIND_UPVALUE
+    + r"""
 local reader = assert(find(slurm_job_submit, { read_nuro = true, read_comment = true }))
 for name, c in pairs(comments) do
   local t0 = os.clock()
@@ -81,6 +70,7 @@ for name, c in pairs(comments) do
   print("reader_" .. name .. "\t" .. ((os.clock() - t0) / (calls * 5) * 1e6) .. "\t0")
 end
 """
+)
 
 
 def _old_bridge() -> str:
@@ -150,18 +140,6 @@ def lua_cost(calls: int, repeats: int = 7) -> dict:
     return out
 
 
-def _install(etc: Path, name: str, text: str) -> None:
-    """Atomic write; mtime forward by at least 1 s so slurmctld reloads the script (its 1 s resolution)."""
-    path = etc / name
-    old_mtime = path.stat().st_mtime if path.exists() else 0.0
-    tmp = etc / f".{name}.tmp"
-    tmp.write_text(text)
-    tmp.chmod(0o644)
-    new_mtime = max(time.time(), old_mtime + 1.0)
-    os.utime(tmp, (new_mtime, new_mtime))
-    os.replace(tmp, path)
-
-
 def sbatch_cost(rounds: int, per_round: int, port_base: int) -> dict:
     """Median wall seconds per held sbatch as alice, old vs new job_submit.lua, interleaved."""
     from nuro.policy.luatable import TABLE_FILE
@@ -184,8 +162,8 @@ def sbatch_cost(rounds: int, per_round: int, port_base: int) -> dict:
         for r in range(rounds):
             for label in ("old", "new") if r % 2 == 0 else ("new", "old"):
                 script, table = scripts[label]
-                _install(etc, "job_submit.lua", script)
-                _install(etc, TABLE_FILE, table)
+                install_script(etc, "job_submit.lua", script)
+                install_script(etc, TABLE_FILE, table)
                 subprocess.run(argv, env=full_env, capture_output=True, check=True)  # reload outside the timing
                 for _ in range(per_round):
                     t0 = time.perf_counter()

@@ -10,10 +10,12 @@ the upvalues of ``slurm_job_submit`` with the debug library, so the bridge file 
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +28,9 @@ BRIDGE = REPO / "slurm_plugins" / "job_submit.lua"
 LUA = shutil.which("lua5.1")
 NO_VAL, NO_VAL16 = 4294967294, 65534
 
-_STUB = r"""
+#: The stub ``slurm`` table (codes, NO_VAL markers, log_* collecting user messages and errors) and the bridge
+#: loaded from ``arg[1]``: the first lines of every Lua driver of job_submit.lua in the tests and the bench.
+STUB_PRELUDE = r"""
 local CODES = { ESLURM_ACCESS_DENIED = 2002, ESLURM_ACCOUNTING_POLICY = 2050, ESLURM_INVALID_ACCOUNT = 2045 }
 slurm = { SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294, NO_VAL16 = 65534, INFINITE = 4294967295 }
 for k, v in pairs(CODES) do slurm[k] = v end
@@ -36,7 +40,12 @@ slurm.log_info = function() end
 slurm.log_debug = function() end
 slurm.log_error = function(fmt, ...) table.insert(errors, string.format(fmt, ...)) end
 assert(dofile(arg[1]) == slurm.SUCCESS)
-local function find(f, name, seen)
+"""
+
+#: ``find(f, names)``: the first upvalue named in the set ``names``, searched through ``f``'s closures (how the
+#: drivers reach the bridge's local functions without changing the file).
+FIND_UPVALUE = r"""
+local function find(f, names, seen)
   seen = seen or {}
   if seen[f] then return nil end
   seen[f] = true
@@ -44,15 +53,23 @@ local function find(f, name, seen)
   while true do
     local n, v = debug.getupvalue(f, i)
     if not n then return nil end
-    if n == name then return v end
+    if names[n] then return v end
     if type(v) == "function" then
-      local got = find(v, name, seen)
+      local got = find(v, names, seen)
       if got then return got end
     end
     i = i + 1
   end
 end
-local scan = assert(find(slurm_job_submit, "scan"), "scan not found among the bridge's upvalues")
+"""
+
+_STUB = (
+    STUB_PRELUDE
+    + r"""
+"""
+    + FIND_UPVALUE
+    + r"""
+local scan = assert(find(slurm_job_submit, { scan = true }), "scan not found among the bridge's upvalues")
 local function hex(s) return ((s or ""):gsub(".", function(c) return string.format("%02x", c:byte()) end)) end
 local job = dofile(arg[2])
 local comments = dofile(arg[3])
@@ -75,6 +92,7 @@ for n, c in ipairs(comments) do
 end
 io.write(table.concat(out, "\n"), "\n")
 """
+)
 
 
 @dataclass(frozen=True)
@@ -292,3 +310,16 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def install_script(etc: Path, name: str, text: str) -> None:
+    """Write a bridge file into a running cluster's etc/ atomically, its mtime moved forward by at least 1 s:
+    slurmctld reloads job_submit.lua only when the mtime (1 s resolution) is newer than the loaded copy's."""
+    path = etc / name
+    old_mtime = path.stat().st_mtime if path.exists() else 0.0
+    tmp = etc / f".{name}.tmp"
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    new_mtime = max(time.time(), old_mtime + 1.0)
+    os.utime(tmp, (new_mtime, new_mtime))
+    os.replace(tmp, path)

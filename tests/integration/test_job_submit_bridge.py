@@ -13,10 +13,8 @@ reconfigure is needed; the fixture only makes sure the copied script's mtime mov
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +28,7 @@ from nuro.policy.luatable import TABLE_FILE, render_lua_table
 from nuro.policy.model import Policy
 from nuro.slurm.parse_text import parse_scontrol_show_oneliner
 from tests.integration.conftest import LiveCluster
+from tests.luabridge import install_script
 
 pytestmark = pytest.mark.slurm
 
@@ -67,25 +66,13 @@ def _setup_slurm_side(cluster: LiveCluster) -> None:
             )  # fmt: skip
 
 
-def _install(etc: Path, name: str, text: str) -> None:
-    """Atomic write; the mtime moves forward by at least 1 s so slurmctld reloads a changed script."""
-    path = etc / name
-    old_mtime = path.stat().st_mtime if path.exists() else 0.0
-    tmp = etc / f".{name}.tmp"
-    tmp.write_text(text)
-    tmp.chmod(0o644)
-    new_mtime = max(time.time(), old_mtime + 1.0)
-    os.utime(tmp, (new_mtime, new_mtime))
-    os.replace(tmp, path)
-
-
 @pytest.fixture(scope="module")
 def bridge(cluster: LiveCluster) -> Iterator[Path]:
     """The team accounts/QOS, the current job_submit.lua and the policy table beside slurm.conf."""
     etc = Path(cluster.env["SLURM_CONF"]).parent
     _setup_slurm_side(cluster)
-    _install(etc, "job_submit.lua", (REPO / "slurm_plugins/job_submit.lua").read_text())
-    _install(etc, TABLE_FILE, render_lua_table(POLICY))
+    install_script(etc, "job_submit.lua", (REPO / "slurm_plugins/job_submit.lua").read_text())
+    install_script(etc, TABLE_FILE, render_lua_table(POLICY))
     yield etc
     (etc / TABLE_FILE).unlink(missing_ok=True)
     for name in ("nuro-vec", "nuro-mod", "nuro-open"):  # scancel honours only one --name
@@ -123,11 +110,11 @@ def _with(update: dict) -> Policy:
 @contextmanager
 def _table(etc: Path, policy: Policy) -> Iterator[None]:
     """``policy``'s table installed for the duration (the bridge dofile's it on every submission)."""
-    _install(etc, TABLE_FILE, render_lua_table(policy))
+    install_script(etc, TABLE_FILE, render_lua_table(policy))
     try:
         yield
     finally:
-        _install(etc, TABLE_FILE, render_lua_table(POLICY))
+        install_script(etc, TABLE_FILE, render_lua_table(POLICY))
 
 
 @pytest.mark.parametrize("vector", VECTORS["vectors"], ids=[v["id"] for v in VECTORS["vectors"]])
@@ -327,13 +314,13 @@ def test_python_preview_agrees_on_a_modified_policy(cluster: LiveCluster, bridge
     )
     preview = decide(JobRequest(user="alice", nodes=4, max_nodes=4, gpus_per_node=8), small)
     assert not preview.accepted
-    _install(bridge, TABLE_FILE, render_lua_table(small))
+    install_script(bridge, TABLE_FILE, render_lua_table(small))
     try:
         out = _sbatch(cluster, "alice", ["-N4", "--gpus-per-node=8"])
         assert out.returncode != 0
         assert f"sbatch: error: {preview.message}\n" in out.stderr, out.stderr
     finally:
-        _install(bridge, TABLE_FILE, render_lua_table(POLICY))
+        install_script(bridge, TABLE_FILE, render_lua_table(POLICY))
 
 
 def test_without_a_table_jobs_pass_unchanged(cluster: LiveCluster, bridge: Path) -> None:
@@ -348,7 +335,7 @@ def test_without_a_table_jobs_pass_unchanged(cluster: LiveCluster, bridge: Path)
         assert (record["QOS"], record["Requeue"], "Switches" in record) == ("g-perception", "0", False)
         assert "no usable policy table" in _ctld_log(cluster)
     finally:
-        _install(bridge, TABLE_FILE, saved)
+        install_script(bridge, TABLE_FILE, saved)
 
 
 def test_bridge_on_the_cluster_is_this_checkout(cluster: LiveCluster, bridge: Path) -> None:

@@ -20,12 +20,11 @@ from nuro.policy import load_policy, parse_policy
 from nuro.policy.admission import JobRequest, Reason, decide, gpu_count, parse_sbatch_args, read_nuro
 from nuro.policy.luatable import PIN_FIELDS, RULES, TABLE_FILE, lua_string, policy_table, render_lua_table
 from nuro.policy.model import NAME, Policy
-from tests.luabridge import lua_value
+from tests.luabridge import LUA, STUB_PRELUDE, lua_value
 
 REPO = Path(__file__).resolve().parents[2]
 VECTORS = json.loads((REPO / "tests/vectors/admission.json").read_text())
 POLICY = load_policy(REPO / VECTORS["policy"])
-LUA = shutil.which("lua5.1")
 NO_VAL, NO_VAL16 = 4294967294, 65534
 
 
@@ -146,16 +145,9 @@ def test_decide_reads_a_prebuilt_table() -> None:
 
 needs_lua = pytest.mark.skipif(LUA is None, reason="lua5.1 not installed (apt-get install lua5.1)")
 
-_STUB = r"""
-local CODES = { ESLURM_ACCESS_DENIED = 2002, ESLURM_ACCOUNTING_POLICY = 2050, ESLURM_INVALID_ACCOUNT = 2045 }
-slurm = { SUCCESS = 0, ERROR = -1, NO_VAL = 4294967294, NO_VAL16 = 65534, INFINITE = 4294967295 }
-for k, v in pairs(CODES) do slurm[k] = v end
-local user_msg, errors = {}, {}
-slurm.log_user = function(fmt, ...) table.insert(user_msg, string.format(fmt, ...)) end
-slurm.log_info = function() end
-slurm.log_debug = function() end
-slurm.log_error = function(fmt, ...) table.insert(errors, string.format(fmt, ...)) end
-assert(dofile(arg[1]) == slurm.SUCCESS)
+_STUB = (
+    STUB_PRELUDE
+    + r"""
 local function s(v) if v == nil then return "" end return tostring(v) end
 for _, case in ipairs(dofile(arg[2])) do
   user_msg, errors = {}, {}
@@ -167,6 +159,7 @@ for _, case in ipairs(dofile(arg[2])) do
     table.concat(user_msg, "\n"), table.concat(errors, "\n")}, "\t"))
 end
 """
+)
 
 
 def _job_desc(user: str, req: JobRequest) -> dict:

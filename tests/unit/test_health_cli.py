@@ -127,7 +127,10 @@ def _write(path: Path, n_bytes: int) -> None:
         os.fsync(fh.fileno())
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root-owned (the prolog writes them as root)")
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="job records are root-owned (the prolog writes them as root)")
+
+
+@needs_root
 def test_running_job_usage_counts_running_jobs_dirs_only_and_never_follows_a_link(tmp_path: Path) -> None:
     from nuro.healthcheck.diskuse import running_job_usage
 
@@ -151,7 +154,7 @@ def test_running_job_usage_counts_running_jobs_dirs_only_and_never_follows_a_lin
     assert running_job_usage(tmp_path / "missing") == []
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root-owned (the prolog writes them as root)")
+@needs_root
 def test_running_job_usage_is_bounded_in_entries_depth_and_time(tmp_path: Path) -> None:
     from nuro.healthcheck import diskuse
 
@@ -176,7 +179,7 @@ def test_running_job_usage_is_bounded_in_entries_depth_and_time(tmp_path: Path) 
     assert not any(u.complete for u in timed if u.job_id == 21)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root-owned (the prolog writes them as root)")
+@needs_root
 def test_disk_state_attributes_a_low_disk_to_the_job_that_holds_it(tmp_path: Path) -> None:
     """The measuring and the rule together, with the free-space reading fixed (the real disk here is shared)."""
     from dataclasses import replace
