@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nuro.devcluster import scenario
+import pytest
+
+from nuro.devcluster import manager, scenario
 from nuro.devcluster.layout import Layout
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.slurm import CliBackend
@@ -71,3 +73,26 @@ def ensure_test_users(cluster: LiveCluster) -> None:
         ["sacctmgr", "-i", "add", "account", TEST_ACCOUNT, "Description=nuro test fixture", "Organization=nurotest"]
     )
     cluster.run(["sacctmgr", "-i", "add", "user", *TEST_USERS, f"Account={TEST_ACCOUNT}"])
+
+
+@pytest.fixture
+def restore(cluster: LiveCluster) -> Iterator[list[str]]:
+    """Nodes a test touches (it appends their names): revived, their agents beating, resumed and back in service
+    afterwards, whatever the test did to them."""
+    touched: list[str] = []
+    yield touched
+
+    def node(name: str):  # noqa: ANN202 - a NodeInfo
+        return next(n for n in cluster.backend.nodes() if n.name == name)
+
+    status = manager.status(cluster.layout)
+    for name in touched:
+        if name in status.get("killed_nodes", {}):
+            manager.revive_node(cluster.layout, name)
+    for name in touched:
+        wait_until(lambda n=name: (cluster.layout.agents_dir / f"{n}.json").exists(), 20, f"{name}'s agent")
+        if node(name).is_drained or "DOWN" in node(name).flags:
+            cluster.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
+    wait_until(
+        lambda: all(node(n).state in ("IDLE", "MIXED", "ALLOCATED") for n in touched), 60, f"{touched} back in service"
+    )

@@ -9,7 +9,6 @@ test leaves its nodes idle and resumed for the rest of the session.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,25 +25,6 @@ SLEEP_JOB = "#!/bin/bash\nsleep 900\n"
 
 def _node(cluster: LiveCluster, name: str) -> NodeInfo:
     return next(n for n in cluster.backend.nodes() if n.name == name)
-
-
-@pytest.fixture
-def restore(cluster: LiveCluster) -> Iterator[list[str]]:
-    """Nodes a test touches: revived, resumed and idle again afterwards, whatever the test did."""
-    touched: list[str] = []
-    yield touched
-    status = manager.status(cluster.layout)
-    for name in touched:
-        if name in status.get("killed_nodes", {}):
-            manager.revive_node(cluster.layout, name)
-        node = _node(cluster, name)
-        if node.is_drained or "DOWN" in node.flags:
-            cluster.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
-    wait_until(
-        lambda: all(_node(cluster, n).state in ("IDLE", "MIXED", "ALLOCATED") for n in touched),
-        30,
-        f"{touched} back in service",
-    )
 
 
 def test_killed_node_goes_down_and_drained_fast_and_its_requeue_job_runs_elsewhere(

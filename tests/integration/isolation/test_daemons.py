@@ -185,26 +185,6 @@ def with_policy(cluster: LiveCluster) -> Iterator[Path]:
         wait_until(lambda: (c := _controller(cluster)) and c.pid != old.pid and c.is_alive(), 30, "the controller")
 
 
-@pytest.fixture
-def restore(cluster: LiveCluster) -> Iterator[list[str]]:
-    """Nodes a test touches: revived, resumed and idle again afterwards."""
-    touched: list[str] = []
-    yield touched
-    status = manager.status(cluster.layout)
-    for name in touched:
-        if name in status.get("killed_nodes", {}):
-            manager.revive_node(cluster.layout, name)
-    for name in touched:
-        wait_until(lambda n=name: (cluster.layout.agents_dir / f"{n}.json").exists(), 20, f"{name}'s agent")
-        node = _node(cluster, name)
-        if node.is_drained or "DOWN" in node.flags:
-            cluster.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
-    wait_until(
-        lambda: all(_node(cluster, n).state in ("IDLE", "MIXED", "ALLOCATED") for n in touched), 60,
-        f"{touched} back in service",
-    )  # fmt: skip
-
-
 def test_a_heartbeat_flood_from_a_member_loses_no_node_and_detection_goes_on(
     cluster: LiveCluster, guard: Guard, restore: list[str], tmp_path: Path
 ) -> None:
