@@ -40,7 +40,7 @@ from nuro.devcluster.layout import (
     ensure_sockets_dir,
     longest_socket_path,
 )
-from nuro.devcluster.procs import stop_processes, wait_for
+from nuro.devcluster.procs import stop_child, stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
 from nuro.heartbeat import write_key
 from nuro.metrics import identities as metrics_identities
@@ -400,15 +400,7 @@ def _abort_up(layout: Layout, sup: subprocess.Popen) -> None:
         down(layout)
     except Exception as exc:  # keep the original error; say what may be left
         log.error("stopping the half-started dev cluster in %s failed: %s", layout.root, exc)
-    if sup.poll() is None:
-        sup.terminate()
-        try:
-            sup.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            sup.kill()
-            sup.wait()
-    else:
-        sup.wait()
+    stop_child(sup, 90)
 
 
 def _wait_up(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 
@@ -69,6 +70,17 @@ def stop_processes(procs: list[psutil.Process], term_timeout_s: float, what: str
             continue
     psutil.wait_procs(still, timeout=5)
     return [p.pid for p in still]
+
+
+def stop_child(proc: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM a child we started (by its Popen handle, never by pattern), SIGKILL after ``timeout_s``; reaped."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    proc.wait()
 
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:

@@ -51,6 +51,7 @@ from nuro.devcluster.layout import (
     TEAM_GROUP_PREFIX,
     PortPlan,
 )
+from nuro.devcluster.procs import stop_child
 from nuro.devcluster.users import ensure_unix_users
 from nuro.objectstore import ObjectStore, ObjectStoreError, StoreConfig
 
@@ -325,12 +326,7 @@ def standalone(state_dir: Path, port_base: int, timeout_s: float = 30.0) -> Iter
             time.sleep(0.1)
         yield endpoint(ports)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_child(proc, 20)
         shutil.rmtree(run, ignore_errors=True)
 
 
