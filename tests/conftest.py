@@ -23,6 +23,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden/* from the current code")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Unit tests first, then the tests on the real cluster (in their own order): the pure tests need no daemons, so
+    they run before the session's cluster exists instead of sharing the 2 CI cores with its 8 slurmd and agents."""
+    unit = Path(__file__).parent / "unit"
+    items.sort(key=lambda item: not item.path.is_relative_to(unit))  # stable: each group keeps its order
+
+
 @pytest.fixture
 def golden(request: pytest.FixtureRequest):
     """Compare a rendered text with tests/golden/<name>, whole text, with a unified diff on mismatch."""

@@ -108,11 +108,6 @@ elif mode == "hostile":
     os.mkfifo(d / ".upload-0.lock")                                            # the lock file is a FIFO
     stage(2, files)
     steps[2] = d
-    d, _ = stage(3, files, write=False)
-    os.mkfifo(d / ".upload-0.state")                                           # state and marker: FIFOs
-    os.mkfifo(d / ".upload.done.json")
-    stage(3, files)
-    steps[3] = d
     d, req = stage(4, files, write=False)
     os.symlink("/etc/shadow", d / "__1_0.distcp")
     os.symlink("/dev/zero", d / "__2_0.distcp")
@@ -125,6 +120,15 @@ elif mode == "hostile":
         fh.truncate(8 << 30)                                                   # an 8 GiB (sparse) request
     os.replace(d / ".req.tmp", d / ".upload-0.json")
     steps[5] = d
+    # Step 3 commits, and a commit prunes the older finished steps (1, 2): see their verdicts first.
+    deadline = time.monotonic() + float(os.environ.get("WAIT_S", "90"))
+    while time.monotonic() < deadline and any(verdict(steps[s]) is None for s in (1, 2)):
+        time.sleep(0.2)
+    d, _ = stage(3, files, write=False)
+    os.mkfifo(d / ".upload-0.state")                                           # state and marker: FIFOs
+    os.mkfifo(d / ".upload.done.json")
+    stage(3, files)
+    steps[3] = d
     print("PLANTED", flush=True)
 else:
     steps[1] = stage(1, files)[0]
