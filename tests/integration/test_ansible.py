@@ -317,9 +317,7 @@ def test_check_diff_shows_the_change_and_changes_nothing(deploy: Deploy) -> None
     deploy.ensure_converged()
     env_file = deploy.host_root(ROLLED[-1]) / "etc" / "nuro" / "nodeagent.env"
     before = env_file.read_text()
-    proc = deploy.play(
-        "--check", "--diff", "-e", "nuro_staging_min_free_gb=2", label="check_diff", limit=ROLLED[-1]
-    )
+    proc = deploy.play("--check", "--diff", "-e", "nuro_staging_min_free_gb=2", label="check_diff", limit=ROLLED[-1])
     assert "-NURO_STAGING_MIN_FREE_GB=1" in proc.stdout and "+NURO_STAGING_MIN_FREE_GB=2" in proc.stdout
     assert recap(proc)[ROLLED[-1]]["changed"] > 0
     assert env_file.read_text() == before
