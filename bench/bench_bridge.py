@@ -92,7 +92,7 @@ def _tables() -> tuple[str, str]:
 
 
 def _comments() -> dict[str, str]:
-    from nuro import jobcomment
+    from nuro.protocol import jobcomment
     from tests.luabridge import NURO
 
     typical = jobcomment.merge(jobcomment.merge(None, nuro=NURO), ckpt={"at": 1700000000, "step": 100})

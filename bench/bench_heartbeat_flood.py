@@ -18,7 +18,7 @@ import sys
 import time
 
 from bench.common import save
-from nuro.heartbeat import Heartbeat, encode, node_key
+from nuro.protocol.heartbeat import Heartbeat, encode, node_key
 from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
 
 MASTER = b"bench-master-key-0123456789abcdef"

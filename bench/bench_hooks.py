@@ -36,11 +36,11 @@ from pathlib import Path
 import torch
 
 from bench.common import REPO, save
-from nuro import jobcomment
 from nuro.checkpoint import layout as L
 from nuro.devcluster import s3
 from nuro.devcluster.layout import PortPlan
 from nuro.objectstore import ObjectStore
+from nuro.protocol import jobcomment
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.runenv import RunEnv
 

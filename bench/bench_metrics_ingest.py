@@ -34,7 +34,7 @@ import psutil
 import urllib3
 
 from bench.common import save
-from nuro.metrics import servers
+from nuro.devcluster import tsdb
 from nuro.metrics.buffer import BufferedWriter
 from nuro.metrics.influx import InfluxV1Sink, line, quote_ident
 from nuro.metrics.model import GPU, TRAIN, Point
@@ -121,7 +121,7 @@ def count_in(url: str, db: str) -> dict[str, int]:
 
 def run_buffered(url: str, influxd: psutil.Process, args: argparse.Namespace) -> dict:
     db = "bench_buffered"
-    servers.create_database(url, db)
+    tsdb.create_database(url, db)
     sink = InfluxV1Sink(url, db)
     gpu_w = BufferedWriter(sink, self_tags={"source": "agent", "node": "bench"})
     train_w = BufferedWriter(sink, self_tags={"source": "rank0", "run": "bench"})
@@ -174,7 +174,7 @@ def run_buffered(url: str, influxd: psutil.Process, args: argparse.Namespace) ->
 
 def run_raw(url: str, influxd: psutil.Process, args: argparse.Namespace) -> dict:
     db = "bench_raw"
-    servers.create_database(url, db)
+    tsdb.create_database(url, db)
     http = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=2.0, read=10.0))
     path = f"{url}/write?" + urllib.parse.urlencode({"db": db, "precision": "ns"})
     posts = errors = written = 0
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     state = Path(tempfile.mkdtemp(prefix="nuro-bench-influx-"))
     try:
         t_up = time.monotonic()
-        with servers.standalone_influx(state, args.port) as server:
+        with tsdb.standalone_influx(state, args.port) as server:
             up_s = time.monotonic() - t_up
             influxd = psutil.Process(server.pid)
             threading.current_thread().name = "bench-producer"

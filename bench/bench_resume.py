@@ -31,9 +31,9 @@ from bench.bench_detection import _controller
 from bench.common import cluster, save
 from nuro.checkpoint.restore import latest_committed_step
 from nuro.devcluster import scenario
+from nuro.login import events_cli
 from nuro.objectstore import ObjectStore
 from nuro.slurm import CliBackend, JobPhase
-from nuro.wrappers import events_cli
 
 CKPT_INTERVAL_S = 4
 PHASES = ("detect", "requeue", "eligible", "start", "process", "restored", "first_step")

@@ -48,8 +48,8 @@ def _timed(fn) -> float:
 
 def worker(repo: Path, digest: str, run_root: Path, rounds: int, burst: int) -> dict:
     """Runs as the team member; returns the measurements."""
+    from nuro.login.submit_cli import apply_submission, plan_submission, spec_from
     from nuro.slurm import CliBackend
-    from nuro.wrappers.submit_cli import apply_submission, plan_submission, spec_from
 
     backend = CliBackend()
     flags = {"name": "bench", "team": "perception", "nodes": "2", "gpus_per_node": "1", "time_limit": "5",
@@ -91,14 +91,14 @@ def worker(repo: Path, digest: str, run_root: Path, rounds: int, burst: int) -> 
     for _ in range(rounds):
         for name, fn in paths.items():
             samples[name].append(_timed(fn))
-    from nuro.codepin import pin_code
+    from nuro.jobspec.codepin import pin_code
     from nuro.jobspec.pins import resolve_dataset
-    from nuro.render import render_submission
+    from nuro.jobspec.render import render_submission
 
     def median_ms(fn) -> float:
         return round(statistics.median(_timed(fn) for _ in range(rounds)) * 1000, 2)
 
-    imports = [sys.executable, "-c", "import nuro.wrappers.sbatch_cli"]
+    imports = [sys.executable, "-c", "import nuro.login.sbatch_cli"]
     breakdown_ms = {
         "plan": median_ms(lambda: plan_submission(spec)),
         "pin_code_git": median_ms(lambda: pin_code(str(repo), require_paths=["train.py"])),

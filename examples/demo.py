@@ -35,7 +35,7 @@ out = Console(soft_wrap=True)
 
 def main() -> int:
     from nuro.checkpoint.restore import latest_committed_step
-    from nuro.wrappers import events_cli
+    from nuro.login import events_cli
 
     layout = Layout(default_state_dir())
     out.print(f"[bold]1.[/] local cluster in {layout.root} (Slurm, SeaweedFS, node agents, failure detector)")
@@ -89,7 +89,7 @@ def main() -> int:
 
 def _show_metrics(env: dict[str, str], job_id: int, backend: CliBackend) -> None:
     """The metrics view; a sink that cannot be read is a note, not a failed demo (the run itself survived)."""
-    from nuro.wrappers import metrics_cli
+    from nuro.login import metrics_cli
 
     try:
         summary, plot = scenario.metrics_view(env, job_id, backend)

@@ -8,7 +8,7 @@ Command line (the dev cluster starts it exactly like this)::
 
 Threads, and why each is separate:
 
-* **beat loop** (main work, ``Agent.run``): every ``interval_s`` it sends one heartbeat (``nuro.heartbeat``:
+* **beat loop** (main work, ``Agent.run``): every ``interval_s`` it sends one heartbeat (``nuro.protocol.heartbeat``:
   HMAC-signed UDP with this node's own key, ``boot`` = agent start in ms, ``seq`` + 1 each beat) with
   ``healthy``/``problems`` from the latest probe evaluation, and rewrites ``<status-dir>/<node>.json``
   atomically. UDP on a non-blocking socket: a restarting controller or a full socket buffer costs one lost
@@ -43,13 +43,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from nuro import heartbeat as hb
 from nuro.checkpoint.layout import node_staging_root
-from nuro.gpujobs import gpu_tags
 from nuro.healthcheck.checks import evaluate
 from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes, disk_state
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport, make_probe
 from nuro.metrics.model import GPU, Point
+from nuro.protocol import heartbeat as hb
+from nuro.protocol.gpujobs import gpu_tags
 
 log = logging.getLogger("nuro.nodeagent")
 
@@ -161,7 +161,7 @@ def gpu_points(
     report: NodeGpuReport, node: str, ts_ns: int | None = None, jobs: Mapping[int, Mapping[str, str]] | None = None
 ) -> list[Point]:
     """One ``gpu`` point per GPU the report read (tags node, gpu, uuid, model, and job/team/run for a GPU a job
-    holds: ``jobs`` is ``nuro.gpujobs.gpu_tags``). Pure.
+    holds: ``jobs`` is ``nuro.protocol.gpujobs.gpu_tags``). Pure.
 
     A GPU with no readable value (lost, or the whole probe failed) gives no point: a gap in the series is the
     honest record, and its problem is already in the heartbeat. Unknown uuid/model tags are left out (tag values
@@ -500,7 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.env_file:
             os.environ["NURO_ENV_FILE"] = args.env_file
-        from nuro.nodeenv import load_node_env
+        from nuro.protocol.nodeenv import load_node_env
 
         load_node_env()
         os.environ.setdefault("PATH", DEFAULT_PATH)

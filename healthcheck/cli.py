@@ -2,7 +2,8 @@
 
 slurmd runs it with only ``SLURMD_NODENAME`` in the environment (no PATH, no SLURM_CONF), once per node every
 HealthCheckInterval, and ignores its output; so it loads the node settings file (``$NURO_ENV_FILE``, see
-``nuro.nodeenv``), sets a PATH itself, and acts on its own: on problems it drains the node with a precise reason
+``nuro.protocol.nodeenv``), sets a PATH itself, and acts on its own: on problems it drains the node with a precise
+reason
 (``nuro-health: gpu1: temperature 93 C ≥ 90 C``) and exits 1; when healthy it resumes the node only if it is
 drained with a ``nuro-health:`` reason (never an admin's drain) and exits 0.
 
@@ -56,7 +57,7 @@ from nuro.healthcheck.checks import (
     is_our_reason,
 )
 from nuro.healthcheck.probes import NodeGpuReport, make_probe
-from nuro.nodeenv import load_node_env
+from nuro.protocol.nodeenv import load_node_env
 
 if TYPE_CHECKING:  # nuro.slurm is imported at run time only where Slurm is touched (keeps --help and tests light)
     from nuro.slurm import Action, CliBackend
@@ -367,7 +368,7 @@ def fail_disk_jobs(outcome: Outcome, backend: CliBackend, dry_run: bool = False)
     """Fail the jobs the staging disk's shortfall is attributed to: reason into the job comment (``refused``) and
     the event log, then ``scancel``. Each step is tried on its own (a job that just ended is fine: scancel of a
     finished job is a no-op). Returns the job ids cancelled."""
-    from nuro.events import EventLog
+    from nuro.lifecycle.platform_events import EventLog
 
     done: list[int] = []
     for use in outcome.jobs_to_fail:

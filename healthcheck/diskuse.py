@@ -14,7 +14,7 @@ so:
 - space is ``st_blocks * 512`` (what the file really takes: a sparse 1 TB file holds nothing), and an inode seen
   twice (hard links) is counted once.
 
-A job counts as running on this node when its root-owned record (``nuro.jobrecord``, written by the prolog and
+A job counts as running on this node when its root-owned record (``nuro.protocol.jobrecord``, written by the prolog and
 removed by the epilog) exists: a local, root-owned fact, no Slurm call needed every second.
 """
 
@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nuro import jobrecord
 from nuro.healthcheck.checks import JobDiskUse
+from nuro.protocol import jobrecord
 
 log = logging.getLogger("nuro.healthcheck.diskuse")
 

@@ -48,7 +48,7 @@ from botocore.exceptions import (
     ReadTimeoutError as BotoReadTimeout,
 )
 
-from nuro import credfile
+from nuro.safeio import credfile
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class CredentialsError(AccessDenied):
 
 def read_credentials_file(path: str | Path) -> tuple[str, str]:
     """(access key, secret key) from a team's credentials file (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``;
-    ``nuro.credfile`` reads it)."""
+    ``nuro.safeio.credfile`` reads it)."""
     try:
         values = credfile.read_env_file(path, "S3 credentials")
     except credfile.CredentialFileError as exc:
@@ -115,7 +115,7 @@ def read_credentials_file(path: str | Path) -> tuple[str, str]:
 
 
 def pick_credentials_file(spec: str | Path, team: str | None = None) -> tuple[Path, str | None]:
-    """The credentials file ``NURO_S3_CREDENTIALS`` means, and its team (``nuro.credfile.pick_team_file``)."""
+    """The credentials file ``NURO_S3_CREDENTIALS`` means, and its team (``nuro.safeio.credfile.pick_team_file``)."""
     try:
         return credfile.pick_team_file(spec, team, "S3 credentials")
     except credfile.CredentialFileError as exc:

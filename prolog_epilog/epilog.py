@@ -11,7 +11,7 @@ The whole checkpoint part is bounded by our own deadline (``NURO_EPILOG_DEADLINE
 plus 30 s; keep it below ``PrologEpilogTimeout``): it runs in a thread the epilog stops waiting for at the
 deadline, so neither a slow store nor anything a job left in its dir can hold the node in COMPLETING (root reads
 a job's files only through no-follow fds, non-blocking, regular files only: ``nuro.checkpoint.staging``). At the
-end the job's root-owned record (``nuro.jobrecord``) is removed, whatever happened before.
+end the job's root-owned record (``nuro.protocol.jobrecord``) is removed, whatever happened before.
 
 Then the node's health check (``nuro.prolog_epilog.health``): an unhealthy node is drained with the precise reason
 and the epilog exits 1. Otherwise it exits 0: neither a store outage nor a job's leftovers are the node's fault.
@@ -27,8 +27,8 @@ import threading
 import time
 from collections.abc import Mapping
 
-from nuro.nodeenv import load_node_env
 from nuro.prolog_epilog.health import node_is_healthy
+from nuro.protocol.nodeenv import load_node_env
 
 log = logging.getLogger("nuro.epilog")
 
@@ -98,9 +98,9 @@ def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
 
 
 def forget_gpus(job: str) -> None:
-    """The job no longer holds its GPUs: the agent's next points are untagged (``nuro.gpujobs``)."""
+    """The job no longer holds its GPUs: the agent's next points are untagged (``nuro.protocol.gpujobs``)."""
     from nuro.checkpoint.nodestage import staging_root
-    from nuro.gpujobs import forget
+    from nuro.protocol.gpujobs import forget
 
     node = os.environ.get("SLURMD_NODENAME", "")
     if node:
@@ -128,8 +128,8 @@ def bounded_checkpoints(job: str, limit_s: float) -> bool:
         "giving up on its uploads (no manifest is written for them) and removing the job dir", job, limit_s,
     )  # fmt: skip
     try:
-        from nuro import safefs
         from nuro.checkpoint.nodestage import staging_root
+        from nuro.safeio import safefs
 
         with safefs.opened(safefs.open_dir(staging_root())) as root_fd:
             safefs.remove_at(root_fd, job)
@@ -139,10 +139,10 @@ def bounded_checkpoints(job: str, limit_s: float) -> bool:
 
 
 def forget_record(job: str) -> None:
-    """The job is over on this node: its root-owned record goes (``nuro.jobrecord``), nothing root does trusts
+    """The job is over on this node: its root-owned record goes (``nuro.protocol.jobrecord``), nothing root does trusts
     it any more."""
-    from nuro import jobrecord
     from nuro.checkpoint.nodestage import staging_root
+    from nuro.protocol import jobrecord
 
     jobrecord.remove(staging_root(), job)
 

@@ -7,7 +7,8 @@ For a job that carries nuro metadata (``{"nuro": {...}}`` in its comment) it che
    A verified digest is remembered in the node-local cache (``$NURO_CACHE_DIR``), so each node verifies a
    snapshot once, not once per job.
 
-0. (every job, first) the job's root-owned record (``nuro.jobrecord``) from slurmd's own environment: team = the
+0. (every job, first) the job's root-owned record (``nuro.protocol.jobrecord``) from slurmd's own environment: team =
+the
    job's Slurm account, run/keep only from a nuro record of that team. Everything root does for the job here and
    later (staging, GPU claims, the upload worker, the epilog) takes team and run from it, never from the comment.
 3. (every job) the node-local checkpoint staging dir ``$NURO_STAGING_ROOT/<job id>`` exists, owned by the job's
@@ -16,7 +17,7 @@ For a job that carries nuro metadata (``{"nuro": {...}}`` in its comment) it che
    ``NURO_PROLOG_STAGE_TIMEOUT_S`` (default 120 s). Staging problems are logged and never hold the job: it then
    restores from S3 by itself (``nuro.checkpoint.nodestage``).
 4. (every job with GPUs here) the job's claim on them (``SLURM_JOB_GPUS``) for the node agent, which tags its
-   ``gpu`` points with the job and the record's team and run (``nuro.gpujobs``); the epilog removes it.
+   ``gpu`` points with the job and the record's team and run (``nuro.protocol.gpujobs``); the epilog removes it.
 
 Time: the whole prolog is bounded by ``NURO_PROLOG_DEADLINE_S`` (default 240 s; keep it below slurm.conf's
 ``PrologEpilogTimeout``, so our deadline, not Slurm's, decides): the dataset verification gets what is left of it
@@ -44,10 +45,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nuro import jobcomment
-from nuro.jobrecord import JobRecord
-from nuro.nodeenv import load_node_env
 from nuro.prolog_epilog.health import node_is_healthy
+from nuro.protocol import jobcomment
+from nuro.protocol.jobrecord import JobRecord
+from nuro.protocol.nodeenv import load_node_env
 
 log = logging.getLogger("nuro.prolog")
 
@@ -193,9 +194,10 @@ def refuse(job_id: int, why: str) -> None:
 
 
 def write_record() -> JobRecord:
-    """The job's root-owned record (``nuro.jobrecord``) from slurmd's environment, stored for every root reader."""
-    from nuro import jobrecord
+    """The job's root-owned record (``nuro.protocol.jobrecord``) from slurmd's environment, stored for every root
+    reader."""
     from nuro.checkpoint.nodestage import open_root, staging_root
+    from nuro.protocol import jobrecord
 
     rec = jobrecord.from_prolog_env(os.environ)
     root = staging_root()
@@ -234,10 +236,11 @@ def stage(rec: JobRecord, deadline: Deadline | None = None) -> None:
 
 
 def record_gpus(rec: JobRecord) -> None:
-    """Tell the node agent which GPUs this job holds here, so its ``gpu`` points carry the job (``nuro.gpujobs``),
+    """Tell the node agent which GPUs this job holds here, so its ``gpu`` points carry the job
+    (``nuro.protocol.gpujobs``),
     tagged with the record's team and run (never the comment's)."""
     from nuro.checkpoint.nodestage import staging_root
-    from nuro.gpujobs import claim, parse_gpu_ids
+    from nuro.protocol.gpujobs import claim, parse_gpu_ids
 
     gpus = parse_gpu_ids(os.environ.get("SLURM_JOB_GPUS"))
     if rec.node and gpus:

@@ -11,7 +11,7 @@ wins):
   1 account_other_team  2 qos_other_team / qos_no_team  2b qos_borrow  3 tier_denied  4 gpu_cap
   5a comment_not_canonical  5b preempt_forged  5 pin_changed (modify)  6 pin_invalid  7 pin_team
   8 pin_required (only with require_pinning)
-The comment is read by `scan` below: a nuro record only in the canonical form nuro.jobcomment reads (the one parser
+The comment is read by `scan` below: a nuro record only in the canonical form nuro.protocol.jobcomment reads (the one parser
 of every nuro component), so this bridge and the Python readers never see different records.
   then for team jobs: default QOS g-<team> and account <team>, requeue forced on; for 2..leaf_nodes nodes without
   --switches: req_switch=1 with wait4switch=switch_wait_s (a hint that never blocks longer than that).
@@ -66,11 +66,11 @@ local function gpus_in(spec)
 	return n
 end
 
--- The job comment, read by a strict scanner of nuro's canonical JSON (the form nuro.jobcomment.canonical writes:
+-- The job comment, read by a strict scanner of nuro's canonical JSON (the form nuro.protocol.jobcomment.canonical writes:
 -- compact, keys sorted by code point and never repeated, ASCII with lower-case \u escapes, integers of at most 15
 -- digits, at most 8192 bytes and 32 levels). One left-to-right pass, O(size): a comment is a record only in that
--- form, exactly when Python's nuro.jobcomment.record() says so, and scan() gives the same first problem in the same
--- words as nuro.jobcomment.scan (its line-by-line mirror); tests/vectors/comment.json and the property tests
+-- form, exactly when Python's nuro.protocol.jobcomment.record() says so, and scan() gives the same first problem in the same
+-- words as nuro.protocol.jobcomment.scan (its line-by-line mirror); tests/vectors/comment.json and the property tests
 -- (tests/unit/test_comment_bridge.py under lua5.1, tests/integration/isolation/test_comment_parse.py through real
 -- sbatch) hold the two to 0 disagreements. An object is { [raw key] = value, [SPANS] = { [raw key] = first byte of
 -- the value * 65536 + its last byte }, [COUNT] = member count } (numeric slots never meet a string key); a string
@@ -335,7 +335,7 @@ scan_value = function(c, i, depth)
 	fail(unexpected(c, i))
 end
 
--- The comment's top object when it is canonical, else nil and the first problem (nuro.jobcomment.scan's words).
+-- The comment's top object when it is canonical, else nil and the first problem (nuro.protocol.jobcomment.scan's words).
 local function scan(c)
 	if #c > MAX_BYTES then
 		return nil, "it is " .. #c .. " bytes, above nuro's " .. MAX_BYTES

@@ -20,8 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nuro import jobcomment
 from nuro.policy.luatable import TABLE_FILE, lua_string
+from nuro.protocol import jobcomment
 
 REPO = Path(__file__).resolve().parents[1]
 BRIDGE = REPO / "slurm_plugins" / "job_submit.lua"

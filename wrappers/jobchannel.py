@@ -2,7 +2,7 @@
 
 Runs inside a job (rank 0 only), as the job's user, with the job's environment (``SLURM_JOB_ID``, ``SLURM_CONF``).
 Each call reads the job's current comment, merges one key (keeping what the controller or submit wrote) and writes
-it back with ``scontrol update`` (a job owner may update their own job's comment). See ``nuro.jobcomment``.
+it back with ``scontrol update`` (a job owner may update their own job's comment). See ``nuro.protocol.jobcomment``.
 
     nuro-job ckpt --step 1200     # after a checkpoint's manifest is committed
     nuro-job ack --step 1200      # after the checkpoint a preemption asked for is committed: "requeue me now"
@@ -18,7 +18,7 @@ import time
 
 import click
 
-from nuro import jobcomment
+from nuro.protocol import jobcomment
 from nuro.slurm import CliBackend, SlurmError
 
 
@@ -58,7 +58,7 @@ def acknowledge_preemption(
     """Tell the controller the checkpoint it asked for is committed: it requeues the job at once.
 
     ``why`` (``preempted`` or ``time_limit``) says which stop signal the job answered; readers that predate it
-    (``nuro.jobcomment.Mark``) read only step and time."""
+    (``nuro.protocol.jobcomment.Mark``) read only step and time."""
     ack: dict = {"step": step, "at": round(time.time())}
     if why:
         ack["why"] = why

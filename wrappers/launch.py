@@ -1,6 +1,6 @@
 """nuro-launch: runs torchrun on each node of a job, forwards stop signals, turns the end into an exit Slurm acts on.
 
-Two modes, both used by the rendered batch script (``nuro.render._launch_lines``):
+Two modes, both used by the rendered batch script (``nuro.jobspec.render._launch_lines``):
 
     # per node, one srun task each: build the torchrun command, run it, classify the end, write a verdict
     srun --ntasks-per-node=1 --kill-on-bad-exit=1 python -m nuro.wrappers.launch --nproc-per-node=8 -- train.py ...

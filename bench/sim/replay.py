@@ -35,8 +35,8 @@ from bench.sim.bridge import EPOCH, SimBackend
 from bench.sim.slurm import DEFAULT_SCHED, DONE, RUNNING, SchedParams, SimJob, SlurmSim
 from bench.sim.synth import JobSpec
 from bench.sim.trace import NodeSpec
-from nuro import jobcomment
 from nuro.policy.model import Policy
+from nuro.protocol import jobcomment
 
 ARRIVE, END, ACK, ELIGIBLE, TICK = range(5)
 

@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nuro import runevents
 from nuro.datasets.reader import PinnedDataset
+from nuro.lifecycle import run_events
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.metrics import MetricsLogger
 from nuro.wrappers.sdk.preemption import PreemptionGuard
@@ -63,7 +63,7 @@ def main() -> int:
         timeout = timedelta(seconds=float(os.environ.get("NURO_PG_TIMEOUT_S", "60")))
         dist.init_process_group("gloo", timeout=timeout)
     rank = dist.get_rank() if world > 1 else 0
-    runevents.record_later("started", world=world)
+    run_events.record_later("started", world=world)
 
     table = np.load(io.BytesIO(PinnedDataset.from_env().read("train.npy")))
     x, y = torch.from_numpy(table[:, :-1].copy()), torch.from_numpy(table[:, -1].copy())
@@ -81,7 +81,7 @@ def main() -> int:
     if restored is not None:
         model.load_state_dict(state["model"])
         start = restored + 1
-        runevents.record_later("restored", step=restored, seconds=round(time.monotonic() - t_restore, 3))
+        run_events.record_later("restored", step=restored, seconds=round(time.monotonic() - t_restore, 3))
         if rank == 0:
             print(f"resumed from the checkpoint of step {restored}", flush=True)
     guard = PreemptionGuard().start()  # handlers for USR1 (preemption) and USR2 (time limit)
@@ -100,12 +100,12 @@ def main() -> int:
         state["progress"]["step"] = step
         metrics.log(step, loss=loss.item(), samples=args.batch)
         if step == start:
-            runevents.record_later("first_step", step=step)
+            run_events.record_later("first_step", step=step)
         if rank == 0:
             print(f"step {step} loss {loss.item():.4f}", flush=True)
             if time.monotonic() - last_progress >= args.progress_every_s:
                 last_progress = time.monotonic()
-                runevents.record_later("progress", step=step, loss=round(loss.item(), 5))
+                run_events.record_later("progress", step=step, loss=round(loss.item(), 5))
         ckpt.maybe_save(lambda: state, step)
         if guard.should_stop(step):  # every rank answers the same at the same step
             guard.checkpoint_and_exit(lambda s=step: save_committed(ckpt, state, s, metrics), step)
@@ -114,7 +114,7 @@ def main() -> int:
     committed = ckpt.wait_committed(step, 120)
     ckpt.close()
     metrics.close()
-    runevents.record("finished", step=step, committed=committed)
+    run_events.record("finished", step=step, committed=committed)
     if world > 1:
         dist.destroy_process_group()
     return 0

@@ -14,7 +14,7 @@ Node-local staging (``NURO_STAGING_ROOT``, default ``/var/tmp/nuro-staging``)::
     <root>/<job_id>/ckpt/step-<N:012d>/.upload-<part>.json  a node's upload request (atomic, after DCP finished)
     <root>/<job_id>/restore/step-<N:012d>/           a checkpoint the prolog staged for this job
     <root>/cache/<team>/<run>/step-<N:012d>/         the newest committed copy an ended job left on this node
-    <root>/.jobs/<job_id>.json                       the job's root-owned record (``nuro.jobrecord``): whose
+    <root>/.jobs/<job_id>.json                       the job's root-owned record (``nuro.protocol.jobrecord``): whose
                                                      checkpoints root stages, uploads and prunes for the job
 
 Steps are zero-padded to 12 digits so keys and directory names sort in step order.

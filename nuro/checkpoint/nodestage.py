@@ -17,10 +17,10 @@ Epilog (``finish_job``):
      an optimisation and must never be what drains the node for a full staging disk;
   3. remove the job dir.
 
-Trust: team and run come only from the job's root-owned record (``nuro.jobrecord``, written by the prolog from
+Trust: team and run come only from the job's root-owned record (``nuro.protocol.jobrecord``, written by the prolog from
 slurmd's environment), never from the comment or a file the job wrote. Everything inside a job's dir is the job
 user's to change at any moment, so root touches it only through directory fds opened with no-follow
-(``nuro.safefs``): symlinks are refused, only regular files are read (a FIFO cannot block, ``/dev/zero`` cannot
+(``nuro.safeio.safefs``): symlinks are refused, only regular files are read (a FIFO cannot block, ``/dev/zero`` cannot
 fill memory), what root creates is made under temp names ``O_EXCL|O_NOFOLLOW`` and given to the job's user with
 ``fchown`` on its own fd; there is no chown by path. Only files that hash to the manifest are placed in a job's dir,
 and a file with more than one link is never given away (a hard link to a system file must not change owner).
@@ -38,14 +38,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from nuro import jobrecord, safefs
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import CheckpointError, ManifestError
 from nuro.checkpoint.restore import restore_latest
 from nuro.checkpoint.upload import FlushResult, UploadWorker
-from nuro.jobrecord import JobRecord
 from nuro.objectstore import ObjectStore, ObjectStoreError
-from nuro.safefs import Dir, UnsafePath
+from nuro.protocol import jobrecord
+from nuro.protocol.jobrecord import JobRecord
+from nuro.safeio import safefs
+from nuro.safeio.safefs import Dir, UnsafePath
 
 log = logging.getLogger(__name__)
 
@@ -352,7 +353,7 @@ def finish_job(
 ) -> tuple[FlushResult | None, str | None]:
     """Epilog: flush the job's uploads (bounded), cache its newest committed copy, remove its staging dir.
 
-    The cache uses the job's record (``nuro.jobrecord``; the epilog removes the record after this returns).
+    The cache uses the job's record (``nuro.protocol.jobrecord``; the epilog removes the record after this returns).
     Returns (flush result, cached "team/run@step" or None). Never raises for a store outage.
     """
     name = L.validate_job_id(job_id)

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from nuro import safefs
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import ManifestError, VerificationFailed
 from nuro.checkpoint.manifest import FileEntry, Manifest, dumps, parse_incomplete, parse_manifest, utc_now
 from nuro.checkpoint.verify import Problem, Where, check_local_file, copy_verified, download_verified, verify_local
 from nuro.objectstore import NotFound, ObjectStore
-from nuro.safefs import Dir, as_dir
+from nuro.safeio import safefs
+from nuro.safeio.safefs import Dir, as_dir
 
 log = logging.getLogger(__name__)
 

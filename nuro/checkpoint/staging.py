@@ -13,7 +13,8 @@ of them and never a half-written marker:
 
 Root (the node agent's worker, the epilog) works in these directories, which the job's user owns and may change at
 any moment, only through ``StepDir``/``JobDir``: directory fds opened one component at a time with ``O_NOFOLLOW``
-(``nuro.safefs``), files opened ``O_NONBLOCK`` that must ``fstat`` as regular files, reads capped in size. A symlink,
+(``nuro.safeio.safefs``), files opened ``O_NONBLOCK`` that must ``fstat`` as regular files, reads capped in size. A
+symlink,
 FIFO or device where a request, marker, state or lock file belongs is refused (``UnsafePath``), never followed,
 never waited on. The path-based helpers below (``StagedStep``, ``read_request``, ...) are for the job's own side
 and read the same way.
@@ -38,7 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nuro import safefs
 from nuro.checkpoint.errors import ManifestError
 from nuro.checkpoint.layout import (
     ABANDONED_FILE,
@@ -50,7 +50,8 @@ from nuro.checkpoint.layout import (
     request_file,
 )
 from nuro.checkpoint.manifest import UploadRequest, dumps, parse_request
-from nuro.safefs import UnsafePath
+from nuro.safeio import safefs
+from nuro.safeio.safefs import UnsafePath
 
 #: An upload request lists one node's files of one step (~150 bytes each): 16 MiB is ~100k files, far above DCP.
 MAX_REQUEST_BYTES = 16 << 20

@@ -18,7 +18,8 @@ S3 down (``StoreUnavailable``) → the step is retried with backoff (0.5 s doubl
 Whose checkpoint it is (``trust``):
 
 - ``"record"`` (the default: the node agent and the epilog, as root): team, run, job id, restart and ``keep`` come
-  from the root-owned per-job record the prolog wrote from Slurm's own data (``nuro.jobrecord``), never from the
+  from the root-owned per-job record the prolog wrote from Slurm's own data (``nuro.protocol.jobrecord``), never from
+  the
   request, which the job's user writes. The request only chooses the step and which of its own files (paths
   beneath the step dir, regular files owned by the job's user, one link). A request naming another team, run,
   job or attempt is abandoned with that reason; a job dir without a record (or whose record has no team/run) is
@@ -44,7 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from nuro import jobrecord, safefs
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import ManifestError
 from nuro.checkpoint.manifest import (
@@ -61,7 +61,9 @@ from nuro.checkpoint.manifest import (
 from nuro.checkpoint.retention import apply_retention, effective_keep, list_steps
 from nuro.checkpoint.staging import MAX_STATE_BYTES, JobDir, StepDir
 from nuro.objectstore import NotFound, ObjectStore, ObjectStoreError, StoreUnavailable
-from nuro.safefs import UnsafePath
+from nuro.protocol import jobrecord
+from nuro.safeio import safefs
+from nuro.safeio.safefs import UnsafePath
 
 log = logging.getLogger(__name__)
 

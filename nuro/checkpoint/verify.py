@@ -4,7 +4,7 @@ Why re-hash rather than trust ETags or mtimes: an ETag is the store's checksum o
 uploads not even that), and a local copy may be a torn write from a killed save or a file the job's user changed.
 Only bytes that hash to the manifest are ever loaded.
 
-Local files are opened with ``O_NOFOLLOW`` through directory fds (``nuro.safefs``) and must be regular files: the
+Local files are opened with ``O_NOFOLLOW`` through directory fds (``nuro.safeio.safefs``) and must be regular files: the
 prolog runs this as root over a directory the job's user owns, and must not be led through a symlink to read, or
 write, some other file. Written files are made under a temp name ``O_EXCL|O_NOFOLLOW`` and given to their owner by
 fd before the rename.
@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nuro import safefs
 from nuro.checkpoint.layout import is_control_file, shard_key
 from nuro.checkpoint.manifest import FileEntry, Manifest
 from nuro.objectstore import NotFound, ObjectStore
-from nuro.safefs import Dir, UnsafePath, as_dir
+from nuro.safeio import safefs
+from nuro.safeio.safefs import Dir, UnsafePath, as_dir
 
 CHUNK = 4 * 1024 * 1024
 Progress = Callable[[int], None]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nuro.codepin import CodePin
+from nuro.jobspec.codepin import CodePin
 from nuro.jobspec.fields import is_digest_ref
 
 log = logging.getLogger(__name__)

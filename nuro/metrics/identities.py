@@ -12,7 +12,7 @@ Passwords live in ``<influx_dir>/users.json`` (root 0600, reused across down/up,
 credential reaches its members the way its S3 key does: ``<etc>/metrics/<team>.env`` (0640 root:``nuro-<team>``)
 with ``NURO_METRICS_URL``, ``NURO_METRICS_USER`` and ``NURO_METRICS_TOKEN``. ``NURO_METRICS_CREDENTIALS`` names that
 directory (or one file); ``sink_from_env`` reads it when no token is given directly, picking ``<team>.env`` by
-``NURO_TEAM`` or the one file the user can read (``nuro.credfile.pick_team_file``).
+``NURO_TEAM`` or the one file the user can read (``nuro.safeio.credfile.pick_team_file``).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 
 import urllib3
 
-from nuro import credfile
 from nuro.metrics.sink import MetricsConfigError
+from nuro.safeio import credfile
 
 ENV_CREDENTIALS = "NURO_METRICS_CREDENTIALS"
 ENV_USER = "NURO_METRICS_USER"

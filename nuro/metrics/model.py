@@ -7,7 +7,7 @@ low-cardinality identifiers; fields are the values.
 - ``train`` (SDK ``MetricsLogger``, every rank): tags team, run, job, restart, rank; fields step (int), loss,
   step_time_s, samples_per_s, and custom scalars (float).
 - ``gpu`` (node agent, 1 Hz): tags node, gpu (index), uuid, model, and job, team, run while a job holds the GPU
-  (``nuro.gpujobs``); fields util_pct, mem_used_bytes, mem_total_bytes, temp_c, sm_clock_mhz, power_w.
+  (``nuro.protocol.gpujobs``); fields util_pct, mem_used_bytes, mem_total_bytes, temp_c, sm_clock_mhz, power_w.
 - ``nuro_metrics`` (every buffered writer, on each flush): tags source (``rank<N>`` or ``agent``), node, and team,
   run, job when a run's; fields written, dropped, buffered, errors (cumulative ints).
 

@@ -15,7 +15,8 @@ Rules (first failing check wins; root is let through unchanged, see docs/job_sub
 | 2b | qos_borrow | ``b-<team>`` chosen by the user (only the controller moves jobs there) | reject, ACCESS_DENIED |
 | 3 | tier_denied | tier QOS (``urgent``) and neither user nor account allowed | reject, ESLURM_ACCESS_DENIED |
 | 4 | gpu_cap | more GPUs than the team's quota + borrowing limit | reject, ESLURM_ACCOUNTING_POLICY |
-| 4x | comment_not_canonical | comment looks like a record, is not canonical (nuro.jobcomment) | reject, ACCESS_DENIED |
+| 4x | comment_not_canonical | comment looks like a record, is not canonical (nuro.protocol.jobcomment) | reject,
+ACCESS_DENIED |
 | 4y | preempt_forged | the comment carries a ``preempt`` key (only the controller writes it) | reject, ACCESS_DENIED |
 | 4a | pin_invalid | a ``nuro`` record in the comment without a valid pin (tag, short commit) | reject, ACCESS_DENIED |
 | 4b | pin_team | the record's ``nuro.team`` is not the account the job is charged to | reject, INVALID_ACCOUNT |
@@ -25,7 +26,8 @@ Rules (first failing check wins; root is let through unchanged, see docs/job_sub
 | 7 | switch hint | 2..leaf_nodes nodes and no ``--switches`` | ``--switches=1@<switch_wait_s>`` |
 
 (``pin_changed``, a modify-only rule of the bridge, has no preview: ``decide`` judges submissions.) The comment is read
-by ``read_comment`` through the one parser ``nuro.jobcomment`` (canonical form only; its scanner mirrors the Lua's),
+by ``read_comment`` through the one parser ``nuro.protocol.jobcomment`` (canonical form only; its scanner mirrors the
+Lua's),
 so both sides judge every comment alike.
 
 The job's team is the team of ``--account`` when given (None if that account is not a team), else the user's team.
@@ -42,9 +44,9 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from nuro import jobcomment
 from nuro.policy.luatable import DEFAULT_SWITCH_WAIT_S, policy_table
 from nuro.policy.model import Policy
+from nuro.protocol import jobcomment
 
 ROOT_USER = "root"
 
@@ -219,7 +221,8 @@ def _pins(nuro: Any) -> NuroRecord:
 def read_comment(comment: str | None) -> CommentView | None:
     """The comment as job_submit.lua's ``read_comment`` sees it: None without a comment or for plain text.
 
-    Reads through the one parser (``nuro.jobcomment.record``): only the canonical form is a record, so the bridge,
+    Reads through the one parser (``nuro.protocol.jobcomment.record``): only the canonical form is a record, so the
+    bridge,
     this preview and every other reader see the same record or none."""
     if not comment:
         return None

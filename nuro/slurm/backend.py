@@ -140,9 +140,11 @@ class Backend(abc.ABC):
         """Read the job's comment, set ``updates`` (None deletes a key), write it back; returns the new comment.
 
         Read-merge-write keeps the keys the other side wrote (submit's ``nuro`` record, the controller's
-        ``preempt``, the job's ``ack``); see nuro.jobcomment.
+        ``preempt``, the job's ``ack``); see nuro.protocol.jobcomment.
         """
-        from nuro import jobcomment  # core helper; imported here to keep the adapter free of nuro-level imports
+        from nuro.protocol import (
+            jobcomment,  # core helper; imported here to keep the adapter free of nuro-level imports
+        )
 
         new = jobcomment.merge(self.job_comment(job_id), **updates)
         self.update_comment(job_id, new)
@@ -220,7 +222,7 @@ class Backend(abc.ABC):
         return self.apply(UpdateSiteFactor(job_id, value)).raise_for_error()
 
     def update_comment(self, job_id: int | str, comment: str) -> ActionResult:
-        """Replace the job's comment (nuro's job record; see nuro.jobcomment)."""
+        """Replace the job's comment (nuro's job record; see nuro.protocol.jobcomment)."""
         return self.apply(UpdateComment(job_id, comment)).raise_for_error()
 
     def drain(self, node: str, reason: str) -> ActionResult:
@@ -438,7 +440,7 @@ class CliBackend(Backend):
         return self._job_field(job_id, "State", "JobState")
 
     def job_comment(self, job_id: int | str) -> str:
-        """One job's current comment (nuro's job record; see nuro.jobcomment), exactly as the job holds it.
+        """One job's current comment (nuro's job record; see nuro.protocol.jobcomment), exactly as the job holds it.
 
         Read alone with ``squeue -j ID -O 'JobArrayID:0|,Comment:0'`` (``parse_squeue_one_field``): the
         controller's and the prolog's read-merge-write (``merge_comment``, prolog ``refuse``) must see the job's own

@@ -24,7 +24,8 @@ Per call site (command: why no user value can move a field):
   free text (OS, Reason, Comment, Extra: host and admin) ends only at a key Slurm prints after it (``_FREE_TEXT``),
   so a reason cannot set State.
 * ``wrappers.launch.node_addr``: the first ``NodeAddr=`` of ``scontrol show node -o NAME``: Slurm prints it before
-  any free text. (``nuro.render``'s job-script ``sed`` takes the last one: only an admin's reason could hold one.)
+  any free text. (``nuro.jobspec.render``'s job-script ``sed`` takes the last one: only an admin's reason could hold
+  one.)
 * ``CliBackend.finished_jobs`` (exit codes): ``sacct -n -P -X -o JobIDRaw,ExitCode,State``. None of the three can
   hold '|' or a newline (digits, "N:M", a state word or "CANCELLED by UID"); each line must have exactly 3 values.
 * ``nuro.policy.slurm_state``: ``sacctmgr -P -n show qos/account/assoc/user``. Names and limits an admin set (a

@@ -7,7 +7,8 @@ already moved) is an expected, logged outcome, never a crash; the next cycle dec
 | decision | Slurm calls |
 |---|---|
 | Borrow / Return | ``scontrol update jobid=J qos=<b-team / g-team>`` (pending jobs only) |
-| Preempt | comment ``preempt={at, for, sig, why}`` (signed: ``nuro.marks``), then ``scancel -s USR1 --full J`` |
+| Preempt | comment ``preempt={at, for, sig, why}`` (signed: ``nuro.protocol.marks``), then ``scancel -s USR1 --full
+J`` |
 | Requeue | comment ``preempt`` removed (the next run is not a victim), then ``scontrol requeue J`` |
 | SetSiteFactor | ``scontrol update jobid=J sitefactor=V`` |
 """
@@ -18,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from nuro import jobcomment, marks
+from nuro.protocol import jobcomment, marks
 from nuro.slurm import Backend, SlurmError, SlurmUnavailable
 from nuro.slurm_plugins.controller.decisions import Borrow, Decision, Preempt, Requeue, Return, SetSiteFactor
 
@@ -45,7 +46,7 @@ def apply_decision(backend: Backend, decision: Decision, now: float, dry_run: bo
                 backend.update_qos(job_id, qos)
                 msg = f"qos -> {qos}"
             case Preempt():
-                # signed (nuro.marks): a mark a user writes into their own comment never counts
+                # signed (nuro.protocol.marks): a mark a user writes into their own comment never counts
                 mark = marks.sign(job_id, round(now), decision.for_job_id, decision.reason)
                 backend.merge_comment(job_id, preempt=mark)
                 backend.signal(job_id, jobcomment.PREEMPT_SIGNAL, full=True)

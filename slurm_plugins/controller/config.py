@@ -12,11 +12,12 @@ heartbeat_bind: 127.0.0.1         # listen address: the controller's cluster-net
                                   # Ansible role renders it), never 0.0.0.0 (datagrams from every network the host
                                   # is on); loopback by default so nothing is exposed by accident
 heartbeat_key_file: /etc/nuro/heartbeat.key  # the master HMAC key (mode 600); each agent holds only its node's key,
-                                  # derived from it (nuro.heartbeat.node_key)
+                                  # derived from it (nuro.protocol.heartbeat.node_key)
 heartbeat_interval_s: 1.0         # the agents' send interval
 miss_limit: 3                     # intervals of silence before a node is declared lost
 detector_tick_s: 0.25             # how often the detector judges (its own loop, independent of interval_s)
-event_log: /var/log/nuro/events.jsonl  # append-only JSONL journal (nuro.events); unset = log lines only
+event_log: /var/log/nuro/events.jsonl  # append-only JSONL journal (nuro.lifecycle.platform_events); unset = log lines
+only
 
 Relative paths are resolved beside the config file.
 """

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from nuro import jobcomment
-from nuro.jobcomment import JobComment
 from nuro.policy.classify import CycleView, PolicyIndex
 from nuro.policy.model import Policy
+from nuro.protocol import jobcomment
+from nuro.protocol.jobcomment import JobComment
 from nuro.slurm.models import ClusterSnapshot, JobInfo
 from nuro.slurm_plugins.controller.capacity import Capacity
 from nuro.slurm_plugins.controller.decisions import Borrow, Preempt, Requeue, Return, SetSiteFactor, Wait

@@ -23,7 +23,8 @@ plus the offset in ``$NURO_CONTROLLER_CLOCK_OFFSET_FILE`` when that test hook is
 used for what Slurm and the event log hold (preempt marks, grace ends, reasons, records).
 
 Keys: ``master_key(cfg)`` is the controller's master heartbeat key (bytes); node keys are derived from it
-(``nuro.heartbeat.node_key``), as may other controller-only secrets (``nuro.heartbeat.derive_key(master, purpose)``).
+(``nuro.protocol.heartbeat.node_key``), as may other controller-only secrets
+(``nuro.protocol.heartbeat.derive_key(master, purpose)``).
 
 Signals: SIGTERM/SIGINT finish the current cycle and exit 0; SIGHUP re-reads the policy (kept if invalid).
 Exit codes: 0 stopped cleanly, 2 usage error, 3 invalid config or policy.
@@ -45,10 +46,10 @@ from pathlib import Path
 
 import click
 
-from nuro import marks
-from nuro.events import EventLog
-from nuro.heartbeat import BadHeartbeat, load_key
+from nuro.lifecycle.platform_events import EventLog
 from nuro.policy import Policy, PolicyError, load_policy
+from nuro.protocol import marks
+from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.slurm import Backend, CliBackend, SlurmError
 from nuro.slurm_plugins.controller.apply import Outcome, apply_decision
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
@@ -96,7 +97,8 @@ def wall_clock_from_env(environ: dict[str, str] | None = None) -> Callable[[], f
 
 def master_key(cfg: ControllerConfig) -> bytes | None:
     """The controller's master heartbeat key (bytes), or None without a detector. Node keys are derived from it
-    (``nuro.heartbeat.node_key``); another controller-only secret takes ``nuro.heartbeat.derive_key(master, p)``."""
+    (``nuro.protocol.heartbeat.node_key``); another controller-only secret takes
+    ``nuro.protocol.heartbeat.derive_key(master, p)``."""
     return load_key(cfg.heartbeat_key_file) if cfg.detector_on and cfg.heartbeat_key_file else None
 
 
@@ -335,7 +337,7 @@ def main(
         cfg = ControllerConfig.model_validate({**base, **updates})
         policy = load_policy(cfg.policy) if cfg.policy else None
         key = master_key(cfg)
-        # preempt marks are signed with a key derived from the master key, detector or not (nuro.marks)
+        # preempt marks are signed with a key derived from the master key, detector or not (nuro.protocol.marks)
         marks.use_master_key(key or (load_key(cfg.heartbeat_key_file) if cfg.heartbeat_key_file else None))
     except (ConfigError, PolicyError, BadHeartbeat, ValueError) as exc:
         click.echo(f"nuro-controller: {exc}", err=True)

@@ -24,7 +24,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from nuro.events import EventLog
+from nuro.lifecycle.platform_events import EventLog
 from nuro.slurm import Backend, DownNode, DrainNode, ResumeNode
 from nuro.slurm.actions import ActionResult
 from nuro.slurm.models import NodeInfo

@@ -24,9 +24,9 @@ import time
 from collections import Counter
 from types import MappingProxyType
 
-from nuro import jobcomment, marks
 from nuro.policy.classify import JobClass, PolicyIndex, build_view, classify, timestamp
 from nuro.policy.model import Policy
+from nuro.protocol import jobcomment, marks
 from nuro.slurm.models import ClusterSnapshot
 from nuro.slurm_plugins.controller.borrowing import borrow, lendable_gpus, return_to_quota
 from nuro.slurm_plugins.controller.capacity import Capacity

@@ -36,7 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from nuro.heartbeat import (
+from nuro.protocol.heartbeat import (
     MAC_LEN,
     MAX_DATAGRAM,
     NODE_BYTES,
@@ -47,7 +47,7 @@ from nuro.heartbeat import (
     ReplayGuard,
     parse_body,
 )
-from nuro.heartbeat import mac as hb_mac
+from nuro.protocol.heartbeat import mac as hb_mac
 from nuro.slurm_plugins.controller.liveness import Beat
 from nuro.slurm_plugins.controller.ratelog import RateLog
 
@@ -62,7 +62,8 @@ SEEN_MACS = 8192  # authentic MACs remembered for the replay short-cut (a few mi
 
 
 def reject_reason(exc: BadHeartbeat) -> str:
-    """The counter a rejected datagram goes to (``nuro.heartbeat`` raises one exception type with a message)."""
+    """The counter a rejected datagram goes to (``nuro.protocol.heartbeat`` raises one exception type with a
+    message)."""
     text = str(exc)
     if isinstance(exc, Replay):
         return "clock_skew" if "from our clock" in text else "replay"
@@ -99,7 +100,8 @@ class HeartbeatReceiver:
     Args:
         bind: address to listen on: the cluster network's address of the controller (the dev cluster: 127.0.0.1).
         port: UDP port (0 = any free port; see ``port`` after construction).
-        keys: the master key (``nuro.heartbeat.load_key``; each node's key is derived from it), or a key lookup.
+        keys: the master key (``nuro.protocol.heartbeat.load_key``; each node's key is derived from it), or a key
+        lookup.
         clock: wall clock (records, and the anchor of the freshness check), injectable for tests.
         monotonic: the clock silence is judged on.
     """
@@ -175,7 +177,7 @@ class HeartbeatReceiver:
 
         The checks run cheapest first and raise nothing on the reject path (a flood is mostly rejects): size, shape,
         a MAC already seen (a replay, refused without an HMAC), the node name, then one HMAC; only an authentic
-        datagram is parsed (``nuro.heartbeat.parse_body``) and checked for freshness.
+        datagram is parsed (``nuro.protocol.heartbeat.parse_body``) and checked for freshness.
         """
         mono = self.monotonic()
         n = len(data)

@@ -52,7 +52,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from types import MappingProxyType
 
-from nuro.heartbeat import DEFAULT_INTERVAL_S, DEFAULT_MISS_LIMIT
+from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, DEFAULT_MISS_LIMIT
 from nuro.slurm.models import NodeInfo
 
 REASON_PREFIX = "nuro:"

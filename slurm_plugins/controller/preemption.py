@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from nuro import marks
 from nuro.policy.classify import WAITING_REASONS, JobClass, Kind, job_gpus, timestamp
+from nuro.protocol import marks
 from nuro.slurm.models import JobInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.capacity import Shape, gpus_on_nodes, job_shape
@@ -38,7 +38,8 @@ def finish_in_flight(cy: Cycle) -> None:
     """Phase 2: requeue victims that acknowledged or whose grace is over; keep counting the rest as being freed.
 
     In flight = ``state.preempting`` plus running jobs whose comment carries a ``preempt`` record the controller
-    signed (``nuro.marks``) during their current run (the state's signal time wins when both exist). A victim that
+    signed (``nuro.protocol.marks``) during their current run (the state's signal time wins when both exist). A victim
+    that
     ended, or started again after the signal (it was requeued and restarted), is forgotten. A mark the job's user
     wrote is ignored (logged once): the job stays a candidate for reclaim and urgent preemption.
     """

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from nuro.jobcomment import JobComment
 from nuro.policy.classify import job_gpus, timestamp
+from nuro.protocol.jobcomment import JobComment
 from nuro.slurm.models import JobInfo
 from nuro.slurm_plugins.controller.capacity import Capacity, Shape
 

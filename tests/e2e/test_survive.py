@@ -18,9 +18,9 @@ import pytest
 
 from nuro.checkpoint.restore import latest_committed_step
 from nuro.devcluster import scenario
+from nuro.login import events_cli
 from nuro.objectstore import ObjectStore
 from nuro.slurm import JobPhase
-from nuro.wrappers import events_cli
 from tests.integration.conftest import LiveCluster, cancel_jobs_of
 
 pytestmark = pytest.mark.slurm

@@ -3,7 +3,8 @@
 Mapping: two of the session's SSH hosts (``ssh_hosts``, ``nuro.devcluster.sshhosts``) play compute nodes
 gpu001 and gpu002 of the dev cluster; gpu001 is also the login node. The controller is this machine
 (``ansible_connection: local``), where scontrol/squeue reach the dev cluster; the inventory is built from the dev
-cluster's own description (``nuro.inventory.inventory_from_description``) so the Slurm files the play renders must
+cluster's own description (``nuro.cluster.inventory.inventory_from_description``) so the Slurm files the play renders
+must
 equal the dev cluster's byte for byte. The other nodes are in the inventory (slurm.conf lists every node) but
 outside ``--limit``.
 
@@ -31,9 +32,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from nuro.cluster.inventory import inventory_from_description
 from nuro.devcluster.layout import describe
 from nuro.devcluster.sshhosts import SSHHosts, write_inventory
-from nuro.inventory import inventory_from_description
 from tests.integration.conftest import TEST_ACCOUNT, TEST_NODES, TEST_PORT_BASE, LiveCluster, wait_until
 
 pytestmark = pytest.mark.slurm

@@ -24,7 +24,6 @@ import boto3
 import pytest
 import torch
 
-from nuro import jobrecord
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.manifest import FileEntry, UploadRequest, dumps, parse_part
 from nuro.checkpoint.restore import load_manifest, restore_latest
@@ -35,6 +34,7 @@ from nuro.checkpoint.verify import check_remote_shard
 from nuro.devcluster import s3
 from nuro.devcluster.layout import PortPlan
 from nuro.objectstore import ObjectStore
+from nuro.protocol import jobrecord
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nuro import jobcomment
 from nuro.policy import load_policy
+from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase, SlurmError
 from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
 
@@ -97,7 +97,8 @@ def _running(cluster: LiveCluster, *job_ids: int, timeout_s: float = 40) -> None
 
 @contextlib.contextmanager
 def controller(cluster: LiveCluster, policy_file: Path, log_path: Path) -> Iterator[subprocess.Popen]:
-    # --heartbeat-key: the master key signs preempt marks (nuro.marks), so a restarted controller still reads them
+    # --heartbeat-key: the master key signs preempt marks (nuro.protocol.marks), so a restarted controller still reads
+    # them
     argv = [str(BIN / "nuro-controller"), "--policy", str(policy_file), "--interval-s", "0.5",
             "--heartbeat-key", str(cluster.layout.heartbeat_key)]  # fmt: skip
     with open(log_path, "w") as log:

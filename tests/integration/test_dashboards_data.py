@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro.metrics.dashboards import (
+from nuro.devcluster.dashboards import (
     DashboardQuery,
     TimeRange,
     expand,
@@ -31,7 +31,7 @@ from nuro.metrics.dashboards import (
     output_columns,
     variables,
 )
-from nuro.metrics.servers import standalone_influx
+from nuro.devcluster.tsdb import standalone_influx
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((REPO / "dashboards").glob("*.json"))
@@ -113,7 +113,8 @@ def _train_lines(t0_ns: int, team: str, run: str, job: str, ranks: int, seconds:
 
 
 def _claim(node: int, gpu: int) -> str:
-    """The job tags a GPU's points carry (``nuro.gpujobs``): GPUs 0-3 of both nodes run our job, 4-5 of the first
+    """The job tags a GPU's points carry (``nuro.protocol.gpujobs``): GPUs 0-3 of both nodes run our job, 4-5 of the
+    first
     node the team's second run, 4-5 of the second another team's job; 6-7 are idle."""
     if gpu < 4:
         return f",job={JOB},team={TEAM},run={RUN}"

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nuro.devcluster import manager
-from nuro.events import read_events
+from nuro.lifecycle.platform_events import read_events
 from nuro.slurm import NodeInfo
 from tests.integration.conftest import LiveCluster, wait_until
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro import heartbeat as hb
+from nuro.protocol import heartbeat as hb
 from tests import fake_nvml
 from tests.integration.conftest import LiveCluster, wait_until
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from nuro import jobcomment
 from nuro.policy import load_policy
 from nuro.policy.admission import JobRequest, decide
 from nuro.policy.luatable import TABLE_FILE, render_lua_table
 from nuro.policy.model import Policy
+from nuro.protocol import jobcomment
 from nuro.slurm.parse_text import parse_scontrol_show_oneliner
 from tests.integration.conftest import LiveCluster
 from tests.luabridge import install_script

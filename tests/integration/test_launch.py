@@ -29,11 +29,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nuro import jobcomment
-from nuro.codepin import pin_code
 from nuro.jobspec import build_spec
+from nuro.jobspec.codepin import pin_code
 from nuro.jobspec.pins import DatasetPin
-from nuro.render import EXIT_REQUEUE, ClusterFacts, Pins, render_submission
+from nuro.jobspec.render import EXIT_REQUEUE, ClusterFacts, Pins, render_submission
+from nuro.protocol import jobcomment
 from nuro.slurm import JobPhase
 from tests.integration.conftest import TEST_ACCOUNT, TEST_PORT_BASE, LiveCluster, wait_until
 

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from nuro import gpujobs, jobcomment
-from nuro import heartbeat as hb
 from nuro.datasets.snapshot import snapshot
-from nuro.metrics.servers import influx1_url, standalone_influx
+from nuro.devcluster.tsdb import influx1_url, standalone_influx
 from nuro.objectstore import ObjectStore
+from nuro.protocol import gpujobs, jobcomment
+from nuro.protocol import heartbeat as hb
 from nuro.slurm import JobPhase
 from tests import fake_nvml
 from tests.integration.conftest import REPO, TEST_PORT_BASE, LiveCluster, wait_until
@@ -40,7 +40,7 @@ STEPS = 15
 LOOP = """
 import json, sys, time
 from pathlib import Path
-from nuro import runevents
+from nuro.lifecycle import run_events
 from nuro.metrics.buffer import BufferedWriter
 from nuro.metrics.sink import sink_from_env
 from nuro.wrappers.sdk.metrics import MetricsLogger, self_tags
@@ -70,7 +70,7 @@ env = RunEnv.from_env()
 sink = sink_from_env()
 tee = Tee(BufferedWriter(sink, self_tags=self_tags(env, "test")))
 metrics = MetricsLogger(env=env, writer=tee)
-runevents.record("started", world=env.world_size)
+run_events.record("started", world=env.world_size)
 for step in range(int(sys.argv[2])):
     time.sleep(0.05)
     metrics.log(step, loss=round(1.0 / (step + 1) + env.rank, 6), samples=32, lr=0.1)

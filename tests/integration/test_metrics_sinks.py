@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import urllib3
 
-from nuro.metrics import servers
+from nuro.devcluster import tsdb
 from nuro.metrics.buffer import BufferedWriter
 from nuro.metrics.influx import InfluxV1Sink, InfluxV2Sink
 from nuro.metrics.model import GPU, SELF, TRAIN, Point, Query
@@ -29,14 +29,14 @@ HOSTILE = ["it's", "'; DROP DATABASE nuro; --", 'a "q" b', "x y,z=w", "a\\b", "Ã
 
 
 @pytest.fixture(scope="module")
-def influx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.LocalServer]:
-    with servers.standalone_influx(tmp_path_factory.mktemp("influx"), INFLUX_PORT) as server:
+def influx(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tsdb.LocalServer]:
+    with tsdb.standalone_influx(tmp_path_factory.mktemp("influx"), INFLUX_PORT) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def vm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[servers.LocalServer]:
-    with servers.standalone_vm(tmp_path_factory.mktemp("vm"), VM_PORT) as server:
+def vm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tsdb.LocalServer]:
+    with tsdb.standalone_vm(tmp_path_factory.mktemp("vm"), VM_PORT) as server:
         yield server
 
 
@@ -44,13 +44,13 @@ def as_tuples(items) -> list[tuple]:
     return [(p.ts_ns, dict(p.tags), dict(p.fields)) for p in items]
 
 
-def test_servers_listen_only_on_their_loopback_ports(influx: servers.LocalServer, vm: servers.LocalServer) -> None:
-    assert servers.listening_ports(influx.pid) == {("127.0.0.1", INFLUX_PORT), ("127.0.0.1", INFLUX_PORT + 1)}
-    assert servers.listening_ports(vm.pid) == {("127.0.0.1", VM_PORT)}
+def test_servers_listen_only_on_their_loopback_ports(influx: tsdb.LocalServer, vm: tsdb.LocalServer) -> None:
+    assert tsdb.listening_ports(influx.pid) == {("127.0.0.1", INFLUX_PORT), ("127.0.0.1", INFLUX_PORT + 1)}
+    assert tsdb.listening_ports(vm.pid) == {("127.0.0.1", VM_PORT)}
 
 
-def test_influx1_round_trip_filters_bounds_limit(influx: servers.LocalServer) -> None:
-    sink = sink_from_env({"NURO_METRICS_URL": servers.influx1_url(influx)})
+def test_influx1_round_trip_filters_bounds_limit(influx: tsdb.LocalServer) -> None:
+    sink = sink_from_env({"NURO_METRICS_URL": tsdb.influx1_url(influx)})
     assert isinstance(sink, InfluxV1Sink) and sink.name == f"influx1 http://127.0.0.1:{INFLUX_PORT}/nuro"
     t0 = time.time_ns()
     pts = [
@@ -76,7 +76,7 @@ def test_influx1_round_trip_filters_bounds_limit(influx: servers.LocalServer) ->
     sink.close()
 
 
-def test_influx1_rejections_are_counted_not_retried(influx: servers.LocalServer) -> None:
+def test_influx1_rejections_are_counted_not_retried(influx: tsdb.LocalServer) -> None:
     sink = InfluxV1Sink(influx.url, "nuro")
     base = time.time_ns()
     with BufferedWriter(sink, batch=16, flush_interval_s=0.05) as w:
@@ -91,7 +91,7 @@ def test_influx1_rejections_are_counted_not_retried(influx: servers.LocalServer)
         InfluxV2Sink(influx.url, "nuro", "nuro").write([Point(GPU, {"node": "v2"}, {"temp_c": 1.0}, base)])
 
 
-def test_influx2_write_api_into_victoria_metrics(vm: servers.LocalServer) -> None:
+def test_influx2_write_api_into_victoria_metrics(vm: tsdb.LocalServer) -> None:
     sink = sink_from_env({"NURO_METRICS_URL": f"influx2://127.0.0.1:{VM_PORT}?org=nuro&bucket=nuro",
                           "NURO_METRICS_TOKEN": "unused-by-vm"})  # fmt: skip
     assert isinstance(sink, InfluxV2Sink)
@@ -125,10 +125,10 @@ def test_influx2_write_api_into_victoria_metrics(vm: servers.LocalServer) -> Non
 
 
 def test_outage_nothing_lost_then_drops_reported(tmp_path: Path) -> None:
-    server = servers.influx_server(tmp_path / "influx", OUTAGE_PORT)
+    server = tsdb.influx_server(tmp_path / "influx", OUTAGE_PORT)
     server.start()
     try:
-        servers.create_database(server.url, "nuro")
+        tsdb.create_database(server.url, "nuro")
         sink = InfluxV1Sink(server.url, "nuro", timeout_s=2.0)
         tags = {"source": "rank0", "node": "gpu001", "run": "outage"}
         w = BufferedWriter(sink, capacity=3000, batch=500, flush_interval_s=0.05, retry_initial_s=0.05,
@@ -176,7 +176,7 @@ def test_dev_cluster_runs_influxd_and_exports_its_url(cluster) -> None:
     assert cluster.env["NURO_METRICS_URL"] == url
     assert f"NURO_METRICS_URL={url}\n" in cluster.layout.nuro_env.read_text()
     (influxd,) = [d for d in record.daemons if d.name == "influxd"]
-    assert servers.listening_ports(influxd.pid) == {("127.0.0.1", ports.influx), ("127.0.0.1", ports.influx_rpc)}
+    assert tsdb.listening_ports(influxd.pid) == {("127.0.0.1", ports.influx), ("127.0.0.1", ports.influx_rpc)}
     sink = sink_from_env(cluster.env)
     p = Point(GPU, {"node": "gpu001", "gpu": "0"}, {"util_pct": 12.5}, time.time_ns())
     sink.write([p])

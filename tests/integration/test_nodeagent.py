@@ -1,4 +1,4 @@
-"""The real ``nuro-nodeagent`` process: authenticated UDP heartbeats a test socket decodes with nuro.heartbeat,
+"""The real ``nuro-nodeagent`` process: authenticated UDP heartbeats a test socket decodes with nuro.protocol.heartbeat,
 health from the fake libnvidia-ml.so.1, a hung NVML call that does not delay beats, the status file, SIGTERM.
 
 No cluster needed: the "controller" is a UDP socket in the test.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from nuro import heartbeat as hb
 from nuro.healthcheck.agent import read_status
+from nuro.protocol import heartbeat as hb
 from tests import fake_nvml
 
 AGENT = [sys.executable, "-m", "nuro.healthcheck.agent"]

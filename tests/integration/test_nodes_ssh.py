@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
+from nuro.admin.nodes_cli import nodes, prolog_epilog_lines
 from nuro.devcluster.sshhosts import SSHHosts, write_inventory
 from nuro.remote import Host
 from nuro.slurm import JobPhase
-from nuro.slurm_plugins.nodes_cli import nodes, prolog_epilog_lines
 from tests.integration.conftest import TEST_ACCOUNT, LiveCluster
 
 

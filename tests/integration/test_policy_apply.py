@@ -45,7 +45,7 @@ DRIFT = (
 
 def nuro_admin(cluster: LiveCluster, *args: str) -> subprocess.CompletedProcess[str]:
     """Run the real CLI in a subprocess (as an admin would), against the test cluster."""
-    argv = [sys.executable, "-m", "nuro.slurm_plugins.admin_cli", *args]
+    argv = [sys.executable, "-m", "nuro.admin.admin_cli", *args]
     return subprocess.run(argv, env={**os.environ, **cluster.env}, capture_output=True, text=True, timeout=180)
 
 

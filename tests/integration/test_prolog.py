@@ -15,11 +15,11 @@ from pathlib import Path
 import boto3
 import pytest
 
-from nuro import jobcomment
 from nuro.datasets.manifest import shard_key
 from nuro.datasets.refs import load_manifest
 from nuro.datasets.snapshot import snapshot
 from nuro.objectstore import ObjectStore
+from nuro.protocol import jobcomment
 from nuro.slurm import JobPhase
 from tests.integration.conftest import LiveCluster, cancel_jobs_of, wait_until
 

@@ -27,6 +27,7 @@ from nuro.datasets.verify import verify
 from nuro.devcluster import s3
 from nuro.devcluster.layout import PortPlan
 from nuro.devcluster.record import read_record
+from nuro.login.dataset_cli import dataset
 from nuro.objectstore import (
     AccessDenied,
     ObjectExists,
@@ -35,7 +36,6 @@ from nuro.objectstore import (
     PreconditionFailed,
     StoreUnavailable,
 )
-from nuro.wrappers.dataset_cli import dataset
 from tests.integration.conftest import REPO, TEST_PORT_BASE, LiveCluster
 
 pytestmark = pytest.mark.slurm

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from nuro import jobcomment
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.restore import load_manifest, restore_latest
 from nuro.checkpoint.staging import read_request, write_request
 from nuro.devcluster import s3
 from nuro.devcluster.layout import PortPlan
 from nuro.objectstore import ObjectStore
+from nuro.protocol import jobcomment
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.runenv import RunEnv
 
@@ -168,7 +168,9 @@ def test_a_slurm_job_checkpoints_and_its_successor_restores_from_the_node_cache(
     table.unlink(missing_ok=True)  # bridge in pass-through: this test's record is not a full nuro submission
     from tests.integration.conftest import TEST_ACCOUNT
 
-    team = TEST_ACCOUNT  # the team root trusts is the job's Slurm account (nuro.jobrecord), nuro-alice's is this
+    team = (
+        TEST_ACCOUNT  # the team root trusts is the job's Slurm account (nuro.protocol.jobrecord), nuro-alice's is this
+    )
     run = f"e2e-{uuid.uuid4().hex[:6]}"
     store = ObjectStore.from_env(cluster.env)
     script = _JOB_SCRIPT.format(python=sys.executable)

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nuro import jobcomment
 from nuro.policy.luatable import TABLE_FILE, render_lua_table
 from nuro.policy.model import Policy, load_policy, parse_policy, policy_to_yaml_dict
 from nuro.policy.plan import build_plan
 from nuro.policy.sacctmgr import apply_plan, write_atomic
 from nuro.policy.slurm_state import read_state
+from nuro.protocol import jobcomment
 from nuro.slurm import JobPhase
 from tests.integration.conftest import POLICY_USERS, LiveCluster, cancel_jobs_of, wait_until
 
@@ -183,7 +183,7 @@ def spec_file(shared: Path, repo: Path, stem: str, digest: str, **extra: object)
 
 
 def submit_cmd(cluster: LiveCluster, *args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    code = "from nuro.wrappers.submit_cli import submit; submit()"
+    code = "from nuro.login.submit_cli import submit; submit()"
     return as_user(cluster, "alice", [sys.executable, "-c", code, *args], cwd=cwd)
 
 
@@ -342,7 +342,7 @@ def test_resume_starts_a_new_run_on_the_same_pins(cluster, teams, repo, shared, 
     assert out.returncode == 0, out.stderr
     parent = json.loads(out.stdout)["job_id"]
     parent_meta = json.loads(json.loads(out.stdout)["comment"])["nuro"]
-    code = "from nuro.wrappers.resume_cli import resume; resume()"
+    code = "from nuro.login.resume_cli import resume; resume()"
     res = as_user(cluster, "alice", [sys.executable, "-c", code, str(parent), "--json", "--hold", "--python",
                                      sys.executable, "--run-root", str(shared / "runs")])  # fmt: skip
     assert res.returncode == 0, res.stderr

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nuro import jobcomment
 from nuro.datasets.snapshot import snapshot
 from nuro.objectstore import ObjectStore
+from nuro.protocol import jobcomment
 from nuro.slurm import JobPhase
 from tests.integration.conftest import POLICY_USERS, REPO, LiveCluster, cancel_jobs_of, wait_until
 

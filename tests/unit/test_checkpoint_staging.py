@@ -17,7 +17,7 @@ from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import ManifestError
 from nuro.checkpoint.staging import MAX_REQUEST_BYTES, JobDir
 from nuro.checkpoint.upload import prune_local
-from nuro.safefs import UnsafePath
+from nuro.safeio.safefs import UnsafePath
 
 
 @pytest.fixture(autouse=True)

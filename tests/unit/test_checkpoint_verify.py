@@ -97,7 +97,7 @@ def test_copies_into_a_job_dir_never_follow_a_planted_link_and_never_block(tmp_p
     import threading
 
     from nuro.checkpoint.verify import copy_verified, write_verified
-    from nuro.safefs import Dir, UnsafePath, open_dir
+    from nuro.safeio.safefs import Dir, UnsafePath, open_dir
 
     outside = tmp_path / "etc-like"
     outside.mkdir()

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nuro.codepin import MAX_DIFF_BYTES, CodePinError, pin_code
-from nuro.render import HELPER_LINES, checkout_lines, code_exports
+from nuro.jobspec.codepin import MAX_DIFF_BYTES, CodePinError, pin_code
+from nuro.jobspec.render import HELPER_LINES, checkout_lines, code_exports
 
 
 def git(repo: Path, *args: str) -> str:

@@ -1,4 +1,4 @@
-"""The one comment parser, both languages: nuro.jobcomment (Python) and the real job_submit.lua under lua5.1.
+"""The one comment parser, both languages: nuro.protocol.jobcomment (Python) and the real job_submit.lua under lua5.1.
 
 Claims: the shared vectors (tests/vectors/comment.json) hold on both sides; and on thousands of random and adversarial
 comments (a seeded generator plus hypothesis) the bridge's scanner, the Python definition (json round trip) and the
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nuro import jobcomment
 from nuro.policy import load_policy
 from nuro.policy.admission import JobRequest, decide
 from nuro.policy.luatable import policy_table, render_lua_table
 from nuro.policy.model import Policy
+from nuro.protocol import jobcomment
 from tests import luabridge
 
 REPO = Path(__file__).resolve().parents[2]

@@ -46,7 +46,7 @@ def test_in_flight_preemptions_are_rebuilt_from_job_comments() -> None:
     def job(jid: int, state: str, comment: str) -> JobInfo:
         return JobInfo(job_id=jid, name="j", user="u", state=state, phase=JobPhase(state), comment=comment)
 
-    from nuro import jobcomment, marks
+    from nuro.protocol import jobcomment, marks
 
     def signed(jid: int, at: int) -> str:
         return jobcomment.canonical({"preempt": marks.sign(jid, at, 9, "reclaim")})

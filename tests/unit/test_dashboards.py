@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from nuro.metrics.dashboards import (
+from nuro.devcluster.dashboards import (
     DashboardError,
     TimeRange,
     expand,

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from nuro.admin.admin_cli import main as admin
 from nuro.devcluster import manager
 from nuro.devcluster.layout import Layout
 from nuro.devcluster.procs import ProcRef
 from nuro.devcluster.record import Phase, RunRecord, read_record, write_record
-from nuro.slurm_plugins.admin_cli import main as admin
 
 
 def test_record_round_trips_and_replaces_atomically(tmp_path: Path) -> None:
@@ -98,8 +98,8 @@ def _conf_value(conf: str, key: str) -> str:
 
 def test_socket_paths_stay_short_for_a_200_character_state_dir(tmp_path: Path) -> None:
     """sun_path holds 108 bytes: a deep checkout must not push any socket past it (issue 11, deliverable 9)."""
+    from nuro.cluster.slurmconf import render_slurm_conf
     from nuro.devcluster.layout import SUN_PATH_MAX, describe, longest_socket_path
-    from nuro.slurmconf import render_slurm_conf
 
     deep = tmp_path / ("d" * (200 - len(str(tmp_path)) - 1))
     assert len(str(deep)) == 200

@@ -11,8 +11,8 @@ import json
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from nuro import jobcomment, marks
 from nuro.policy.model import Policy, Team, Tier
+from nuro.protocol import jobcomment, marks
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
 

@@ -18,8 +18,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nuro import jobcomment, marks
 from nuro.policy.model import Policy, Team, Tier, load_policy
+from nuro.protocol import jobcomment, marks
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.engine import (

@@ -6,7 +6,7 @@ import json
 import multiprocessing
 from pathlib import Path
 
-from nuro.events import EventLog, read_events
+from nuro.lifecycle.platform_events import EventLog, read_events
 
 
 def test_append_writes_one_sorted_json_line_with_ts_kind_source(tmp_path: Path) -> None:

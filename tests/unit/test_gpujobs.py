@@ -1,4 +1,5 @@
-"""GPU claims (``nuro.gpujobs``): what the prolog records, the epilog forgets and the agent tags its points with."""
+"""GPU claims (``nuro.protocol.gpujobs``): what the prolog records, the epilog forgets and the agent tags its points
+with."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from nuro.gpujobs import DIR, forget, gpu_tags, parse_gpu_ids, record
 from nuro.healthcheck.agent import gpu_points
 from nuro.healthcheck.probes import FakeProbe, NodeGpuReport
+from nuro.protocol.gpujobs import DIR, forget, gpu_tags, parse_gpu_ids, record
 from tests.unit.test_metrics_sdk_nodeagent import MemoryWriter, _agent
 
 
@@ -83,8 +84,8 @@ def test_the_agent_reads_the_claims_under_its_staging_root(tmp_path: Path) -> No
 
 
 def test_a_claim_takes_team_and_run_from_the_job_record_only(tmp_path: Path) -> None:
-    from nuro import jobrecord
-    from nuro.gpujobs import claim
+    from nuro.protocol import jobrecord
+    from nuro.protocol.gpujobs import claim
 
     comment = '{"nuro":{"name":"their-run","team":"nlp"}}'  # names another team than the job's account
     env = {"SLURM_JOB_ID": "12", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "1000", "SLURM_JOB_USER": "alice",

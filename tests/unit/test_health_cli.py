@@ -115,7 +115,7 @@ def test_agent_xids_join_the_one_shot_report(tmp_path: Path) -> None:
 
 
 def _record(root: Path, job_id: int) -> None:
-    from nuro import jobrecord
+    from nuro.protocol import jobrecord
 
     jobrecord.write(root, jobrecord.JobRecord(job_id, 0, 0, "root", "perception", None, None, 0, "gpu001", None))
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nuro.heartbeat import (
+from nuro.protocol.heartbeat import (
     MAX_DATAGRAM,
     BadHeartbeat,
     Heartbeat,

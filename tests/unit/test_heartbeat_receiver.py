@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from nuro.heartbeat import Heartbeat, encode, node_key
+from nuro.protocol.heartbeat import Heartbeat, encode, node_key
 from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
 
 MASTER = b"k" * 32

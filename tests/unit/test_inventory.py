@@ -1,4 +1,5 @@
-"""nuro.inventory: the Ansible inventory is the topology, mapped to the same ClusterDescription the renderer takes.
+"""nuro.cluster.inventory: the Ansible inventory is the topology, mapped to the same ClusterDescription the renderer
+takes.
 
 The round trip from the dev cluster's own description is the pure half of the integration test's byte-for-byte
 comparison; the example inventory is read through ansible-core's own inventory loader, so group-var inheritance is
@@ -12,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from nuro import slurmconf
-from nuro.clusterdesc import Switch
-from nuro.devcluster.layout import Layout, describe
-from nuro.inventory import (
+from nuro.cluster import slurmconf
+from nuro.cluster.description import Switch
+from nuro.cluster.inventory import (
     InventoryError,
     describe_inventory,
     inventory_from_description,
     render_file,
 )
+from nuro.devcluster.layout import Layout, describe
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "ansible" / "inventory" / "example.yml"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from nuro import jobcomment
+from nuro.protocol import jobcomment
 
 
 def test_parse_reads_checkpoint_preempt_and_ack() -> None:

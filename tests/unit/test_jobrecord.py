@@ -1,4 +1,5 @@
-"""nuro.jobrecord: the prolog's root-owned record of a job, built from slurmd's environment, never the job's word."""
+"""nuro.protocol.jobrecord: the prolog's root-owned record of a job, built from slurmd's environment, never the job's
+word."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from nuro import jobrecord
-from nuro.jobrecord import JobRecord, JobRecordError
-from nuro.safefs import UnsafePath
+from nuro.protocol import jobrecord
+from nuro.protocol.jobrecord import JobRecord, JobRecordError
+from nuro.safeio.safefs import UnsafePath
 
 
 def _env(comment: dict | None = None, **over: str) -> dict[str, str]:

@@ -11,7 +11,7 @@ import pytest
 
 from nuro.jobspec import SpecError, build_spec
 from nuro.jobspec.fields import SHOW_MAX
-from nuro.wrappers.sbatch_cli import _values, split_argv
+from nuro.login.sbatch_cli import _values, split_argv
 
 DIGEST = "sha256:" + "ab" * 32
 BASE = {

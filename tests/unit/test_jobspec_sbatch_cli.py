@@ -16,7 +16,7 @@ from nuro.jobspec.sbatch_args import (
     parse_options,
     script_directives,
 )
-from nuro.wrappers.sbatch_cli import UsageError, _conflicts, _values, insert_preamble, split_argv
+from nuro.login.sbatch_cli import UsageError, _conflicts, _values, insert_preamble, split_argv
 from tests.unit.test_codepin import git
 
 REPO = Path(__file__).resolve().parents[2]
@@ -138,7 +138,7 @@ def test_preamble_needs_a_shell_script() -> None:
 
 
 def nuro_sbatch(*args: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "nuro.wrappers.sbatch_cli", *args]
+    argv = [sys.executable, "-m", "nuro.login.sbatch_cli", *args]
     return subprocess.run(argv, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True)
 
 
@@ -201,7 +201,7 @@ def test_dirty_tree_is_refused_before_sbatch(repo: Path, no_sbatch_path: str) ->
 
 
 def test_platform_help_lists_every_platform_flag_with_its_help() -> None:
-    from nuro.wrappers.sbatch_cli import OWN_FLAGS, PLATFORM, platform_help
+    from nuro.login.sbatch_cli import OWN_FLAGS, PLATFORM, platform_help
 
     text = platform_help()
     for flag, opt in PLATFORM.items():

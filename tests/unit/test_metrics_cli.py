@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from rich.console import Console
 
+from nuro.login import metrics_cli as M
+from nuro.login.runs_cli import checkpoint_lines
 from nuro.metrics.model import TRAIN, Row
 from nuro.slurm import JobInfo, JobPhase
-from nuro.wrappers import metrics_cli as M
-from nuro.wrappers.runs_cli import checkpoint_lines
 
 S = 1_000_000_000
 META = {

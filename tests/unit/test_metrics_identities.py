@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from nuro.devcluster.tsdb import influx_config
 from nuro.metrics import identities
 from nuro.metrics.identities import MetricsCredentialsError, resolve
-from nuro.metrics.servers import influx_config
 from nuro.metrics.sink import MetricsConfigError, sink_from_env
 
 

@@ -120,7 +120,7 @@ def test_prepare_job_dir_removes_a_dir_of_another_owner_without_following_its_li
 @needs_root
 def test_own_tree_gives_away_only_single_link_regular_files_and_dirs(tmp_path: Path) -> None:
     from nuro.checkpoint.nodestage import _own_tree
-    from nuro.safefs import Dir, open_dir
+    from nuro.safeio.safefs import Dir, open_dir
 
     out = _outside(tmp_path)
     top = tmp_path / "step"
@@ -141,9 +141,9 @@ def test_own_tree_gives_away_only_single_link_regular_files_and_dirs(tmp_path: P
 
 @needs_root
 def test_the_epilog_caches_under_the_record_team_and_run_and_ignores_a_fifo_marker(tmp_path: Path) -> None:
-    from nuro import jobrecord
     from nuro.checkpoint.nodestage import _cache
-    from nuro.jobrecord import JobRecord
+    from nuro.protocol import jobrecord
+    from nuro.protocol.jobrecord import JobRecord
 
     root = tmp_path / "staging"
     prepare_job_dir(root, "80", NOBODY, NOBODY)

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nuro import heartbeat as hb
 from nuro.healthcheck.agent import Agent, AgentConfig, build_heartbeat, parse_controller, read_status
 from nuro.healthcheck.cli import HealthSettings
 from nuro.healthcheck.probes import FakeProbe
+from nuro.protocol import heartbeat as hb
 
 KEY = b"k" * 32
 GIB = 1 << 30

@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from nuro.devcluster.sshhosts import write_inventory
-from nuro.remote import Host, HostUnreachable, RemoteTimeout, RunResult
-from nuro.slurm_plugins import nodes_cli
-from nuro.slurm_plugins.nodes_cli import (
+from nuro.admin import nodes_cli
+from nuro.admin.nodes_cli import (
     HostDefaults,
     HostOutcome,
     UsageError,
@@ -26,6 +24,8 @@ from nuro.slurm_plugins.nodes_cli import (
     select_hosts,
     summarize,
 )
+from nuro.devcluster.sshhosts import write_inventory
+from nuro.remote import Host, HostUnreachable, RemoteTimeout, RunResult
 
 DEFAULTS = HostDefaults(user="admin", key_file=Path("/k"), known_hosts=Path("/kh"))
 

@@ -18,12 +18,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from nuro.admin.admin_cli import main
 from nuro.policy.model import Policy, load_policy, parse_policy
 from nuro.policy.plan import Op, PlanConflict, build_plan, desired_state
 from nuro.policy.sacctmgr import lua_table_path, write_atomic
 from nuro.policy.slurm_state import SlurmState, parse_state, policy_in_force
 from nuro.slurm.parse_text import parse_slurm_duration_s
-from nuro.slurm_plugins.admin_cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "policy" / "teams.yaml"

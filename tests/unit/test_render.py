@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from nuro import jobcomment
-from nuro.codepin import CodePin, digest_bytes
 from nuro.jobspec import build_spec
+from nuro.jobspec.codepin import CodePin, digest_bytes
 from nuro.jobspec.pins import DatasetPin
 from nuro.jobspec.preview import PolicySource
+from nuro.jobspec.render import EXIT_REQUEUE, ClusterFacts, Pins, RenderError, render_submission, slurm_time
+from nuro.login.sbatch_cli import insert_preamble, platform_metadata, render_preamble
+from nuro.login.submit_cli import preview
 from nuro.policy import load_policy
 from nuro.policy.luatable import policy_table
-from nuro.render import EXIT_REQUEUE, ClusterFacts, Pins, RenderError, render_submission, slurm_time
-from nuro.wrappers.sbatch_cli import insert_preamble, platform_metadata, render_preamble
-from nuro.wrappers.submit_cli import preview
+from nuro.protocol import jobcomment
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "3f" * 32

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from nuro.codepin import pin_code
 from nuro.jobspec import build_spec
+from nuro.jobspec.codepin import pin_code
 from nuro.jobspec.pins import DatasetPin
-from nuro.render import EXIT_REQUEUE, Pins, render_submission
+from nuro.jobspec.render import EXIT_REQUEUE, Pins, render_submission
 from tests.unit.test_codepin import git
 
 DIGEST = "sha256:" + "3f" * 32

@@ -4,38 +4,38 @@ from __future__ import annotations
 
 import pytest
 
-from nuro import runevents
-from nuro.runevents import RunEvent
+from nuro.lifecycle import run_events
+from nuro.lifecycle.run_events import RunEvent
 
 
 def test_key_orders_by_time_within_the_job() -> None:
     a = RunEvent(ts=1796000000.5, kind="started", job_id=42, restart=0)
     b = RunEvent(ts=1796000010.25, kind="restored", job_id=42, restart=1, fields={"step": 30})
-    ka, kb = runevents.event_key("perception", "bev-1", a), runevents.event_key("perception", "bev-1", b)
+    ka, kb = run_events.event_key("perception", "bev-1", a), run_events.event_key("perception", "bev-1", b)
     assert ka == "runs/perception/bev-1/events/42/1796000000500-r0-started.json"
     assert ka < kb
 
 
 def test_body_round_trips_and_keeps_kind_fields() -> None:
     ev = RunEvent(ts=1.5, kind="restored", job_id=7, restart=2, node="gpu003", fields={"step": 30, "source": "s3"})
-    back = runevents.decode(runevents.encode(ev))
+    back = run_events.decode(run_events.encode(ev))
     assert back == ev and back.step == 30
 
 
 @pytest.mark.parametrize("data", [b"", b"[]", b'{"kind": "x"}', b"\xff", b'{"ts": "soon", "kind": "a", "job_id": 1}'])
 def test_objects_that_are_not_events_are_skipped(data: bytes) -> None:
-    assert runevents.decode(data) is None
+    assert run_events.decode(data) is None
 
 
 def test_names_that_could_escape_the_prefix_are_refused() -> None:
     with pytest.raises(ValueError, match="bad run name '../x'"):
-        runevents.run_prefix("perception", "../x")
+        run_events.run_prefix("perception", "../x")
 
 
 def test_only_rank_zero_of_a_nuro_job_records() -> None:
     job = {"NURO_TEAM": "perception", "NURO_RUN_NAME": "bev-1", "SLURM_JOB_ID": "42"}
     # no store is touched in these cases, so none is needed
-    assert runevents.record("started", env={**job, "RANK": "1"}) is False
-    assert runevents.record("started", env={"RANK": "0", "SLURM_JOB_ID": "42"}) is False
+    assert run_events.record("started", env={**job, "RANK": "1"}) is False
+    assert run_events.record("started", env={"RANK": "0", "SLURM_JOB_ID": "42"}) is False
     with pytest.raises(ValueError, match="unknown run event kind"):
-        runevents.record("exploded", env=job)
+        run_events.record("exploded", env=job)

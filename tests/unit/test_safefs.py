@@ -1,4 +1,5 @@
-"""nuro.safefs: the no-follow primitives root uses inside a job's dir, tried with what a hostile user plants there."""
+"""nuro.safeio.safefs: the no-follow primitives root uses inside a job's dir, tried with what a hostile user plants
+there."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nuro import safefs
-from nuro.safefs import UnsafePath
+from nuro.safeio import safefs
+from nuro.safeio.safefs import UnsafePath
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro.clusterdesc import (
+from nuro.cluster.description import (
     HOOK_DEADLINE_S,
     HOOK_MARGIN_S,
     ClusterDescription,
@@ -18,7 +18,7 @@ from nuro.clusterdesc import (
     Timers,
     leaf_spine,
 )
-from nuro.slurmconf import (
+from nuro.cluster.slurmconf import (
     render_cgroup_conf,
     render_gres_conf,
     render_slurm_conf,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nuro.runevents import RunEvent
+from nuro.lifecycle.run_events import RunEvent
+from nuro.lifecycle.timeline import CommittedCheckpoint, build
 from nuro.slurm.parse import parse_sacct_json
-from nuro.timeline import CommittedCheckpoint, build
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 

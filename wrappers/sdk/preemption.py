@@ -261,9 +261,9 @@ class PreemptionGuard:
                 log.warning("no ack: the checkpoint of step %d did not commit on every rank (save_s=%.2f)", step,
                             save_s)  # fmt: skip
         if self.env.is_rank0:  # the run's own record of the stop, for `nuro-train events` (never raises)
-            from nuro import runevents
+            from nuro.lifecycle import run_events
 
-            runevents.record("preempted", step=step, why=reason.label, acked=ok, save_s=round(save_s, 3))
+            run_events.record("preempted", step=step, why=reason.label, acked=ok, save_s=round(save_s, 3))
         _mark_stopped(self.env.rank)  # exiting 75 by the guard's decision, committed or not
         if dist is not None and ok:
             # every rank passed the agreement above, so tearing the group down cannot strand a peer; exiting with a

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-#: "Stopped on purpose, restart me" (EX_TEMPFAIL); the batch script requeues on it. Same value as nuro.render.
+#: "Stopped on purpose, restart me" (EX_TEMPFAIL); the batch script requeues on it. Same value as nuro.jobspec.render.
 DEFAULT_EXIT_REQUEUE = 75
 #: Collective/process-group timeout when ``NURO_PG_TIMEOUT_S`` is unset. gloo's default is 30 min and NCCL's 10 min:
 #: a frozen peer would hold the whole gang that long (DATAPLANE_FACTS), so nuro always passes an explicit one.

@@ -1,6 +1,6 @@
 """Lookup ``nuro_heartbeat_key``: a node's own heartbeat key, derived from the controller's master key by nuro.
 
-Why: each node agent must hold only its own node's key (``nuro.heartbeat.node_key`` = HMAC-SHA256(master,
+Why: each node agent must hold only its own node's key (``nuro.protocol.heartbeat.node_key`` = HMAC-SHA256(master,
 label ‖ node:<name>)), so a key read on one node cannot forge another node's beats; only the controller holds the
 master. Jinja has no HMAC, and the derivation must be byte-identical to the controller's: hence nuro's own function,
 run on the admin workstation like ``nuro_slurm_config``.
@@ -19,7 +19,7 @@ name: nuro_heartbeat_key
 author: nuro
 short_description: A node's heartbeat key derived from the master heartbeat key
 description:
-  - Returns nuro.heartbeat.node_key(master, node) for each node name given (64 hex characters).
+  - Returns nuro.protocol.heartbeat.node_key(master, node) for each node name given (64 hex characters).
 options:
   _terms:
     description: Slurm node names.
@@ -42,7 +42,7 @@ EXAMPLES = r"""
 class LookupModule(LookupBase):
     def run(self, terms: list[Any], variables: dict | None = None, **kwargs: Any) -> list[str]:
         try:
-            from nuro.heartbeat import BadHeartbeat, node_key
+            from nuro.protocol.heartbeat import BadHeartbeat, node_key
         except ImportError as exc:  # the workstation's Ansible must run from a venv with nuro installed
             raise AnsibleError(f"nuro_heartbeat_key needs the nuro package on the Ansible controller: {exc}") from exc
         master = str(kwargs.get("master") or "").strip().encode()

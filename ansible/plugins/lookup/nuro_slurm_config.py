@@ -1,7 +1,8 @@
 """Lookup ``nuro_slurm_config``: slurm.conf / cgroup.conf / topology.conf / gres.conf / job_submit.lua, by nuro.
 
-Why a lookup (run on the admin workstation) and not a Jinja template: the text comes from ``nuro.slurmconf``, the
-renderer the dev cluster runs and the golden tests pin, fed by ``nuro.inventory.describe_inventory`` over this
+Why a lookup (run on the admin workstation) and not a Jinja template: the text comes from ``nuro.cluster.slurmconf``,
+the
+renderer the dev cluster runs and the golden tests pin, fed by ``nuro.cluster.inventory.describe_inventory`` over this
 inventory. Paired with ``ansible.builtin.copy: content=...`` it gets ``--check --diff`` and idempotence for free.
 The targets need nothing installed for it; the workstation runs Ansible from a venv with nuro installed.
 """
@@ -21,7 +22,7 @@ author: nuro
 short_description: Render nuro's Slurm config files from the inventory
 description:
   - Builds a nuro ClusterDescription from the inventory (groups C(compute) and C(slurm_controller) and
-    their nuro_* variables) and renders the named file with nuro.slurmconf.
+    their nuro_* variables) and renders the named file with nuro.cluster.slurmconf.
   - C(job_submit.lua) returns the job_submit bridge shipped in the installed nuro package.
 options:
   _terms:
@@ -69,7 +70,7 @@ class LookupModule(LookupBase):
 
     def run(self, terms: list[str], variables: dict[str, Any] | None = None, **kwargs: Any) -> list[str]:
         try:
-            from nuro import inventory
+            from nuro.cluster import inventory
         except ImportError as exc:
             raise AnsibleError(
                 f"nuro_slurm_config needs the nuro package on the machine running ansible-playbook ({exc}); "
@@ -79,8 +80,10 @@ class LookupModule(LookupBase):
         out = []
         desc = None
         for term in terms:
-            if term == "hook_wrapper":  # the dev cluster's own wrapper text (nuro.slurmconf.render_hook_wrapper)
-                from nuro.slurmconf import render_hook_wrapper
+            if (
+                term == "hook_wrapper"
+            ):  # the dev cluster's own wrapper text (nuro.cluster.slurmconf.render_hook_wrapper)
+                from nuro.cluster.slurmconf import render_hook_wrapper
 
                 try:
                     out.append(render_hook_wrapper(kwargs["entry_point"], kwargs["env_file"]))

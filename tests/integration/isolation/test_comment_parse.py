@@ -3,7 +3,8 @@
 Before issue 11 the bridge read the comment with patterns and the prolog/controller/CLI with ``json.loads``: a comment
 such as ``{"nu\\u0072o": {...team B...}}`` or one with the ``nuro`` key twice passed the bridge as "no record" (or as
 team A's) while Python read team B's record, and the prolog staged team B's checkpoint. Now there is one parser: a
-comment is a record only in the canonical form (nuro.jobcomment), the bridge refuses every comment that looks like a
+comment is a record only in the canonical form (nuro.protocol.jobcomment), the bridge refuses every comment that looks
+like a
 record but is not canonical, with the reason, and Python ignores it. Proved here through real sbatch as team member
 alice: the shared comment vectors, the escaped-key and duplicate-key attacks, and a few hundred generated comments,
 each judged by real slurmctld + job_submit.lua and by nuro.policy.admission.decide: 0 disagreements.
@@ -17,9 +18,9 @@ import sys
 
 import pytest
 
-from nuro import jobcomment
 from nuro.policy import load_policy
 from nuro.policy.admission import JobRequest, decide
+from nuro.protocol import jobcomment
 from tests import luabridge
 from tests.integration.conftest import REPO, LiveCluster
 from tests.integration.isolation.conftest import ATTACKER, VICTIM_TEAM, Guard, as_user

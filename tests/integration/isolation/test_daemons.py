@@ -32,12 +32,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nuro import heartbeat as hb
 from nuro.devcluster import manager
 from nuro.devcluster.layout import PortPlan
 from nuro.devcluster.record import read_record
 from nuro.devcluster.supervisor import FAULT_MARK
-from nuro.events import read_events
+from nuro.lifecycle.platform_events import read_events
+from nuro.protocol import heartbeat as hb
 from nuro.slurm import NodeInfo
 from tests.integration.conftest import LiveCluster, wait_until
 from tests.integration.isolation.conftest import (
@@ -81,7 +81,8 @@ print(sent, blocked)
 """
 
 
-#: Beats for gpu007 in nuro's wire format (nuro.heartbeat, format 2), signed with the key file given: plain Python, as
+#: Beats for gpu007 in nuro's wire format (nuro.protocol.heartbeat, format 2), signed with the key file given: plain
+#: Python, as
 #: an attacker would write it.
 SPOOF = r"""
 import hashlib, json, socket, sys, time

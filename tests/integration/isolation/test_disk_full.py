@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro import jobcomment
+from nuro.protocol import jobcomment
 from nuro.slurm import JobPhase
 from tests.integration.conftest import LiveCluster, wait_until
 from tests.integration.isolation.conftest import ATTACKER, VICTIM, Guard, as_user

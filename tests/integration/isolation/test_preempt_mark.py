@@ -6,7 +6,8 @@ chosen at submit skipped the lending limits the controller enforces. Now (as tea
 
 - the bridge refuses a submit or update that carries, adds, changes or removes a ``preempt`` key (``preempt_forged``);
 - a mark that gets in anyway (here written as root, as if the bridge had failed open without its table) is ignored:
-  only marks the controller signed with its key count (``nuro.marks``), and the forger's borrowed job is reclaimed
+  only marks the controller signed with its key count (``nuro.protocol.marks``), and the forger's borrowed job is
+  reclaimed
   for the other team like any borrower;
 - ``--qos=b-<team>`` is refused on submit and on ``scontrol update qos=`` (``qos_borrow``), ``urgent`` is refused on
   update for a user the tier does not list (``tier_denied``).
@@ -26,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nuro import jobcomment
+from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase
 from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
 from tests.integration.isolation.conftest import ATTACKER, MEMBERS, Guard, as_user

@@ -1,7 +1,7 @@
 """Attacks on the prolog's checkpoint staging, run as a team member (alice of perception) on the real cluster.
 
 - a job whose comment names another team (or another team's run name) gets nothing of that team's checkpoints
-  in its ``restore/``: root takes team and run only from the job's record (``nuro.jobrecord``: team = account);
+  in its ``restore/``: root takes team and run only from the job's record (``nuro.protocol.jobrecord``: team = account);
 - a watcher job swaps the ``restore/`` and step dirs of the member's next job for symlinks to a root-owned
   directory while the prolog stages: nothing outside the job changes owner or content;
 - a running job of the same run leaves a FIFO and a ``/dev/zero`` link where the shards would be: the next job's
@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nuro import jobcomment
 from nuro.checkpoint import layout as L
 from nuro.objectstore import ObjectStore
+from nuro.protocol import jobcomment
 from nuro.slurm import JobPhase
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.runenv import RunEnv

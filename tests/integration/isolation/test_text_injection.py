@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from nuro import jobcomment
+from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase
 from nuro.slurm.parse import parse_squeue_json
 from nuro.slurm_plugins.controller.apply import apply_decision
@@ -106,7 +106,7 @@ def test_controller_preempt_writes_back_only_the_jobs_own_comment(cluster: LiveC
         wait_until(lambda: cluster.backend.job_state(job_id) == "RUNNING", 90, f"job {job_id} to run")
         decision = Preempt(job_id=job_id, team=ATTACKER_TEAM, gpus=0, work_lost_gpu_s=0.0, for_job_id=4242,
                            reason="text-injection test")  # fmt: skip
-        now = int(time.time())  # whole seconds: nuro comments hold integers only (nuro.jobcomment)
+        now = int(time.time())  # whole seconds: nuro comments hold integers only (nuro.protocol.jobcomment)
         outcome = apply_decision(cluster.backend, decision, now)
         assert outcome.applied, outcome.message
         raw = jobcomment.parse(_json_job(cluster, job_id).comment).raw

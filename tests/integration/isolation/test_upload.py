@@ -4,7 +4,8 @@
 The job writes its own staging dir, so it writes its upload requests, markers, lock and state files too:
 
 - a forged request naming another team's run, another run of its own team, or ``keep=1``: root takes team, run,
-  attempt and keep from the job's root-owned record (``nuro.jobrecord``), so the forged steps are abandoned with
+  attempt and keep from the job's root-owned record (``nuro.protocol.jobrecord``), so the forged steps are abandoned
+  with
   the reason, nothing is written under the other team's prefix (byte-identical afterwards), and ``keep`` stays the
   record's (an older step of the job survives a ``keep=1`` request);
 - a FIFO as request, lock, state and marker file, a request that is a huge (sparse) file, and shards that are
@@ -28,9 +29,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nuro import jobcomment
 from nuro.checkpoint import layout as L
 from nuro.objectstore import ObjectStore
+from nuro.protocol import jobcomment
 from nuro.slurm import JobPhase
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.runenv import RunEnv

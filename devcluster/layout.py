@@ -1,0 +1,384 @@
+"""Where the dev cluster keeps everything, and the cluster description it runs.
+
+One state directory holds config, daemon state, logs and the run record; the Unix sockets (and the slurmd spool,
+where slurmstepd makes one socket per step) live in a short runtime dir named after a hash of the state dir
+(``Layout.sockets``), because ``sun_path`` holds at most 108 bytes and a state dir inside a deep checkout is longer
+than that alone. ``down --purge`` removes both, and two clusters with different state dirs and port bases coexist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from nuro.cluster.description import ClusterDescription, NodeSpec, Paths, Ports, Timers, leaf_spine
+from nuro.devcluster import cgroups
+
+DEFAULT_NODES = 8
+DEFAULT_PORT_BASE = 16800
+GPUS_PER_NODE = 8
+LEAF_SIZE = 4
+CLUSTER_NAME = "nuro"
+DB_USER = "slurm"
+DB_PASSWORD = "nuro-devcluster"  # local loopback-only MariaDB of a throwaway cluster
+# The dev cluster's S3 (SeaweedFS) identity: a loopback-only throwaway store, like the MariaDB password above.
+S3_ACCESS_KEY = "nuro-dev"
+S3_SECRET_KEY = "nuro-devcluster-s3"
+S3_BUCKET = "nuro"
+# Beside that admin identity (tests, demo setup, root's `devcluster env`), SeaweedFS gets one identity for the node
+# daemons and one per team, with random secrets kept in the S3 data dir (nuro.devcluster.s3.provision).
+S3_NODE_ACCESS_KEY = "nuro-node"
+S3_TEAM_ACCESS_KEY_PREFIX = "nuro-team-"
+TEAM_GROUP_PREFIX = "nuro-"  # the Unix group whose members may read team T's S3 key: nuro-T
+METRICS_DB = "nuro"  # the InfluxDB database the dev cluster creates and exports in NURO_METRICS_URL
+
+
+# sun_path is 108 bytes including the terminating NUL (unix(7)): the longest socket path is 107 bytes.
+SUN_PATH_MAX = 107
+# Where the short runtime dirs go: /run is root-only writable (no one can plant a directory there first); /tmp
+# stands in on machines without a usable /run, with the ownership check of ensure_sockets_dir.
+RUNTIME_PARENTS = (Path("/run"), Path("/tmp"))
+RUNTIME_PREFIX = "nuro-dc-"
+# The longest socket name under the runtime dir: slurmstepd's <node>_<job>.<step> in the per-node spool, with a
+# 6-character node name and both ids at their 32-bit maximum (extern/batch steps are 0xfffffffa..0xfffffffe).
+LONGEST_SOCKET_TAIL = "/slurmd/gpu001/gpu001_4294967295.4294967295"
+
+
+def runtime_parent() -> Path:
+    """``/run`` when it is a directory, else ``/tmp``. Not "when writable": a non-root ``status`` or ``env`` must
+    compute the same paths as root's ``up`` did."""
+    for parent in RUNTIME_PARENTS:
+        if parent.is_dir():
+            return parent
+    return RUNTIME_PARENTS[-1]
+
+
+def sockets_dir_for(state_dir: Path, parent: Path | None = None) -> Path:
+    """The short runtime dir of one state dir: ``/run/nuro-dc-<12 hex of sha256(abs state dir)>``.
+
+    Deterministic (``up``, the supervisor and ``down`` all find it from the state dir alone) and independent of
+    how deep the state dir is; 48 bits of hash make two state dirs sharing one vanishingly unlikely, and
+    ``ensure_sockets_dir`` refuses if it happens anyway (the dir records its state dir).
+    """
+    digest = hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:12]
+    return (parent or runtime_parent()) / f"{RUNTIME_PREFIX}{digest}"
+
+
+class SocketsDirError(RuntimeError):
+    """The runtime dir exists but is not ours (another owner, a symlink, another state dir's)."""
+
+
+def ensure_sockets_dir(sockets: Path, state_dir: Path) -> None:
+    """Create the runtime dir root-owned 0755 (job users must reach the munge socket inside), or check the one
+    that is there: a real directory (not a symlink) owned by us, not writable by group/others, made for this
+    state dir. Anything else is refused rather than used: under /tmp another user could have made it first."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(sockets, 0o755)
+    st = os.lstat(sockets)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise SocketsDirError(
+            f"{sockets} (the dev cluster's socket dir for {state_dir}) is not a directory owned by uid "
+            f"{os.geteuid()} and writable only by it (mode {stat.filemode(st.st_mode)}, uid {st.st_uid}); "
+            "remove it and run 'devcluster up' again"
+        )
+    os.chmod(sockets, 0o755)
+    owner = sockets / "state-dir"
+    want = os.path.abspath(state_dir) + "\n"
+    try:
+        have = owner.read_text()
+    except FileNotFoundError:
+        owner.write_text(want)
+        return
+    if have != want:
+        raise SocketsDirError(
+            f"{sockets} belongs to the dev cluster in {have.strip()!r}, not {state_dir} (hash collision); "
+            f"remove it if that cluster is gone, or use another --state-dir"
+        )
+
+
+def longest_socket_path(layout: Layout) -> str:
+    """The longest Unix socket path this layout makes (checked by ``up`` and the unit tests)."""
+    candidates = [
+        str(layout.munge_socket) + ".lock",
+        str(layout.mysql_socket) + ".lock",
+        str(layout.weed_filer_socket),
+        str(layout.weed_s3_socket),
+        str(layout.sockets) + LONGEST_SOCKET_TAIL,
+    ]
+    return max(candidates, key=lambda p: len(os.fsencode(p)))
+
+
+def default_state_dir() -> Path:
+    """``$NURO_DEVCLUSTER_DIR`` or ``./.devcluster``: per checkout, so parallel clones do not share a cluster."""
+    return Path(os.environ.get("NURO_DEVCLUSTER_DIR", ".devcluster")).absolute()
+
+
+def bin_dir() -> Path:
+    """The directory of nuro's console scripts (the venv's bin), used for Prolog/Epilog/HealthCheckProgram."""
+    return Path(sys.executable).parent
+
+
+@dataclass(frozen=True)
+class PortPlan:
+    """Loopback ports, all derived from one base so a clash is fixed with one flag (``--port-base``)."""
+
+    base: int
+
+    @property
+    def mariadb(self) -> int:
+        return self.base + 6
+
+    @property
+    def slurmctld(self) -> int:
+        return self.base + 17
+
+    @property
+    def slurmdbd(self) -> int:
+        return self.base + 19
+
+    def slurmd(self, index: int) -> int:
+        return self.base + 1000 + index
+
+    @property
+    def s3(self) -> int:
+        """The S3 endpoint (SeaweedFS gateway): base+33, an echo of weed's default 8333."""
+        return self.base + 33
+
+    def weed(self) -> dict[str, int]:
+        """Every TCP port ``weed mini`` opens, by its flag, at base+33..+43.
+
+        weed would otherwise pick defaults (8333, 9333, 8888, 23646, …) or http+10000 for gRPC, so two clusters
+        would collide and gRPC ports would land in the ephemeral range. WebDAV is disabled but its port is still
+        reserved: weed checks it at start-up and refuses a busy one. Not listed (not opened): metrics (0 = off),
+        debug (only with -debug), iceberg/lance (set to 0), https (unset).
+        """
+        flags = (
+            "s3.port", "s3.port.grpc", "master.port", "master.port.grpc", "volume.port", "volume.port.grpc",
+            "filer.port", "filer.port.grpc", "webdav.port", "admin.port", "admin.port.grpc",
+        )  # fmt: skip
+        return {flag: self.s3 + i for i, flag in enumerate(flags)}
+
+    @property
+    def heartbeat(self) -> int:
+        """The controller's UDP heartbeat port (base+50; UDP, so it is checked apart from the TCP ports)."""
+        return self.base + 50
+
+    @property
+    def influx(self) -> int:
+        """influxd's HTTP API (the metrics store): base+86, an echo of InfluxDB's default 8086."""
+        return self.base + 86
+
+    @property
+    def influx_rpc(self) -> int:
+        """influxd's RPC/backup listener (base+88, echo of 8088): it cannot be disabled, only moved to loopback."""
+        return self.base + 88
+
+    def all(self, n_nodes: int) -> dict[str, int]:
+        ports = {"mariadb": self.mariadb, "slurmctld": self.slurmctld, "slurmdbd": self.slurmdbd}
+        ports.update({f"seaweedfs -{flag}": port for flag, port in self.weed().items()})
+        ports.update({"influxd http": self.influx, "influxd rpc": self.influx_rpc})
+        ports.update({f"slurmd gpu{i + 1:03d}": self.slurmd(i) for i in range(n_nodes)})
+        return ports
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths inside the state dir, and the sockets in its short runtime dir (``sockets``)."""
+
+    root: Path
+
+    @property
+    def sockets(self) -> Path:
+        """The short runtime dir (``sockets_dir_for``): munge and MariaDB sockets, weed's local sockets and the
+        slurmd spool (step sockets), so no socket path grows with the state dir. Removed by ``down --purge``."""
+        return sockets_dir_for(self.root)
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.etc / "slurm.conf"
+
+    @property
+    def slurmdbd_conf(self) -> Path:
+        return self.etc / "slurmdbd.conf"
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def munge_dir(self) -> Path:
+        return self.sockets / "munge"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.munge_dir / "munge.socket"
+
+    @property
+    def munge_key(self) -> Path:
+        return self.root / "munge.key"
+
+    @property
+    def mysql_data(self) -> Path:
+        return self.root / "mysql"
+
+    @property
+    def mysql_socket(self) -> Path:
+        return self.sockets / "mysqld.sock"
+
+    @property
+    def weed_filer_socket(self) -> Path:
+        return self.sockets / "weed-filer.sock"
+
+    @property
+    def weed_s3_socket(self) -> Path:
+        return self.sockets / "weed-s3.sock"
+
+    @property
+    def ctld_state(self) -> Path:
+        return self.root / "slurmctld"
+
+    @property
+    def slurmd_spool(self) -> Path:
+        """SlurmdSpoolDir (``%n`` appended per node): slurmstepd puts each step's socket here."""
+        return self.sockets / "slurmd"
+
+    @property
+    def dev(self) -> Path:
+        return self.root / "dev"
+
+    @property
+    def s3_data(self) -> Path:
+        """SeaweedFS's data dir (volumes, filer metadata, IAM identity): survives down/up, removed by --purge."""
+        return self.root / "s3"
+
+    @property
+    def influx_dir(self) -> Path:
+        """influxd's config, meta, data and WAL (``nuro.devcluster.tsdb``): survives down/up, removed by --purge."""
+        return self.root / "influxdb"
+
+    @property
+    def ports_file(self) -> Path:
+        """The port base this state dir was last started with, so ``env`` can name the S3 endpoint while down."""
+        return self.etc / "ports.json"
+
+    @property
+    def record(self) -> Path:
+        """The run record: supervisor and daemon PIDs (JSON), written atomically by the supervisor."""
+        return self.run / "cluster.json"
+
+    @property
+    def s3_credentials(self) -> Path:
+        """One ``<team>.env`` per team (its S3 key), 0640 root:nuro-<team>: ``NURO_S3_CREDENTIALS`` points here."""
+        return self.etc / "s3"
+
+    @property
+    def nuro_env(self) -> Path:
+        """KEY=VALUE settings for the node-side entry points (S3 endpoint and key: mode 600, root only)."""
+        return self.etc / "nuro.env"
+
+    @property
+    def cache(self) -> Path:
+        """The node-local cache (datasets verified on this node); one per dev cluster since nodes share a disk."""
+        return self.root / "cache"
+
+    @property
+    def heartbeat_key(self) -> Path:
+        """The HMAC key agents and the controller share (``nuro.protocol.heartbeat.write_key``, mode 600)."""
+        return self.etc / "heartbeat.key"
+
+    @property
+    def agents_dir(self) -> Path:
+        """Where node agents write their status files (``--status-dir``)."""
+        return self.run / "agents"
+
+    @property
+    def staging(self) -> Path:
+        """The NVMe staging root stand-in (``--staging-root``): one per dev cluster."""
+        return self.root / "staging"
+
+    @property
+    def events_log(self) -> Path:
+        """nuro's event log (``nuro.lifecycle.platform_events``): node_lost, node_down, jobs_requeued, …"""
+        return self.log / "events.jsonl"
+
+    @property
+    def control_dir(self) -> Path:
+        """Requests to the running supervisor (kill-node, revive-node) and its answers, one JSON file each."""
+        return self.run / "control"
+
+    @property
+    def teams_yaml(self) -> Path:
+        """When this file exists the dev cluster's controller also runs the policy; else detector only."""
+        return self.etc / "teams.yaml"
+
+    @property
+    def env_sh(self) -> Path:
+        return self.root / "env.sh"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.log / "supervisor.log"
+
+
+def node_names(n_nodes: int) -> list[str]:
+    return [f"gpu{i + 1:03d}" for i in range(n_nodes)]
+
+
+def describe(layout: Layout, n_nodes: int, port_base: int) -> ClusterDescription:
+    """The dev cluster: N emulated nodes on 127.0.0.1, 8 fake GPUs each, leaves of 4 under a spine."""
+    if n_nodes < 1:
+        raise ValueError(f"--nodes must be at least 1, got {n_nodes}")
+    ports = PortPlan(port_base)
+    host = socket.gethostname()
+    names = node_names(n_nodes)
+    nodes = tuple(
+        NodeSpec(
+            name=name,
+            addr="127.0.0.1",
+            hostname=host,
+            port=ports.slurmd(i),
+            gpus=GPUS_PER_NODE,
+            gpu_files=f"{layout.dev}/nvidia[0-{GPUS_PER_NODE - 1}]",
+        )
+        for i, name in enumerate(names)
+    )
+    return ClusterDescription(
+        cluster_name=CLUSTER_NAME,
+        controller_host=host,
+        controller_addr="127.0.0.1",
+        nodes=nodes,
+        switches=leaf_spine(names, LEAF_SIZE),
+        timers=Timers.for_node_count(n_nodes),
+        paths=Paths(
+            etc_dir=str(layout.etc),
+            state_save=str(layout.ctld_state),
+            slurmd_spool=str(layout.slurmd_spool),
+            run_dir=str(layout.run),
+            log_dir=str(layout.log),
+            munge_socket=str(layout.munge_socket),
+            # Wrappers in etc/ that point the entry points at this cluster's nuro.env (see manager._prepare):
+            # slurmd runs them with a job-only environment (no SLURM_CONF, no S3 settings).
+            prolog=str(layout.etc / "nuro-prolog"),
+            epilog=str(layout.etc / "nuro-epilog"),
+            healthcheck=str(layout.etc / "nuro-healthcheck"),
+        ),
+        ports=Ports(slurmctld=ports.slurmctld, slurmdbd=ports.slurmdbd, mariadb=ports.mariadb),
+        confinement=cgroups.confinement(layout.root),  # its own cgroups (nuro.devcluster.cgroups)
+        slurm_user="root",
+        db_user=DB_USER,
+        db_password=DB_PASSWORD,
+    )

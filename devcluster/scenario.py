@@ -1,0 +1,160 @@
+"""The "survive a node loss" scenario on the dev cluster, shared by ``make demo``, the e2e tests and the resume bench.
+
+One real run: the example DDP job (``examples/train_ddp``) is submitted with ``nuro-train submit`` as a team member
+on 2 nodes, checkpoints to SeaweedFS, and one of its nodes is crashed like a host (``devcluster kill-node``). What
+happens next is nuro's and Slurm's: detection, DOWN+DRAIN, requeue, restart elsewhere, restore, finish. Steps are
+plain functions so each caller keeps its own pacing and assertions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "train_ddp"
+BIN = Path(sys.executable).parent
+T = TypeVar("T")
+
+
+class ScenarioError(RuntimeError):
+    """A step of the scenario failed; the message has the command and its output."""
+
+
+@dataclass(frozen=True)
+class Run:
+    job_id: int
+    name: str
+    team: str
+    log: Path
+
+
+def run_cmd(
+    argv: list[str], env: dict[str, str], user: str | None = None, cwd: Path | None = None, timeout_s: float = 300
+) -> subprocess.CompletedProcess:
+    if user:
+        argv = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in env.items()), *argv]
+    res = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout_s, cwd=cwd)
+    if res.returncode != 0:
+        raise ScenarioError(f"{' '.join(argv)} failed ({res.returncode}):\n{res.stderr or res.stdout}")
+    return res
+
+
+def wait_for(what: str, check: Callable[[], T], timeout_s: float, poll_s: float = 0.5) -> T:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise ScenarioError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def prepare(
+    env: dict[str, str], work: Path, user: str = "alice", dataset: str = "demo-synth", apply_policy: bool = True
+) -> tuple[str, Path]:
+    """Team policy, the synthetic dataset snapshot, and a git repository of the example; returns (dataset, repo)."""
+    ensure_unix_users(POLICY_USERS)
+    if apply_policy:
+        run_cmd([str(BIN / "nuro-admin"), "policy", "apply", str(REPO / "examples/policy/teams.yaml")], env)
+    data = work / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    run_cmd([sys.executable, str(EXAMPLE / "make_dataset.py"), str(data)], env)
+    snap = json.loads(
+        run_cmd(
+            [str(BIN / "nuro-train"), "dataset", "snapshot", str(data), "--name", dataset, "--json", "--no-progress"],
+            env,
+        ).stdout
+    )
+    repo = work / "code"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    git = ["git", "-c", "user.name=nuro", "-c", "user.email=nuro@example.invalid", "-C", str(repo)]
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "example training code"]):
+        run_cmd(git + argv, {})
+    (work / "runs").mkdir(exist_ok=True)
+    run_cmd(["chown", "-R", f"{user}:{user}", str(work)], {})
+    return f"{dataset}@{snap['digest']}", repo
+
+
+def submit(
+    env: dict[str, str],
+    work: Path,
+    dataset: str,
+    repo: Path,
+    *,
+    user: str = "alice",
+    team: str = "perception",
+    nodes: int = 2,
+    steps: int = 240,
+    step_time_s: float = 0.1,
+    ckpt_interval_s: int = 4,
+    ckpt_keep: int = 100,
+    progress_every_s: float = 1.0,
+    name: str | None = None,
+) -> Run:
+    name = name or f"ddp-{int(time.time() * 1000) % 10**9}"
+    argv = [
+        str(BIN / "nuro-train"), "submit", "--name", name, "--team", team, "--nodes", str(nodes),
+        "--gpus-per-node", "1", "--time", "15:00", "--dataset", dataset, "--code", str(repo), "--script", "train.py",
+        "--arg", "--steps", "--arg", str(steps), "--arg", "--step-time", "--arg", str(step_time_s),
+        "--arg", "--progress-every-s", "--arg", str(progress_every_s),
+        "--python", sys.executable, "--ckpt-interval", str(ckpt_interval_s), "--ckpt-keep", str(ckpt_keep),
+        "--run-root", str(work / "runs"),
+        "--env", "GLOO_SOCKET_IFNAME=lo", "--json",
+    ]  # fmt: skip
+    res = json.loads(run_cmd(argv, env, user=user, cwd=work).stdout)
+    job_id = int(res["job_id"])
+    return Run(job_id=job_id, name=name, team=team, log=work / "runs" / name / f"slurm-{job_id}.out")
+
+
+def kill_node(env: dict[str, str], node: str) -> dict:
+    """Crash ``node`` like a host: its slurmd, its job processes and its agent (``devcluster kill-node``)."""
+    return json.loads(run_cmd([str(BIN / "nuro-admin"), "devcluster", "kill-node", node, "--json"], env).stdout)
+
+
+def revive_node(env: dict[str, str], node: str) -> None:
+    run_cmd([str(BIN / "nuro-admin"), "devcluster", "revive-node", node], env)
+
+
+def steps_logged(log: Path) -> list[tuple[float, int]]:
+    """``(line number, step)`` for each ``step N loss X`` line rank 0 printed (the output file is appended to)."""
+    if not log.exists():
+        return []
+    found = []
+    for n, line in enumerate(log.read_text(errors="replace").splitlines()):
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] == "step" and parts[1].isdigit():
+            found.append((n, int(parts[1])))
+    return found
+
+
+def metrics_view(env: dict[str, str], job_id: int, backend, plot: bool = True) -> tuple[dict, str | None]:  # noqa: ANN001
+    """What ``nuro-train metrics JOB [--plot]`` shows, read with the cluster's env (its ``NURO_METRICS_URL``).
+
+    Returns (the summary, the plot text or None). Raises ``nuro.metrics.sink.SinkError`` when the sink cannot be
+    read, LookupError/SlurmError when the job cannot be found.
+    """
+    from nuro.login import metrics_cli
+    from nuro.metrics.sink import sink_from_env
+
+    sink = sink_from_env(env)
+    try:
+        ref = metrics_cli.resolve_run(backend, job_id)
+        train, gpus = metrics_cli.read_rows(sink, ref, time.time_ns())
+    finally:
+        sink.close()
+    summary = metrics_cli.summarize(ref, train, gpus)
+    text = metrics_cli.plot_text(metrics_cli.plot_series(train), width=100, height=24) if plot and train else None
+    return summary, text

@@ -1,0 +1,1 @@
+"""Login-node CLIs (``nuro-train``, ``nuro-sbatch``). Import as nuro.login."""

@@ -1,0 +1,407 @@
+"""``nuro-train ls | status | cancel | logs | quota``: follow runs from a login node.
+
+Slurm is the system of record (ARCHITECTURE principle 1): every view is read from one adapter snapshot (jobs with
+their nuro record in the comment) or, for finished jobs, accounting. Rich tables for people, ``--json`` for scripts.
+
+Exit codes: 0 ok, 1 Slurm unreachable or refused, 2 usage, 4 no such job (or not a job you can see).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from nuro.policy import PolicyError, load_policy
+from nuro.policy.classify import build_view
+from nuro.protocol import jobcomment
+from nuro.slurm import CliBackend, InvalidJobId, JobInfo, SlurmError
+
+EXIT_SLURM = 1
+EXIT_NOT_FOUND = 4
+
+out = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def _backend() -> CliBackend:
+    return CliBackend(timeout_s=30)
+
+
+def _fail(message: str, code: int) -> None:
+    err.print(f"[bold red]error:[/] {message}", highlight=False)
+    sys.exit(code)
+
+
+def _row(job: JobInfo) -> dict:
+    """One job as a flat JSON-able dict, with nuro's record from the comment."""
+    rec = jobcomment.parse(job.comment)
+    meta = rec.raw.get("nuro", {}) if isinstance(rec.raw.get("nuro"), dict) else {}
+    ckpt = rec.checkpoint
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "user": job.user,
+        "team": job.account,
+        "qos": job.qos,
+        "state": job.state,
+        "phase": job.phase.value,
+        "reason": job.reason,
+        "nodes": list(job.nodes),
+        "node_count": job.node_count,
+        "gpus": job.gpus_total,
+        "restarts": job.restart_count,
+        "submitted": job.submit_time.isoformat() if job.submit_time else None,
+        "started": job.start_time.isoformat() if job.start_time else None,
+        "dataset": meta.get("dataset"),
+        "code": meta.get("code"),
+        "checkpoint_step": ckpt.step if ckpt else None,
+        "nuro": meta,
+    }
+
+
+def _jobs(backend: CliBackend) -> list[JobInfo]:
+    try:
+        return backend.jobs()
+    except SlurmError as exc:
+        _fail(f"could not read the queue: {exc}", EXIT_SLURM)
+        raise AssertionError("unreachable") from exc
+
+
+def _find(backend: CliBackend, job_id: int) -> JobInfo:
+    try:
+        job = backend.find_job(job_id)
+    except SlurmError as exc:
+        _fail(f"could not look up job {job_id}: {exc}", EXIT_SLURM)
+    if job is None:
+        _fail(f"no job {job_id} (it may have ended more than MinJobAge ago and accounting does not know it)", 4)
+    return job  # type: ignore[return-value]
+
+
+@click.command("ls")
+@click.option("--team", help="Jobs of this team (account).")
+@click.option("--all", "all_users", is_flag=True, help="Jobs of every user.")
+@click.option("--state", "states", multiple=True, help="Only these phases (PENDING, RUNNING, …); repeatable.")
+@click.option("--recent", is_flag=True, help="Also runs that ended in the last few minutes (Slurm's MinJobAge).")
+@click.option("--json", "as_json", is_flag=True)
+def ls_cmd(team: str | None, all_users: bool, states: tuple[str, ...], recent: bool, as_json: bool) -> None:
+    """List active runs (like squeue): yours by default, a team's with --team, everyone's with --all."""
+    me = getpass.getuser()
+    wanted = {s.upper() for s in states}
+    jobs = [
+        j
+        for j in _jobs(_backend())
+        if (all_users or team or j.user == me)
+        and (team is None or j.account == team)
+        and (j.phase.value in wanted if wanted else (recent or not j.is_finished))
+    ]
+    rows = [_row(j) for j in sorted(jobs, key=lambda j: j.job_id)]
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("job", "name", "user", "team", "qos", "state", "reason", "nodes", "GPUs", "restarts", "ckpt step")
+    for r in rows:
+        table.add_row(
+            str(r["job_id"]), r["name"], r["user"], r["team"], r["qos"], r["state"], r["reason"] or "",
+            str(r["node_count"]), str(r["gpus"]), str(r["restarts"]), str(r["checkpoint_step"] or ""),
+        )  # fmt: skip
+    out.print(table if rows else "no runs")
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def status(job_id: int, as_json: bool) -> None:
+    """One run in detail, with its nuro record (metadata, last checkpoint, preemption request, ack)."""
+    job = _find(_backend(), job_id)
+    row = _row(job)
+    row["record"] = jobcomment.parse(job.comment).raw
+    if as_json:
+        click.echo(json.dumps(row, indent=2))
+        return
+    for key, value in row.items():
+        if key not in ("nuro",) and value not in (None, [], {}):
+            out.print(f"[bold]{key:>16}[/]  {value}", highlight=False)
+
+
+@click.command()
+@click.argument("job_ids", type=int, nargs=-1, required=True)
+def cancel(job_ids: tuple[int, ...]) -> None:
+    """Cancel runs (Slurm refuses other users' jobs unless you are an operator)."""
+    backend = _backend()
+    for job_id in job_ids:
+        try:
+            backend.cancel(job_id)
+        except SlurmError as exc:
+            _fail(f"job {job_id}: {exc}", EXIT_SLURM)
+        click.echo(f"cancelled {job_id}")
+
+
+def _follow(path: Path, backend: CliBackend, job_id: int, poll_s: float = 0.5) -> None:
+    """Print new output as it is written, until the job ends (then print the rest)."""
+    pos = 0
+    while True:
+        if path.exists():
+            with open(path, "rb") as fh:
+                fh.seek(pos)
+                chunk = fh.read()
+                pos += len(chunk)
+            sys.stdout.write(chunk.decode(errors="replace"))
+            sys.stdout.flush()
+        try:
+            state = backend.job_state(job_id)  # one squeue line per poll (job_record lists every job on 22.05)
+        except InvalidJobId:
+            return
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            if path.exists():
+                with open(path, "rb") as fh:
+                    fh.seek(pos)
+                    sys.stdout.write(fh.read().decode(errors="replace"))
+            return
+        time.sleep(poll_s)
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("-f", "--follow", is_flag=True, help="Keep printing new output until the run ends.")
+def logs(job_id: int, follow: bool) -> None:
+    """Print a run's output file (its StdOut as Slurm records it)."""
+    backend = _backend()
+    try:
+        record = backend.job_record(job_id)
+    except InvalidJobId:
+        _fail(f"no job {job_id} known to slurmctld (finished more than MinJobAge ago?)", EXIT_NOT_FOUND)
+    except SlurmError as exc:
+        _fail(str(exc), EXIT_SLURM)
+    path = Path(record.get("StdOut", ""))
+    if follow:
+        _follow(path, backend, job_id)
+        return
+    if not path.is_file():
+        _fail(f"job {job_id}'s output {path} is not readable from here (not written yet, or on another host)", 4)
+    sys.stdout.write(path.read_text(errors="replace"))
+
+
+def quota_rows(jobs: Iterable[JobInfo], policy) -> list[dict]:
+    """Per team: guaranteed used / quota, borrowed, lendable now, pending GPUs. Pure: a snapshot and the policy."""
+    view = build_view(tuple(jobs), policy)
+    rows = []
+    for team in policy.teams:
+        u = view.usage.get(team.name)
+        g_used = u.g_running if u else 0
+        g_waiting = u.g_waiting if u else 0
+        borrowed = u.b_running if u else 0
+        pending = sum(j.gpus_total for j in view.pending if view.cls(j).team == team.name)
+        rows.append(
+            {
+                "team": team.name,
+                "quota_gpus": team.quota_gpus,
+                "guaranteed_used_gpus": g_used,
+                "borrowed_gpus": borrowed,
+                "borrow_limit_gpus": team.borrow_limit_gpus,
+                "lendable_gpus": min(team.lend_limit_gpus, max(0, team.quota_gpus - g_used - g_waiting)),
+                "pending_gpus": pending,
+            }
+        )
+    return rows
+
+
+@click.command()
+@click.option(
+    "--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path), envvar="NURO_POLICY",
+    required=True, help="The teams.yaml in force [env NURO_POLICY].",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True)
+def quota(policy_path: Path, as_json: bool) -> None:
+    """Per team: guaranteed used / quota, borrowed, lendable, pending."""
+    try:
+        policy = load_policy(policy_path)
+    except PolicyError as exc:
+        _fail(str(exc), 3)
+    rows = quota_rows(_jobs(_backend()), policy)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("team", "guaranteed used / quota", "borrowed / limit", "lendable now", "pending")
+    for r in rows:
+        table.add_row(
+            r["team"], f"{r['guaranteed_used_gpus']} / {r['quota_gpus']}",
+            f"{r['borrowed_gpus']} / {r['borrow_limit_gpus']}", str(r["lendable_gpus"]), str(r["pending_gpus"]),
+        )  # fmt: skip
+    out.print(table)
+
+
+def checkpoint_record(manifest) -> dict:  # noqa: ANN001 - a nuro.checkpoint.manifest.Manifest
+    """One committed checkpoint as the CLI shows it: from its S3 manifest only (the system of record)."""
+    return {
+        "step": manifest.step,
+        "job_id": int(manifest.job_id) if str(manifest.job_id).isdigit() else manifest.job_id,
+        "restart": manifest.restart,
+        "parent": manifest.parent,
+        "committed_at": manifest.created_at,
+        "bytes": manifest.total_bytes,
+        "world_size": manifest.world_size,
+    }
+
+
+def run_checkpoints(store, team: str, run: str) -> tuple[list[dict], list[dict]]:  # noqa: ANN001 - ObjectStore
+    """A run's checkpoints in S3, oldest first: (committed, not committed).
+
+    Committed = a manifest that parses and names this team/run/step (``checkpoint_record``). Not committed = a step
+    prefix without one: ``{"step", "status": "incomplete" | "torn", "bytes"}`` (given up by its upload, or still
+    uploading / torn). No extra database: the listing and the manifests are the record (ARCHITECTURE principle 1).
+    Raises ObjectStoreError when the store cannot be listed; ValueError for a team/run name S3 keys cannot hold.
+    """
+    from nuro.checkpoint import layout as L
+    from nuro.checkpoint.errors import ManifestError
+    from nuro.checkpoint.restore import load_manifest, step_numbers
+    from nuro.objectstore import NotFound
+
+    committed: list[dict] = []
+    other: list[dict] = []
+    for step in sorted(step_numbers(store, team, run)):
+        try:
+            committed.append(checkpoint_record(load_manifest(store, team, run, step)))
+            continue
+        except NotFound:
+            status = "incomplete" if store.exists(L.incomplete_key(team, run, step)) else "torn"
+        except ManifestError as exc:
+            status = f"bad manifest: {exc}"
+        size = sum(o.size for o in store.list(L.step_prefix(team, run, step)))
+        if size:  # an emptied prefix of a deleted step (some stores keep listing it) is not an artifact
+            other.append({"step": step, "status": status, "bytes": size})
+    return committed, other
+
+
+def _attach_checkpoints(chain: list[dict], store) -> list[str]:  # noqa: ANN001
+    """Add each run's committed checkpoints (those its job wrote) to the lineage; returns notes for what failed."""
+    from nuro.objectstore import ObjectStore, ObjectStoreError
+
+    notes: list[str] = []
+    cache: dict[tuple[str, str], list[dict]] = {}
+    for run in chain:
+        if "missing" in run:
+            continue
+        team, name = run.get("team_record"), run.get("run")
+        if not team or not name:
+            run["checkpoints"] = None
+            continue
+        try:
+            store = store or ObjectStore.from_env()
+            if (team, name) not in cache:
+                cache[(team, name)] = run_checkpoints(store, team, name)[0]
+        except (ObjectStoreError, ValueError) as exc:
+            notes.append(f"checkpoints of {team}/{name} not shown: {exc}")
+            run["checkpoints"] = None
+            continue
+        run["checkpoints"] = [c for c in cache[(team, name)] if str(c["job_id"]) == str(run["job_id"])]
+    return notes
+
+
+def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20, store=None) -> list[dict]:  # noqa: ANN001
+    """The run and its ancestors (``resume_from``), newest first: what each was pinned to and how it went.
+
+    With ``store`` (an ObjectStore, or True for ``ObjectStore.from_env()``), each run also gets ``checkpoints``:
+    the committed checkpoints its job wrote, from the S3 manifests (step, parent, job, restart, committed at); a
+    store that cannot be read adds ``notes`` to the first entry instead.
+    """
+    chain: list[dict] = []
+    seen: set[int] = set()
+    current: int | None = job_id
+    while current is not None and current not in seen and len(chain) < max_depth:
+        seen.add(current)
+        job = _find(backend, current) if not chain else _find_or_none(backend, current)
+        if job is None:
+            chain.append({"job_id": current, "missing": "not known to slurmctld or accounting"})
+            break
+        rec = jobcomment.parse(job.comment)
+        meta = rec.raw.get("nuro") if isinstance(rec.raw.get("nuro"), dict) else {}
+        ckpt = rec.checkpoint
+        chain.append(
+            {
+                "job_id": job.job_id,
+                "name": job.name,
+                "team": job.account,
+                "team_record": meta.get("team"),
+                "run": meta.get("name"),
+                "state": job.state,
+                "restarts": job.restart_count,
+                "dataset": meta.get("dataset"),
+                "code": meta.get("code"),
+                "resume_from": meta.get("resume_from"),
+                "last_checkpoint": {"step": ckpt.step, "at": ckpt.at} if ckpt else None,
+                "submitted": job.submit_time.isoformat() if job.submit_time else None,
+                "ended": job.end_time.isoformat() if job.end_time and job.is_finished else None,
+            }
+        )
+        parent = meta.get("resume_from")
+        current = int(parent) if isinstance(parent, int | str) and str(parent).isdigit() else None
+    if store is not None and chain:
+        notes = _attach_checkpoints(chain, None if store is True else store)
+        if notes:
+            chain[0]["notes"] = notes
+    return chain
+
+
+def _find_or_none(backend: CliBackend, job_id: int) -> JobInfo | None:
+    try:
+        return backend.find_job(job_id)
+    except SlurmError:
+        return None
+
+
+@click.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def lineage(job_id: int, as_json: bool) -> None:
+    """What a run was pinned to (dataset digest, code commit), its restarts and checkpoints, and its parents.
+
+    Checkpoints come from the run's S3 manifests (each names its job, restart and parent step); Slurm's comment
+    and accounting give the ``resume_from`` chain. Nothing else is consulted.
+    """
+    chain = lineage_of(_backend(), job_id, store=True)
+    if as_json:
+        click.echo(json.dumps(chain, indent=2))
+        return
+    for depth, run in enumerate(chain):
+        pad = "  " * depth + ("└─ resumed from " if depth else "")
+        if "missing" in run:
+            out.print(f"{pad}job {run['job_id']}: {run['missing']}", highlight=False)
+            continue
+        ds, code = run["dataset"] or {}, run["code"] or {}
+        out.print(f"{pad}[bold]job {run['job_id']}[/] {run['name']} ({run['team']}, {run['state']}, "
+                  f"{run['restarts']} restarts)", highlight=False)  # fmt: skip
+        out.print(f"{'  ' * depth}   dataset {ds.get('name', '-')}@{ds.get('digest', '-')}", highlight=False)
+        out.print(f"{'  ' * depth}   code    {code.get('repo', '-')}@{code.get('commit', '-')}"
+                  + (f" + diff {code['diff']}" if code.get("diff") else ""), highlight=False)  # fmt: skip
+        ck = run["last_checkpoint"]
+        last = f"step {ck['step']}" if ck else "none recorded"
+        out.print(f"{'  ' * depth}   last checkpoint: {last}", highlight=False)
+        for line in checkpoint_lines(run.get("checkpoints")):
+            out.print(f"{'  ' * depth}     {line}", highlight=False)
+    for note in chain[0].get("notes", []) if chain else []:
+        err.print(f"[yellow]note:[/] {note}", highlight=False)
+
+
+def checkpoint_lines(ckpts: list[dict] | None) -> list[str]:
+    """The lineage view of one run's committed checkpoints, oldest first. Pure."""
+    if ckpts is None:
+        return ["checkpoints in S3: not known (no run record, or the store could not be read)"]
+    if not ckpts:
+        return ["checkpoints in S3: none committed by this job"]
+    lines = [f"checkpoints in S3 ({len(ckpts)} committed):"]
+    for c in ckpts:
+        parent = "—" if c["parent"] is None else f"step {c['parent']}"
+        lines.append(f"  step {c['step']:>6}  parent {parent:<11} job {c['job_id']}.{c['restart']}  "
+                     f"{c['committed_at']}")  # fmt: skip
+    return lines
+
+
+COMMANDS = (ls_cmd, status, cancel, logs, quota, lineage)

@@ -1,0 +1,456 @@
+"""``nuro-sbatch``: plain sbatch plus nuro's platform flags (team, tier, dataset, code, checkpoint policy).
+
+    nuro-sbatch [platform flags and sbatch options, any order] [SCRIPT [SCRIPT ARGS...]]
+
+Flag rules (see docs/submit.md):
+
+1. Platform flags (``--team --tier --dataset --code REPO[@COMMIT] --commit --allow-dirty --ckpt-interval
+   --ckpt-keep --resume-from --max-requeues --run-root``, plus ``--dry-run`` and ``--policy``) are read only
+   *before* the script, like every sbatch option; after the script everything is the script's own argument.
+2. Platform flags must be spelled in full. sbatch accepts unique prefixes of its options, so an abbreviation of a
+   platform flag (``--tea``, ``--comm``) is refused instead of guessed: it could mean either.
+3. Every other option is sbatch's, read with sbatch 22.05's own table (``nuro.jobspec.sbatch_args``) only to find
+   the script, and passed through untouched, in order, after nuro's ``--account``/``--qos``/``--comment``.
+4. ``--team`` conflicts with a different ``-A/--account``, ``--tier`` with a different ``-q/--qos`` (command line or
+   ``#SBATCH`` lines), and any platform flag with ``--comment`` (the comment is nuro's record): refused, never merged.
+5. Without platform flags (and without ``--dry-run``) nuro-sbatch *is* sbatch: it execs it with the same argv.
+6. ``--dataset`` and ``--code`` go together: the run record (``--comment``) pins both or is not written (the bridge
+   refuses a record missing either). ``--team``/``--tier`` alone only set the account and QOS.
+
+With ``--code`` the job runs exactly the pinned commit: nuro inserts a preamble (the same checkout code as
+``nuro-train submit``) after the script's ``#SBATCH`` header and submits that copy; the user's lines follow
+unchanged. The preamble ends in the matching directory of the checkout when the job's working directory is inside
+the repository. sh/bash scripts only (the preamble is POSIX sh). Exit codes: sbatch's own (0 submitted, 1 refused),
+2 usage, 3 invalid platform value or pin; ``--dry-run``: 0 the preview accepts (or no policy), 1 it rejects.
+
+``-h``/``--help`` (before the script) prints nuro's platform flags, then sbatch's own help (``sbatch --help``, with
+the same argv when there are no platform flags), and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nuro.jobspec.codepin import CodePin, CodePinError, pin_code
+from nuro.jobspec.fields import FieldError, Flag, RelPath
+from nuro.jobspec.options import SPEC_OPTIONS, Opt
+from nuro.jobspec.pins import DatasetPin, PinError, resolve_dataset, store_configured, store_diff
+from nuro.jobspec.render import HELPER_LINES, META_FORMAT, PREEMPT_SIGNAL, checkout_lines, code_exports, comment_json
+from nuro.jobspec.sbatch_args import SbatchArgError, Word, is_option, parse_options, read_option, script_directives
+from nuro.jobspec.spec import SpecError, split_code_flag
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INVALID = 0, 1, 2, 3
+PLATFORM: dict[str, Opt] = {o.flag: o for o in SPEC_OPTIONS if o.sbatch}
+OWN_FLAGS = {"--dry-run": False, "--policy": True}  # flag → takes a value
+HELP_COLUMNS = 100
+ALL_FLAGS = (*PLATFORM, *OWN_FLAGS)
+SH_INTERPRETERS = ("/bin/sh", "/bin/bash", "/usr/bin/sh", "/usr/bin/bash", "/bin/dash", "/usr/bin/env bash",
+                   "/usr/bin/env sh")  # fmt: skip
+
+
+class UsageError(Exception):
+    """Exit 2: the command line cannot be split as documented."""
+
+
+@dataclass
+class Parsed:
+    platform: dict[str, Any] = field(default_factory=dict)  # flag → raw value (True for flags)
+    words: list[Word] = field(default_factory=list)  # sbatch options, in order
+    script: str | None = None
+    script_args: list[str] = field(default_factory=list)
+    double_dash: bool = False
+
+
+def split_argv(argv: Sequence[str]) -> Parsed:
+    """Split nuro-sbatch's argv into platform flags, sbatch options and the script part (rules 1-3)."""
+    p = Parsed()
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == ":":
+            raise SbatchArgError("heterogeneous jobs (':' between components) cannot carry nuro's platform flags")
+        if arg == "--" or not is_option(arg):
+            p.double_dash = arg == "--"
+            rest = list(argv[i + 1 :] if p.double_dash else argv[i:])
+            p.script, p.script_args = (rest[0], rest[1:]) if rest else (None, [])
+            return p
+        name, eq, value = arg.partition("=")
+        if name in PLATFORM or name in OWN_FLAGS:
+            takes_value = OWN_FLAGS[name] if name in OWN_FLAGS else not isinstance(PLATFORM[name].kind, Flag)
+            if name in p.platform:
+                raise UsageError(f"{name} given twice")
+            if not takes_value:
+                if eq:
+                    raise UsageError(f"{name} takes no value, got {arg!r}")
+                p.platform[name] = True
+                i += 1
+                continue
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise UsageError(f"{name} needs a value")
+                value = argv[i + 1]
+                i += 1
+            p.platform[name] = value
+            i += 1
+            continue
+        if arg.startswith("--") and len(name) >= 4:
+            full = [f for f in ALL_FLAGS if f.startswith(name)]
+            if full:
+                raise UsageError(
+                    f"{name} abbreviates nuro's {' / '.join(full)}: spell platform flags in full (an abbreviation "
+                    "could also be one of sbatch's options)"
+                )
+        word, i = read_option(argv, i)
+        p.words.append(word)
+    return p
+
+
+def _values(p: Parsed) -> tuple[dict[str, Any], list[str]]:
+    """Check the platform values with the job spec's own kinds; returns (values by option name, problems)."""
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for flag, raw in p.platform.items():
+        opt = PLATFORM.get(flag)
+        if opt is None:
+            continue
+        try:
+            if flag == "--code":
+                for name, part in split_code_flag(raw).items():
+                    values[name] = PLATFORM["--commit" if name == "code.commit" else "--code"].parse(part)
+            else:
+                values[opt.name] = opt.parse(raw)
+        except FieldError as exc:
+            problems.append(f"{flag}: {exc}")
+        except SpecError as exc:
+            problems += [f"{flag}: {line}" for line in exc.problems]
+    if "--commit" in p.platform and "code.commit" in values and p.platform["--commit"] != values["code.commit"]:
+        problems.append("--commit: conflicts with the commit given in --code REPO@COMMIT")
+    for name in ("code.commit", "code.allow_dirty"):
+        if name in values and "code.repo" not in values:
+            problems.append(f"{name}: needs --code REPO")
+    if ("dataset" in values) != ("code.repo" in values):
+        given, missing = ("--dataset", "--code") if "dataset" in values else ("--code", "--dataset")
+        problems.append(
+            f"{given}: needs {missing} too: a run record pins both the dataset and the code (the job_submit bridge "
+            "refuses a record without either); give neither for a job without a record"
+        )
+    if values.get("code.allow_dirty") and values.get("code.commit"):
+        problems.append("--allow-dirty: only applies to HEAD; drop the commit or --allow-dirty")
+    return values, problems
+
+
+def _default(name: str) -> Any:
+    return next(o.default for o in SPEC_OPTIONS if o.name == name)
+
+
+def platform_metadata(values: dict[str, Any], team: str, dataset: DatasetPin | None, code: CodePin | None) -> dict:
+    """The ``nuro`` record for a nuro-sbatch job (same keys as nuro-train's; no entry: the script is the user's)."""
+    meta: dict[str, Any] = {"v": META_FORMAT, "via": "nuro-sbatch", "team": team}
+    if values.get("tier"):
+        meta["tier"] = values["tier"]
+    if dataset:
+        meta["dataset"] = {"name": dataset.name, "digest": dataset.digest}
+    if code:
+        meta["code"] = {"repo": code.repo, "commit": code.commit}
+        if code.diff_sha256:
+            meta["code"]["diff"] = code.diff_sha256
+        if code.diff_uri:
+            meta["code"]["diff_uri"] = code.diff_uri
+    meta["ckpt_policy"] = {
+        "interval_s": values.get("checkpoint.interval_s", _default("checkpoint.interval_s")),
+        "keep": values.get("checkpoint.keep", _default("checkpoint.keep")),
+    }
+    if values.get("resume_from"):
+        meta["resume_from"] = values["resume_from"]
+    meta["requeue"] = {"max": values.get("max_requeues", _default("max_requeues"))}
+    return meta
+
+
+def platform_env(meta: dict[str, Any]) -> dict[str, str]:
+    """NURO_* variables for the job (sbatch exports the submitting environment by default)."""
+    env = {"NURO_TEAM": meta["team"], "NURO_PREEMPT_SIGNAL": PREEMPT_SIGNAL}
+    if "dataset" in meta:
+        env.update(NURO_DATASET=meta["dataset"]["name"], NURO_DATASET_DIGEST=meta["dataset"]["digest"])
+    env["NURO_CKPT_INTERVAL_S"] = str(meta["ckpt_policy"]["interval_s"])
+    env["NURO_CKPT_KEEP"] = str(meta["ckpt_policy"]["keep"])
+    env["NURO_MAX_REQUEUES"] = str(meta["requeue"]["max"])
+    if "resume_from" in meta:
+        env["NURO_RESUME_FROM"] = meta["resume_from"]
+    return env
+
+
+def render_preamble(meta: dict[str, Any], code: CodePin, run_root: str, workdir_rel: str | None) -> str:
+    """The POSIX sh inserted after the script's #SBATCH header: NURO_* exports, the checkout, the cd. Pure."""
+    lines = [
+        "# --- nuro-sbatch: run metadata and the pinned code; your script continues unchanged below ---",
+        *[f"export {k}={shlex.quote(v)}" for k, v in sorted(platform_env(meta).items())],
+        *code_exports(code, shlex.quote(f"{run_root}/sbatch")),
+        *HELPER_LINES,
+        *checkout_lines(code),
+    ]
+    if workdir_rel is not None:
+        target = '"$NURO_CODE_DIR"' + (f"/{shlex.quote(workdir_rel)}" if workdir_rel != "." else "")
+        lines.append(f'cd {target} || nuro_fail "cannot enter the checkout ({workdir_rel})"')
+    lines.append("# --- end of the nuro-sbatch preamble ---")
+    return "\n".join(lines) + "\n"
+
+
+def insert_preamble(script: str, preamble: str) -> str:
+    """``script`` with ``preamble`` after its shebang + #SBATCH/comment header (sbatch stops reading directives at
+    the first command, so the header must stay first)."""
+    lines = script.splitlines(keepends=True)
+    first = lines[0].strip() if lines else ""
+    if not any(first == f"#!{interp}" or first.startswith(f"#!{interp} ") for interp in SH_INTERPRETERS):
+        raise UsageError(
+            f"--code needs a sh or bash batch script (the checkout preamble is POSIX sh); this one starts with "
+            f"{first[:60]!r}. Call your program from a bash script."
+        )
+    cut = 1
+    while cut < len(lines) and (not lines[cut].strip() or lines[cut].lstrip().startswith("#")):
+        cut += 1
+    head = "".join(lines[:cut])
+    if not head.endswith("\n"):
+        head += "\n"
+    return head + preamble + "".join(lines[cut:])
+
+
+def _workdir_rel(words: list[Word], repo: str) -> str | None:
+    chdir = next((w.value for w in reversed(words) if w.name == "chdir" and w.value), None)
+    workdir = os.path.realpath(os.path.join(os.getcwd(), chdir) if chdir else os.getcwd())
+    top = os.path.realpath(repo)
+    if workdir != top and not workdir.startswith(top + os.sep):
+        return None
+    rel = os.path.relpath(workdir, top)
+    try:
+        return rel if rel == "." else RelPath().parse(rel)
+    except FieldError:
+        return None
+
+
+def _conflicts(values: dict[str, Any], words: list[Word], team: str | None) -> list[str]:
+    problems = []
+    for w in words:
+        if w.name == "account" and team and w.value != team:
+            problems.append(f"--team {team} conflicts with --account={w.value}: give one of them")
+        if w.name == "qos" and values.get("tier") and w.value != values["tier"]:
+            problems.append(f"--tier {values['tier']} conflicts with --qos={w.value}: give one of them")
+        if w.name == "comment":
+            problems.append("--comment cannot be combined with platform flags: the job comment is nuro's run record")
+    return problems
+
+
+def _user() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"nuro-sbatch: {message}", file=sys.stderr)
+    return code
+
+
+def _read_script(parsed: Parsed, wrap: Word | None) -> tuple[str, bytes | None]:
+    """The batch script's text and, when it came on stdin, the bytes to hand on to sbatch."""
+    if wrap is not None:
+        return f"#!/bin/sh\n{wrap.value}\n", None  # what sbatch --wrap builds, less its comment line
+    if parsed.script is not None:
+        try:
+            with open(parsed.script, "rb") as fh:
+                return fh.read().decode("utf-8", "surrogateescape"), None
+        except OSError as exc:
+            raise UsageError(f"cannot read the batch script {parsed.script}: {exc.strerror}") from exc
+    data = sys.stdin.buffer.read()
+    return data.decode("utf-8", "surrogateescape"), data
+
+
+def _preview(words: list[Word], user: str, source: Any) -> int:
+    from nuro.jobspec.preview import decide_words, describe
+
+    if source is None:
+        print("bridge preview: no policy (give --policy PATH or set NURO_POLICY to a teams.yaml)")
+        return EXIT_OK
+    try:
+        admission = decide_words(words, user, source)
+    except ValueError as exc:
+        print(f"bridge preview: cannot read this job for the preview: {exc}")
+        return EXIT_OK
+    print("\n".join(describe(admission, source, user)))
+    return EXIT_OK if admission.accepted else EXIT_REFUSED
+
+
+def platform_help() -> str:
+    """nuro's part of ``--help``: the platform flags from the job spec's table (help, default), the rules. Pure."""
+    lines = [
+        "usage: nuro-sbatch [platform flags and sbatch options, any order] [SCRIPT [SCRIPT ARGS...]]",
+        "",
+        "nuro platform flags (before the script, spelled in full; any other option is sbatch's, passed through",
+        "untouched; without platform flags nuro-sbatch is plain sbatch):",
+    ]
+    rows = []
+    for opt in PLATFORM.values():
+        head = f"{opt.flag} {opt.metavar_text}".rstrip()
+        text = opt.help
+        if "default" in text.lower():
+            pass  # the help line already says it
+        elif not opt.required and opt.default not in (None, False, ()):
+            text += f" Default: {opt.default_doc or opt.default}{' ' + opt.unit if opt.unit else ''}."
+        elif opt.default_doc:
+            text += f" Default: {opt.default_doc}."
+        rows.append((head, text))
+    rows += [
+        ("--dry-run", "Print the sbatch argv (and the preamble with --code) and the bridge's verdict; submit nothing."),
+        ("--policy PATH", "teams.yaml for --dry-run's preview (default: $NURO_POLICY)."),
+    ]
+    width = max(len(head) for head, _ in rows) + 2
+    for head, text in rows:
+        wrapped = textwrap.wrap(text, HELP_COLUMNS - 2 - width) or [""]
+        lines.append(f"  {head.ljust(width)}{wrapped[0]}")
+        lines += [" " * (2 + width) + more for more in wrapped[1:]]
+    lines += [
+        "",
+        "--team sets --account, --tier sets --qos (a different -A/-q is refused); --dataset and --code together",
+        "write the run record into --comment (so --comment cannot be combined with them). See docs/submit.md.",
+        "Exit codes: sbatch's own (0 submitted, 1 refused), 2 usage, 3 invalid platform value or pin.",
+        "",
+        "sbatch's own options:",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _help(sbatch_argv: list[str]) -> int:
+    """Print nuro's flags, then run ``sbatch_argv`` (sbatch's help) below them; exit 0 when nuro's part printed.
+
+    sbatch's help is run, not exec'd, so its absence (or sbatch refusing to start without a Slurm configuration)
+    is said in one line instead of replacing nuro's help."""
+    sys.stdout.write(platform_help())
+    sys.stdout.flush()
+    try:
+        res = subprocess.run(sbatch_argv, check=False, timeout=10)  # sbatch retries a missing slurm.conf 60 s
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        print(f"  ({shlex.join(sbatch_argv)} did not print its help: {exc})")
+        return EXIT_OK
+    if res.returncode != 0:
+        print(f"  ({shlex.join(sbatch_argv)} exited {res.returncode}: it needs a Slurm configuration, e.g. SLURM_CONF)")
+    return EXIT_OK
+
+
+def _wants_help(words: Sequence[Word]) -> bool:
+    return any(w.name == "help" for w in words)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the exit code (see the module docstring)."""
+    from nuro.jobspec.fields import AbsPath
+    from nuro.jobspec.options import OPTIONS_BY_NAME
+    from nuro.jobspec.preview import PreviewError, load_policy_source, user_team
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parsed = split_argv(args)
+    except UsageError as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    except SbatchArgError as exc:
+        if not any(a.partition("=")[0] in ALL_FLAGS for a in args):
+            os.execvp("sbatch", ["sbatch", *args])  # rule 5: sbatch reports its own usage errors
+        return _fail(EXIT_USAGE, str(exc))
+    if _wants_help(parsed.words):  # sbatch's help after nuro's; its argv untouched unless nuro flags are in it
+        return _help(["sbatch", *args] if not parsed.platform else ["sbatch", "--help"])
+    if not parsed.platform:
+        os.execvp("sbatch", ["sbatch", *args])
+    dry_run = bool(parsed.platform.get("--dry-run"))
+    has_platform = any(flag in PLATFORM for flag in parsed.platform)
+    lead = ["--"] if parsed.double_dash else []
+    tokens = [t for w in parsed.words for t in w.tokens]
+    plain = ["sbatch", *tokens, *lead, *filter(None, [parsed.script]), *parsed.script_args]
+    if not has_platform and not dry_run:  # only --policy: plain sbatch (before stdin is read: sbatch reads it)
+        os.execvp("sbatch", plain)
+    values, problems = _values(parsed)
+    if problems:
+        return _fail(EXIT_INVALID, "invalid platform flags:\n" + "\n".join(f"  - {p}" for p in problems))
+    wrap = next((w for w in parsed.words if w.name == "wrap"), None)
+    try:
+        script_text, stdin_bytes = _read_script(parsed, wrap)
+        directives = parse_options(script_directives(script_text))
+        source = load_policy_source(parsed.platform.get("--policy"))
+    except (UsageError, SbatchArgError, PreviewError) as exc:
+        return _fail(EXIT_USAGE, str(exc))
+    words = directives + parsed.words
+    user = _user()
+    if not has_platform:  # --dry-run of a plain sbatch command line
+        print("sbatch argv:", shlex.join(plain))
+        return _preview(words, user, source)
+    team = values.get("team") or next((w.value for w in reversed(words) if w.name == "account"), None)
+    team = team or user_team(source, user)
+    if team is None:
+        return _fail(EXIT_USAGE, "--team is required (or --account, or --policy/NURO_POLICY listing you in a team)")
+    problems = _conflicts(values, words, values.get("team"))
+    if problems:
+        return _fail(EXIT_USAGE, "\n".join(problems))
+    try:
+        team = OPTIONS_BY_NAME["team"].parse(team)
+        dataset = resolve_dataset(values["dataset"]) if "dataset" in values else None
+        code = None
+        if "code.repo" in values:
+            code = pin_code(
+                values["code.repo"], values.get("code.commit"), allow_dirty=values.get("code.allow_dirty", False)
+            )
+            if code.diff is not None and store_configured() and not dry_run:
+                code = store_diff(code, team)
+        run_root = values.get("run_root") or AbsPath().parse(os.path.expanduser("~/nuro-runs"))
+    except (FieldError, PinError, CodePinError) as exc:
+        return _fail(EXIT_INVALID, str(exc))
+    meta = platform_metadata(values, team, dataset, code)
+    front = [f"--account={team}", *([f"--qos={values['tier']}"] if values.get("tier") else [])]
+    if dataset is not None and code is not None:  # a record only with both pins (rule 6)
+        front.append(f"--comment={comment_json(meta)}")
+    new_script = preamble = None
+    if code is not None:
+        tokens = [t for w in parsed.words if w is not wrap for t in w.tokens]
+        try:
+            preamble = render_preamble(meta, code, run_root, _workdir_rel(words, code.repo))
+            new_script = insert_preamble(script_text, preamble)
+        except UsageError as exc:
+            return _fail(EXIT_USAGE, str(exc))
+    if dry_run:
+        shown = ["<script with the nuro-sbatch preamble>"] if new_script is not None else (
+            [parsed.script] if parsed.script else []
+        )  # fmt: skip
+        print("sbatch argv:", shlex.join(["sbatch", *front, *tokens, *lead, *shown, *parsed.script_args]))
+        if preamble is not None:
+            print("preamble inserted after the script's #SBATCH header:\n" + preamble, end="")
+        return _preview([*directives, *parse_options(front), *parsed.words], user, source)
+    env = {**os.environ, **platform_env(meta)}
+    tmp_dir = None
+    try:
+        if new_script is not None:
+            # Same file name as the user's script in a private temp dir: Slurm's default job name (the script's
+            # base name; "wrap" for --wrap, "sbatch" for stdin) stays what plain sbatch would give.
+            tmp_dir = tempfile.mkdtemp(prefix="nuro-sbatch-")
+            base = "wrap" if wrap is not None else os.path.basename(parsed.script or "") or "sbatch"
+            tmp_path = os.path.join(tmp_dir, base)
+            with open(tmp_path, "w", encoding="utf-8", errors="surrogateescape") as fh:
+                fh.write(new_script)
+            script_part = [*lead, tmp_path, *parsed.script_args]
+            stdin_bytes = None
+        else:
+            script_part = [*lead, *([parsed.script] if parsed.script else []), *parsed.script_args]
+        proc = subprocess.run(["sbatch", *front, *tokens, *script_part], input=stdin_bytes, env=env, check=False)
+        return proc.returncode
+    except FileNotFoundError:
+        return _fail(EXIT_REFUSED, "sbatch not found on PATH")
+    finally:
+        if tmp_dir:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""How every nuro CLI fails: one table of exit codes and one way to say why.
+
+Scripts branch on the exit status and people read the message, so both must mean the same in every command
+(``nuro-train``, ``nuro-sbatch``, ``nuro-admin``, ``nuro-healthcheck``). Text goes to stderr, one line per problem,
+prefixed with the command's name (``nuro-sbatch: ...``) or ``error:``; with ``--json`` one object goes to stdout
+instead, carrying ``exit_code`` and the messages, so a script never has to parse stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from enum import IntEnum
+from typing import Any, NoReturn
+
+import click
+
+
+class ExitCode(IntEnum):
+    """The exit statuses of nuro's CLIs. 2 is also click's own status for a usage error."""
+
+    OK = 0
+    FAILED = 1  # Slurm, the object store or the node refused or failed; the message says which
+    USAGE = 2  # bad flags or arguments
+    INVALID = 3  # the run spec or the team policy is invalid (the message lists every problem)
+    NOT_FOUND = 4  # the run, job, snapshot or object does not exist
+    SINK = 5  # the metrics store cannot be reached
+
+
+def say(
+    code: int, *lines: str, prog: str | None = None, as_json: bool = False, payload: Mapping[str, Any] | None = None
+) -> int:
+    """Report a failure and return ``code`` (for a ``main`` that returns its status).
+
+    Text: each line on stderr as ``<prog>: <line>``, or ``error: <line>`` without a program name. JSON: one object on
+    stdout, ``payload`` plus ``exit_code``, ``error`` (the lines joined) and ``errors`` (the lines).
+    """
+    if as_json:
+        doc = {**(payload or {}), "exit_code": int(code), "error": "\n".join(lines), "errors": list(lines)}
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        for line in lines:
+            click.echo(f"{prog or 'error'}: {line}", err=True)
+    return int(code)
+
+
+def fail(
+    code: int, *lines: str, prog: str | None = None, as_json: bool = False, payload: Mapping[str, Any] | None = None
+) -> NoReturn:
+    """``say`` and exit with ``code``."""
+    sys.exit(say(code, *lines, prog=prog, as_json=as_json, payload=payload))
+
+
+__all__ = ["ExitCode", "fail", "say"]

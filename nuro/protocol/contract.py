@@ -1,0 +1,52 @@
+"""The job <-> platform contract: the numbers and names both sides of a running job must agree on.
+
+The batch script nuro renders, the launcher on each node (``nuro-launch``), the training SDK inside the workers and
+the controller each act on these. A value defined twice drifts (a launcher that exits 75 while the script waits for
+76 requeues nothing), so every side reads it from here. Dependency-free on purpose: the SDK imports it inside the
+training process and the renderer on login nodes, neither should pull anything else in.
+
+| name | value | who acts on it |
+|---|---|---|
+| ``EXIT_REQUEUE`` | 75 (``EX_TEMPFAIL``) | launcher and SDK exit with it; the batch script requeues itself on it |
+| ``PREEMPT_SIGNAL`` | ``USR1`` | the controller sends it (``scancel --signal=USR1 --full``); the SDK checkpoints and
+exits 75 |
+| ``TIME_LIMIT_SIGNAL`` | ``USR2`` | Slurm sends it before the time limit (``--signal=B:USR2@N``); the script forwards
+it |
+| ``PG_TIMEOUT_S`` | 60 | torch.distributed process-group timeout: how long a survivor waits for a lost peer |
+| ``RDZV_PORT_BASE``/``SPAN`` | 29500 / 1000 | torchrun's rendezvous port: base + job id mod span |
+| ``COMMENT_*`` | the job comment's keys | see ``nuro.protocol.jobcomment`` (who writes each) |
+"""
+
+from __future__ import annotations
+
+#: "Restart me from my checkpoint": the launcher's and the SDK's exit status after a stop they handled (a
+#: preemption, a lost peer, a time-limit warning); the rendered batch script then requeues within its budget.
+#: 75 = EX_TEMPFAIL (sysexits.h): a temporary failure, retry later.
+EXIT_REQUEUE = 75
+
+#: The signal the controller sends a preemption victim (the batch shell and every step). USR1 rather than TERM so a
+#: plain TERM (scancel, time limit) still means "stop", not "checkpoint".
+PREEMPT_SIGNAL = "USR1"
+
+#: The time-limit warning the script asks Slurm for (``--signal=B:USR2@<stop_warning_s>``).
+TIME_LIMIT_SIGNAL = "USR2"
+
+#: torch.distributed's process-group timeout in the job, seconds: a worker whose peer vanished gives up after it.
+PG_TIMEOUT_S = 60
+
+#: torchrun's rendezvous port is ``RDZV_PORT_BASE + job_id % RDZV_PORT_SPAN``: two jobs sharing a node rarely
+#: collide, and the script, the launcher and an operator compute the same port from the job id alone.
+RDZV_PORT_BASE = 29500
+RDZV_PORT_SPAN = 1000
+
+#: The job comment's top-level keys (canonical JSON, ``nuro.protocol.jobcomment``), by writer.
+COMMENT_RUN = "nuro"  # submit: the run's metadata
+COMMENT_CHECKPOINT = "ckpt"  # the job: the last committed checkpoint
+COMMENT_PREEMPT = "preempt"  # the controller: a signed preemption mark
+COMMENT_ACK = "ack"  # the job: the checkpoint a preemption asked for is committed
+COMMENT_REFUSED = "refused"  # root on a node (prolog, health check): why the job may not run there
+
+
+def rdzv_port(job_id: int, base: int = RDZV_PORT_BASE, span: int = RDZV_PORT_SPAN) -> int:
+    """The job's torchrun rendezvous port (what the batch script exports as ``NURO_RDZV_PORT``)."""
+    return base + job_id % span

@@ -1,0 +1,37 @@
+"""Settings for node-side entry points (prolog, epilog, health check) from the file ``$NURO_ENV_FILE`` names.
+
+slurmd runs those hooks with a job-only environment (no SLURM_CONF, no S3 endpoint or key), so the admin's
+settings travel in a root-only KEY=VALUE file named by a small wrapper (``nuro.cluster.slurmconf.render_hook_wrapper``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+_KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def read_env_file(path: str | Path) -> dict[str, str]:
+    """Parse KEY=VALUE lines (no quoting, no expansion); blank lines and # comments are skipped."""
+    env: dict[str, str] = {}
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not _KEY.fullmatch(key):
+            raise ValueError(f"{path}:{n}: expected KEY=VALUE with an upper-case key, got {line[:60]!r}")
+        env[key] = value
+    return env
+
+
+def load_node_env() -> dict[str, str]:
+    """Apply ``$NURO_ENV_FILE`` to os.environ (existing variables win) and return what it set."""
+    path = os.environ.get("NURO_ENV_FILE")
+    if not path:
+        return {}
+    settings = read_env_file(path)
+    for key, value in settings.items():
+        os.environ.setdefault(key, value)
+    return settings
