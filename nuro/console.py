@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import IntEnum
 from typing import Any, NoReturn
 
 import click
+
+#: The standard keys of a JSON failure object, in order (``say``'s ``keys``).
+JSON_KEYS = ("exit_code", "error", "errors")
 
 
 class ExitCode(IntEnum):
@@ -29,15 +32,22 @@ class ExitCode(IntEnum):
 
 
 def say(
-    code: int, *lines: str, prog: str | None = None, as_json: bool = False, payload: Mapping[str, Any] | None = None
+    code: int,
+    *lines: str,
+    prog: str | None = None,
+    as_json: bool = False,
+    payload: Mapping[str, Any] | None = None,
+    keys: Sequence[str] = JSON_KEYS,
 ) -> int:
     """Report a failure and return ``code`` (for a ``main`` that returns its status).
 
     Text: each line on stderr as ``<prog>: <line>``, or ``error: <line>`` without a program name. JSON: one object on
-    stdout, ``payload`` plus ``exit_code``, ``error`` (the lines joined) and ``errors`` (the lines).
+    stdout, ``payload`` plus ``exit_code``, ``error`` (the lines joined) and ``errors`` (the lines); ``keys`` names
+    which of those three it carries, in that order (a CLI whose scripts already read a subset keeps its shape).
     """
     if as_json:
-        doc = {**(payload or {}), "exit_code": int(code), "error": "\n".join(lines), "errors": list(lines)}
+        standard = {"exit_code": int(code), "error": "\n".join(lines), "errors": list(lines)}
+        doc = {**(payload or {}), **{key: standard[key] for key in keys}}
         click.echo(json.dumps(doc, indent=2))
     else:
         for line in lines:
@@ -46,10 +56,15 @@ def say(
 
 
 def fail(
-    code: int, *lines: str, prog: str | None = None, as_json: bool = False, payload: Mapping[str, Any] | None = None
+    code: int,
+    *lines: str,
+    prog: str | None = None,
+    as_json: bool = False,
+    payload: Mapping[str, Any] | None = None,
+    keys: Sequence[str] = JSON_KEYS,
 ) -> NoReturn:
     """``say`` and exit with ``code``."""
-    sys.exit(say(code, *lines, prog=prog, as_json=as_json, payload=payload))
+    sys.exit(say(code, *lines, prog=prog, as_json=as_json, payload=payload, keys=keys))
 
 
-__all__ = ["ExitCode", "fail", "say"]
+__all__ = ["JSON_KEYS", "ExitCode", "fail", "say"]
