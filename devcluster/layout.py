@@ -35,7 +35,6 @@ S3_BUCKET = "nuro"
 # daemons and one per team, with random secrets kept in the S3 data dir (nuro.devcluster.s3.provision).
 S3_NODE_ACCESS_KEY = "nuro-node"
 S3_TEAM_ACCESS_KEY_PREFIX = "nuro-team-"
-TEAM_GROUP_PREFIX = "nuro-"  # the Unix group whose members may read team T's S3 key: nuro-T
 METRICS_DB = "nuro"  # the InfluxDB database the dev cluster creates and exports in NURO_METRICS_URL
 
 

@@ -48,12 +48,12 @@ from nuro.devcluster.layout import (
     S3_NODE_ACCESS_KEY,
     S3_SECRET_KEY,
     S3_TEAM_ACCESS_KEY_PREFIX,
-    TEAM_GROUP_PREFIX,
     PortPlan,
 )
 from nuro.devcluster.procs import stop_child
 from nuro.devcluster.users import ensure_unix_users
 from nuro.objectstore import ObjectStore, ObjectStoreError, StoreConfig
+from nuro.safeio.credfile import team_group
 
 IDENTITIES_FILE = "identities.json"
 ADMIN, NODE = "admin", "node"
@@ -174,14 +174,6 @@ def identity_actions(
 
 def team_access_key(team: str) -> str:
     return S3_TEAM_ACCESS_KEY_PREFIX + validate_team(team)
-
-
-def team_group(team: str) -> str:
-    """The Unix group of team ``team``'s members: only they may read the team's S3 key."""
-    name = TEAM_GROUP_PREFIX + validate_team(team)
-    if len(name) > 32:
-        raise ValueError(f"team {team!r} is too long for a Unix group name {name!r} (32 characters at most)")
-    return name
 
 
 def _known_secrets(path: Path) -> dict[str, str]:

@@ -29,8 +29,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from nuro.metrics.base import MetricsSink, SinkUnavailable
 from nuro.metrics.model import SELF, Point
-from nuro.metrics.sink import MetricsSink, SinkUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ directory (or one file); ``sink_from_env`` reads it when no token is given direc
 
 from __future__ import annotations
 
-import base64
 import grp
 import json
 import os
@@ -28,8 +27,10 @@ from pathlib import Path
 
 import urllib3
 
-from nuro.metrics.sink import MetricsConfigError
+from nuro.metrics.base import ENV_TOKEN, ENV_URL, MetricsConfigError
+from nuro.metrics.influx import InfluxV1Sink, basic_auth, quote_ident, quote_str
 from nuro.safeio import credfile
+from nuro.safeio.credfile import team_group
 
 ENV_CREDENTIALS = "NURO_METRICS_CREDENTIALS"
 ENV_USER = "NURO_METRICS_USER"
@@ -37,7 +38,7 @@ ADMIN_USER = "nuro_admin"
 NODE_USER = "nuro_node"
 PLATFORM_DB = "nuro"
 USERS_FILE = "users.json"
-_KEYS = ("NURO_METRICS_URL", ENV_USER, "NURO_METRICS_TOKEN")
+_KEYS = (ENV_URL, ENV_USER, ENV_TOKEN)
 _HTTP = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=1.0, read=10.0))
 
 
@@ -88,27 +89,24 @@ def ensure_identities(influx_dir: Path, teams: Iterable[str]) -> dict:
 def admin_env(influx_dir: Path) -> dict[str, str]:
     """``NURO_METRICS_USER``/``TOKEN`` of the admin, for root's ``devcluster env``; ``{}`` if unreadable here."""
     pw = read_identities(influx_dir).get("users", {}).get(ADMIN_USER)
-    return {ENV_USER: ADMIN_USER, "NURO_METRICS_TOKEN": pw} if pw else {}
+    return {ENV_USER: ADMIN_USER, ENV_TOKEN: pw} if pw else {}
 
 
 def node_env(identities: Mapping) -> dict[str, str]:
     """The node agents' metrics identity (nuro.env, root 0600): write the platform database only."""
-    return {ENV_USER: NODE_USER, "NURO_METRICS_TOKEN": identities["users"][NODE_USER]}
+    return {ENV_USER: NODE_USER, ENV_TOKEN: identities["users"][NODE_USER]}
 
 
 def write_team_files(identities: Mapping, creds_dir: Path, base_url_of_db) -> None:  # noqa: ANN001
     """``<creds_dir>/<team>.env`` per team, 0640 root:``nuro-<team>`` (the group the S3 provisioning made);
     ``base_url_of_db(db)`` gives the ``NURO_METRICS_URL`` for a database. Files of dropped teams are removed."""
-    from nuro.devcluster.s3 import team_group
-
     creds_dir.mkdir(parents=True, exist_ok=True)
     creds_dir.chmod(0o755)
     teams = list(identities.get("teams", []))
     for team in teams:
         user = team_user(team)
         body = (
-            f"NURO_METRICS_URL={base_url_of_db(team_db(team))}\n"
-            f"{ENV_USER}={user}\nNURO_METRICS_TOKEN={identities['users'][user]}\n"
+            f"{ENV_URL}={base_url_of_db(team_db(team))}\n{ENV_USER}={user}\n{ENV_TOKEN}={identities['users'][user]}\n"
         )
         target = creds_dir / f"{team}.env"
         tmp = creds_dir / f".{team}.env.tmp"
@@ -149,8 +147,6 @@ def provision_auth(base_url: str, identities: Mapping) -> None:
     The first admin can be created without credentials only while no user exists (influxd's bootstrap rule);
     afterwards every statement runs as that admin.
     """
-    from nuro.metrics.influx import quote_ident, quote_str
-
     users = identities["users"]
     admin = (ADMIN_USER, users[ADMIN_USER])
     _query(
@@ -181,15 +177,9 @@ def provision_auth(base_url: str, identities: Mapping) -> None:
 def platform_view(sink: object) -> object:
     """The sink holding the agents' ``gpu`` points for a reader of ``sink``: the platform database beside a
     team's InfluxDB 1.x database (team users may read it), else ``sink`` itself."""
-    from nuro.metrics.influx import InfluxV1Sink
-
     if isinstance(sink, InfluxV1Sink) and sink.db.startswith("nuro_"):
         return sink.sibling(PLATFORM_DB)
     return sink
-
-
-def basic_auth(user: str, password: str) -> str:
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
 
 # -- a member's credential -----------------------------------------------------------------------------------------
@@ -208,7 +198,7 @@ def resolve(env: Mapping[str, str]) -> Mapping[str, str]:
     """``env`` with the team's URL/user/token from ``NURO_METRICS_CREDENTIALS`` when no token is set directly
     (root and the nodes set one; a member's shell and jobs do not). Unchanged otherwise."""
     spec = env.get(ENV_CREDENTIALS, "").strip()
-    if not spec or env.get("NURO_METRICS_TOKEN"):
+    if not spec or env.get(ENV_TOKEN):
         return env
     try:
         path, _team = credfile.pick_team_file(spec, env.get("NURO_TEAM") or None, "metrics credentials")

@@ -1,15 +1,7 @@
-"""Where metrics go: the ``MetricsSink`` protocol, its errors, and ``sink_from_env``.
+"""Where metrics go: ``sink_from_env``, the factory that picks a sink from ``NURO_METRICS_URL``.
 
-A sink only writes and reads; buffering, retries and back-off live in ``nuro.metrics.buffer.BufferedWriter`` so every
-sink gets the same "training never blocks on the TSDB" behaviour. Sinks therefore never retry on their own and
-classify every failure into one of two errors:
-
-============================  ==========================================================  ======================
-error                         when                                                        what the writer does
-============================  ==========================================================  ======================
-``SinkUnavailable``           connection refused/reset, timeout, HTTP 5xx/429, DB locked  back off, retry batch
-``SinkRejected``              HTTP 4xx: the server refuses these points (type conflict…)  bisect, drop bad ones
-============================  ==========================================================  ======================
+The protocol and the errors every sink raises live in ``nuro.metrics.base`` (below the backends, which import them;
+this factory imports the backends); they are re-exported here, where callers have always imported them from.
 
 ``NURO_METRICS_URL`` picks the sink (the dev cluster exports an ``influx1://`` URL; see docs/metrics.md):
 
@@ -28,60 +20,44 @@ supplies the team's URL, user and token, so a member writes only their team's da
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 from urllib.parse import parse_qs, urlsplit
 
-from nuro.metrics.model import Point, Query, Row
+from nuro.metrics.base import (
+    DEFAULT_DB,
+    ENV_DB,
+    ENV_TOKEN,
+    ENV_URL,
+    MetricsConfigError,
+    MetricsSink,
+    SinkError,
+    SinkRejected,
+    SinkUnavailable,
+)
+from nuro.metrics.identities import ENV_USER, resolve
+from nuro.metrics.influx import InfluxV1Sink, InfluxV2Sink
+from nuro.metrics.sqlite import SQLiteSink
 
-ENV_URL = "NURO_METRICS_URL"
-ENV_TOKEN = "NURO_METRICS_TOKEN"
-ENV_DB = "NURO_METRICS_DB"
-DEFAULT_DB = Path("~/.nuro/metrics.sqlite")
+__all__ = [
+    "DEFAULT_DB",
+    "ENV_DB",
+    "ENV_TOKEN",
+    "ENV_URL",
+    "URL_FORMS",
+    "MetricsConfigError",
+    "MetricsSink",
+    "SinkError",
+    "SinkRejected",
+    "SinkUnavailable",
+    "default_sqlite_path",
+    "sink_from_env",
+]
 
 URL_FORMS = (
     "influx1://HOST:PORT/DB, influx2://HOST:PORT?org=ORG&bucket=BUCKET (token in NURO_METRICS_TOKEN) "
     "or sqlite:///ABS/PATH.sqlite"
 )
-
-
-class SinkError(RuntimeError):
-    """A sink call failed; the message names the sink (server URL or file) and what it answered."""
-
-
-class SinkUnavailable(SinkError):
-    """Retryable: the server is down, slow or overloaded (connection refused, timeout, 5xx, 429, file locked)."""
-
-
-class SinkRejected(SinkError):
-    """Not retryable: the server refused the points themselves (HTTP 4xx, e.g. a field type conflict).
-
-    Retrying the same points fails the same way, so ``BufferedWriter`` splits the batch to find and drop them.
-    """
-
-
-class MetricsConfigError(ValueError):
-    """``NURO_METRICS_URL`` (or a sink argument) is malformed; the message lists the accepted forms."""
-
-
-@runtime_checkable
-class MetricsSink(Protocol):
-    """A time-series store. Implementations: ``InfluxV1Sink``, ``InfluxV2Sink``, ``SQLiteSink``.
-
-    ``write`` is all-or-error for a batch as far as the server allows (InfluxDB 1.x may keep the valid part of a
-    batch it answers 400 to; rewriting those points is harmless because a point's identity is series + time).
-    ``query`` answers one ``Query`` with rows oldest first. Sinks are safe to call from one writer thread plus
-    readers; they never retry (``BufferedWriter`` does).
-    """
-
-    name: str
-
-    def write(self, points: Sequence[Point]) -> None: ...
-
-    def query(self, q: Query) -> list[Row]: ...
-
-    def close(self) -> None: ...
 
 
 def default_sqlite_path(env: Mapping[str, str]) -> Path:
@@ -106,34 +82,24 @@ def sink_from_env(env: Mapping[str, str] | None = None) -> MetricsSink:
     Raises:
         MetricsConfigError: the URL is malformed or its scheme unknown.
     """
-    from nuro.metrics.identities import ENV_USER, resolve
-
     env = resolve(os.environ if env is None else env)
     url = env.get(ENV_URL, "").strip()
     if not url:
-        from nuro.metrics.sqlite import SQLiteSink
-
         return SQLiteSink(default_sqlite_path(env))
     parts = urlsplit(url)
     if parts.scheme == "influx1":
-        from nuro.metrics.influx import InfluxV1Sink
-
         db = parts.path.strip("/")
         if not db or "/" in db:
             raise MetricsConfigError(f"{ENV_URL}={url!r}: name one database, e.g. influx1://127.0.0.1:8086/nuro")
         user = env.get(ENV_USER) or None
         return InfluxV1Sink(_host_port(url, parts), db, token=env.get(ENV_TOKEN) or None, user=user)
     if parts.scheme == "influx2":
-        from nuro.metrics.influx import InfluxV2Sink
-
         qs = {k: v[-1] for k, v in parse_qs(parts.query).items()}
         missing = [k for k in ("org", "bucket") if not qs.get(k)]
         if missing:
             raise MetricsConfigError(f"{ENV_URL}={url!r}: missing {', '.join(missing)}; use {URL_FORMS}")
         return InfluxV2Sink(_host_port(url, parts), qs["org"], qs["bucket"], token=env.get(ENV_TOKEN, ""))
     if parts.scheme == "sqlite":
-        from nuro.metrics.sqlite import SQLiteSink
-
         if parts.netloc or not parts.path.startswith("/"):
             raise MetricsConfigError(f"{ENV_URL}={url!r}: use an absolute path, sqlite:///ABS/PATH.sqlite")
         return SQLiteSink(Path(parts.path))

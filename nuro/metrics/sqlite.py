@@ -21,8 +21,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from nuro.metrics.base import SinkError, SinkUnavailable
 from nuro.metrics.model import _NAME, Point, Query, Row
-from nuro.metrics.sink import SinkError, SinkUnavailable
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS points (

@@ -1,5 +1,7 @@
 """Team credential files (``<dir>/<team>.env``, mode 0640 root:nuro-<team>): how a member's tools find and read
-theirs. One reader for the S3 keys (``nuro.objectstore``) and the metrics login (``nuro.metrics.identities``).
+theirs. One reader for the S3 keys (``nuro.objectstore``) and the metrics login (``nuro.metrics.identities``), and
+the one name of the Unix group that may read them (``team_group``: the dev cluster's S3 and metrics provisioning
+both chown to it; Ansible's ``nuro_team_group_prefix`` is the same ``nuro-``).
 
 A file is ``KEY=VALUE`` lines (blank lines, ``#`` comments and a leading ``export`` allowed), read at most 64 KiB,
 regular files only and without blocking (a FIFO planted in its place must not hang a login shell's tools).
@@ -11,12 +13,23 @@ import os
 import stat
 from pathlib import Path
 
+from nuro.checkpoint.layout import validate_team
+
 MAX_BYTES = 64 * 1024
 SUFFIX = ".env"
+TEAM_GROUP_PREFIX = "nuro-"  # the Unix group whose members may read team T's credential files: nuro-T
 
 
 class CredentialFileError(Exception):
     """The credentials file cannot be used; the message says which file and why (and what to do)."""
+
+
+def team_group(team: str) -> str:
+    """The Unix group of team ``team``'s members: only they may read the team's S3 key and metrics login."""
+    name = TEAM_GROUP_PREFIX + validate_team(team)
+    if len(name) > 32:
+        raise ValueError(f"team {team!r} is too long for a Unix group name {name!r} (32 characters at most)")
+    return name
 
 
 def read_env_file(path: str | Path, what: str) -> dict[str, str]:
