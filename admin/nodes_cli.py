@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -27,24 +27,27 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import click
-import yaml
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
 from nuro import remote
+from nuro.cluster.inventory import InventoryError, parse_inventory_text
+from nuro.console import ExitCode
 from nuro.remote import Host, RemoteError
-from nuro.slurm import hostlist
+from nuro.slurm import CliBackend, hostlist
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_PARALLEL = 16
 DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 #: Where a node keeps the logs collect-logs fetches; ``{log_dir}`` and ``{node}`` are filled in per node. The
 #: defaults are the dev cluster's (``SlurmdLogFile={log_dir}/slurmd-%n.log``, agents' ``--log-file``).
 DEFAULT_SLURMD_LOG = "{log_dir}/slurmd-{node}.log"
 DEFAULT_AGENT_LOG = "{log_dir}/agent-{node}.log"
+#: Names the dev cluster's state dir (``nuro-admin devcluster env`` exports it); its nodes log under ``<dir>/log``.
+#: Read by name: the product never imports the dev wing.
+ENV_DEVCLUSTER_DIR = "NURO_DEVCLUSTER_DIR"
 
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
@@ -95,65 +98,17 @@ class HostDefaults:
 
 
 def parse_inventory(text: str, defaults: HostDefaults = HostDefaults()) -> Inventory:
-    """Parse an Ansible inventory: YAML (``all: {hosts, children}``, nested children) or INI (``[group]`` lines).
+    """An Ansible inventory file (YAML or INI, read by :func:`nuro.cluster.inventory.parse_inventory_text`) as SSH
+    hosts: each host's ``ansible_*`` vars, else ``defaults``; host var ``nuro_slurm_node`` names its Slurm node.
 
     Raises:
-        UsageError: the text is neither, or a host line is malformed.
+        UsageError: the text is neither form, or a host line is malformed.
     """
-    meaningful = [x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith(("#", ";"))]
-    if not meaningful or meaningful[0].startswith("["):  # INI starts with a [group] header
-        return _parse_ini(text, defaults)
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UsageError(f"inventory is neither INI ([group] lines) nor valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        return _parse_ini(text, defaults)
-    inv = Inventory()
-    hostvars: dict[str, dict] = {}
-
-    def walk(group: str, node: dict | None) -> list[str]:
-        node = node or {}
-        members: list[str] = []
-        for hname, hv in (node.get("hosts") or {}).items():
-            hostvars.setdefault(str(hname), {}).update(hv or {})
-            members.append(str(hname))
-        for child, sub in (node.get("children") or {}).items():
-            members.extend(walk(str(child), sub))
-        inv.groups[group] = list(dict.fromkeys(inv.groups.get(group, []) + members))
-        return members
-
-    for group, node in data.items():
-        walk(str(group), node)
-    for hname, hv in hostvars.items():
-        inv.hosts[hname] = _host_from_vars(hname, hv, defaults)
-        inv.node_to_host[str(hv.get("nuro_slurm_node") or hname)] = hname
-    return inv
-
-
-def _parse_ini(text: str, defaults: HostDefaults) -> Inventory:
-    inv = Inventory()
-    group = "ungrouped"
-    hostvars: dict[str, dict] = {}
-    for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line or line.startswith(";"):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            group = line[1:-1]
-            if ":" in group:  # [g:vars] / [g:children] are not supported: say so rather than misread them
-                raise UsageError(f"inventory line {lineno}: section {line} is not supported; use the YAML form")
-            continue
-        words = shlex.split(line)
-        hv: dict[str, str] = {}
-        for word in words[1:]:
-            if "=" not in word:
-                raise UsageError(f"inventory line {lineno}: expected key=value after the host name, got {word!r}")
-            k, v = word.split("=", 1)
-            hv[k] = v
-        hostvars.setdefault(words[0], {}).update(hv)
-        inv.groups.setdefault(group, []).append(words[0])
-        inv.groups.setdefault("all", []).append(words[0])
+        hostvars, groups = parse_inventory_text(text)
+    except InventoryError as exc:
+        raise UsageError(str(exc)) from None
+    inv = Inventory(groups=groups)
     for hname, hv in hostvars.items():
         inv.hosts[hname] = _host_from_vars(hname, hv, defaults)
         inv.node_to_host[str(hv.get("nuro_slurm_node") or hname)] = hname
@@ -289,7 +244,7 @@ def fan_out(hosts: list[Host], fn: Callable[[Host], remote.RunResult], parallel:
 
 def exit_code(outcomes: list[HostOutcome]) -> int:
     """0 when every host succeeded, 1 when any failed (exit status or SSH error)."""
-    return EXIT_OK if outcomes and all(o.ok for o in outcomes) else EXIT_FAILED
+    return ExitCode.OK if outcomes and all(o.ok for o in outcomes) else ExitCode.FAILED
 
 
 def summarize(outcomes: list[HostOutcome]) -> dict[str, int]:
@@ -441,6 +396,12 @@ def collect_node(
 # ---- click commands ----------------------------------------------------------------------------------------------
 
 
+def default_log_dir() -> Path:
+    """``--log-dir`` when not given: ``$NURO_DEVCLUSTER_DIR/log``, else ``./.devcluster/log`` (where the default
+    ``--slurmd-log``/``--agent-log`` templates point); on a real cluster the admin passes the nodes' own paths."""
+    return Path(os.environ.get(ENV_DEVCLUSTER_DIR, ".devcluster")).absolute() / "log"
+
+
 def _defaults(user: str, identity: Path | None, known_hosts: Path | None) -> HostDefaults:
     return HostDefaults(user=user, key_file=identity, known_hosts=(known_hosts or DEFAULT_KNOWN_HOSTS).expanduser())
 
@@ -535,8 +496,8 @@ def exec_(
     if as_json:
         payload = {
             "command": line,
-            "ok": code == EXIT_OK,
-            "exit_code": code,
+            "ok": code == ExitCode.OK,
+            "exit_code": int(code),
             "wall_s": round(wall_s, 3),
             "summary": summarize(outcomes),
             "hosts": [{**asdict(o), "ok": o.ok, "duration_s": round(o.duration_s, 3)} for o in outcomes],
@@ -589,9 +550,6 @@ def collect_logs(
     prolog-epilog-job<JOB>.log (its prolog/epilog lines), plus OUT/summary.json. Nodes come from Slurm
     (``sacct -D``: every attempt). ``-w`` limits collection to those nodes.
     """
-    from nuro.devcluster.layout import default_state_dir
-    from nuro.slurm import CliBackend
-
     defaults = _defaults(user, identity, known_hosts)
     inv = _load_inventory(inventory, defaults)
     mapping = parse_host_map(host_map)
@@ -602,7 +560,7 @@ def collect_logs(
     targets = hosts_for_nodes(node_list, inv, mapping, defaults)
     out_dir = (out_dir or Path(f"nuro-logs-job{job_id}")).absolute()
     out_dir.mkdir(parents=True, exist_ok=True)
-    logs = str(log_dir or default_state_dir() / "log")
+    logs = str(log_dir or default_log_dir())
 
     def files_of(node: str) -> dict[str, str]:
         return {
@@ -616,12 +574,12 @@ def collect_logs(
             pool.map(lambda n: collect_node(n, targets[n], job_id, out_dir, files_of(n), timeout_s), list(targets))
         )
     wall_s = time.monotonic() - t0
-    code = EXIT_OK if results and all(r.ok for r in results) else EXIT_FAILED
+    code = ExitCode.OK if results and all(r.ok for r in results) else ExitCode.FAILED
     payload = {
         "job_id": job_id,
         "out_dir": str(out_dir),
-        "ok": code == EXIT_OK,
-        "exit_code": code,
+        "ok": code == ExitCode.OK,
+        "exit_code": int(code),
         "wall_s": round(wall_s, 3),
         "nodes": [{**asdict(r), "ok": r.ok} for r in results],
     }

@@ -19,6 +19,7 @@ import time
 import click
 
 from nuro.protocol import jobcomment
+from nuro.protocol.contract import COMMENT_ACK, COMMENT_CHECKPOINT
 from nuro.slurm import CliBackend, SlurmError
 
 
@@ -49,7 +50,7 @@ def _update(key: str, value: dict, job_id: int | None, backend: CliBackend | Non
 
 def record_checkpoint(step: int, job_id: int | None = None, backend: CliBackend | None = None) -> str:
     """Tell the controller the newest committed checkpoint (it prefers preempting jobs that lose the least)."""
-    return _update("ckpt", {"step": step, "at": round(time.time())}, job_id, backend)
+    return _update(COMMENT_CHECKPOINT, {"step": step, "at": round(time.time())}, job_id, backend)
 
 
 def acknowledge_preemption(
@@ -62,7 +63,7 @@ def acknowledge_preemption(
     ack: dict = {"step": step, "at": round(time.time())}
     if why:
         ack["why"] = why
-    return _update("ack", ack, job_id, backend)
+    return _update(COMMENT_ACK, ack, job_id, backend)
 
 
 @click.group()

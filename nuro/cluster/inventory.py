@@ -33,15 +33,22 @@ variable                   where         meaning / default
 
 Leaves are written in the order their first node appears; nodes are sorted by name so the output does not depend
 on how the inventory is laid out. More than one spine gets a top switch (``nuro_topology_root``, default ``core``).
+
+Outside Ansible (``nuro-admin nodes``), :func:`parse_inventory_text` reads an inventory file into the same
+``hostvars``/``groups`` pair: the one parser of the YAML and INI forms.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
+import yaml
+
+from nuro.cluster import slurmconf
 from nuro.cluster.description import ClusterDescription, Confinement, NodeSpec, Paths, Ports, Switch, Timers
 
 COMPUTE_GROUP = "compute"
@@ -245,8 +252,6 @@ RENDERED_FILES = ("slurm.conf", "cgroup.conf", "topology.conf", "gres.conf")
 
 def render_file(desc: ClusterDescription, name: str) -> str:
     """One of :data:`RENDERED_FILES` through :mod:`nuro.cluster.slurmconf` (the dev cluster's renderer)."""
-    from nuro.cluster import slurmconf
-
     renderers = {
         "slurm.conf": slurmconf.render_slurm_conf,
         "cgroup.conf": slurmconf.render_cgroup_conf,
@@ -256,3 +261,68 @@ def render_file(desc: ClusterDescription, name: str) -> str:
     if name not in renderers:
         raise InventoryError(f"unknown file {name!r}; nuro renders {', '.join(RENDERED_FILES)}")
     return renderers[name](desc)
+
+
+# ---- inventory files (YAML or INI), for tools that run outside Ansible ----------------------------------------------
+
+
+def parse_inventory_text(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    """``(hostvars, groups)`` of an inventory file: YAML (``all: {hosts, children}``, nested children) or INI
+    (``[group]`` lines, ``host key=value ...``). Hosts keep the order they first appear in; a group lists its own
+    hosts and its children's. Group vars are not read (nodes tools need host vars only).
+
+    Raises:
+        InventoryError: the text is neither form, or an INI line is malformed or uses an unsupported section.
+    """
+    meaningful = [x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith(("#", ";"))]
+    if not meaningful or meaningful[0].startswith("["):  # INI starts with a [group] header
+        return _parse_ini(text)
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InventoryError(f"inventory is neither INI ([group] lines) nor valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        return _parse_ini(text)
+    hostvars: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[str]] = {}
+
+    def walk(group: str, node: dict | None) -> list[str]:
+        node = node or {}
+        members: list[str] = []
+        for hname, hv in (node.get("hosts") or {}).items():
+            hostvars.setdefault(str(hname), {}).update(hv or {})
+            members.append(str(hname))
+        for child, sub in (node.get("children") or {}).items():
+            members.extend(walk(str(child), sub))
+        groups[group] = list(dict.fromkeys(groups.get(group, []) + members))
+        return members
+
+    for group, node in data.items():
+        walk(str(group), node)
+    return hostvars, groups
+
+
+def _parse_ini(text: str) -> tuple[dict[str, dict[str, Any]], dict[str, list[str]]]:
+    group = "ungrouped"
+    hostvars: dict[str, dict[str, Any]] = {}
+    groups: dict[str, list[str]] = {}
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line or line.startswith(";"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            group = line[1:-1]
+            if ":" in group:  # [g:vars] / [g:children] are not supported: say so rather than misread them
+                raise InventoryError(f"inventory line {lineno}: section {line} is not supported; use the YAML form")
+            continue
+        words = shlex.split(line)
+        hv: dict[str, str] = {}
+        for word in words[1:]:
+            if "=" not in word:
+                raise InventoryError(f"inventory line {lineno}: expected key=value after the host name, got {word!r}")
+            k, v = word.split("=", 1)
+            hv[k] = v
+        hostvars.setdefault(words[0], {}).update(hv)
+        groups.setdefault(group, []).append(words[0])
+        groups.setdefault("all", []).append(words[0])
+    return hostvars, groups

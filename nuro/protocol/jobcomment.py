@@ -37,6 +37,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nuro.protocol.contract import COMMENT_ACK, COMMENT_CHECKPOINT, COMMENT_PREEMPT
+
 MAX_COMMENT_BYTES = 8192  # well below Slurm's limits; nuro metadata is small
 MAX_DEPTH = 32  # containers nested at most this deep (the top object is level 1)
 MAX_INT_DIGITS = 15  # |n| < 10**15: exact in a double, so Lua 5.1 and Python agree
@@ -79,15 +81,15 @@ class JobComment:
 
     @property
     def checkpoint(self) -> Mark | None:
-        return _mark(self.raw.get("ckpt"))
+        return _mark(self.raw.get(COMMENT_CHECKPOINT))
 
     @property
     def ack(self) -> Mark | None:
-        return _mark(self.raw.get("ack"))
+        return _mark(self.raw.get(COMMENT_ACK))
 
     @property
     def preempt(self) -> PreemptRequest | None:
-        p = self.raw.get("preempt")
+        p = self.raw.get(COMMENT_PREEMPT)
         if not isinstance(p, dict) or not _is_num(p.get("at")):
             return None
         for_job = p.get("for")
@@ -103,6 +105,12 @@ class JobComment:
         """True when the job acknowledged at or after ``t`` (the time it was asked to checkpoint)."""
         ack = self.ack
         return ack is not None and ack.at >= t
+
+
+def may_hold(comment: str, key: str) -> bool:
+    """Whether ``comment`` may carry the top-level ``key``: a substring test that lets a reader skip parsing the
+    comments of most jobs (the controller reads every running job's each cycle); ``parse`` decides."""
+    return f'"{key}"' in comment
 
 
 def _is_num(v: object) -> bool:
@@ -410,6 +418,7 @@ __all__ = [
     "Mark",
     "PreemptRequest",
     "canonical",
+    "may_hold",
     "merge",
     "parse",
     "reason",

@@ -19,7 +19,8 @@ import logging
 import time
 from dataclasses import dataclass
 
-from nuro.protocol import jobcomment, marks
+from nuro.protocol import marks
+from nuro.protocol.contract import COMMENT_PREEMPT, PREEMPT_SIGNAL
 from nuro.slurm import Backend, SlurmError, SlurmUnavailable
 from nuro.slurm_plugins.controller.decisions import Borrow, Decision, Preempt, Requeue, Return, SetSiteFactor
 
@@ -48,11 +49,11 @@ def apply_decision(backend: Backend, decision: Decision, now: float, dry_run: bo
             case Preempt():
                 # signed (nuro.protocol.marks): a mark a user writes into their own comment never counts
                 mark = marks.sign(job_id, round(now), decision.for_job_id, decision.reason)
-                backend.merge_comment(job_id, preempt=mark)
-                backend.signal(job_id, jobcomment.PREEMPT_SIGNAL, full=True)
-                msg = f"signalled {jobcomment.PREEMPT_SIGNAL}; waiting for its checkpoint ack"
+                backend.merge_comment(job_id, **{COMMENT_PREEMPT: mark})
+                backend.signal(job_id, PREEMPT_SIGNAL, full=True)
+                msg = f"signalled {PREEMPT_SIGNAL}; waiting for its checkpoint ack"
             case Requeue(acked=acked):
-                backend.merge_comment(job_id, preempt=None)
+                backend.merge_comment(job_id, **{COMMENT_PREEMPT: None})
                 backend.requeue(job_id)
                 msg = "requeued after ack" if acked else "requeued at grace end without ack"
             case SetSiteFactor(value=value):

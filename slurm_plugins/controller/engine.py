@@ -27,6 +27,7 @@ from types import MappingProxyType
 from nuro.policy.classify import JobClass, PolicyIndex, build_view, classify, timestamp
 from nuro.policy.model import Policy
 from nuro.protocol import jobcomment, marks
+from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import ClusterSnapshot
 from nuro.slurm_plugins.controller.borrowing import borrow, lendable_gpus, return_to_quota
 from nuro.slurm_plugins.controller.capacity import Capacity
@@ -134,7 +135,7 @@ def rebuild_state(snapshot: ClusterSnapshot) -> ControllerState:
     are simply set again). ``decide`` already merges comment records, so this is for logging and inspection."""
     preempting = {}
     for job in snapshot.jobs:
-        if job.phase.holds_resources and '"preempt"' in job.comment:
+        if job.phase.holds_resources and jobcomment.may_hold(job.comment, COMMENT_PREEMPT):
             try:
                 req = marks.authentic_preempt(job.job_id, jobcomment.parse(job.comment))
             except Exception:  # noqa: BLE001 - one job's record must not keep the daemon from starting

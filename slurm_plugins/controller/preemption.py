@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 
 from nuro.policy.classify import WAITING_REASONS, JobClass, Kind, job_gpus, timestamp
-from nuro.protocol import marks
+from nuro.protocol import jobcomment, marks
+from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import JobInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.capacity import Shape, gpus_on_nodes, job_shape
@@ -31,8 +32,6 @@ from nuro.slurm_plugins.controller.victims import (
     work_lost_gpu_s,
 )
 
-_PREEMPT_MARK = '"preempt"'
-
 
 def finish_in_flight(cy: Cycle) -> None:
     """Phase 2: requeue victims that acknowledged or whose grace is over; keep counting the rest as being freed.
@@ -45,7 +44,7 @@ def finish_in_flight(cy: Cycle) -> None:
     """
     signalled: dict[int, float] = {}
     for job in cy.view.running:
-        if _PREEMPT_MARK in job.comment:
+        if jobcomment.may_hold(job.comment, COMMENT_PREEMPT):
             req = marks.authentic_preempt(job.job_id, cy.comment(job))  # a user-written mark never counts
             if req is not None:
                 signalled[job.job_id] = req.at

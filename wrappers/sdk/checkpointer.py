@@ -42,11 +42,13 @@ from typing import Any, Literal
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import CheckpointError, InvalidCheckpointInput
 from nuro.checkpoint.manifest import UploadRequest, utc_now
+from nuro.checkpoint.nodestage import staging_root
 from nuro.checkpoint.restore import latest_committed_step, load_manifest, restore_latest, restore_step
 from nuro.checkpoint.staging import job_dirs, request_parts, write_request
 from nuro.checkpoint.upload import FlushResult, UploadWorker
 from nuro.checkpoint.verify import scan_dir
 from nuro.objectstore import ObjectStore, ObjectStoreError
+from nuro.wrappers.jobchannel import record_checkpoint
 from nuro.wrappers.sdk.runenv import RunEnv
 
 log = logging.getLogger(__name__)
@@ -174,15 +176,13 @@ class Checkpointer:
 
     # -- set-up ------------------------------------------------------------------------------------------------
     def _default_staging_dir(self) -> Path:
-        from nuro.checkpoint.nodestage import staging_root
-
         root = staging_root()
         name = str(self.env.job_id) if self.env.job_id is not None else f"local-{os.getuid()}-{self.run}"
         return root / name
 
     def _setup_groups(self, process_group: Any) -> tuple[Any, Any, Any]:
         """(torch.distributed or None, the save group, the control group). Collective: every rank calls it."""
-        import torch.distributed as dist
+        import torch.distributed as dist  # lazy: torch is the optional 'train' extra (seconds to import)
 
         if not (dist.is_available() and dist.is_initialized()):
             return None, None, None
@@ -232,7 +232,7 @@ class Checkpointer:
             log.debug("save step=%d skipped: step %d already saved", step, self._last_saved_step)
             return
         self._wait_inflight()  # one save at a time: bounded memory, and the save group is never shared
-        import torch.distributed.checkpoint as dcp
+        import torch.distributed.checkpoint as dcp  # lazy: torch is the optional 'train' extra
 
         path = self.step_dir(step)
         if self.local_rank == 0:
@@ -307,7 +307,7 @@ class Checkpointer:
     def _broadcast(self, value: int) -> int:
         if not self._dist:
             return value
-        import torch
+        import torch  # lazy: torch is the optional 'train' extra; only a distributed run gets here
 
         t = torch.tensor([value], dtype=torch.int64)
         self._dist.broadcast(t, src=0, group=self._ctl_group)
@@ -357,8 +357,6 @@ class Checkpointer:
         if newest is None or (self._last_recorded is not None and newest <= self._last_recorded):
             return
         try:
-            from nuro.wrappers.jobchannel import record_checkpoint
-
             record_checkpoint(newest)
             self._last_recorded = newest
         except Exception as exc:  # best effort: the checkpoint is committed whatever the comment says
@@ -380,7 +378,7 @@ class Checkpointer:
     def restore(self, state_dict: dict[str, Any]) -> int | None:
         """Load the newest valid checkpoint into ``state_dict`` in place (every rank, in step); its step, or None
         when the run has no valid checkpoint yet. Later saves of steps at or below it are skipped."""
-        import torch.distributed.checkpoint as dcp
+        import torch.distributed.checkpoint as dcp  # lazy: torch is the optional 'train' extra
 
         path, step, error = None, -1, ""
         if self.rank == 0:

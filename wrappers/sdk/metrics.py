@@ -44,7 +44,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from nuro.metrics.buffer import BufferedWriter
 from nuro.metrics.model import TRAIN, InvalidPoint, Point
+from nuro.metrics.sink import sink_from_env
 from nuro.wrappers.sdk.runenv import RunEnv
 
 log = logging.getLogger(__name__)
@@ -180,11 +182,7 @@ class MetricsLogger:
         """A BufferedWriter over ``sink`` (or the env's sink); None, with one warning, when none can be had."""
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
         try:
-            from nuro.metrics.buffer import BufferedWriter
-
             if sink is None:
-                from nuro.metrics.sink import sink_from_env
-
                 sink = self._own_sink = sink_from_env()
             return BufferedWriter(sink, self_tags=self_tags(self.env, node))
         except Exception as exc:  # noqa: BLE001 - any failure to open metrics must cost the metrics, not the run

@@ -183,7 +183,7 @@ class PreemptionGuard:
         return mod
 
     def _reduce(self, dist: Any, value: int, op: str) -> int:
-        import torch
+        import torch  # lazy: torch is the optional 'train' extra; only a distributed run gets here
 
         device = torch.device("cpu")
         if dist.get_backend(self._group) == "nccl":  # NCCL reduces device tensors only
@@ -261,7 +261,7 @@ class PreemptionGuard:
                 log.warning("no ack: the checkpoint of step %d did not commit on every rank (save_s=%.2f)", step,
                             save_s)  # fmt: skip
         if self.env.is_rank0:  # the run's own record of the stop, for `nuro-train events` (never raises)
-            from nuro.lifecycle import run_events
+            from nuro.lifecycle import run_events  # lazy: it pulls in the object store client; only rank 0 at a stop
 
             run_events.record("preempted", step=step, why=reason.label, acked=ok, save_s=round(save_s, 3))
         _mark_stopped(self.env.rank)  # exiting 75 by the guard's decision, committed or not

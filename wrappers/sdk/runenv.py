@@ -20,11 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
-#: "Stopped on purpose, restart me" (EX_TEMPFAIL); the batch script requeues on it. Same value as nuro.jobspec.render.
-DEFAULT_EXIT_REQUEUE = 75
+from nuro.protocol import contract
+
+#: "Stopped on purpose, restart me" (EX_TEMPFAIL) when ``NURO_EXIT_REQUEUE`` is unset; the batch script requeues on it.
+DEFAULT_EXIT_REQUEUE = contract.EXIT_REQUEUE
 #: Collective/process-group timeout when ``NURO_PG_TIMEOUT_S`` is unset. gloo's default is 30 min and NCCL's 10 min:
 #: a frozen peer would hold the whole gang that long (DATAPLANE_FACTS), so nuro always passes an explicit one.
-DEFAULT_PG_TIMEOUT_S = 60.0
+DEFAULT_PG_TIMEOUT_S = float(contract.PG_TIMEOUT_S)
 
 
 class RunEnvError(ValueError):
@@ -85,8 +87,8 @@ class RunEnv:
     job_dir: str | None = None
     staging_dir: str | None = None
     exit_requeue: int = DEFAULT_EXIT_REQUEUE
-    preempt_signal: str = "USR1"
-    stop_signal: str = "USR2"
+    preempt_signal: str = contract.PREEMPT_SIGNAL
+    stop_signal: str = contract.TIME_LIMIT_SIGNAL
     pg_timeout_s: float = DEFAULT_PG_TIMEOUT_S
 
     @classmethod
@@ -112,8 +114,8 @@ class RunEnv:
             job_dir=e.get("NURO_JOB_DIR") or None,
             staging_dir=e.get("NURO_STAGING_DIR") or None,
             exit_requeue=_int(e, "NURO_EXIT_REQUEUE", DEFAULT_EXIT_REQUEUE) or DEFAULT_EXIT_REQUEUE,
-            preempt_signal=(e.get("NURO_PREEMPT_SIGNAL") or "USR1").removeprefix("SIG"),
-            stop_signal=(e.get("NURO_STOP_SIGNAL") or "USR2").removeprefix("SIG"),
+            preempt_signal=(e.get("NURO_PREEMPT_SIGNAL") or contract.PREEMPT_SIGNAL).removeprefix("SIG"),
+            stop_signal=(e.get("NURO_STOP_SIGNAL") or contract.TIME_LIMIT_SIGNAL).removeprefix("SIG"),
             pg_timeout_s=_float(e, "NURO_PG_TIMEOUT_S", DEFAULT_PG_TIMEOUT_S),
         )
 
