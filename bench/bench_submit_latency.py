@@ -48,7 +48,7 @@ def _timed(fn) -> float:
 
 def worker(repo: Path, digest: str, run_root: Path, rounds: int, burst: int) -> dict:
     """Runs as the team member; returns the measurements."""
-    from nuro.login.submit_cli import apply_submission, plan_submission, spec_from
+    from nuro.jobspec.submission import apply_submission, plan_submission, spec_from
     from nuro.slurm import CliBackend
 
     backend = CliBackend()

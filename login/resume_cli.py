@@ -17,13 +17,15 @@ from typing import Any
 
 import click
 
+from nuro.console import ExitCode
 from nuro.jobspec import SpecError
-from nuro.login.submit_cli import EXIT_INVALID, EXIT_SLURM, InvalidSubmission, apply_submission, plan_submission
-from nuro.login.submit_cli import spec_from as _spec_from
+from nuro.jobspec.submission import InvalidSubmission, apply_submission, plan_submission
+from nuro.jobspec.submission import spec_from as _spec_from
 from nuro.protocol import jobcomment
 from nuro.slurm import CliBackend, InvalidJobId, JobInfo, SlurmError, SubmissionRejected
 
 EXIT_NOT_FOUND = 4
+EXIT_INVALID, EXIT_SLURM = ExitCode.INVALID, ExitCode.FAILED
 
 
 def resume_flags(job: JobInfo, run_root: str | None, python: str | None, time_limit: str | None) -> dict[str, Any]:

@@ -10,9 +10,8 @@ Choices, and why:
 * run record: ``--comment=<compact JSON>`` on sbatch's command line, not an ``#SBATCH`` line: sbatch's directive
   parser strips the double quotes JSON needs, while argv reaches Slurm verbatim.
 * time-limit warning: ``--signal=B:USR2@<stop_warning_s>``. USR1 is the controller's preemption signal
-  (``nuro.protocol.jobcomment.PREEMPT_SIGNAL``); a second signal tells the job *why* it stops. ``B:`` sends it to the
-  batch
-  shell only, which records the reason and forwards it to the step once (no double delivery).
+  (``nuro.protocol.contract.PREEMPT_SIGNAL``); a second signal tells the job *why* it stops. ``B:`` sends it to the
+  batch shell only, which records the reason and forwards it to the step once (no double delivery).
 * requeue: ``--requeue`` plus the budget inside the job (T6): the script requeues itself on ``EXIT_REQUEUE`` or a
   stop signal while ``SLURM_RESTART_COUNT`` < budget, so restarts work with the controller down.
 * output: ``--open-mode=append``: a requeued job keeps its job id and must not truncate earlier attempts' log.
@@ -38,15 +37,15 @@ from typing import Any
 from nuro.jobspec import JobSpec
 from nuro.jobspec.codepin import CodePin
 from nuro.jobspec.pins import DatasetPin
-from nuro.protocol import jobcomment
+from nuro.jobspec.record import META_FORMAT, comment_json, export_lines, job_env, run_record
+from nuro.protocol.contract import (
+    EXIT_REQUEUE,
+    PREEMPT_SIGNAL,
+    RDZV_PORT_BASE,
+    RDZV_PORT_SPAN,
+    TIME_LIMIT_SIGNAL,
+)
 
-#: Exit status meaning "stopped on purpose, restart me" (D2): the training launcher exits with it after a committed
-#: checkpoint; the script then requeues within the budget. 75 = EX_TEMPFAIL.
-EXIT_REQUEUE = 75
-TIME_LIMIT_SIGNAL = "USR2"
-PREEMPT_SIGNAL = jobcomment.PREEMPT_SIGNAL
-#: Version of the ``nuro`` record in the job comment.
-META_FORMAT = 1
 #: Seconds a stuck ``scontrol requeue`` may take inside the job before the job gives up (STYLE S5).
 REQUEUE_TIMEOUT_S = 60
 
@@ -76,8 +75,8 @@ class ClusterFacts:
 
     leaf_nodes: int = 4
     switch_wait_s: int = 60
-    rdzv_port_base: int = 29500
-    rdzv_port_span: int = 1000
+    rdzv_port_base: int = RDZV_PORT_BASE
+    rdzv_port_span: int = RDZV_PORT_SPAN
 
     @classmethod
     def from_policy_table(cls, table: Mapping[str, Any]) -> ClusterFacts:
@@ -142,35 +141,22 @@ def code_pin_text(code: CodePin) -> str:
 
 
 def run_metadata(spec: JobSpec, pins: Pins) -> dict[str, Any]:
-    """The ``nuro`` record of the job comment. Only digests, never tags; no env values (they may be secrets)."""
-    code: dict[str, Any] = {"repo": pins.code.repo, "commit": pins.code.commit}
-    if pins.code.diff_sha256:
-        code["diff"] = pins.code.diff_sha256
-    if pins.code.diff_uri:
-        code["diff_uri"] = pins.code.diff_uri
+    """The ``nuro`` record of the job comment (``nuro.jobspec.record.run_record``), with the entry point."""
     entry: dict[str, Any] = {"launcher": spec.launcher, "script": spec.script, "args": list(spec.args)}
     if spec.deepspeed_config:
         entry["deepspeed_config"] = spec.deepspeed_config
-    meta: dict[str, Any] = {
-        "v": META_FORMAT,
-        "name": spec.name,
-        "team": spec.team,
-        "dataset": {"name": pins.dataset.name, "digest": pins.dataset.digest},
-        "code": code,
-        "entry": entry,
-        "ckpt_policy": {"interval_s": spec.ckpt_interval_s, "keep": spec.ckpt_keep},
-        "requeue": {"max": spec.max_requeues},
-    }
-    if spec.tier:
-        meta["tier"] = spec.tier
-    if spec.resume_from:
-        meta["resume_from"] = spec.resume_from
-    return meta
-
-
-def comment_json(meta: Mapping[str, Any]) -> str:
-    """The job comment carrying ``meta`` under ``nuro`` (compact, sorted; size-checked by nuro.protocol.jobcomment)."""
-    return jobcomment.merge(None, nuro=dict(meta))
+    return run_record(
+        name=spec.name,
+        team=spec.team,
+        tier=spec.tier,
+        dataset=pins.dataset,
+        code=pins.code,
+        entry=entry,
+        ckpt_interval_s=spec.ckpt_interval_s,
+        ckpt_keep=spec.ckpt_keep,
+        resume_from=spec.resume_from,
+        max_requeues=spec.max_requeues,
+    )
 
 
 def checkout_lines(code: CodePin) -> list[str]:
@@ -304,10 +290,11 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
     facts = facts or ClusterFacts()
     if spec.run_root is None:
         raise RenderError("spec.run_root is not set; the submit command fills it (default ~/nuro-runs)")
-    from nuro.policy.model import guaranteed_qos  # pure helper; imported here to keep pydantic off the import path
+    from nuro.policy.model import guaranteed_qos  # lazy: keeps pydantic off nuro-sbatch's start-up (it imports render)
 
     run_dir = f"{spec.run_root}/{spec.name}"
     meta = run_metadata(spec, pins)
+    env = job_env(meta)
     comment = comment_json(meta)
     head = [
         "#!/bin/bash",
@@ -332,18 +319,12 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         "set -uo pipefail",
         "",
         "# 1. run metadata for the training processes and the SDK",
-        f"export NURO_RUN_NAME={_q(spec.name)}",
-        f"export NURO_TEAM={_q(spec.team)}",
-        f"export NURO_DATASET={_q(pins.dataset.name)}",
-        f"export NURO_DATASET_DIGEST={_q(pins.dataset.digest)}",
+        *export_lines(env, ("NURO_RUN_NAME", "NURO_TEAM", "NURO_DATASET", "NURO_DATASET_DIGEST")),
         *code_exports(pins.code, _q(run_dir)),
-        f"export NURO_CKPT_INTERVAL_S={spec.ckpt_interval_s}",
-        f"export NURO_CKPT_KEEP={spec.ckpt_keep}",
+        *export_lines(env, ("NURO_CKPT_INTERVAL_S", "NURO_CKPT_KEEP")),
         "# the node-local staging dir the prolog created for this job (checkpoints are written here, then uploaded)",
         'export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}"',
-        *([f"export NURO_RESUME_FROM={_q(spec.resume_from)}"] if spec.resume_from else []),
-        f"export NURO_MAX_REQUEUES={spec.max_requeues}",
-        f"export NURO_PREEMPT_SIGNAL={PREEMPT_SIGNAL}",
+        *export_lines(env, ("NURO_RESUME_FROM", "NURO_MAX_REQUEUES", "NURO_PREEMPT_SIGNAL")),
         f"export NURO_STOP_SIGNAL={TIME_LIMIT_SIGNAL}",
         f"export NURO_EXIT_REQUEUE={EXIT_REQUEUE}",
         *HELPER_LINES,

@@ -14,8 +14,8 @@ from nuro.jobspec.codepin import CodePin, digest_bytes
 from nuro.jobspec.pins import DatasetPin
 from nuro.jobspec.preview import PolicySource
 from nuro.jobspec.render import EXIT_REQUEUE, ClusterFacts, Pins, RenderError, render_submission, slurm_time
+from nuro.jobspec.submission import preview
 from nuro.login.sbatch_cli import insert_preamble, platform_metadata, render_preamble
-from nuro.login.submit_cli import preview
 from nuro.policy import load_policy
 from nuro.policy.luatable import policy_table
 from nuro.protocol import jobcomment
