@@ -38,17 +38,19 @@ def say(
     as_json: bool = False,
     payload: Mapping[str, Any] | None = None,
     keys: Sequence[str] = JSON_KEYS,
+    indent: int | None = 2,
 ) -> int:
     """Report a failure and return ``code`` (for a ``main`` that returns its status).
 
     Text: each line on stderr as ``<prog>: <line>``, or ``error: <line>`` without a program name. JSON: one object on
     stdout, ``payload`` plus ``exit_code``, ``error`` (the lines joined) and ``errors`` (the lines); ``keys`` names
-    which of those three it carries, in that order (a CLI whose scripts already read a subset keeps its shape).
+    which of those three it carries, in that order (a CLI whose scripts already read a subset keeps its shape);
+    ``indent=None`` prints the object on one line (for a CLI whose failure was always one line).
     """
     if as_json:
         standard = {"exit_code": int(code), "error": "\n".join(lines), "errors": list(lines)}
         doc = {**(payload or {}), **{key: standard[key] for key in keys}}
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(doc, indent=indent))
     else:
         for line in lines:
             click.echo(f"{prog or 'error'}: {line}", err=True)
@@ -62,9 +64,10 @@ def fail(
     as_json: bool = False,
     payload: Mapping[str, Any] | None = None,
     keys: Sequence[str] = JSON_KEYS,
+    indent: int | None = 2,
 ) -> NoReturn:
     """``say`` and exit with ``code``."""
-    sys.exit(say(code, *lines, prog=prog, as_json=as_json, payload=payload, keys=keys))
+    sys.exit(say(code, *lines, prog=prog, as_json=as_json, payload=payload, keys=keys, indent=indent))
 
 
 __all__ = ["JSON_KEYS", "ExitCode", "fail", "say"]
