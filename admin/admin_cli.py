@@ -17,10 +17,11 @@ from rich.table import Table
 
 from nuro.admin.nodes_cli import nodes as nodes_group
 from nuro.admin.policy_cli import policy
+from nuro.console import ExitCode, fail
+
+# The one product module that imports the dev wing: it mounts `nuro-admin devcluster` (docs/architecture.md).
 from nuro.devcluster import manager
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
-
-err = Console(stderr=True, soft_wrap=True)
 
 state_dir_option = click.option(
     "--state-dir",
@@ -32,11 +33,6 @@ state_dir_option = click.option(
 
 def _layout(state_dir: Path | None) -> Layout:
     return Layout((state_dir or default_state_dir()).absolute())
-
-
-def _fail(exc: Exception) -> None:
-    err.print(f"[bold red]error:[/] {exc}", highlight=False)
-    sys.exit(1)
 
 
 @click.group()
@@ -86,7 +82,7 @@ def up(nodes: int, port_base: int, timeout_s: float, as_json: bool, state_dir: P
     try:
         res = manager.up(layout, nodes, port_base, timeout_s)
     except (manager.DevClusterError, RuntimeError, OSError) as exc:
-        _fail(exc)
+        fail(ExitCode.FAILED, str(exc))
     if as_json:
         click.echo(json.dumps({
             "state_dir": str(res.state_dir), "nodes": res.nodes, "already_running": res.already_running,
@@ -115,7 +111,7 @@ def down(purge: bool, state_dir: Path | None) -> None:
     try:
         stopped = manager.down(layout, purge=purge)
     except (manager.DevClusterError, RuntimeError, OSError) as exc:
-        _fail(exc)
+        fail(ExitCode.FAILED, str(exc))
     click.echo(f"stopped {len(stopped)} processes" if stopped else "nothing was running")
 
 
@@ -128,7 +124,7 @@ def status(as_json: bool, state_dir: Path | None) -> None:
     healthy = info["phase"] == "running" and all(p["alive"] for p in info["processes"])
     if as_json:
         click.echo(json.dumps(info, indent=2))
-        sys.exit(0 if healthy else 1)
+        sys.exit(ExitCode.OK if healthy else ExitCode.FAILED)
     out = Console()
     out.print(f"dev cluster [bold]{info['phase']}[/] in {info['state_dir']}", highlight=False)
     if info.get("error"):
@@ -145,7 +141,7 @@ def status(as_json: bool, state_dir: Path | None) -> None:
         out.print("nodes: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())), highlight=False)
     if info.get("killed_nodes"):
         out.print(f"killed on purpose (revive-node to restart): {', '.join(sorted(info['killed_nodes']))}")
-    sys.exit(0 if healthy else 1)
+    sys.exit(ExitCode.OK if healthy else ExitCode.FAILED)
 
 
 @devcluster.command()
@@ -164,7 +160,7 @@ def kill_node(node: str, as_json: bool, state_dir: Path | None) -> None:
     try:
         res = manager.kill_node(_layout(state_dir), node)
     except (manager.DevClusterError, RuntimeError, OSError) as exc:
-        _fail(exc)
+        fail(ExitCode.FAILED, str(exc))
     if as_json:
         click.echo(json.dumps(res))
         return
@@ -181,7 +177,7 @@ def revive_node(node: str, as_json: bool, state_dir: Path | None) -> None:
     try:
         res = manager.revive_node(_layout(state_dir), node)
     except (manager.DevClusterError, RuntimeError, OSError) as exc:
-        _fail(exc)
+        fail(ExitCode.FAILED, str(exc))
     if as_json:
         click.echo(json.dumps(res))
         return

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
 from typing import NoReturn
 
@@ -21,14 +20,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from nuro.console import ExitCode, fail
+from nuro.policy.luatable import render_lua_table
 from nuro.policy.model import Policy, PolicyError, load_policy
 from nuro.policy.plan import Plan, PlanConflict, build_plan
 from nuro.policy.sacctmgr import apply_plan, lua_table_path, read_text_or_none, verify, write_atomic
 from nuro.policy.slurm_state import policy_in_force, read_state
 from nuro.slurm import CliBackend
 from nuro.slurm.errors import SlurmError
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INVALID_POLICY = 0, 1, 2, 3
 
 err = Console(stderr=True, soft_wrap=True, highlight=False)
 
@@ -42,19 +41,12 @@ timeout_option = click.option(
 )
 
 
-def _exit(code: int, as_json: bool, payload: dict, message: str | None = None) -> NoReturn:
-    if as_json:
-        click.echo(json.dumps({**payload, "exit_code": code}, indent=2))
-    elif message:
+def _exit(code: ExitCode, as_json: bool, payload: dict, message: str | None = None) -> NoReturn:
+    """Exit ``code``: with ``--json`` the whole result (``payload`` plus ``exit_code``: apply's JSON is its result
+    whether it failed or not), else ``message`` (rich markup, several lines) on stderr."""
+    if message and not as_json:
         err.print(message)
-    sys.exit(code)
-
-
-def _render_lua(policy: Policy) -> str:
-    # Imported here so `policy show` and dry-run planning work even where the bridge module is absent.
-    from nuro.policy.luatable import render_lua_table
-
-    return render_lua_table(policy)
+    fail(code, as_json=as_json, payload=payload, keys=("exit_code",))
 
 
 @click.group()
@@ -82,49 +74,43 @@ def apply(teams_yaml: Path, dry_run: bool, prune: bool, as_json: bool, lua_path:
         pol = load_policy(teams_yaml)
     except PolicyError as exc:
         payload["problems"] = exc.problems
-        _exit(EXIT_INVALID_POLICY, as_json, payload, f"[bold red]invalid policy:[/] {escape(str(exc))}")
+        _exit(ExitCode.INVALID, as_json, payload, f"[bold red]invalid policy:[/] {escape(str(exc))}")
     backend = CliBackend(timeout_s=timeout_s)
     try:
         plan = build_plan(pol, read_state(backend), prune=prune)
     except PlanConflict as exc:
         payload["problems"] = exc.problems
-        _exit(EXIT_FAILED, as_json, payload, f"[bold red]error:[/] {escape(str(exc))}")
+        _exit(ExitCode.FAILED, as_json, payload, f"[bold red]error:[/] {escape(str(exc))}")
     except SlurmError as exc:
         payload["error"] = str(exc)
-        _exit(EXIT_FAILED, as_json, payload, f"[bold red]error reading Slurm's accounting state:[/] {escape(str(exc))}")
+        _exit(
+            ExitCode.FAILED,
+            as_json,
+            payload,
+            f"[bold red]error reading Slurm's accounting state:[/] {escape(str(exc))}",
+        )
     lua_file = lua_path or lua_table_path()
-    try:
-        lua_text: str | None = _render_lua(pol)
-    except ImportError as exc:
-        # A dry run still shows the sacctmgr plan; a real apply must not leave the table behind Slurm.
-        lua_text = None
-        payload["error"] = f"cannot render the job_submit policy table (nuro.policy.luatable): {exc}"
-        if not dry_run:
-            _exit(EXIT_FAILED, as_json, payload, f"[bold red]error:[/] {escape(payload['error'])}; nothing was applied")
-        err.print(f"[yellow]warning:[/] {escape(payload['error'])}")
+    lua_text = render_lua_table(pol)
     old_lua = read_text_or_none(lua_file)
-    if lua_text is None:
-        lua_state = "unavailable"
-    else:
-        lua_state = "unchanged" if old_lua == lua_text else ("new" if old_lua is None else "changed")
+    lua_state = "unchanged" if old_lua == lua_text else ("new" if old_lua is None else "changed")
     payload.update(plan.to_dict())
     payload["lua_table"] = {"path": str(lua_file), "state": lua_state, "written": False}
     if not as_json:
         _print_plan(plan, lua_file, lua_state)
     if dry_run:
-        _exit(EXIT_OK, as_json, payload)
+        _exit(ExitCode.OK, as_json, payload)
     _apply(pol, plan, backend, payload, as_json, prune)
-    if lua_text is not None and lua_state != "unchanged":
+    if lua_state != "unchanged":
         try:
             write_atomic(lua_file, lua_text)
         except OSError as exc:
             payload["error"] = f"Slurm is updated but the policy table {lua_file} could not be written: {exc}"
-            _exit(EXIT_FAILED, as_json, payload, f"[bold red]error:[/] {escape(payload['error'])}")
+            _exit(ExitCode.FAILED, as_json, payload, f"[bold red]error:[/] {escape(payload['error'])}")
         payload["lua_table"]["written"] = True
     if not as_json:
         done = f"applied {len(plan.changes)} command(s)" if plan.changes else "Slurm unchanged"
         click.echo(f"{done}; policy table {lua_file} {'written' if payload['lua_table']['written'] else lua_state}")
-    _exit(EXIT_OK, as_json, payload)
+    _exit(ExitCode.OK, as_json, payload)
 
 
 def _print_plan(plan: Plan, lua_file: Path, lua_state: str) -> None:
@@ -146,18 +132,18 @@ def _apply(pol: Policy, plan: Plan, backend: CliBackend, payload: dict, as_json:
             + "Fix the cause and run apply again: it plans from what Slurm holds now. "
             "The policy table was not written."
         )
-        _exit(EXIT_FAILED, as_json, payload, message)
+        _exit(ExitCode.FAILED, as_json, payload, message)
     try:
         remaining = verify(pol, backend, prune)
     except SlurmError as exc:
         payload["error"] = f"applied, but reading the state back failed: {exc}"
-        _exit(EXIT_FAILED, as_json, payload, f"[bold red]error:[/] {escape(payload['error'])}")
+        _exit(ExitCode.FAILED, as_json, payload, f"[bold red]error:[/] {escape(payload['error'])}")
     if not remaining.is_empty:
         payload["remaining"] = remaining.to_dict()
         message = "[bold red]Slurm accepted every command but still differs from the policy:[/]\n" + escape(
             remaining.render()
         )
-        _exit(EXIT_FAILED, as_json, payload, message)
+        _exit(ExitCode.FAILED, as_json, payload, message)
 
 
 @policy.command()
@@ -169,7 +155,7 @@ def show(as_json: bool, timeout_s: float) -> None:
         view = policy_in_force(read_state(CliBackend(timeout_s=timeout_s)))
     except SlurmError as exc:
         _exit(
-            EXIT_FAILED,
+            ExitCode.FAILED,
             as_json,
             {"error": str(exc)},
             f"[bold red]error reading Slurm's accounting state:[/] {escape(str(exc))}",
