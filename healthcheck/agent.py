@@ -30,7 +30,6 @@ SIGTERM/SIGINT stop everything cleanly (exit 0). Logs: one line per state change
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import signal
@@ -44,19 +43,22 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from nuro.checkpoint.layout import node_staging_root
+from nuro.console import ExitCode
 from nuro.healthcheck.checks import evaluate
-from nuro.healthcheck.cli import DEFAULT_PATH, HealthSettings, disk_free_bytes, disk_state
-from nuro.healthcheck.probes import GpuProbe, NodeGpuReport, make_probe
+from nuro.healthcheck.probes import GpuProbe, NodeGpuReport
+from nuro.healthcheck.run import DEFAULT_PATH, HealthSettings, disk_free_bytes, disk_state, make_probe
+from nuro.healthcheck.statusfile import STATUS_FORMAT, read_status, status_path, write_status
+from nuro.metrics.buffer import BufferedWriter
 from nuro.metrics.model import GPU, Point
+from nuro.metrics.sink import ENV_URL, sink_from_env
 from nuro.protocol import heartbeat as hb
 from nuro.protocol.gpujobs import gpu_tags
+from nuro.protocol.nodeenv import load_node_env
 
 log = logging.getLogger("nuro.nodeagent")
 
 WORKER_RESTART_S = 5.0
 METRICS_CLOSE_S = 2.0
-STATUS_FORMAT = 1
-MAX_STATUS_BYTES = 1 << 20  # a status file is a few KB (the GPU report included); a bigger one is not ours
 
 
 class Worker(Protocol):
@@ -64,35 +66,6 @@ class Worker(Protocol):
     second or so, so the agent stops promptly)."""
 
     def run(self, stop: threading.Event) -> None: ...
-
-
-# -- status file (read by nuro-healthcheck) -----------------------------------------------------------------------
-def status_path(status_dir: str | Path, node: str) -> Path:
-    return Path(status_dir) / f"{node}.json"
-
-
-def write_status(status_dir: str | Path, node: str, status: dict[str, Any]) -> None:
-    """Write ``<dir>/<node>.json`` atomically (temp file + ``os.replace``), so a reader never sees half a file.
-
-    No fsync: the file is soft state rewritten every second, and after a crash a stale or missing file is exactly
-    what "agent silent" must report.
-    """
-    path = status_path(status_dir, node)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(status, separators=(",", ":"), ensure_ascii=False))
-    os.replace(tmp, path)
-
-
-def read_status(status_dir: str | Path, node: str) -> dict[str, Any] | None:
-    """The agent's last status, or None when there is none (or it is unreadable: treated as never reported)."""
-    try:
-        with open(status_path(status_dir, node), "rb") as fh:
-            data = fh.read(MAX_STATUS_BYTES + 1)
-        if len(data) > MAX_STATUS_BYTES:
-            return None
-        return json.loads(data)
-    except (OSError, ValueError, RecursionError):
-        return None
 
 
 # -- pure helpers ---------------------------------------------------------------------------------------------------
@@ -440,8 +413,10 @@ class Agent:
 def _upload_workers(staging_root: str) -> list[Worker]:
     """The checkpoint UploadWorker for ``--staging-root``, when that module exists in this install."""
     try:
+        # lazy: an install may lack the upload worker or boto3 (the agent then runs without uploads), and boto3
+        # costs ~0.3 s that an agent without --staging-root never needs
         from nuro.checkpoint.upload import UploadWorker
-        from nuro.objectstore import ObjectStore
+        from nuro.objectstore import ObjectStore  # lazy: as UploadWorker just above
     except ImportError as exc:
         log.warning(
             "--staging-root %s given but nuro.checkpoint.upload.UploadWorker is not importable (%s): "
@@ -459,14 +434,9 @@ def _metrics_writer(node: str) -> MetricsWriter | None:
     Only an explicit URL enables telemetry: the SQLite default would silently fill a file on every node. A sink
     that cannot be opened is logged and telemetry stays off; the agent's real job (heartbeats) goes on.
     """
-    from nuro.metrics.sink import ENV_URL
-
     if not os.environ.get(ENV_URL, "").strip():
         return None
     try:
-        from nuro.metrics.buffer import BufferedWriter
-        from nuro.metrics.sink import sink_from_env
-
         sink = sink_from_env()
         writer = BufferedWriter(sink, self_tags={"source": "agent", "node": node})
     except Exception as exc:  # noqa: BLE001 - telemetry is optional; the agent must start anyway
@@ -500,8 +470,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.env_file:
             os.environ["NURO_ENV_FILE"] = args.env_file
-        from nuro.protocol.nodeenv import load_node_env
-
         load_node_env()
         os.environ.setdefault("PATH", DEFAULT_PATH)
         settings = HealthSettings.from_env()
@@ -524,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
         probe = make_probe(settings.probe, timeout_s=args.probe_timeout_s)
     except (OSError, ValueError) as exc:  # BadHeartbeat is a ValueError
         log.error("cannot start: %s", exc)
-        return 2
+        return ExitCode.USAGE
     if config.status_dir:
         Path(config.status_dir).mkdir(parents=True, exist_ok=True)
     workers = _upload_workers(args.staging_root) if args.staging_root else []
@@ -539,7 +507,7 @@ def main(argv: list[str] | None = None) -> int:
     # --probe none (the dev cluster): no GPUs, so no telemetry and no sink connection to hold open.
     metrics = _metrics_writer(config.node) if settings.probe != "none" else None
     Agent(config, probe, workers=workers, metrics=metrics).run(stop)
-    return 0
+    return ExitCode.OK
 
 
 __all__ = [

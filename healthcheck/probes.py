@@ -7,7 +7,8 @@ with ``FakeProbe`` (in memory); the NVML adapter (``nuro.healthcheck.nvml.NvmlPr
 The report keeps every per-GPU number the probe read (utilisation, memory, temperature, clocks, power), not only
 what the checks use, so a metrics sink can be attached later without touching the probes.
 
-Probes (``make_probe``):
+Probes (``nuro.healthcheck.run.make_probe``, which sits above this module and ``nvml``: the NVML one imports
+the report types from here):
 
 =========  ==============================================================================================
 ``nvml``   pynvml against the driver's libnvidia-ml.so.1; every read bounded in time (see ``NvmlProbe``).
@@ -204,30 +205,3 @@ class FakeProbe:
 
     def close(self) -> None:
         pass
-
-
-class ProbeKind(StrEnum):
-    AUTO = "auto"
-    NVML = "nvml"
-    NONE = "none"
-
-
-def make_probe(kind: str | ProbeKind, timeout_s: float = 5.0) -> GpuProbe:
-    """The probe for ``--probe auto|nvml|none``.
-
-    ``auto`` and ``nvml`` both build an ``NvmlProbe``: it never raises when the library is missing but reports
-    ``ProbeFailure.LIBRARY_NOT_FOUND``, and the checks decide (with the node's expected GPU count) whether that
-    is a problem. The two differ only in intent, kept for the CLI contract; ``none`` never touches NVML.
-
-    Raises:
-        ValueError: for an unknown kind (with the valid ones).
-    """
-    try:
-        kind = ProbeKind(kind)
-    except ValueError:
-        raise ValueError(f"unknown probe {kind!r}: use one of {', '.join(k.value for k in ProbeKind)}") from None
-    if kind is ProbeKind.NONE:
-        return NoGpuProbe()
-    from nuro.healthcheck.nvml import NvmlProbe  # pynvml is imported only where NVML is used
-
-    return NvmlProbe(timeout_s=timeout_s)

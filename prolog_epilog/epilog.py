@@ -27,8 +27,15 @@ import threading
 import time
 from collections.abc import Mapping
 
+from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, staging_root
+from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
+from nuro.healthcheck.run import HealthSettings
+from nuro.objectstore import ObjectStore
 from nuro.prolog_epilog.health import node_is_healthy
+from nuro.protocol import jobrecord
+from nuro.protocol.gpujobs import forget
 from nuro.protocol.nodeenv import load_node_env
+from nuro.safeio import safefs
 
 log = logging.getLogger("nuro.epilog")
 
@@ -36,9 +43,6 @@ log = logging.getLogger("nuro.epilog")
 def cache_keep_free_bytes(env: Mapping[str, str]) -> int:
     """``NURO_STAGING_CACHE_KEEP_FREE_GB``, default twice the health check's ``NURO_STAGING_MIN_FREE_GB`` (20 GiB
     → 40 GiB): the node cache gives way well before the staging disk is full enough to drain the node."""
-    from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
-    from nuro.healthcheck.cli import HealthSettings
-
     raw = env.get("NURO_STAGING_CACHE_KEEP_FREE_GB", "").strip()
     try:
         return int(max(float(raw), 0.0) * (1 << 30)) if raw else 2 * HealthSettings.from_env(env).staging_min_free_bytes
@@ -75,9 +79,6 @@ def deadline_s(env: Mapping[str, str]) -> float:
 
 
 def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
-    from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, staging_root
-    from nuro.objectstore import ObjectStore
-
     timeout_s = flush_timeout_s(os.environ) if timeout_s is None else timeout_s
     cache_runs = int(os.environ.get("NURO_STAGING_CACHE_RUNS") or DEFAULT_CACHE_RUNS)
     result, cached = finish_job(
@@ -99,9 +100,6 @@ def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
 
 def forget_gpus(job: str) -> None:
     """The job no longer holds its GPUs: the agent's next points are untagged (``nuro.protocol.gpujobs``)."""
-    from nuro.checkpoint.nodestage import staging_root
-    from nuro.protocol.gpujobs import forget
-
     node = os.environ.get("SLURMD_NODENAME", "")
     if node:
         forget(staging_root(), node, job)
@@ -128,9 +126,6 @@ def bounded_checkpoints(job: str, limit_s: float) -> bool:
         "giving up on its uploads (no manifest is written for them) and removing the job dir", job, limit_s,
     )  # fmt: skip
     try:
-        from nuro.checkpoint.nodestage import staging_root
-        from nuro.safeio import safefs
-
         with safefs.opened(safefs.open_dir(staging_root())) as root_fd:
             safefs.remove_at(root_fd, job)
     except Exception as exc:  # noqa: BLE001 - best effort: the next epilog on a full disk drains via health
@@ -141,9 +136,6 @@ def bounded_checkpoints(job: str, limit_s: float) -> bool:
 def forget_record(job: str) -> None:
     """The job is over on this node: its root-owned record goes (``nuro.protocol.jobrecord``), nothing root does trusts
     it any more."""
-    from nuro.checkpoint.nodestage import staging_root
-    from nuro.protocol import jobrecord
-
     jobrecord.remove(staging_root(), job)
 
 

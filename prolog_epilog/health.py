@@ -6,11 +6,12 @@ that fell off the bus in between would take the next job down with it. The prolo
 job's processes start; the epilog's catches what the job itself broke (an XID, a full staging disk).
 
 On problems the node is drained with a precise ``nuro-health:`` reason (``nuro-healthcheck``'s own rules and
-action) and the hook exits 1, so slurmd does not start the job there and Slurm requeues it. A bug of ours never
-fails the hook: it is logged and the node is treated as healthy (fail operational).
+action: ``nuro.healthcheck.run`` and ``nuro.healthcheck.act``) and the hook exits 1, so slurmd does not start the
+job there and Slurm requeues it. A bug of ours never fails the hook: it is logged and the node is treated as healthy
+(fail operational).
 
 A staging disk that running jobs filled is not a node problem: those jobs are cancelled with the reason
-(``nuro.healthcheck.cli.fail_disk_jobs``) and the hook goes on; this job starts.
+(``nuro.healthcheck.act.fail_disk_jobs``) and the hook goes on; this job starts.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ def node_is_healthy(job: str, mode: str) -> bool:
     if not node or os.environ.get("NURO_HOOK_HEALTHCHECK", "1") == "0":
         return True
     try:
-        from nuro.healthcheck.cli import HealthSettings, act, check_node, fail_disk_jobs
+        # lazy, and inside the guard: the TaskProlog (``nuro-prolog --task``, once per task) never checks health and
+        # must start fast (Slurm's adapter alone is ~0.1 s), and an import error of ours must not fail the hook
+        from nuro.healthcheck.act import SLURM_TIMEOUT_S, act, fail_disk_jobs
+        from nuro.healthcheck.run import HealthSettings, check_node
         from nuro.slurm import CliBackend
 
         outcome = check_node(node, HealthSettings.from_env(), mode)
@@ -37,12 +41,12 @@ def node_is_healthy(job: str, mode: str) -> bool:
     if outcome.healthy:
         if outcome.jobs_to_fail:
             try:
-                fail_disk_jobs(outcome, CliBackend(timeout_s=15))
+                fail_disk_jobs(outcome, CliBackend(timeout_s=SLURM_TIMEOUT_S))
             except Exception as exc:  # noqa: BLE001 - the node is healthy; the periodic check retries the cancel
                 log.error("job=%s node=%s could not fail the jobs that filled the staging disk: %s", job, node, exc)
         return True
     try:
-        outcome = act(outcome, CliBackend(timeout_s=15))
+        outcome = act(outcome, CliBackend(timeout_s=SLURM_TIMEOUT_S))
     except Exception as exc:  # noqa: BLE001 - could not drain: the verdict stands, the job must not start here
         log.error("job=%s node=%s could not drain the node: %s", job, node, exc)
     log.error(

@@ -45,8 +45,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nuro.checkpoint.nodestage import open_root, prepare_job_dir, stage_latest, staging_root
+from nuro.objectstore import ObjectStore
 from nuro.prolog_epilog.health import node_is_healthy
-from nuro.protocol import jobcomment
+from nuro.protocol import jobcomment, jobrecord
+from nuro.protocol.contract import COMMENT_REFUSED, COMMENT_RUN
+from nuro.protocol.gpujobs import claim, parse_gpu_ids
 from nuro.protocol.jobrecord import JobRecord
 from nuro.protocol.nodeenv import load_node_env
 
@@ -104,8 +108,6 @@ def bounded(fn: Callable[[], Any], limit_s: float, what: str) -> Any:
 
 
 def _store() -> Any:
-    from nuro.objectstore import ObjectStore
-
     return ObjectStore.from_env(**PROLOG_STORE)
 
 
@@ -114,6 +116,7 @@ class Refusal(Exception):
 
 
 def _dataset_ref(meta: dict) -> tuple[str, str] | None:
+    # lazy: only a job that pins a dataset needs it, and the TaskProlog (--task, once per task) must start fast
     from nuro.datasets.manifest import validate_digest, validate_name
 
     ds = meta.get("dataset")
@@ -128,6 +131,7 @@ def _dataset_ref(meta: dict) -> tuple[str, str] | None:
 
 
 def _verify_dataset(name: str, digest: str, limit_s: float = DEFAULT_DEADLINE_S) -> None:
+    # lazy: only a job that pins a dataset needs it, and the TaskProlog (--task, once per task) must start fast
     from nuro.datasets.verify import verify
 
     cache = Path(os.environ.get("NURO_CACHE_DIR", "/var/cache/nuro")) / "datasets"
@@ -155,7 +159,7 @@ def _verify_dataset(name: str, digest: str, limit_s: float = DEFAULT_DEADLINE_S)
 
 def check(comment: str | None, limit_s: float = DEFAULT_DEADLINE_S) -> None:
     """Raise Refusal if a nuro job must not start. Pure except for the dataset verification (within ``limit_s``)."""
-    meta = jobcomment.parse(comment).raw.get("nuro")
+    meta = jobcomment.parse(comment).raw.get(COMMENT_RUN)
     if meta is None:
         return
     if not isinstance(meta, dict):
@@ -171,16 +175,17 @@ def refuse(job_id: int, why: str) -> None:
     When the requeue is refused because the job is pending already (another node's prolog requeued it, or
     slurmctld did: a prolog that outlasts ``BatchStartTimeout`` makes it count the batch job as missing and
     requeue it), it is held where it is, so it never starts unverified and never loops through prologs."""
+    # lazy: only a refusal talks to Slurm here (its adapter costs ~0.1 s), and the TaskProlog (--task, once per
+    # task) must start fast
     from nuro.slurm import CliBackend, SlurmError
 
     backend = CliBackend(timeout_s=REFUSE_CALL_TIMEOUT_S)
     node = os.environ.get("SLURMD_NODENAME", "?")
     try:
         comment = backend.job_comment(job_id)
-        if jobcomment.parse(comment).raw.get("refused") is None:  # the first node to refuse records it
-            backend.update_comment(
-                job_id, jobcomment.merge(comment, refused={"why": why[:1000], "node": node, "at": round(time.time())})
-            )
+        if jobcomment.parse(comment).raw.get(COMMENT_REFUSED) is None:  # the first node to refuse records it
+            note = {"why": why[:1000], "node": node, "at": round(time.time())}
+            backend.update_comment(job_id, jobcomment.merge(comment, **{COMMENT_REFUSED: note}))
     except SlurmError as exc:
         log.warning("job=%d node=%s refuse: reason not recorded: %s", job_id, node, exc)
     try:
@@ -196,9 +201,6 @@ def refuse(job_id: int, why: str) -> None:
 def write_record() -> JobRecord:
     """The job's root-owned record (``nuro.protocol.jobrecord``) from slurmd's environment, stored for every root
     reader."""
-    from nuro.checkpoint.nodestage import open_root, staging_root
-    from nuro.protocol import jobrecord
-
     rec = jobrecord.from_prolog_env(os.environ)
     root = staging_root()
     with open_root(root):  # the root dir made root's 0755 before .jobs goes into it
@@ -209,8 +211,6 @@ def write_record() -> JobRecord:
 
 def stage(rec: JobRecord, deadline: Deadline | None = None) -> None:
     """Create the job's staging dir and stage the record's run's newest valid checkpoint (module docstring)."""
-    from nuro.checkpoint.nodestage import prepare_job_dir, stage_latest, staging_root
-
     root = staging_root()
     prepare_job_dir(root, str(rec.job_id), rec.uid, rec.gid)
     if rec.team is None or rec.run is None:
@@ -239,9 +239,6 @@ def record_gpus(rec: JobRecord) -> None:
     """Tell the node agent which GPUs this job holds here, so its ``gpu`` points carry the job
     (``nuro.protocol.gpujobs``),
     tagged with the record's team and run (never the comment's)."""
-    from nuro.checkpoint.nodestage import staging_root
-    from nuro.protocol.gpujobs import claim, parse_gpu_ids
-
     gpus = parse_gpu_ids(os.environ.get("SLURM_JOB_GPUS"))
     if rec.node and gpus:
         claim(staging_root(), rec, gpus)
@@ -250,8 +247,6 @@ def record_gpus(rec: JobRecord) -> None:
 def task_env() -> str:
     """``--task`` (Slurm TaskProlog, as the job's user): the ``export`` line that tells the job's processes their
     staging dir; slurmstepd adds it to each task's environment."""
-    from nuro.checkpoint.nodestage import staging_root
-
     job = os.environ.get("SLURM_JOB_ID", "")
     return f"export NURO_STAGING_DIR={staging_root() / job}" if job.isdigit() else ""
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from nuro.healthcheck.act import plan_node_action
 from nuro.healthcheck.agent import write_status
 from nuro.healthcheck.checks import Problem
-from nuro.healthcheck.cli import HealthSettings, Outcome, agent_age_s, disk_free_bytes, plan_node_action
+from nuro.healthcheck.run import HealthSettings, Outcome, agent_age_s, disk_free_bytes
 from nuro.slurm import DrainNode, ResumeNode
 
 GIB = 1 << 30
@@ -100,8 +101,8 @@ def test_agent_age_from_status_file(tmp_path: Path) -> None:
 
 
 def test_agent_xids_join_the_one_shot_report(tmp_path: Path) -> None:
-    from nuro.healthcheck.cli import with_agent_xids
     from nuro.healthcheck.probes import FakeProbe
+    from nuro.healthcheck.run import with_agent_xids
 
     agent_report = FakeProbe.healthy(2).with_gpu(1, xid_errors=(79,)).read()
     write_status(tmp_path, "gpu001", {"last_beat": 1.0, "gpu_report": agent_report.to_dict()})
@@ -184,8 +185,9 @@ def test_disk_state_attributes_a_low_disk_to_the_job_that_holds_it(tmp_path: Pat
     """The measuring and the rule together, with the free-space reading fixed (the real disk here is shared)."""
     from dataclasses import replace
 
+    from nuro.healthcheck.act import disk_full_reason
     from nuro.healthcheck.checks import disk_verdict, evaluate
-    from nuro.healthcheck.cli import disk_full_reason, disk_state
+    from nuro.healthcheck.run import disk_state
 
     root = tmp_path / "staging"
     _write(root / "31" / "fill", 4 << 20)
@@ -217,7 +219,7 @@ def test_disk_state_attributes_a_low_disk_to_the_job_that_holds_it(tmp_path: Pat
 
 def test_a_low_reading_that_is_still_rising_is_re_read_until_it_settles() -> None:
     """An epilog unlinking a big file gives its blocks back over a while: judge the settled value, not the first."""
-    from nuro.healthcheck.cli import settled_free_bytes
+    from nuro.healthcheck.run import settled_free_bytes
 
     readings = iter([5, 8, 12, 12, 99])
     assert settled_free_bytes("/x", 20, 3, poll_s=0, reader=lambda _p: next(readings)) == 12  # steady at 12: low

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 
 from nuro.healthcheck.agent import Agent, AgentConfig, gpu_points
-from nuro.healthcheck.cli import HealthSettings
 from nuro.healthcheck.probes import FakeProbe, GpuStatus, NodeGpuReport
+from nuro.healthcheck.run import HealthSettings
 from nuro.metrics.model import GPU, Point
 from tests.unit.test_nodeagent import KEY, FakeSocket
 
