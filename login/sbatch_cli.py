@@ -41,15 +41,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nuro.console import ExitCode, say
 from nuro.jobspec.codepin import CodePin, CodePinError, pin_code
-from nuro.jobspec.fields import FieldError, Flag, RelPath
-from nuro.jobspec.options import SPEC_OPTIONS, Opt
+from nuro.jobspec.fields import AbsPath, FieldError, Flag, RelPath
+from nuro.jobspec.options import OPTIONS_BY_NAME, SPEC_OPTIONS, Opt
 from nuro.jobspec.pins import DatasetPin, PinError, resolve_dataset, store_configured, store_diff
-from nuro.jobspec.render import HELPER_LINES, META_FORMAT, PREEMPT_SIGNAL, checkout_lines, code_exports, comment_json
+from nuro.jobspec.preview import PreviewError, decide_words, describe, load_policy_source, user_team
+from nuro.jobspec.record import comment_json, export_lines, job_env, run_record
+from nuro.jobspec.render import HELPER_LINES, checkout_lines, code_exports
 from nuro.jobspec.sbatch_args import SbatchArgError, Word, is_option, parse_options, read_option, script_directives
 from nuro.jobspec.spec import SpecError, split_code_flag
+from nuro.jobspec.submission import DEFAULT_RUN_ROOT
+from nuro.slurm import CliBackend, SlurmCommandNotFound, SubmitCommand
 
-EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_INVALID = 0, 1, 2, 3
+PROG = "nuro-sbatch"
 PLATFORM: dict[str, Opt] = {o.flag: o for o in SPEC_OPTIONS if o.sbatch}
 OWN_FLAGS = {"--dry-run": False, "--policy": True}  # flag → takes a value
 HELP_COLUMNS = 100
@@ -154,46 +159,27 @@ def _default(name: str) -> Any:
 
 
 def platform_metadata(values: dict[str, Any], team: str, dataset: DatasetPin | None, code: CodePin | None) -> dict:
-    """The ``nuro`` record for a nuro-sbatch job (same keys as nuro-train's; no entry: the script is the user's)."""
-    meta: dict[str, Any] = {"v": META_FORMAT, "via": "nuro-sbatch", "team": team}
-    if values.get("tier"):
-        meta["tier"] = values["tier"]
-    if dataset:
-        meta["dataset"] = {"name": dataset.name, "digest": dataset.digest}
-    if code:
-        meta["code"] = {"repo": code.repo, "commit": code.commit}
-        if code.diff_sha256:
-            meta["code"]["diff"] = code.diff_sha256
-        if code.diff_uri:
-            meta["code"]["diff_uri"] = code.diff_uri
-    meta["ckpt_policy"] = {
-        "interval_s": values.get("checkpoint.interval_s", _default("checkpoint.interval_s")),
-        "keep": values.get("checkpoint.keep", _default("checkpoint.keep")),
-    }
-    if values.get("resume_from"):
-        meta["resume_from"] = values["resume_from"]
-    meta["requeue"] = {"max": values.get("max_requeues", _default("max_requeues"))}
-    return meta
-
-
-def platform_env(meta: dict[str, Any]) -> dict[str, str]:
-    """NURO_* variables for the job (sbatch exports the submitting environment by default)."""
-    env = {"NURO_TEAM": meta["team"], "NURO_PREEMPT_SIGNAL": PREEMPT_SIGNAL}
-    if "dataset" in meta:
-        env.update(NURO_DATASET=meta["dataset"]["name"], NURO_DATASET_DIGEST=meta["dataset"]["digest"])
-    env["NURO_CKPT_INTERVAL_S"] = str(meta["ckpt_policy"]["interval_s"])
-    env["NURO_CKPT_KEEP"] = str(meta["ckpt_policy"]["keep"])
-    env["NURO_MAX_REQUEUES"] = str(meta["requeue"]["max"])
-    if "resume_from" in meta:
-        env["NURO_RESUME_FROM"] = meta["resume_from"]
-    return env
+    """The ``nuro`` record for a nuro-sbatch job (``nuro.jobspec.record.run_record``, as nuro-train builds it; no
+    name or entry: the script is the user's)."""
+    return run_record(
+        via="nuro-sbatch",
+        team=team,
+        tier=values.get("tier"),
+        dataset=dataset,
+        code=code,
+        ckpt_interval_s=values.get("checkpoint.interval_s", _default("checkpoint.interval_s")),
+        ckpt_keep=values.get("checkpoint.keep", _default("checkpoint.keep")),
+        resume_from=values.get("resume_from"),
+        max_requeues=values.get("max_requeues", _default("max_requeues")),
+    )
 
 
 def render_preamble(meta: dict[str, Any], code: CodePin, run_root: str, workdir_rel: str | None) -> str:
     """The POSIX sh inserted after the script's #SBATCH header: NURO_* exports, the checkout, the cd. Pure."""
+    env = job_env(meta)
     lines = [
         "# --- nuro-sbatch: run metadata and the pinned code; your script continues unchanged below ---",
-        *[f"export {k}={shlex.quote(v)}" for k, v in sorted(platform_env(meta).items())],
+        *export_lines(env, sorted(env)),
         *code_exports(code, shlex.quote(f"{run_root}/sbatch")),
         *HELPER_LINES,
         *checkout_lines(code),
@@ -253,11 +239,6 @@ def _user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def _fail(code: int, message: str) -> int:
-    print(f"nuro-sbatch: {message}", file=sys.stderr)
-    return code
-
-
 def _read_script(parsed: Parsed, wrap: Word | None) -> tuple[str, bytes | None]:
     """The batch script's text and, when it came on stdin, the bytes to hand on to sbatch."""
     if wrap is not None:
@@ -273,18 +254,16 @@ def _read_script(parsed: Parsed, wrap: Word | None) -> tuple[str, bytes | None]:
 
 
 def _preview(words: list[Word], user: str, source: Any) -> int:
-    from nuro.jobspec.preview import decide_words, describe
-
     if source is None:
         print("bridge preview: no policy (give --policy PATH or set NURO_POLICY to a teams.yaml)")
-        return EXIT_OK
+        return ExitCode.OK
     try:
         admission = decide_words(words, user, source)
     except ValueError as exc:
         print(f"bridge preview: cannot read this job for the preview: {exc}")
-        return EXIT_OK
+        return ExitCode.OK
     print("\n".join(describe(admission, source, user)))
-    return EXIT_OK if admission.accepted else EXIT_REFUSED
+    return ExitCode.OK if admission.accepted else ExitCode.FAILED
 
 
 def platform_help() -> str:
@@ -337,10 +316,10 @@ def _help(sbatch_argv: list[str]) -> int:
         res = subprocess.run(sbatch_argv, check=False, timeout=10)  # sbatch retries a missing slurm.conf 60 s
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"  ({shlex.join(sbatch_argv)} did not print its help: {exc})")
-        return EXIT_OK
+        return ExitCode.OK
     if res.returncode != 0:
         print(f"  ({shlex.join(sbatch_argv)} exited {res.returncode}: it needs a Slurm configuration, e.g. SLURM_CONF)")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def _wants_help(words: Sequence[Word]) -> bool:
@@ -349,19 +328,15 @@ def _wants_help(words: Sequence[Word]) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (see the module docstring)."""
-    from nuro.jobspec.fields import AbsPath
-    from nuro.jobspec.options import OPTIONS_BY_NAME
-    from nuro.jobspec.preview import PreviewError, load_policy_source, user_team
-
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         parsed = split_argv(args)
     except UsageError as exc:
-        return _fail(EXIT_USAGE, str(exc))
+        return say(ExitCode.USAGE, str(exc), prog=PROG)
     except SbatchArgError as exc:
         if not any(a.partition("=")[0] in ALL_FLAGS for a in args):
             os.execvp("sbatch", ["sbatch", *args])  # rule 5: sbatch reports its own usage errors
-        return _fail(EXIT_USAGE, str(exc))
+        return say(ExitCode.USAGE, str(exc), prog=PROG)
     if _wants_help(parsed.words):  # sbatch's help after nuro's; its argv untouched unless nuro flags are in it
         return _help(["sbatch", *args] if not parsed.platform else ["sbatch", "--help"])
     if not parsed.platform:
@@ -375,14 +350,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.execvp("sbatch", plain)
     values, problems = _values(parsed)
     if problems:
-        return _fail(EXIT_INVALID, "invalid platform flags:\n" + "\n".join(f"  - {p}" for p in problems))
+        return say(ExitCode.INVALID, "invalid platform flags:\n" + "\n".join(f"  - {p}" for p in problems), prog=PROG)
     wrap = next((w for w in parsed.words if w.name == "wrap"), None)
     try:
         script_text, stdin_bytes = _read_script(parsed, wrap)
         directives = parse_options(script_directives(script_text))
         source = load_policy_source(parsed.platform.get("--policy"))
     except (UsageError, SbatchArgError, PreviewError) as exc:
-        return _fail(EXIT_USAGE, str(exc))
+        return say(ExitCode.USAGE, str(exc), prog=PROG)
     words = directives + parsed.words
     user = _user()
     if not has_platform:  # --dry-run of a plain sbatch command line
@@ -391,10 +366,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     team = values.get("team") or next((w.value for w in reversed(words) if w.name == "account"), None)
     team = team or user_team(source, user)
     if team is None:
-        return _fail(EXIT_USAGE, "--team is required (or --account, or --policy/NURO_POLICY listing you in a team)")
+        return say(
+            ExitCode.USAGE,
+            "--team is required (or --account, or --policy/NURO_POLICY listing you in a team)",
+            prog=PROG,
+        )
     problems = _conflicts(values, words, values.get("team"))
     if problems:
-        return _fail(EXIT_USAGE, "\n".join(problems))
+        return say(ExitCode.USAGE, "\n".join(problems), prog=PROG)
     try:
         team = OPTIONS_BY_NAME["team"].parse(team)
         dataset = resolve_dataset(values["dataset"]) if "dataset" in values else None
@@ -405,9 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             if code.diff is not None and store_configured() and not dry_run:
                 code = store_diff(code, team)
-        run_root = values.get("run_root") or AbsPath().parse(os.path.expanduser("~/nuro-runs"))
+        run_root = values.get("run_root") or AbsPath().parse(os.path.expanduser(DEFAULT_RUN_ROOT))
     except (FieldError, PinError, CodePinError) as exc:
-        return _fail(EXIT_INVALID, str(exc))
+        return say(ExitCode.INVALID, str(exc), prog=PROG)
     meta = platform_metadata(values, team, dataset, code)
     front = [f"--account={team}", *([f"--qos={values['tier']}"] if values.get("tier") else [])]
     if dataset is not None and code is not None:  # a record only with both pins (rule 6)
@@ -419,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             preamble = render_preamble(meta, code, run_root, _workdir_rel(words, code.repo))
             new_script = insert_preamble(script_text, preamble)
         except UsageError as exc:
-            return _fail(EXIT_USAGE, str(exc))
+            return say(ExitCode.USAGE, str(exc), prog=PROG)
     if dry_run:
         shown = ["<script with the nuro-sbatch preamble>"] if new_script is not None else (
             [parsed.script] if parsed.script else []
@@ -428,7 +407,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if preamble is not None:
             print("preamble inserted after the script's #SBATCH header:\n" + preamble, end="")
         return _preview([*directives, *parse_options(front), *parsed.words], user, source)
-    env = {**os.environ, **platform_env(meta)}
     tmp_dir = None
     try:
         if new_script is not None:
@@ -443,10 +421,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             stdin_bytes = None
         else:
             script_part = [*lead, *([parsed.script] if parsed.script else []), *parsed.script_args]
-        proc = subprocess.run(["sbatch", *front, *tokens, *script_part], input=stdin_bytes, env=env, check=False)
-        return proc.returncode
-    except FileNotFoundError:
-        return _fail(EXIT_REFUSED, "sbatch not found on PATH")
+        command = SubmitCommand((*front, *tokens, *script_part), stdin_bytes)
+        return CliBackend(env=job_env(meta)).submit_command(command)  # sbatch's own status (and output)
+    except SlurmCommandNotFound:
+        return say(ExitCode.FAILED, "sbatch not found on PATH", prog=PROG)
     finally:
         if tmp_dir:
             shutil.rmtree(tmp_dir, ignore_errors=True)

@@ -62,6 +62,27 @@ class Submit:
 
 
 @dataclass(frozen=True)
+class SubmitCommand:
+    """A user's own sbatch command line (``nuro-sbatch``): ``sbatch <args>`` exactly as given, nothing added.
+
+    Unlike ``Submit`` there is no ``--parsable``: options, the script path and the script's arguments stay the user's,
+    and sbatch speaks to the user directly (its output in the format the user asked for, its exit status), so the
+    adapter reads no job id (``Backend.submit_command``).
+
+    Attributes:
+        args: everything after ``sbatch``, each one argv element, in order.
+        stdin: the script's bytes when the user piped it to sbatch (as read, undecoded); None when the script is a
+            path in ``args`` or ``--wrap`` (sbatch then reads no stdin).
+    """
+
+    args: tuple[str, ...]
+    stdin: bytes | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "args", tuple(self.args))
+
+
+@dataclass(frozen=True)
 class Cancel:
     """``scancel <id>``. Idempotent on 22.05: scancel of an unknown or finished job exits 0 without a message.
 
@@ -192,7 +213,7 @@ Action = (
 )
 
 
-def render_argv(action: Action) -> list[str]:
+def render_argv(action: Action | SubmitCommand) -> list[str]:
     """The exact argv that carries out ``action``; pure, validates identifiers, touches nothing.
 
     >>> render_argv(UpdateQos(42, "g-vision"))
@@ -208,6 +229,8 @@ def render_argv(action: Action) -> list[str]:
             if cwd is not None:
                 argv.append(f"--chdir={cwd}")
             return argv + list(extra)
+        case SubmitCommand(args=args):
+            return ["sbatch", *args]
         case Cancel(job_id=jid, signal=sig):
             return ["scancel", *([f"--signal={_check_signal(sig)}"] if sig else []), _check_job_id(jid)]
         case Signal(job_id=jid, signal=sig, batch_only=batch_only, full=full):

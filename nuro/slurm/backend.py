@@ -50,6 +50,7 @@ from nuro.slurm.actions import (
     ResumeNode,
     Signal,
     Submit,
+    SubmitCommand,
     UpdateComment,
     UpdateQos,
     UpdateSiteFactor,
@@ -342,6 +343,27 @@ class CliBackend(Backend):
         if proc.returncode != 0:
             raise classify_error(full, proc.returncode, proc.stderr or proc.stdout)
         return proc
+
+    def submit_command(self, command: SubmitCommand) -> int:
+        """Run a user's own sbatch command line as given (see ``SubmitCommand``); returns sbatch's exit status.
+
+        sbatch's stdout and stderr stay this process's (the user's terminal): nothing is captured or re-printed, so
+        its messages, their format and their order are sbatch's own, and a refusal is its exit status, not an
+        exception. No timeout: ``sbatch --wait`` blocks until the job ends. The ``env`` overrides apply as for every
+        command; the SLURM_CONF check does not (sbatch reports a missing configuration itself, as the user expects).
+
+        Raises:
+            SlurmCommandNotFound: sbatch is not on PATH (or in ``bin_dir``).
+        """
+        full = self._resolve(render_argv(command))
+        self._calls += 1
+        log.debug("slurm call n=%d argv=%s", self._calls, shlex.join(full))
+        try:
+            proc = subprocess.run(full, input=command.stdin, env={**os.environ, **self._env_overrides}, check=False)
+        except FileNotFoundError as exc:
+            raise SlurmCommandNotFound(f"{full[0]!r} not found", argv=full) from exc
+        log.debug("slurm call n=%d rc=%d", self._calls, proc.returncode)
+        return proc.returncode
 
     # -- reads ---------------------------------------------------------------------------------------------
     def jobs(self) -> list[JobInfo]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from nuro.slurm import hostlist
 from nuro.slurm._fields import as_int, as_str, epoch_to_dt, gpu_count_from_gres, node_state_text
-from nuro.slurm.actions import Action, ActionResult
+from nuro.slurm.actions import Action, ActionResult, SubmitCommand
 from nuro.slurm.backend import Backend, CliBackend
 from nuro.slurm.errors import SlurmError, SlurmParseError
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
@@ -180,6 +180,10 @@ class PyslurmBackend(Backend):
     def apply(self, action: Action) -> ActionResult:
         """Delegated to the CLI backend (same argv, same errors)."""
         return self.cli.apply(action)
+
+    def submit_command(self, command: SubmitCommand) -> int:
+        """Delegated to the CLI backend (sbatch speaks to the user directly)."""
+        return self.cli.submit_command(command)
 
     def finished_jobs(self, job_ids: Iterable[int | str]) -> list[JobInfo]:
         """Delegated to the CLI backend (sacct --json)."""
