@@ -37,6 +37,7 @@ from bench.sim.synth import JobSpec
 from bench.sim.trace import NodeSpec
 from nuro.policy.model import Policy
 from nuro.protocol import jobcomment
+from nuro.protocol.contract import PREEMPT_SIGNAL
 
 ARRIVE, END, ACK, ELIGIBLE, TICK = range(5)
 
@@ -262,7 +263,7 @@ class Replay:
 
     def signal(self, job: SimJob, sig: str) -> None:
         """The preemption signal: an acking job stops training and commits a checkpoint; others ignore it."""
-        if sig != jobcomment.PREEMPT_SIGNAL or job.signalled_s is not None:
+        if sig != PREEMPT_SIGNAL or job.signalled_s is not None:
             return
         job.signalled_s = self.now
         self.in_flight.add(job.job_id)

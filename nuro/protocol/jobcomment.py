@@ -44,10 +44,6 @@ MAX_DEPTH = 32  # containers nested at most this deep (the top object is level 1
 MAX_INT_DIGITS = 15  # |n| < 10**15: exact in a double, so Lua 5.1 and Python agree
 _INT_LIMIT = 10**MAX_INT_DIGITS
 
-#: The signal the controller sends a preemption victim (``scancel --signal=USR1 --full``: the batch shell and every
-#: step). USR1 rather than TERM so a plain TERM (scancel, time limit) still means "stop", not "checkpoint".
-PREEMPT_SIGNAL = "USR1"
-
 
 @dataclass(frozen=True)
 class Mark:
@@ -413,7 +409,6 @@ __all__ = [
     "MAX_COMMENT_BYTES",
     "MAX_DEPTH",
     "MAX_INT_DIGITS",
-    "PREEMPT_SIGNAL",
     "JobComment",
     "Mark",
     "PreemptRequest",
