@@ -28,7 +28,10 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, cluster, save
-from tests.luabridge import FIND_UPVALUE, install_script
+from nuro.policy import load_policy
+from nuro.policy.luatable import TABLE_FILE, _lua_value, policy_table, render_lua_table
+from nuro.protocol import jobcomment
+from tests.luabridge import FIND_UPVALUE, LUA, NURO, install_script, job_desc, lua_value
 
 BASELINE_COMMIT = "0b1f475"
 POLICY = REPO / "examples" / "policy" / "teams.yaml"
@@ -82,9 +85,6 @@ def _old_bridge() -> str:
 
 def _tables() -> tuple[str, str]:
     """(old, new) policy tables: the new one as rendered now, the old one without the rules issue 11 added."""
-    from nuro.policy import load_policy
-    from nuro.policy.luatable import _lua_value, policy_table, render_lua_table
-
     policy = load_policy(POLICY)
     table = policy_table(policy)
     old = {**table, "rules": {k: v for k, v in table["rules"].items() if k not in NEW_RULES}}
@@ -92,9 +92,6 @@ def _tables() -> tuple[str, str]:
 
 
 def _comments() -> dict[str, str]:
-    from nuro.protocol import jobcomment
-    from tests.luabridge import NURO
-
     typical = jobcomment.merge(jobcomment.merge(None, nuro=NURO), ckpt={"at": 1700000000, "step": 100})
     big = jobcomment.merge(typical, user_comment="x" * (8192 - len(typical) - 20))
     return {"typical": typical, "none": "", "max_8k": big}
@@ -103,9 +100,6 @@ def _comments() -> dict[str, str]:
 def lua_cost(calls: int, repeats: int = 7) -> dict:
     """µs of CPU per slurm_job_submit, old vs new bridge, per comment kind: the minimum over ``repeats`` interleaved
     runs (the least disturbed by other load on the machine), the median beside it."""
-    from nuro.policy.luatable import TABLE_FILE
-    from tests.luabridge import LUA, job_desc, lua_value
-
     if LUA is None:
         raise SystemExit("lua5.1 is not installed (apt-get install lua5.1)")
     old_table, new_table = _tables()
@@ -142,8 +136,6 @@ def lua_cost(calls: int, repeats: int = 7) -> dict:
 
 def sbatch_cost(rounds: int, per_round: int, port_base: int) -> dict:
     """Median wall seconds per held sbatch as alice, old vs new job_submit.lua, interleaved."""
-    from nuro.policy.luatable import TABLE_FILE
-
     comment = _comments()["typical"]
     old_table, new_table = _tables()
     scripts = {

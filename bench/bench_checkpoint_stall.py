@@ -27,6 +27,9 @@ import uuid
 from pathlib import Path
 
 from bench.common import REPO, save
+from nuro.devcluster import s3
+from nuro.devcluster.layout import PortPlan
+from nuro.wrappers.sdk.checkpointer import Checkpointer
 
 MiB = 1024 * 1024
 
@@ -39,12 +42,9 @@ def main() -> None:
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/nuro-bench-ckpt"))
     args = ap.parse_args()
 
+    # lazy: torch takes seconds to import; --help and a bad argument answer without it
     import torch
     import torch.distributed.checkpoint as dcp
-
-    from nuro.devcluster import s3
-    from nuro.devcluster.layout import PortPlan
-    from nuro.wrappers.sdk.checkpointer import Checkpointer
 
     work = args.work_dir
     shutil.rmtree(work, ignore_errors=True)

@@ -35,6 +35,8 @@ import uuid
 from pathlib import Path
 
 from bench.common import REPO, save
+from nuro.devcluster import s3
+from nuro.devcluster.layout import PortPlan
 
 NOBODY = 65534
 TEAM = "vision"
@@ -111,9 +113,6 @@ def main() -> None:
     ap.add_argument("--hang-s", type=float, default=30.0, help="kill a blocked epilog after this long")
     ap.add_argument("--no-health", action="store_true", help="skip the node health check (checkpoint part only)")
     args = ap.parse_args()
-
-    from nuro.devcluster import s3
-    from nuro.devcluster.layout import PortPlan
 
     work = Path(tempfile.mkdtemp(prefix="nuro-bench-epilog-"))
     work.chmod(0o755)

@@ -34,6 +34,14 @@ import time
 from pathlib import Path
 
 from bench.common import REPO, cluster, save
+from nuro.datasets.snapshot import snapshot
+from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
+from nuro.jobspec.codepin import pin_code
+from nuro.jobspec.pins import resolve_dataset
+from nuro.jobspec.render import render_submission
+from nuro.jobspec.submission import apply_submission, plan_submission, spec_from
+from nuro.objectstore import ObjectStore
+from nuro.slurm import CliBackend
 
 POLICY = REPO / "examples" / "policy" / "teams.yaml"
 USER = "alice"
@@ -48,9 +56,6 @@ def _timed(fn) -> float:
 
 def worker(repo: Path, digest: str, run_root: Path, rounds: int, burst: int) -> dict:
     """Runs as the team member; returns the measurements."""
-    from nuro.jobspec.submission import apply_submission, plan_submission, spec_from
-    from nuro.slurm import CliBackend
-
     backend = CliBackend()
     flags = {"name": "bench", "team": "perception", "nodes": "2", "gpus_per_node": "1", "time_limit": "5",
              "dataset": f"imagenet@{digest}", "code.repo": str(repo), "entrypoint.script": "train.py",
@@ -91,9 +96,6 @@ def worker(repo: Path, digest: str, run_root: Path, rounds: int, burst: int) -> 
     for _ in range(rounds):
         for name, fn in paths.items():
             samples[name].append(_timed(fn))
-    from nuro.jobspec.codepin import pin_code
-    from nuro.jobspec.pins import resolve_dataset
-    from nuro.jobspec.render import render_submission
 
     def median_ms(fn) -> float:
         return round(statistics.median(_timed(fn) for _ in range(rounds)) * 1000, 2)
@@ -156,16 +158,11 @@ def main() -> None:
         repo, digest, run_root = args.worker
         print(json.dumps(worker(Path(repo), digest, Path(run_root), args.rounds, args.burst)))
         return
-    from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
-
     ensure_unix_users(POLICY_USERS)
     with cluster(8, args.port_base, "submit-latency") as (_layout, env, _up), tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         base.chmod(0o755)
         _setup_policy(env)
-        from nuro.datasets.snapshot import snapshot
-        from nuro.objectstore import ObjectStore
-
         data = base / "imagenet"
         data.mkdir()
         (data / "part-0.bin").write_bytes(b"\x01" * 4096)

@@ -7,6 +7,7 @@ nuro's path in the same run and reports the ratio, so a slow machine shifts both
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -47,8 +48,6 @@ def median_s(fn: Callable[[], object], repeat: int) -> float:
 
 
 def run(argv: list[str], env: dict[str, str], stdin: str | None = None) -> str:
-    import os
-
     res = subprocess.run(
         argv, input=stdin, env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=True
     )

@@ -47,6 +47,7 @@ from nuro.devcluster.layout import (
     describe,
     ensure_sockets_dir,
     longest_socket_path,
+    node_names,
 )
 from nuro.devcluster.procs import stop_child, stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
@@ -54,6 +55,7 @@ from nuro.metrics import identities as metrics_identities
 from nuro.metrics.sink import ENV_URL as ENV_METRICS_URL
 from nuro.objectstore import ENV_CREDENTIALS as ENV_S3_CREDENTIALS
 from nuro.protocol.heartbeat import write_key
+from nuro.slurm import CliBackend
 
 log = logging.getLogger(__name__)
 
@@ -316,8 +318,6 @@ def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
 
 def node_states(layout: Layout, timeout_s: float = 10.0) -> dict[str, str]:
     """Node → state from sinfo, via the Slurm adapter (the one place Slurm output is parsed)."""
-    from nuro.slurm import CliBackend
-
     backend = CliBackend(env=env_exports(layout), timeout_s=timeout_s)
     return {n.name: n.state for n in backend.nodes()}
 
@@ -337,7 +337,6 @@ def _agents_not_reported(layout: Layout, n_nodes: int, since: float) -> list[str
         from nuro.healthcheck.agent import read_status
     except ImportError:
         return []
-    from nuro.devcluster.layout import node_names
 
     def fresh(node: str) -> bool:
         status = read_status(layout.agents_dir, node)

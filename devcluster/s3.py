@@ -53,6 +53,7 @@ from nuro.devcluster.layout import (
 from nuro.devcluster.procs import stop_child
 from nuro.devcluster.users import ensure_unix_users
 from nuro.objectstore import ObjectStore, ObjectStoreError, StoreConfig
+from nuro.policy.model import load_policy
 from nuro.safeio.credfile import team_group
 
 IDENTITIES_FILE = "identities.json"
@@ -266,8 +267,6 @@ def provision(
 
 def policy_teams(policy_file: Path) -> dict[str, tuple[str, ...]]:
     """team → members of a teams.yaml, through the policy's own loader (validated the same way)."""
-    from nuro.policy.model import load_policy
-
     return {t.name: tuple(t.members) for t in load_policy(policy_file).teams}
 
 

@@ -44,6 +44,7 @@ from pathlib import Path
 
 import yaml
 
+from nuro.devcluster.install import ensure_packages
 from nuro.devcluster.procs import ProcRef, stop_processes
 from nuro.remote import Host
 
@@ -83,8 +84,6 @@ def ensure_sshd(timeout_s: float = 900.0) -> None:
     """
     if Path(SSHD).exists() and Path(SSH_KEYGEN).exists():
         return
-    from nuro.devcluster.install import ensure_packages
-
     ensure_packages(timeout_s, packages={"openssh-server": SSHD, "openssh-client": SSH_KEYGEN})
 
 

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import psutil
 
-from nuro.devcluster import cgroups, s3
+from nuro.devcluster import cgroups, s3, tsdb
 from nuro.devcluster.layout import (
     CLUSTER_NAME,
     DB_PASSWORD,
@@ -63,6 +63,7 @@ from nuro.devcluster.layout import (
 from nuro.devcluster.procs import ProcRef, stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, write_record
 from nuro.devcluster.restart import RestartBook
+from nuro.metrics import identities
 from nuro.protocol.heartbeat import load_key, write_node_key
 
 log = logging.getLogger("nuro.devcluster.supervisor")
@@ -203,11 +204,7 @@ class Supervisor:
     def start_influxdb(self) -> None:
         """influxd 1.6.7 (metrics store, ``nuro.devcluster.tsdb``): HTTP and RPC on loopback only, data in
         ``influxdb/``; ready when ``/ping`` answers 204, then database ``nuro`` is created (idempotent)."""
-        from nuro.devcluster import tsdb
-
         lay = self.layout
-        from nuro.metrics import identities
-
         ids = identities.read_identities(lay.influx_dir)  # per-team users (manager._write_hooks made them)
         config = tsdb.write_influx_config(lay.influx_dir, self.ports.influx, self.ports.influx_rpc, auth=bool(ids))
         argv = tsdb.influx_argv(tsdb.ensure_influxd(), config)

@@ -30,9 +30,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 import urllib3
 
 from nuro.devcluster.install import ensure_packages
+from nuro.metrics.influx import quote_ident
 
 log = logging.getLogger(__name__)
 
@@ -147,8 +149,6 @@ def influx_ready(base_url: str) -> bool:
 
 def create_database(base_url: str, db: str, timeout_s: float = 10.0) -> None:
     """``CREATE DATABASE`` (idempotent in InfluxQL). The name is quoted, so any string is safe."""
-    from nuro.metrics.influx import quote_ident
-
     body = urllib.parse.urlencode({"q": f"CREATE DATABASE {quote_ident(db)}"})
     try:
         resp = _HTTP.request(
@@ -287,8 +287,6 @@ def influx1_url(server: LocalServer, db: str = "nuro") -> str:
 
 def listening_ports(pid: int) -> set[tuple[str, int]]:
     """(address, port) of the TCP/UDP sockets ``pid`` listens on: tests check a server opens only what we said."""
-    import psutil
-
     found = set()
     for conn in psutil.Process(pid).net_connections(kind="inet"):
         if conn.status == psutil.CONN_LISTEN or (conn.type == 2 and not conn.raddr):  # 2 = SOCK_DGRAM

@@ -15,11 +15,13 @@ So nothing is deleted unless a newer committed checkpoint exists, and an upload 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from nuro.checkpoint.layout import parse_step_name, run_prefix, step_prefix
+from nuro.checkpoint.layout import manifest_key, parse_step_name, run_prefix, step_prefix, tag_key, tags_prefix
+from nuro.checkpoint.manifest import dumps, utc_now
 from nuro.objectstore import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ class StepState:
 def default_keep() -> int:
     """The platform's retention when a job's record names none: the job spec's ``checkpoint.keep`` default (3),
     what every nuro-train job gets unless it asks otherwise."""
+    # lazy: the job spec package (~50 ms of option tables and patterns) belongs to the login side; the SDK imports
+    # this module in every training rank and needs the default only for a record that names no keep
     from nuro.jobspec.options import OPTIONS_BY_NAME
 
     return int(OPTIONS_BY_NAME["checkpoint.keep"].default)
@@ -66,8 +70,6 @@ def choose_deletions(steps: Iterable[StepState], keep: int, tagged: Iterable[int
 
 def list_steps(store: ObjectStore, team: str, run: str) -> list[StepState]:
     """Every step prefix of the run and whether its manifest exists (one LIST, plus one HEAD per step)."""
-    from nuro.checkpoint.layout import manifest_key
-
     out: list[StepState] = []
     for prefix in store.list_prefixes(run_prefix(team, run)):
         step = parse_step_name(prefix.rstrip("/").rsplit("/", 1)[-1])
@@ -78,10 +80,6 @@ def list_steps(store: ObjectStore, team: str, run: str) -> list[StepState]:
 
 def tagged_steps(store: ObjectStore, team: str, run: str) -> set[int]:
     """Steps that tags point at; a malformed tag is ignored with a warning (it protects nothing)."""
-    import json
-
-    from nuro.checkpoint.layout import tags_prefix
-
     steps: set[int] = set()
     for info in store.list(tags_prefix(team, run)):
         try:
@@ -97,16 +95,11 @@ def tagged_steps(store: ObjectStore, team: str, run: str) -> set[int]:
 
 def tag_step(store: ObjectStore, team: str, run: str, step: int, tag: str) -> None:
     """Point ``tag`` at ``step`` so retention keeps it (overwrites an existing tag of that name)."""
-    from nuro.checkpoint.layout import tag_key
-    from nuro.checkpoint.manifest import dumps, utc_now
-
     store.put(tag_key(team, run, tag), dumps({"step": step, "tag": tag, "at": utc_now()}))
 
 
 def delete_step(store: ObjectStore, team: str, run: str, step: int) -> int:
     """Delete every object of one step, manifest first (so it stops being valid before its shards go)."""
-    from nuro.checkpoint.layout import manifest_key
-
     prefix = step_prefix(team, run, step)
     keys = [o.key for o in store.list(prefix)]
     mkey = manifest_key(team, run, step)

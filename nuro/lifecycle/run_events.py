@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -131,6 +132,4 @@ def read(store: ObjectStore, team: str, run: str, job_id: int | None = None) -> 
 
 def record_later(kind: str, **fields: Any) -> None:
     """``record`` on a daemon thread: for calls inside the training loop, where a slow store must not stall a step."""
-    import threading
-
     threading.Thread(target=record, args=(kind,), kwargs=fields, name=f"nuro-run-event-{kind}", daemon=True).start()
