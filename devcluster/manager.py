@@ -51,8 +51,9 @@ from nuro.devcluster.layout import (
 )
 from nuro.devcluster.procs import stop_child, stop_processes, wait_for
 from nuro.devcluster.record import Phase, RunRecord, read_record
+from nuro.healthcheck.statusfile import read_status
 from nuro.metrics import identities as metrics_identities
-from nuro.metrics.sink import ENV_URL as ENV_METRICS_URL
+from nuro.metrics.base import ENV_URL as ENV_METRICS_URL
 from nuro.objectstore import ENV_CREDENTIALS as ENV_S3_CREDENTIALS
 from nuro.protocol.heartbeat import write_key
 from nuro.slurm import CliBackend
@@ -332,11 +333,7 @@ def _all_idle(layout: Layout, n_nodes: int) -> bool:
 
 def _agents_not_reported(layout: Layout, n_nodes: int, since: float) -> list[str]:
     """Nodes whose agent has not beaten since ``since`` (Unix s; a status file left by an earlier run does not
-    count); none when the agent module is not installed (the stand-in beacon writes no status file)."""
-    try:
-        from nuro.healthcheck.agent import read_status
-    except ImportError:
-        return []
+    count)."""
 
     def fresh(node: str) -> bool:
         status = read_status(layout.agents_dir, node)
