@@ -33,7 +33,6 @@ import collections
 import contextlib
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -48,8 +47,9 @@ from pathlib import Path
 
 import psutil
 
+from nuro.protocol.contract import EXIT_REQUEUE, PG_TIMEOUT_S, PREEMPT_SIGNAL, TIME_LIMIT_SIGNAL, rdzv_port
+from nuro.slurm import CliBackend, HostlistError, SlurmError, expand_hostlist, parse_node_addr
 from nuro.wrappers.launch_outcome import (
-    EXIT_REQUEUE,
     Evidence,
     Kind,
     Outcome,
@@ -64,17 +64,16 @@ from nuro.wrappers.launch_outcome import (
 
 log = logging.getLogger("nuro.launch")
 
-#: Process-group/collective timeout handed to the training (``NURO_PG_TIMEOUT_S``, read by ``RunEnv.pg_timeout``)
-#: and to NCCL's watchdog. gloo's default is 30 min: a frozen peer would hold every GPU of the gang that long.
-DEFAULT_PG_TIMEOUT_S = 60
 #: How long a node whose verdict is only a *consequence* (it lost a peer) waits for the other nodes' verdicts before
 #: exiting: its non-zero exit makes srun kill the rest (--kill-on-bad-exit), which could otherwise kill the node with
 #: the root cause before it wrote its verdict. Measured: the nodes' torchruns end within ~1 s of each other.
 DEFAULT_SETTLE_S = 5.0
-RDZV_PORT_BASE = 29500
-RDZV_PORT_SPAN = 1000
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-_TRAINING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+#: The controller's preemption signal and Slurm's time-limit warning (``nuro.protocol.contract``): the training's
+#: PreemptionGuard acts on them, the torchrun agent must not.
+_PREEMPT = signal.Signals[f"SIG{PREEMPT_SIGNAL}"]
+_TIME_LIMIT = signal.Signals[f"SIG{TIME_LIMIT_SIGNAL}"]
+_TRAINING_SIGNALS = (_PREEMPT, _TIME_LIMIT)
 _TAIL_BYTES = 64 * 1024
 
 
@@ -91,11 +90,6 @@ class TorchrunPlan:
     env: Mapping[str, str]
     node_id: int
     num_nodes: int
-
-
-def rdzv_port(job_id: int, base: int = RDZV_PORT_BASE, span: int = RDZV_PORT_SPAN) -> int:
-    """The rendezvous port of a job: base + job id mod span (as the batch script computes it)."""
-    return base + job_id % span
 
 
 def _need(env: Mapping[str, str], name: str) -> str:
@@ -115,7 +109,7 @@ def plan_torchrun(
     rdzv_addr: str | None = None,
     error_file: str,
     log_dir: str,
-    pg_timeout_s: int = DEFAULT_PG_TIMEOUT_S,
+    pg_timeout_s: int = PG_TIMEOUT_S,
     stop_dir: str | None = None,
 ) -> TorchrunPlan:
     """The torchrun command for this node: a pure function of the Slurm environment and the resolved addresses.
@@ -128,6 +122,9 @@ def plan_torchrun(
         rdzv_addr: the first node's address when the env does not carry ``NURO_RDZV_ADDR``.
         error_file: torchrun's own ``TORCHELASTIC_ERROR_FILE`` (the first failure's cause lands there).
         log_dir: where torchrun keeps per-worker error files and stderr copies (read by the classifier).
+        pg_timeout_s: process-group/collective timeout for the training (``NURO_PG_TIMEOUT_S``, read by
+            ``RunEnv.pg_timeout``) and NCCL's watchdog. gloo's default is 30 min: a frozen peer would hold every
+            GPU of the gang that long.
         stop_dir: ``NURO_LAUNCH_STOP_DIR`` for the workers: a PreemptionGuard marks its committed stop there.
 
     Raises:
@@ -165,28 +162,33 @@ def plan_torchrun(
     return TorchrunPlan(argv=argv, env=extra, node_id=node_id, num_nodes=num_nodes)
 
 
-_NODE_ADDR_RE = re.compile(r"\bNodeAddr=(\S+)")
+def node_addr(
+    name: str, run: Callable[[list[str]], subprocess.CompletedProcess[str]] | None = None, timeout_s: float = 15
+) -> str:
+    """A node's address, Slurm's NodeAddr (``scontrol show node -o NAME`` through the adapter), else the name itself.
 
-
-def node_addr(name: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run, timeout_s: int = 15) -> str:
-    """A node's address from ``scontrol show node -o NAME`` (NodeAddr), falling back to the name itself."""
+    ``run`` runs one Slurm command (default: ``CliBackend.run``). A Slurm that answered without an address (no such
+    node) means the name is the address; one that never answered (no scontrol, a timeout) is worth a warning.
+    """
+    run = run or CliBackend(timeout_s=timeout_s).run
     try:
-        out = run(["scontrol", "show", "node", "-o", name], capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("scontrol show node %s failed (%s): using the name as the address", name, exc)
+        out = run(["scontrol", "show", "node", "-o", name])
+    except SlurmError as exc:
+        if exc.returncode is None:
+            log.warning("scontrol show node %s failed (%s): using the name as the address", name, exc)
         return name
-    m = _NODE_ADDR_RE.search(out.stdout or "")
-    return m.group(1) if m else name
+    return parse_node_addr(out.stdout or "") or name
 
 
-def first_node(env: Mapping[str, str], timeout_s: int = 15) -> str | None:
-    """The first host of the allocation (``scontrol show hostnames``), or None outside Slurm."""
-    nodelist = env.get("SLURM_JOB_NODELIST")
-    if not nodelist:
+def first_node(env: Mapping[str, str]) -> str | None:
+    """The first host of the allocation (``SLURM_JOB_NODELIST`` expanded by ``nuro.slurm.hostlist``), or None
+    outside Slurm."""
+    try:
+        hosts = expand_hostlist(env.get("SLURM_JOB_NODELIST") or "")
+    except HostlistError as exc:
+        log.warning("unreadable SLURM_JOB_NODELIST (%s): no first node", exc)
         return None
-    out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
-                         timeout=timeout_s)  # fmt: skip
-    return (out.stdout.split() or [None])[0]
+    return hosts[0] if hosts else None
 
 
 # --- processes and signals -------------------------------------------------------------------------------------
@@ -221,6 +223,29 @@ def _ignore_training_signals() -> None:
     """preexec for torchrun: USR1/USR2 ignored (inherited through exec and by the workers); see module docstring."""
     for sig in _TRAINING_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def wait_relaying(
+    proc: subprocess.Popen,
+    handlers: Mapping[int, Callable[[int, object], None]],
+    poll_s: float,
+    on_poll: Callable[[], None] | None = None,
+) -> int:
+    """Wait for ``proc`` with ``handlers`` installed for their signals (restored after), polling every ``poll_s``
+    (``on_poll`` runs before each wait); returns its exit status. Both modes wait like this: the handlers relay what
+    the batch shell or Slurm sends while the child runs."""
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items()}
+    try:
+        while True:
+            if on_poll is not None:
+                on_poll()
+            try:
+                return proc.wait(timeout=poll_s)
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class _Tail:
@@ -397,18 +422,11 @@ def _run_torchrun(plan: TorchrunPlan, env: Mapping[str, str]) -> tuple[int, str,
         pids = forward(signum, proc.pid, include_root=signum not in _TRAINING_SIGNALS)
         log.warning("forwarded SIG%s to pids=%s", name, pids)
 
-    previous = {s: signal.signal(s, on_signal) for s in (*_STOP_SIGNALS, *_TRAINING_SIGNALS)}
-    try:
-        while True:
-            seen.update((p.pid, p) for p in descendants(proc.pid) if p.pid not in seen)
-            try:
-                rc = proc.wait(timeout=1.0)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    def remember_descendants() -> None:
+        seen.update((p.pid, p) for p in descendants(proc.pid) if p.pid not in seen)
+
+    handlers = dict.fromkeys((*_STOP_SIGNALS, *_TRAINING_SIGNALS), on_signal)
+    rc = wait_relaying(proc, handlers, poll_s=1.0, on_poll=remember_descendants)
     left = []
     for p in seen.values():
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -438,18 +456,8 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             os.kill(proc.pid, signum)
 
     # USR1 is the controller's, sent to every step by scancel --full: srun gets its own copy; never relay it twice.
-    previous = {s: signal.signal(s, relay) for s in (signal.SIGUSR2, *_STOP_SIGNALS)}
-    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, lambda *_: None)
-    try:
-        while True:
-            try:
-                rc = proc.wait(timeout=0.5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+    handlers = {**dict.fromkeys((_TIME_LIMIT, *_STOP_SIGNALS), relay), _PREEMPT: lambda *_: None}
+    rc = wait_relaying(proc, handlers, poll_s=0.5)
     if rc < 0:
         rc = 128 - rc
     if vdir is None:
@@ -476,7 +484,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--nproc-per-node", type=int, default=1, help="Workers on this node (GPUs per node; 1 on CPU).")
     p.add_argument("--python", default=sys.executable, help="Interpreter for torchrun (default: this one).")
     p.add_argument("--local-addr", default=None, help="This node's address (default: its Slurm NodeAddr).")
-    p.add_argument("--pg-timeout-s", type=int, default=int(os.environ.get("NURO_PG_TIMEOUT_S") or DEFAULT_PG_TIMEOUT_S),
+    p.add_argument("--pg-timeout-s", type=int, default=int(os.environ.get("NURO_PG_TIMEOUT_S") or PG_TIMEOUT_S),
                    help="Collective timeout given to the training (NURO_PG_TIMEOUT_S; default 60).")  # fmt: skip
     p.add_argument("--settle-s", type=float, default=DEFAULT_SETTLE_S,
                    help="Seconds a node that only lost a peer waits for other nodes' verdicts.")  # fmt: skip
@@ -508,7 +516,6 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 __all__ = [
-    "DEFAULT_PG_TIMEOUT_S",
     "EXIT_REQUEUE",
     "LaunchError",
     "TorchrunPlan",

@@ -30,9 +30,7 @@ import signal
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
-#: "Restart me" (EX_TEMPFAIL): the batch script requeues on it within NURO_MAX_REQUEUES. Same value as
-#: nuro.jobspec.render.
-EXIT_REQUEUE = 75
+from nuro.protocol.contract import EXIT_REQUEUE
 
 #: Texts that mean "a peer or the rendezvous went away", not "the user's code is wrong". Each one was seen in a real
 #: run (captured under tests/fixtures/launch/) or is the documented NCCL/gloo/c10d wording for the same event.

@@ -58,6 +58,7 @@ from nuro.slurm.hostlist import expand as expand_hostlist
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
 from nuro.slurm.parse import (
     attach_switches,
+    parse_node_addr,
     parse_sacct_exitcodes,
     parse_sacct_json,
     parse_sacctmgr_parsable,
@@ -120,6 +121,7 @@ __all__ = [
     "make_backend",
     "parse_sacct_exitcodes",
     "parse_sacct_json",
+    "parse_node_addr",
     "parse_sacctmgr_parsable",
     "parse_sbatch_parsable",
     "parse_scontrol_partitions",

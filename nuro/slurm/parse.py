@@ -51,6 +51,7 @@ from nuro.slurm.models import JobInfo, NodeInfo, PartitionInfo
 from nuro.slurm.parse_text import (
     SQUEUE_FALLBACK_FORMAT,
     attach_switches,
+    parse_node_addr,
     parse_sacct_exitcodes,
     parse_sacctmgr_parsable,
     parse_sbatch_parsable,
@@ -72,6 +73,7 @@ __all__ = [
     "parse_sacct_exitcodes",
     "parse_sacct_json",
     "parse_sacctmgr_parsable",
+    "parse_node_addr",
     "parse_sbatch_parsable",
     "parse_scontrol_partitions",
     "parse_scontrol_show_oneliner",

@@ -23,9 +23,9 @@ Per call site (command: why no user value can move a field):
 * ``healthcheck.cli.node_drain_state``: ``scontrol show -o node``. A node record holds no user-chosen value; its
   free text (OS, Reason, Comment, Extra: host and admin) ends only at a key Slurm prints after it (``_FREE_TEXT``),
   so a reason cannot set State.
-* ``wrappers.launch.node_addr``: the first ``NodeAddr=`` of ``scontrol show node -o NAME``: Slurm prints it before
-  any free text. (``nuro.jobspec.render``'s job-script ``sed`` takes the last one: only an admin's reason could hold
-  one.)
+* ``parse_node_addr`` (``wrappers.launch.node_addr``): the ``NodeAddr`` of ``scontrol show node -o NAME``: Slurm
+  prints it before any free text, which cannot set it (``_FREE_TEXT``). (``nuro.jobspec.render``'s job-script
+  ``sed`` takes the last one: only an admin's reason could hold one.)
 * ``CliBackend.finished_jobs`` (exit codes): ``sacct -n -P -X -o JobIDRaw,ExitCode,State``. None of the three can
   hold '|' or a newline (digits, "N:M", a state word or "CANCELLED by UID"); each line must have exactly 3 values.
 * ``nuro.policy.slurm_state``: ``sacctmgr -P -n show qos/account/assoc/user``. Names and limits an admin set (a
@@ -141,6 +141,13 @@ def parse_scontrol_show_topology(text: str) -> dict[str, str]:
             if node not in best or level < best[node][0]:
                 best[node] = (level, name)
     return {node: switch for node, (_, switch) in best.items()}
+
+
+def parse_node_addr(text: str) -> str | None:
+    """The first node's ``NodeAddr`` in ``scontrol show node -o NAME`` output; None when there is none (no such node,
+    or an empty address)."""
+    records = parse_scontrol_show_oneliner(text)
+    return (records[0].get("NodeAddr") or None) if records else None
 
 
 def attach_switches(nodes: Iterable[NodeInfo], switch_of: dict[str, str]) -> list[NodeInfo]:
