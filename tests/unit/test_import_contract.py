@@ -28,6 +28,7 @@ from __future__ import annotations
 import ast
 import configparser
 import functools
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +42,12 @@ CONTRACT = "nuro.protocol.contract"
 #: The click entry points that mount other CLIs' command groups (and the only product file that mounts the dev wing).
 MOUNTING_ENTRY_POINTS = {"nuro.login.train_cli", "nuro.admin.admin_cli"}
 DEVCLUSTER_MOUNT = "nuro.admin.admin_cli"
-#: Comment words that are pragmas, not reasons (a bare ruff suppression says nothing about why).
-PRAGMAS = ("noqa", "type:", "pragma", "pylint:", "fmt:")
+#: What a comment may hold that is no reason: linter pragmas and rule codes (a bare suppression says nothing of why).
+PRAGMA = re.compile(
+    r"(?i:noqa|type:\s*ignore(\[[^\]]*\])?|pragma:\s*no\s*cover|pylint:\s*\S+|fmt:\s*\S+)|\b[A-Z]+[0-9]+\b"
+)
+#: The fields of statements (and except handlers, match cases) that hold statement lists.
+BLOCKS = ("body", "orelse", "finalbody", "handlers", "cases")
 
 
 @dataclass(frozen=True)
@@ -123,12 +128,8 @@ def _is_type_checking(node: ast.If) -> bool:
 
 
 def _reason_in(comment: str) -> bool:
-    """A comment that says something beyond a linter pragma."""
-    text = comment.lstrip("#").strip()
-    for pragma in PRAGMAS:
-        if text.lower().startswith(pragma):
-            text = text.split(None, 2)[2] if len(text.split(None, 2)) > 2 else ""
-    return any(ch.isalpha() for ch in text)
+    """A comment that says something beyond linter pragmas and their codes (``# noqa: PLC0415`` alone is no reason)."""
+    return any(ch.isalpha() for ch in PRAGMA.sub("", comment.lstrip("#")))
 
 
 def _justified(mod: Module, node: ast.stmt, previous: dict[int, ast.stmt]) -> bool:
@@ -162,8 +163,8 @@ def _read(path: Path, known: set[str]) -> Module:
     # import statement ending on line N, per function, so a block of lazy imports under one comment is justified once
     local_ends: dict[int, ast.stmt] = {}
 
-    def visit(node: ast.AST, in_function: bool, type_only: bool) -> None:
-        for child in ast.iter_child_nodes(node):
+    def visit(stmts: list[ast.AST], in_function: bool, type_only: bool) -> None:
+        for child in stmts:
             if isinstance(child, ast.Import | ast.ImportFrom):
                 if isinstance(child, ast.Import):
                     written = [(a.name, a.name) for a in child.names]
@@ -182,17 +183,15 @@ def _read(path: Path, known: set[str]) -> Module:
                         mod.unjustified_local.append((child.lineno, ast.unparse(child)))
                     local_ends[child.end_lineno] = child
                 continue
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-                visit(child, True, type_only)
-            elif isinstance(child, ast.If) and _is_type_checking(child):
-                for stmt in child.body:
-                    visit(ast.Module(body=[stmt], type_ignores=[]), in_function, True)
-                for stmt in child.orelse:
-                    visit(ast.Module(body=[stmt], type_ignores=[]), in_function, type_only)
-            else:
-                visit(child, in_function, type_only)
+            inner = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                visit(child.body, inner, True)
+                visit(child.orelse, inner, type_only)
+                continue
+            for block in BLOCKS:  # an import is a statement: only statement lists can hold one, not expressions
+                visit(getattr(child, block, None) or [], inner, type_only)
 
-    visit(tree, False, False)
+    visit(tree.body, False, False)
     return mod
 
 
@@ -372,4 +371,4 @@ def test_contract_reads_every_folder() -> None:
     mods = modules()
     for prefix, folder in package_dir().items():
         assert any(_in(name, prefix) for name in mods), f"no modules read under {folder} ({prefix})"
-    assert any(e.target == "nuro.metrics.model" for e in mods["nuro.metrics.sink"].edges)
+    assert any(e.target == "nuro.metrics.base" for e in mods["nuro.metrics.sink"].edges)
