@@ -14,7 +14,8 @@ function-local alike) and names each forbidden edge as ``file:line: rule: what``
 - **contract**: ``nuro/protocol/contract.py`` imports only the standard library (the SDK imports it inside the
   training process, the renderer on login nodes).
 - **lazy**: an import inside a function has a comment on its line or the line above saying why it must be lazy (a
-  heavy import off a CLI's start-up path, an optional dependency); otherwise it belongs at the top.
+  heavy import off a CLI's start-up path, an optional dependency); otherwise it belongs at the top. One comment above
+  a block of consecutive imports covers the block; a bare linter pragma (``# noqa: PLC0415``) is no reason.
 - **missing**: an import of a ``nuro.*`` module that does not exist (a lazy import left behind by a move fails only
   when its function runs).
 
