@@ -196,7 +196,7 @@ def click_options(opts: Sequence[Opt] = SPEC_OPTIONS) -> Callable[[Callable[...,
     """A decorator adding one click option per ``Opt``. Every default is None (or empty) so the command can tell
     "not given" from "given": flags override the spec file only when given. Values are checked by ``build_spec``,
     not by click, so the spec file and the flags get the same messages."""
-    import click
+    import click  # lazy: only the CLIs build click options; training ranks read this table without click
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
         for o in reversed(opts):

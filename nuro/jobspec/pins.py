@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from nuro.checkpoint.layout import validate_team
 from nuro.jobspec.codepin import CodePin
 from nuro.jobspec.fields import is_digest_ref
 
@@ -46,7 +47,7 @@ _STORES: dict[Any, Any] = {}
 def _open_store(env: Mapping[str, str] | None) -> Any:
     """One ObjectStore per configuration and process: creating a boto3 client costs ~50 ms, a HEAD request ~2 ms,
     and a burst of submits (or the controller) must not pay the former each time."""
-    from nuro.objectstore import ObjectStore, StoreConfig
+    from nuro.objectstore import ObjectStore, StoreConfig  # lazy: boto3 costs ~0.5 s; only a configured store needs it
 
     config = StoreConfig.from_env(env)
     if config not in _STORES:
@@ -75,6 +76,7 @@ def resolve_dataset(ref: str, env: Mapping[str, str] | None = None, store: Any =
             f"{name}@sha256:<64 hex> (`nuro-train dataset show {name}` lists them)"
         )
     try:
+        # lazy: the dataset package pulls in boto3 (~0.5 s); a digest reference needs none of it
         from nuro.datasets.errors import DatasetError
         from nuro.datasets.refs import resolve
         from nuro.objectstore import ObjectStoreError
@@ -99,8 +101,6 @@ def diff_key(code: CodePin, team: str) -> str:
 
     Per team because S3 write means delete: in one shared prefix any team could delete the patch another team's
     run records as its lineage (docs/security.md)."""
-    from nuro.checkpoint.layout import validate_team
-
     if not code.diff_sha256:
         raise ValueError("this CodePin carries no patch")
     return f"{DIFF_PREFIX}{validate_team(team)}/sha256/{code.diff_sha256.removeprefix('sha256:')}.patch"
@@ -111,7 +111,7 @@ def with_planned_diff_uri(code: CodePin, team: str, env: Mapping[str, str] | Non
     is content-addressed), so the plan renders the final run record and apply only stores. Touches no network."""
     if code.diff is None or not store_configured(env):
         return code
-    from nuro.objectstore import StoreConfig
+    from nuro.objectstore import StoreConfig  # lazy: boto3 (~0.5 s), only with a configured store
 
     return code.with_diff_uri(f"s3://{StoreConfig.from_env(env).bucket}/{diff_key(code, team)}")
 
@@ -127,7 +127,7 @@ def store_diff(code: CodePin, team: str, env: Mapping[str, str] | None = None, s
     """
     if code.diff is None:
         return code
-    from nuro.objectstore import ObjectStoreError
+    from nuro.objectstore import ObjectStoreError  # lazy: boto3 (~0.5 s), only with a patch to store
 
     s = store if store is not None else _open_store(env)
     key = diff_key(code, team)

@@ -48,7 +48,7 @@ class PreviewError(ValueError):
 
 def bridge_table_digest(env: Mapping[str, str] | None = None) -> str | None:
     """The ``digest`` of ``nuro_policy.lua`` beside ``$SLURM_CONF``, or None when unreadable."""
-    from nuro.policy.luatable import TABLE_FILE
+    from nuro.policy.luatable import TABLE_FILE  # lazy: nuro.policy loads pydantic (~0.25 s); only previews need it
 
     conf = (env if env is not None else os.environ).get("SLURM_CONF") or "/etc/slurm/slurm.conf"
     try:
@@ -69,6 +69,7 @@ def load_policy_source(path: str | None, env: Mapping[str, str] | None = None) -
     chosen = path or env.get("NURO_POLICY")
     if not chosen:
         return None
+    # lazy: nuro.policy loads pydantic (~0.25 s); nuro-sbatch without a policy (its plain path) must start fast
     from nuro.policy.luatable import policy_table
     from nuro.policy.model import PolicyError, load_policy
 
@@ -90,14 +91,14 @@ def decide_words(words: Sequence[Word], user: str, source: PolicySource) -> Any:
     Returns:
         The Admission; raises ValueError (from the admission parser) for values it cannot read.
     """
-    from nuro.policy.admission import decide, parse_sbatch_args
+    from nuro.policy.admission import decide, parse_sbatch_args  # lazy: pydantic (~0.25 s), only with a policy
 
     return decide(parse_sbatch_args(user, admission_args(words)), source.table)
 
 
 def describe(admission: Any, source: PolicySource, user: str | None = None) -> list[str]:
     """Human lines for an Admission (the same words the bridge would log or show)."""
-    from nuro.policy.admission import ROOT_USER
+    from nuro.policy.admission import ROOT_USER  # lazy: pydantic (~0.25 s), only with a policy
 
     head = f"bridge preview (policy {source.path}, table {source.digest[:19]}):"
     if user == ROOT_USER:

@@ -123,7 +123,7 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
     Raises:
         SpecError: unreadable, too large, not YAML, not a mapping, or unknown keys.
     """
-    import yaml
+    import yaml  # lazy: ~75 ms; only spec files need it (nuro-sbatch reads flags, training ranks read tables)
 
     source = str(path)
     try:

@@ -38,6 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from nuro.protocol import jobcomment
 from nuro.slurm._fields import expand_std_path
 from nuro.slurm.actions import (
     Action,
@@ -143,10 +144,6 @@ class Backend(abc.ABC):
         Read-merge-write keeps the keys the other side wrote (submit's ``nuro`` record, the controller's
         ``preempt``, the job's ``ack``); see nuro.protocol.jobcomment.
         """
-        from nuro.protocol import (
-            jobcomment,  # core helper; imported here to keep the adapter free of nuro-level imports
-        )
-
         new = jobcomment.merge(self.job_comment(job_id), **updates)
         self.update_comment(job_id, new)
         return new
