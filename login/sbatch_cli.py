@@ -23,6 +23,10 @@ unchanged. The preamble ends in the matching directory of the checkout when the 
 the repository. sh/bash scripts only (the preamble is POSIX sh). Exit codes: sbatch's own (0 submitted, 1 refused),
 2 usage, 3 invalid platform value or pin; ``--dry-run``: 0 the preview accepts (or no policy), 1 it rejects.
 
+The run record and the job's ``NURO_*`` variables come from ``nuro.jobspec.record``, as for ``nuro-train submit``;
+the command line goes to Slurm through the adapter (``nuro.slurm.SubmitCommand``), unchanged, sbatch's output and exit
+status the user's own.
+
 ``-h``/``--help`` (before the script) prints nuro's platform flags, then sbatch's own help (``sbatch --help``, with
 the same argv when there are no platform flags), and exits 0.
 """
