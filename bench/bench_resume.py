@@ -31,8 +31,8 @@ from bench.bench_detection import _controller
 from bench.common import cluster, save
 from nuro.checkpoint.restore import latest_committed_step
 from nuro.devcluster import scenario
-from nuro.login import events_cli
 from nuro.objectstore import ObjectStore
+from nuro.runs import timeline_report
 from nuro.slurm import CliBackend, JobPhase
 
 CKPT_INTERVAL_S = 4
@@ -65,7 +65,7 @@ def _round(layout, env: dict[str, str], work: Path, dataset: str, repo: Path, nu
         if ctl is not None:
             ctl.send_signal(signal.SIGCONT)
     final = backend.wait_for_job(run.job_id, timeout_s=400)
-    tl, _notes = events_cli.gather(run.job_id, backend, Path(env["NURO_EVENT_LOG"]), store)
+    tl, _notes = timeline_report.gather(run.job_id, backend, Path(env["NURO_EVENT_LOG"]), store)
 
     def first(kind: str, attempt: int) -> float | None:
         e = next((e for e in tl.entries if e.kind == kind and e.attempt == attempt), None)

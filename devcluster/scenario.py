@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
+from nuro.metrics.sink import sink_from_env
+from nuro.runs import report
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_ddp"
@@ -146,15 +148,12 @@ def metrics_view(env: dict[str, str], job_id: int, backend, plot: bool = True) -
     Returns (the summary, the plot text or None). Raises ``nuro.metrics.sink.SinkError`` when the sink cannot be
     read, LookupError/SlurmError when the job cannot be found.
     """
-    from nuro.login import metrics_cli
-    from nuro.metrics.sink import sink_from_env
-
     sink = sink_from_env(env)
     try:
-        ref = metrics_cli.resolve_run(backend, job_id)
-        train, gpus = metrics_cli.read_rows(sink, ref, time.time_ns())
+        ref = report.resolve_run(backend, job_id)
+        train, gpus = report.read_rows(sink, ref, time.time_ns())
     finally:
         sink.close()
-    summary = metrics_cli.summarize(ref, train, gpus)
-    text = metrics_cli.plot_text(metrics_cli.plot_series(train), width=100, height=24) if plot and train else None
+    summary = report.summarize(ref, train, gpus)
+    text = report.plot_text(report.plot_series(train), width=100, height=24) if plot and train else None
     return summary, text

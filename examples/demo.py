@@ -23,6 +23,7 @@ from rich.console import Console
 from nuro.devcluster import manager, scenario
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
 from nuro.objectstore import ObjectStore
+from nuro.runs import report, timeline_report
 from nuro.slurm import CliBackend, JobPhase
 
 WORK = Path(os.environ.get("NURO_DEMO_DIR", "/tmp/nuro-demo"))
@@ -35,7 +36,6 @@ out = Console(soft_wrap=True)
 
 def main() -> int:
     from nuro.checkpoint.restore import latest_committed_step
-    from nuro.login import events_cli
 
     layout = Layout(default_state_dir())
     out.print(f"[bold]1.[/] local cluster in {layout.root} (Slurm, SeaweedFS, node agents, failure detector)")
@@ -76,8 +76,8 @@ def main() -> int:
             out.print(f"   [green]{line}[/]")
 
     out.print(f"[bold]6.[/] nuro-train events {run.job_id}")
-    tl, notes = events_cli.gather(run.job_id, backend, Path(env["NURO_EVENT_LOG"]), store)
-    events_cli.render(tl, notes)
+    tl, notes = timeline_report.gather(run.job_id, backend, Path(env["NURO_EVENT_LOG"]), store)
+    timeline_report.show(tl, notes)
     scenario.revive_node(env, victim)
     out.print(f"   {victim} revived; the controller returns it once its heartbeats are healthy again")
     out.print(f"[bold]7.[/] nuro-train metrics {run.job_id} --plot")
@@ -89,14 +89,12 @@ def main() -> int:
 
 def _show_metrics(env: dict[str, str], job_id: int, backend: CliBackend) -> None:
     """The metrics view; a sink that cannot be read is a note, not a failed demo (the run itself survived)."""
-    from nuro.login import metrics_cli
-
     try:
         summary, plot = scenario.metrics_view(env, job_id, backend)
     except Exception as exc:  # noqa: BLE001 - the demo's point was made in steps 1-6
         out.print(f"   [yellow]metrics not shown:[/] {exc}")
         return
-    out.print(metrics_cli.render_metrics(summary))
+    out.print(report.render_metrics(summary))
     if plot:
         out.print(plot, highlight=False, markup=False)
     out.print(f"   {len(summary['history'])} points from {len(summary['ranks'])} ranks "

@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
+from nuro.console import ExitCode, fail
 from nuro.datasets.errors import DatasetError, DatasetNotFound, InvalidInput
 from nuro.datasets.manifest import parse_ref
 from nuro.datasets.refs import list_datasets, list_snapshots, list_tags, load_manifest, resolve, set_tag
@@ -32,15 +33,9 @@ from nuro.datasets.snapshot import snapshot as take_snapshot
 from nuro.datasets.verify import verify as verify_snapshot
 from nuro.objectstore import NotFound, ObjectStore, ObjectStoreError
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND = 0, 1, 2, 4
 PROGRESS_MIN_BYTES = 16 * 1024 * 1024  # smaller snapshots finish before a bar would be readable
 
 err = Console(stderr=True, soft_wrap=True, highlight=False)
-
-
-def _fail(code: int, message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}")
-    sys.exit(code)
 
 
 def _handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -51,11 +46,11 @@ def _handles_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except InvalidInput as exc:
-            _fail(EXIT_USAGE, str(exc))
+            fail(ExitCode.USAGE, str(exc))
         except (DatasetNotFound, NotFound) as exc:
-            _fail(EXIT_NOT_FOUND, str(exc))
+            fail(ExitCode.NOT_FOUND, str(exc))
         except (DatasetError, ObjectStoreError) as exc:
-            _fail(EXIT_FAILED, str(exc))
+            fail(ExitCode.FAILED, str(exc))
 
     return wrapper
 
@@ -230,7 +225,7 @@ def verify(ref: str, workers: int, no_progress: bool, as_json: bool) -> None:
     if not report.ok:
         if not as_json:
             err.print(f"[bold red]verification failed:[/] {len(report.bad_files)} bad files in {r.name}@{digest}")
-        sys.exit(EXIT_FAILED)
+        sys.exit(ExitCode.FAILED)
 
 
 if __name__ == "__main__":

@@ -1,316 +1,85 @@
 """``nuro-train metrics | artifacts | compare``: what a run logged, what it stored, and how two runs differ.
 
-Every view is assembled from the systems of record (ARCHITECTURE principle 1), never from a nuro database:
-
-| view | Slurm (comment, accounting) | metrics sink | S3 |
-|---|---|---|---|
-| ``metrics JOB`` | team/run, its nodes, whether it ended | ``train`` rows of the job, ``gpu`` rows of its GPUs | — |
-| ``artifacts JOB`` | team/run of the job | — | checkpoint manifests and step prefixes, run events |
-| ``compare A B`` | script, args, tier, nodes, GPUs, dataset, code | final loss, throughput, steps | checkpoints |
-
-A job id names the run, as in ``nuro-train status/events``. The sink is ``NURO_METRICS_URL``'s (default: the
-embedded SQLite file, see docs/metrics.md); S3 is ``NURO_S3_*``'s. The pure parts (``summarize``, ``gpu_latest``,
-``plot_series``, ``compare_rows``, the renderers) take rows and dicts, so they are tested without any server.
+The views themselves (reading Slurm, the metrics sink and S3; summarising; rendering) are ``nuro.runs.report``'s,
+shared with the dev wing and the demo; this module parses the flags, turns the readers' errors into exit codes and
+prints.
 
 Exit codes: 0 ok, 1 Slurm unreachable, 4 no such job, 5 the metrics sink cannot be read.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import os
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console, Group
-from rich.table import Table
+from rich.live import Live
 from rich.text import Text
 
-from nuro.metrics.model import GPU, TRAIN, Query, Row
-from nuro.protocol import jobcomment
-from nuro.slurm import CliBackend, JobInfo, SlurmError
-
-EXIT_SLURM = 1
-EXIT_NOT_FOUND = 4
-EXIT_SINK = 5
-#: ``gpu`` rows older than this are not "now" (the agent writes at 1 Hz; a node without telemetry shows none).
-GPU_RECENT_S = 30.0
-DEFAULT_HISTORY = 10_000
+from nuro.console import ExitCode, fail
+from nuro.metrics.model import Row
+from nuro.metrics.sink import MetricsConfigError, SinkError
+from nuro.objectstore import ObjectStore, ObjectStoreError
+from nuro.runs.report import (
+    DEFAULT_HISTORY,
+    RunRef,
+    compare_rows,
+    count_checkpoints,
+    gather_artifacts,
+    open_sink,
+    plot_series,
+    plot_text,
+    read_rows,
+    render_artifacts,
+    render_compare,
+    render_metrics,
+    resolve_run,
+    run_summary,
+    summarize,
+    train_query,
+)
+from nuro.slurm import CliBackend, SlurmError
 
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)
-
-
-def _fail(message: str, code: int) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    sys.exit(code)
-
-
-# -- the run, from Slurm -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RunRef:
-    """A job and the run it belongs to. ``team``/``run`` are None for a job without a nuro record."""
-
-    job_id: int
-    team: str | None
-    run: str | None
-    meta: Mapping[str, Any]
-    job: JobInfo
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        return self.job.nodes
-
-    @property
-    def finished(self) -> bool:
-        return self.job.is_finished
-
-
-def _meta(comment: str) -> dict:
-    raw = jobcomment.parse(comment).raw.get("nuro")
-    return raw if isinstance(raw, dict) else {}
-
-
-def resolve_run(backend: CliBackend, job_id: int) -> RunRef:
-    """The job (slurmctld, else accounting) and its run from the ``nuro`` comment record (any attempt's).
-
-    Raises LookupError (no such job) and SlurmError.
-    """
-    job = backend.find_job(job_id)
-    if job is None:
-        raise LookupError(f"no job {job_id} (it may have ended more than MinJobAge ago and accounting lacks it)")
-    meta = _meta(job.comment)
-    if not meta:  # squeue can lose the comment of a finished job; accounting keeps one per attempt
-        for attempt in reversed(backend.attempts(job_id)):
-            meta = _meta(attempt.comment)
-            if meta:
-                break
-    team, run = meta.get("team"), meta.get("name")
-    return RunRef(job_id, str(team) if team else None, str(run) if run else None, meta, job)
 
 
 def _resolve_or_exit(backend: CliBackend, job_id: int) -> RunRef:
     try:
         return resolve_run(backend, job_id)
     except LookupError as exc:
-        _fail(str(exc), EXIT_NOT_FOUND)
+        fail(ExitCode.NOT_FOUND, str(exc))
     except SlurmError as exc:
-        _fail(f"Slurm: {exc}", EXIT_SLURM)
-    raise AssertionError("unreachable")
+        fail(ExitCode.FAILED, f"Slurm: {exc}")
 
 
-# -- reading the sink --------------------------------------------------------------------------------------------
-def train_query(ref: RunRef, limit: int | None = DEFAULT_HISTORY) -> Query:
-    """The job's ``train`` rows (every rank and restart), newest ``limit``."""
-    where = {"job": str(ref.job_id)}
-    if ref.team and ref.run:
-        where |= {"team": ref.team, "run": ref.run}
-    return Query(TRAIN, where=where, limit=limit)
-
-
-def read_rows(sink: Any, ref: RunRef, now_ns: int, limit: int | None = DEFAULT_HISTORY) -> tuple[list[Row], list[Row]]:
-    """``(train rows, recent gpu rows)``; raises the sink's SinkError.
-
-    The GPUs are the job's own (points the agents tagged with it, ``nuro.protocol.gpujobs``); when there are none (an
-    older
-    agent, a node without the prolog's claims, or a job that ended more than ``GPU_RECENT_S`` ago), every GPU of
-    the job's nodes, which on a shared node includes other jobs' GPUs; ``summarize`` says which.
-    """
-    from nuro.metrics.identities import platform_view
-
-    train = sink.query(train_query(ref, limit))
-    since = now_ns - int(GPU_RECENT_S * 1e9)
-    gpu_sink: Any = platform_view(sink)  # a team's database has no gpu points: the agents write the platform's
+def _open_sink_or_exit(team: str | None = None) -> Any:
     try:
-        gpus: list[Row] = gpu_sink.query(Query(GPU, where={"job": str(ref.job_id)}, since_ns=since))
-        if not gpus:
-            for node in ref.nodes:
-                gpus += gpu_sink.query(Query(GPU, where={"node": node}, since_ns=since))
-    finally:
-        if gpu_sink is not sink:
-            gpu_sink.close()
-    return train, gpus
-
-
-# -- pure views --------------------------------------------------------------------------------------------------
-TRAIN_COLUMNS = ("step", "loss", "samples_per_s", "step_time_s")
-
-
-def _rank(row: Row) -> int:
-    r = row.tags.get("rank", "0")
-    return int(r) if str(r).isdigit() else -1
-
-
-def history(rows: Iterable[Row]) -> list[dict]:
-    """Every ``train`` row flat (``ts_ns``, ``rank``, ``restart`` + its fields), oldest first, for ``--json``."""
-    return [
-        {"ts_ns": r.ts_ns, "rank": _rank(r), "restart": int(r.tags.get("restart", "0") or 0), **dict(r.fields)}
-        for r in sorted(rows, key=lambda r: (r.ts_ns, _rank(r)))
-    ]
-
-
-def latest_per_rank(rows: Iterable[Row]) -> list[dict]:
-    """Per rank, the newest value of each field (a field missing from the newest row keeps its last value, e.g. the
-    first point after a restart has no step time), plus ``restart`` and ``ts_ns`` of the newest row. By rank."""
-    latest: dict[int, dict] = {}
-    for r in sorted(rows, key=lambda r: r.ts_ns):
-        entry = latest.setdefault(_rank(r), {"rank": _rank(r)})
-        entry.update(r.fields)
-        entry["restart"] = int(r.tags.get("restart", "0") or 0)
-        entry["ts_ns"] = r.ts_ns
-    return [latest[k] for k in sorted(latest)]
-
-
-def gpu_latest(rows: Iterable[Row]) -> list[dict]:
-    """The newest ``gpu`` row per (node, gpu), sorted by node and index."""
-    latest: dict[tuple[str, int], dict] = {}
-    for r in sorted(rows, key=lambda r: r.ts_ns):
-        idx = int(r.tags["gpu"]) if str(r.tags.get("gpu", "")).isdigit() else -1
-        latest[(r.tags.get("node", "?"), idx)] = {
-            "node": r.tags.get("node", "?"), "gpu": idx, "model": r.tags.get("model", ""), "ts_ns": r.ts_ns,
-            **dict(r.fields),
-        }  # fmt: skip
-    return [latest[k] for k in sorted(latest)]
-
-
-def summarize(ref: RunRef, train: Sequence[Row], gpus: Sequence[Row], notes: Sequence[str] = ()) -> dict:
-    """The ``metrics`` view as one JSON-able dict (what ``--json`` prints and the table shows)."""
-    return {
-        "job_id": ref.job_id,
-        "team": ref.team,
-        "run": ref.run,
-        "state": ref.job.state,
-        "nodes": list(ref.nodes),
-        "ranks": latest_per_rank(train),
-        "gpus": gpu_latest(gpus),
-        # "job": exactly the job's GPUs; "nodes": every GPU of its nodes (no claims seen, see read_rows)
-        "gpus_of": "job" if gpus and all(r.tags.get("job") == str(ref.job_id) for r in gpus) else "nodes",
-        "history": history(train),
-        "notes": list(notes),
-    }
-
-
-def plot_series(train: Iterable[Row]) -> dict[str, list]:
-    """Loss (lowest rank) and job throughput (samples/s summed over the ranks that reported the step) per step.
-
-    When a step was logged by several restarts (it was done again after a resume), the newest value wins.
-    """
-    by_step_loss: dict[int, float] = {}
-    by_step_tput: dict[int, dict[int, float]] = {}
-    rows = sorted(train, key=lambda r: r.ts_ns)
-    low = min((_rank(r) for r in rows), default=0)
-    for r in rows:
-        step = r.fields.get("step")
-        if not isinstance(step, int | float):
-            continue
-        step = int(step)
-        if _rank(r) == low and isinstance(r.fields.get("loss"), int | float):
-            by_step_loss[step] = float(r.fields["loss"])
-        if isinstance(r.fields.get("samples_per_s"), int | float):
-            by_step_tput.setdefault(step, {})[_rank(r)] = float(r.fields["samples_per_s"])
-    loss_steps = sorted(by_step_loss)
-    tput_steps = sorted(by_step_tput)
-    return {
-        "loss_steps": loss_steps,
-        "loss": [by_step_loss[s] for s in loss_steps],
-        "throughput_steps": tput_steps,
-        "samples_per_s": [sum(by_step_tput[s].values()) for s in tput_steps],
-    }
-
-
-def _num(v: Any, fmt: str) -> str:
-    return format(v, fmt) if isinstance(v, int | float) and not isinstance(v, bool) else "—"
-
-
-def render_metrics(summary: Mapping[str, Any]) -> Group:
-    """Rich tables: latest values per rank, then GPU utilisation of the job's nodes."""
-    title = (f"job {summary['job_id']} {summary['team'] or '-'}/{summary['run'] or '-'} ({summary['state']}): "
-             "latest per rank")  # fmt: skip
-    ranks = Table(title=title, title_justify="left")
-    for col in ("rank", "restart", "step", "loss", "samples/s", "step time"):
-        ranks.add_column(col, justify="right")
-    for r in summary["ranks"]:
-        ranks.add_row(
-            str(r["rank"]), str(r.get("restart", 0)), _num(r.get("step"), "d"), _num(r.get("loss"), ".4f"),
-            _num(r.get("samples_per_s"), ".1f"), _num(r.get("step_time_s"), ".3f") + (" s" if "step_time_s" in r
-                                                                                      else ""),
-        )  # fmt: skip
-    parts: list[Any] = [ranks if summary["ranks"] else Text(f"job {summary['job_id']}: no training metrics yet")]
-    if summary["gpus"]:
-        whose = (f"job {summary['job_id']}" if summary.get("gpus_of") == "job"
-                 else f"nodes {', '.join(summary['nodes'])}")  # fmt: skip
-        gpus = Table(title=f"GPUs of {whose} (last {GPU_RECENT_S:.0f} s)", title_justify="left")
-        for col in ("node", "gpu", "util", "memory", "temp", "SM clock", "power"):
-            gpus.add_column(col, justify="left" if col == "node" else "right")
-        for g in summary["gpus"]:
-            mem = (f"{g['mem_used_bytes'] / 2**30:.1f} / {g['mem_total_bytes'] / 2**30:.0f} GiB"
-                   if "mem_used_bytes" in g and "mem_total_bytes" in g else "—")  # fmt: skip
-            gpus.add_row(
-                g["node"], str(g["gpu"]), _num(g.get("util_pct"), ".0f") + " %", mem,
-                _num(g.get("temp_c"), ".0f") + " °C", _num(g.get("sm_clock_mhz"), ".0f") + " MHz",
-                _num(g.get("power_w"), ".0f") + " W",
-            )  # fmt: skip
-        parts.append(gpus)
-    elif summary["nodes"]:
-        parts.append(Text(f"no GPU telemetry from {', '.join(summary['nodes'])} in the last {GPU_RECENT_S:.0f} s"))
-    return Group(*parts)
-
-
-def plot_text(series: Mapping[str, list], width: int = 100, height: int = 30) -> str:
-    """Loss and throughput over steps as plain terminal text, two panels one above the other.
-
-    Written for plotext 6 (``plotext.figure`` with ``signal``/``draw``/``build``; the 5.x ``plt.plot`` API is gone)
-    and rendered colourless, so the text is the same in a terminal, a pipe and a test.
-    """
-    import plotext
-
-    fig = plotext.figure
-    fig.clear()
-    fig.plot_size(width, height)
-    fig.subplots(2, 1)
-    for row, (title, xs, ys) in enumerate(
-        (("loss (lowest rank)", series["loss_steps"], series["loss"]),
-         ("samples/s (all ranks) over steps", series["throughput_steps"], series["samples_per_s"])), start=1,
-    ):  # fmt: skip
-        panel = fig.subplot(row, 1)
-        panel.title(title)
-        if xs:
-            panel.draw(panel.signal(list(xs), list(ys), marker="braille").lines())
-    text = fig.build().string(colorless=True)
-    fig.clear()
-    return text
-
-
-# -- metrics ------------------------------------------------------------------------------------------------------
-def _open_sink(team: str | None = None) -> Any:
-    """The sink of ``NURO_METRICS_URL``; a member without a token reads ``team``'s database with that team's
-    credential (``NURO_METRICS_CREDENTIALS``): the run's team, so another team's run is refused, not read empty."""
-    from nuro.metrics.sink import MetricsConfigError, SinkError, sink_from_env
-
-    env = {**os.environ, "NURO_TEAM": team} if team else None
-    try:
-        return sink_from_env(env)
+        return open_sink(team)
     except (SinkError, MetricsConfigError) as exc:
-        _fail(f"cannot open the metrics sink: {exc}", EXIT_SINK)
+        fail(ExitCode.SINK, f"cannot open the metrics sink: {exc}")
+
+
+def _unreadable_sink(sink: Any, exc: Exception) -> NoReturn:
+    fail(ExitCode.SINK, f"cannot read metrics from {getattr(sink, 'name', 'the sink')}: {exc}")
 
 
 def _snapshot(
     backend: CliBackend, sink: Any, job_id: int, limit: int | None = DEFAULT_HISTORY
 ) -> tuple[RunRef, list[Row], list[Row]]:
-    from nuro.metrics.sink import SinkError
-
     ref = _resolve_or_exit(backend, job_id)
     try:
         train, gpus = read_rows(sink, ref, time.time_ns(), limit)
     except SinkError as exc:
-        _fail(f"cannot read metrics from {getattr(sink, 'name', 'the sink')}: {exc}", EXIT_SINK)
+        _unreadable_sink(sink, exc)
     return ref, train, gpus
 
 
+# -- metrics ------------------------------------------------------------------------------------------------------
 @click.command("metrics")
 @click.argument("job_id", type=int)
 @click.option("-f", "--follow", is_flag=True, help="Refresh live until the run ends.")
@@ -325,7 +94,7 @@ def metrics(job_id: int, follow: bool, plot: bool, as_json: bool, interval_s: fl
     --json prints once (with --plot: the plotted series too); --follow refreshes until the job ends.
     """
     backend = CliBackend(timeout_s=30)
-    sink = _open_sink(_resolve_or_exit(backend, job_id).team)
+    sink = _open_sink_or_exit(_resolve_or_exit(backend, job_id).team)
     try:
         if follow and not as_json:
             _follow(backend, sink, job_id, plot, interval_s, limit)
@@ -345,8 +114,6 @@ def metrics(job_id: int, follow: bool, plot: bool, as_json: bool, interval_s: fl
 
 
 def _follow(backend: CliBackend, sink: Any, job_id: int, plot: bool, interval_s: float, limit: int) -> None:
-    from rich.live import Live
-
     def view() -> tuple[Any, bool]:
         ref, train, gpus = _snapshot(backend, sink, job_id, limit)
         group = render_metrics(summarize(ref, train, gpus))
@@ -363,93 +130,16 @@ def _follow(backend: CliBackend, sink: Any, job_id: int, plot: bool, interval_s:
 
 
 # -- artifacts ----------------------------------------------------------------------------------------------------
-def _store():  # noqa: ANN202
-    from nuro.objectstore import ObjectStore
-
-    return ObjectStore.from_env()
-
-
-def gather_artifacts(ref: RunRef, store: Any) -> dict:
-    """Checkpoints (committed and not) and the other objects under the run's prefixes. Raises ObjectStoreError."""
-    from nuro.checkpoint import layout as L
-    from nuro.lifecycle.run_events import run_prefix
-    from nuro.login.runs_cli import run_checkpoints
-
-    if not ref.team or not ref.run:
-        return {"job_id": ref.job_id, "team": None, "run": None, "checkpoints": [], "uncommitted": [], "objects": [],
-                "notes": [f"job {ref.job_id} carries no nuro run record: it has no run prefixes in S3"]}  # fmt: skip
-    committed, other = run_checkpoints(store, ref.team, ref.run)
-    objects = []
-    ckpt_root = L.run_prefix(ref.team, ref.run)
-    for prefix in (ckpt_root, run_prefix(ref.team, ref.run)):
-        for o in store.list(prefix):
-            rest = o.key[len(ckpt_root) :] if o.key.startswith(ckpt_root) else ""
-            if rest and L.parse_step_name(rest.split("/", 1)[0]) is not None:
-                continue  # a checkpoint's own files: shown as the checkpoint
-            objects.append({"key": o.key, "bytes": o.size,
-                            "modified": o.last_modified.isoformat() if o.last_modified else None,
-                            "kind": artifact_kind(o.key)})  # fmt: skip
-    return {"job_id": ref.job_id, "team": ref.team, "run": ref.run, "checkpoints": committed, "uncommitted": other,
-            "objects": objects, "notes": []}  # fmt: skip
-
-
-def artifact_kind(key: str) -> str:
-    """What an object under a run prefix is, from its key: ``run event <kind>``, ``checkpoint tag`` or ``other``."""
-    if "/events/" in key and key.endswith(".json"):
-        return "run event " + key.rsplit("-", 1)[-1].removesuffix(".json")
-    if "/tags/" in key:
-        return "checkpoint tag"
-    return "other"
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return str(n)
-
-
-def render_artifacts(a: Mapping[str, Any]) -> Group:
-    """Checkpoints table, uncommitted steps, then other objects grouped by kind (run events can be many)."""
-    parts: list[Any] = []
-    t = Table(title=f"job {a['job_id']} {a['team'] or '-'}/{a['run'] or '-'}: checkpoints", title_justify="left")
-    for col in ("step", "size", "committed at", "job", "restart", "parent"):
-        t.add_column(col, justify="right" if col in ("step", "size", "restart", "parent") else "left")
-    for c in a["checkpoints"]:
-        style = "bold" if str(c["job_id"]) == str(a["job_id"]) else None
-        t.add_row(str(c["step"]), _size(c["bytes"]), c["committed_at"], str(c["job_id"]), str(c["restart"]),
-                  "—" if c["parent"] is None else str(c["parent"]), style=style)  # fmt: skip
-    parts.append(t if a["checkpoints"] else Text("no committed checkpoints"))
-    for u in a["uncommitted"]:
-        parts.append(Text(f"step {u['step']}: not committed ({u['status']}), {_size(u['bytes'])} stored"))
-    kinds: dict[str, list[dict]] = {}
-    for o in a["objects"]:
-        kinds.setdefault(o["kind"], []).append(o)
-    if kinds:
-        o_t = Table(title="other objects under the run's prefixes", title_justify="left")
-        for col in ("kind", "objects", "size", "newest"):
-            o_t.add_column(col)
-        for kind, objs in sorted(kinds.items()):
-            newest = max((o["modified"] or "" for o in objs), default="")
-            o_t.add_row(kind, str(len(objs)), _size(sum(o["bytes"] for o in objs)), newest or "—")
-        parts.append(o_t)
-    parts += [Text(f"note: {n}", style="yellow") for n in a["notes"]]
-    return Group(*parts)
-
-
 @click.command("artifacts")
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True)
 def artifacts(job_id: int, as_json: bool) -> None:
     """List run JOB_ID's checkpoints (step, size, committed at, job, restart, parent) and its other S3 objects."""
-    from nuro.objectstore import ObjectStoreError
-
     ref = _resolve_or_exit(CliBackend(timeout_s=30), job_id)
     try:
-        result = gather_artifacts(ref, _store() if ref.team and ref.run else None)
+        result = gather_artifacts(ref, ObjectStore.from_env() if ref.team and ref.run else None)
     except (ObjectStoreError, ValueError) as exc:
-        _fail(f"cannot list the run's objects in S3: {exc}", EXIT_SLURM)
+        fail(ExitCode.FAILED, f"cannot list the run's objects in S3: {exc}")
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
@@ -457,111 +147,26 @@ def artifacts(job_id: int, as_json: bool) -> None:
 
 
 # -- compare ------------------------------------------------------------------------------------------------------
-def final_metrics(train: Sequence[Row]) -> dict:
-    """Last loss (lowest rank), mean job throughput (sum over ranks of each rank's mean samples/s), last step."""
-    ranks: dict[int, list[float]] = {}
-    for r in train:
-        if isinstance(r.fields.get("samples_per_s"), int | float):
-            ranks.setdefault(_rank(r), []).append(float(r.fields["samples_per_s"]))
-    latest = latest_per_rank(train)
-    low = latest[0] if latest else {}
-    steps = [int(r.fields["step"]) for r in train if isinstance(r.fields.get("step"), int | float)]
-    return {
-        "last_loss": low.get("loss"),
-        "mean_samples_per_s": round(sum(sum(v) / len(v) for v in ranks.values()), 3) if ranks else None,
-        "last_step": max(steps) if steps else None,
-        "ranks": len(latest),
-    }
-
-
-def run_summary(ref: RunRef, train: Sequence[Row], checkpoints: int | None) -> dict:
-    """What ``compare`` puts side by side for one run: parameters, pins, final metrics, checkpoints."""
-    m = ref.meta
-    entry = m.get("entry") if isinstance(m.get("entry"), dict) else {}
-    ds = m.get("dataset") if isinstance(m.get("dataset"), dict) else {}
-    code = m.get("code") if isinstance(m.get("code"), dict) else {}
-    return {
-        "job_id": ref.job_id,
-        "run": {"team": ref.team, "name": ref.run, "state": ref.job.state, "restarts": ref.job.restart_count},
-        "params": {
-            "script": entry.get("script"), "args": " ".join(map(str, entry.get("args") or [])) or None,
-            "launcher": entry.get("launcher"), "tier": m.get("tier"), "nodes": ref.job.node_count,
-            "gpus": ref.job.gpus_total,
-        },
-        "data": {"dataset": ds.get("name"), "digest": ds.get("digest")},
-        "code": {"repo": code.get("repo"), "commit": code.get("commit"), "diff": code.get("diff")},
-        "metrics": final_metrics(train),
-        "checkpoints": {"committed": checkpoints},
-    }  # fmt: skip
-
-
-#: Sections whose values describe how the run was set up (a difference there explains one in "metrics").
-INPUT_SECTIONS = ("params", "data", "code")
-
-
-def compare_rows(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[dict]:
-    """Flatten two ``run_summary`` dicts into ``{section, key, a, b, same}`` rows, in a fixed order. Pure."""
-    rows = []
-    for section in ("run", "params", "data", "code", "metrics", "checkpoints"):
-        sa, sb = a.get(section) or {}, b.get(section) or {}
-        for key in list(dict.fromkeys([*sa, *sb])):
-            va, vb = sa.get(key), sb.get(key)
-            rows.append({"section": section, "key": key, "a": va, "b": vb, "same": va == vb})
-    return rows
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)
-
-
-def render_compare(a: Mapping[str, Any], b: Mapping[str, Any], rows: Sequence[dict]) -> Table:
-    """Side by side; differing inputs in bold yellow, differing results in yellow, identical rows dim."""
-    t = Table(title=f"job {a['job_id']} vs job {b['job_id']}", title_justify="left")
-    t.add_column("")
-    t.add_column("")
-    t.add_column(f"job {a['job_id']}", overflow="fold")  # digests and commits are what people compare: never cut
-    t.add_column(f"job {b['job_id']}", overflow="fold")
-    t.add_column("")
-    for r in rows:
-        style = "dim" if r["same"] else ("bold yellow" if r["section"] in INPUT_SECTIONS else "yellow")
-        t.add_row(r["section"], r["key"], _cell(r["a"]), _cell(r["b"]), "" if r["same"] else "≠", style=style)
-    return t
-
-
 @click.command("compare")
 @click.argument("job_a", type=int)
 @click.argument("job_b", type=int)
 @click.option("--json", "as_json", is_flag=True)
 def compare(job_a: int, job_b: int, as_json: bool) -> None:
     """Compare two runs: parameters, pinned data and code, final metrics and checkpoints, differences highlighted."""
-    from nuro.login.runs_cli import run_checkpoints
-    from nuro.metrics.sink import SinkError
-    from nuro.objectstore import ObjectStoreError
-
     backend = CliBackend(timeout_s=30)
-    sink = _open_sink()
+    sink = _open_sink_or_exit()
+    store = functools.cache(ObjectStore.from_env)  # opened once, and only for a run with checkpoints to count
     notes: list[str] = []
     summaries = []
-    store = None
     try:
         for job_id in (job_a, job_b):
             ref = _resolve_or_exit(backend, job_id)
             try:
                 train = sink.query(train_query(ref, None))
             except SinkError as exc:
-                _fail(f"cannot read metrics from {getattr(sink, 'name', 'the sink')}: {exc}", EXIT_SINK)
-            count = None
-            if ref.team and ref.run:
-                try:
-                    store = store or _store()
-                    committed, _ = run_checkpoints(store, ref.team, ref.run)
-                    count = sum(1 for c in committed if str(c["job_id"]) == str(job_id))
-                except (ObjectStoreError, ValueError) as exc:
-                    notes.append(f"checkpoints of job {job_id} not counted: {exc}")
+                _unreadable_sink(sink, exc)
+            count, note = count_checkpoints(ref, store)
+            notes += [note] if note else []
             summaries.append(run_summary(ref, train, count))
     finally:
         sink.close()
@@ -575,9 +180,3 @@ def compare(job_a: int, job_b: int, as_json: bool) -> None:
 
 
 COMMANDS = (metrics, artifacts, compare)
-
-
-__all__ = [
-    "COMMANDS", "RunRef", "compare_rows", "final_metrics", "gpu_latest", "latest_per_rank", "plot_series",
-    "render_artifacts", "render_compare", "render_metrics", "resolve_run", "run_summary", "summarize",
-]  # fmt: skip

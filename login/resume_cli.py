@@ -11,21 +11,21 @@ Exit codes: 0 ok, 1 Slurm refused, 2 usage, 3 the parent cannot be resumed (no o
 
 from __future__ import annotations
 
+import functools
 import json
-import sys
 from typing import Any
 
 import click
 
-from nuro.console import ExitCode
+from nuro.console import ExitCode, fail
 from nuro.jobspec import SpecError
-from nuro.jobspec.submission import InvalidSubmission, apply_submission, plan_submission
-from nuro.jobspec.submission import spec_from as _spec_from
+from nuro.jobspec.submission import InvalidSubmission, apply_submission, plan_submission, spec_from
 from nuro.protocol import jobcomment
 from nuro.slurm import CliBackend, InvalidJobId, JobInfo, SlurmError, SubmissionRejected
 
-EXIT_NOT_FOUND = 4
-EXIT_INVALID, EXIT_SLURM = ExitCode.INVALID, ExitCode.FAILED
+#: How this command fails: ``nuro-train resume: <message>`` on stderr, or with ``--json`` one line
+#: ``{"error": ..., "exit_code": ...}`` (the shape scripts already read).
+stop = functools.partial(fail, prog="nuro-train resume", keys=("error", "exit_code"), indent=None)
 
 
 def resume_flags(job: JobInfo, run_root: str | None, python: str | None, time_limit: str | None) -> dict[str, Any]:
@@ -65,14 +65,6 @@ def resume_flags(job: JobInfo, run_root: str | None, python: str | None, time_li
     return flags
 
 
-def _die(code: int, message: str, as_json: bool) -> None:
-    if as_json:
-        click.echo(json.dumps({"error": message, "exit_code": code}))
-    else:
-        click.echo(f"nuro-train resume: {message}", err=True)
-    sys.exit(code)
-
-
 @click.command()
 @click.argument("run", type=int)
 @click.option("--run-root", type=click.Path(file_okay=False), help="Where the new run writes (default ~/nuro-runs).")
@@ -89,16 +81,16 @@ def resume(
     try:
         parent = backend.find_job(run)
     except (InvalidJobId, SlurmError) as exc:
-        _die(EXIT_SLURM, f"could not look up job {run}: {exc}", as_json)
+        stop(ExitCode.FAILED, f"could not look up job {run}: {exc}", as_json=as_json)
     if parent is None:
-        _die(EXIT_NOT_FOUND, f"no job {run} in the queue or in accounting", as_json)
+        stop(ExitCode.NOT_FOUND, f"no job {run} in the queue or in accounting", as_json=as_json)
     try:
         flags = resume_flags(parent, run_root, python, time_limit)  # type: ignore[arg-type]
-        planned = plan_submission(_spec_from(None, flags, home_run_root=run_root))
+        planned = plan_submission(spec_from(None, flags, home_run_root=run_root))
     except ValueError as exc:
-        _die(EXIT_INVALID, str(exc), as_json)
+        stop(ExitCode.INVALID, str(exc), as_json=as_json)
     except (SpecError, InvalidSubmission) as exc:
-        _die(EXIT_INVALID, "; ".join(getattr(exc, "problems", [str(exc)])), as_json)
+        stop(ExitCode.INVALID, "; ".join(getattr(exc, "problems", [str(exc)])), as_json=as_json)
     if dry_run:
         payload = {"dry_run": True, "resume_from": run, "argv": list(planned.request.argv),
                    "comment": planned.request.comment}  # fmt: skip
@@ -107,11 +99,11 @@ def resume(
     try:
         job_id, request = apply_submission(planned, backend, ["--hold"] if hold else [])
     except InvalidSubmission as exc:
-        _die(EXIT_INVALID, "; ".join(exc.problems), as_json)
+        stop(ExitCode.INVALID, "; ".join(exc.problems), as_json=as_json)
     except SubmissionRejected as exc:
-        _die(EXIT_SLURM, f"Slurm refused the job: {exc.slurm_message or exc}", as_json)
+        stop(ExitCode.FAILED, f"Slurm refused the job: {exc.slurm_message or exc}", as_json=as_json)
     except SlurmError as exc:
-        _die(EXIT_SLURM, str(exc), as_json)
+        stop(ExitCode.FAILED, str(exc), as_json=as_json)
     if as_json:
         click.echo(json.dumps({"job_id": job_id, "resume_from": run, "comment": request.comment}))
     else:

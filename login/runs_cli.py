@@ -19,13 +19,12 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from nuro.console import ExitCode, fail
 from nuro.policy import PolicyError, load_policy
 from nuro.policy.classify import build_view
 from nuro.protocol import jobcomment
+from nuro.runs.checkpoints import checkpoint_lines, find_job, lineage_of
 from nuro.slurm import CliBackend, InvalidJobId, JobInfo, SlurmError
-
-EXIT_SLURM = 1
-EXIT_NOT_FOUND = 4
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -33,11 +32,6 @@ err = Console(stderr=True, soft_wrap=True)
 
 def _backend() -> CliBackend:
     return CliBackend(timeout_s=30)
-
-
-def _fail(message: str, code: int) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    sys.exit(code)
 
 
 def _row(job: JobInfo) -> dict:
@@ -71,18 +65,16 @@ def _jobs(backend: CliBackend) -> list[JobInfo]:
     try:
         return backend.jobs()
     except SlurmError as exc:
-        _fail(f"could not read the queue: {exc}", EXIT_SLURM)
-        raise AssertionError("unreachable") from exc
+        fail(ExitCode.FAILED, f"could not read the queue: {exc}")
 
 
 def _find(backend: CliBackend, job_id: int) -> JobInfo:
     try:
-        job = backend.find_job(job_id)
+        return find_job(backend, job_id)
+    except LookupError as exc:
+        fail(ExitCode.NOT_FOUND, str(exc))
     except SlurmError as exc:
-        _fail(f"could not look up job {job_id}: {exc}", EXIT_SLURM)
-    if job is None:
-        _fail(f"no job {job_id} (it may have ended more than MinJobAge ago and accounting does not know it)", 4)
-    return job  # type: ignore[return-value]
+        fail(ExitCode.FAILED, f"could not look up job {job_id}: {exc}")
 
 
 @click.command("ls")
@@ -140,7 +132,7 @@ def cancel(job_ids: tuple[int, ...]) -> None:
         try:
             backend.cancel(job_id)
         except SlurmError as exc:
-            _fail(f"job {job_id}: {exc}", EXIT_SLURM)
+            fail(ExitCode.FAILED, f"job {job_id}: {exc}")
         click.echo(f"cancelled {job_id}")
 
 
@@ -177,15 +169,18 @@ def logs(job_id: int, follow: bool) -> None:
     try:
         record = backend.job_record(job_id)
     except InvalidJobId:
-        _fail(f"no job {job_id} known to slurmctld (finished more than MinJobAge ago?)", EXIT_NOT_FOUND)
+        fail(ExitCode.NOT_FOUND, f"no job {job_id} known to slurmctld (finished more than MinJobAge ago?)")
     except SlurmError as exc:
-        _fail(str(exc), EXIT_SLURM)
+        fail(ExitCode.FAILED, str(exc))
     path = Path(record.get("StdOut", ""))
     if follow:
         _follow(path, backend, job_id)
         return
     if not path.is_file():
-        _fail(f"job {job_id}'s output {path} is not readable from here (not written yet, or on another host)", 4)
+        fail(
+            ExitCode.NOT_FOUND,
+            f"job {job_id}'s output {path} is not readable from here (not written yet, or on another host)",
+        )
     sys.stdout.write(path.read_text(errors="replace"))
 
 
@@ -224,7 +219,7 @@ def quota(policy_path: Path, as_json: bool) -> None:
     try:
         policy = load_policy(policy_path)
     except PolicyError as exc:
-        _fail(str(exc), 3)
+        fail(ExitCode.INVALID, str(exc))
     rows = quota_rows(_jobs(_backend()), policy)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -238,125 +233,6 @@ def quota(policy_path: Path, as_json: bool) -> None:
     out.print(table)
 
 
-def checkpoint_record(manifest) -> dict:  # noqa: ANN001 - a nuro.checkpoint.manifest.Manifest
-    """One committed checkpoint as the CLI shows it: from its S3 manifest only (the system of record)."""
-    return {
-        "step": manifest.step,
-        "job_id": int(manifest.job_id) if str(manifest.job_id).isdigit() else manifest.job_id,
-        "restart": manifest.restart,
-        "parent": manifest.parent,
-        "committed_at": manifest.created_at,
-        "bytes": manifest.total_bytes,
-        "world_size": manifest.world_size,
-    }
-
-
-def run_checkpoints(store, team: str, run: str) -> tuple[list[dict], list[dict]]:  # noqa: ANN001 - ObjectStore
-    """A run's checkpoints in S3, oldest first: (committed, not committed).
-
-    Committed = a manifest that parses and names this team/run/step (``checkpoint_record``). Not committed = a step
-    prefix without one: ``{"step", "status": "incomplete" | "torn", "bytes"}`` (given up by its upload, or still
-    uploading / torn). No extra database: the listing and the manifests are the record (ARCHITECTURE principle 1).
-    Raises ObjectStoreError when the store cannot be listed; ValueError for a team/run name S3 keys cannot hold.
-    """
-    from nuro.checkpoint import layout as L
-    from nuro.checkpoint.errors import ManifestError
-    from nuro.checkpoint.restore import load_manifest, step_numbers
-    from nuro.objectstore import NotFound
-
-    committed: list[dict] = []
-    other: list[dict] = []
-    for step in sorted(step_numbers(store, team, run)):
-        try:
-            committed.append(checkpoint_record(load_manifest(store, team, run, step)))
-            continue
-        except NotFound:
-            status = "incomplete" if store.exists(L.incomplete_key(team, run, step)) else "torn"
-        except ManifestError as exc:
-            status = f"bad manifest: {exc}"
-        size = sum(o.size for o in store.list(L.step_prefix(team, run, step)))
-        if size:  # an emptied prefix of a deleted step (some stores keep listing it) is not an artifact
-            other.append({"step": step, "status": status, "bytes": size})
-    return committed, other
-
-
-def _attach_checkpoints(chain: list[dict], store) -> list[str]:  # noqa: ANN001
-    """Add each run's committed checkpoints (those its job wrote) to the lineage; returns notes for what failed."""
-    from nuro.objectstore import ObjectStore, ObjectStoreError
-
-    notes: list[str] = []
-    cache: dict[tuple[str, str], list[dict]] = {}
-    for run in chain:
-        if "missing" in run:
-            continue
-        team, name = run.get("team_record"), run.get("run")
-        if not team or not name:
-            run["checkpoints"] = None
-            continue
-        try:
-            store = store or ObjectStore.from_env()
-            if (team, name) not in cache:
-                cache[(team, name)] = run_checkpoints(store, team, name)[0]
-        except (ObjectStoreError, ValueError) as exc:
-            notes.append(f"checkpoints of {team}/{name} not shown: {exc}")
-            run["checkpoints"] = None
-            continue
-        run["checkpoints"] = [c for c in cache[(team, name)] if str(c["job_id"]) == str(run["job_id"])]
-    return notes
-
-
-def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20, store=None) -> list[dict]:  # noqa: ANN001
-    """The run and its ancestors (``resume_from``), newest first: what each was pinned to and how it went.
-
-    With ``store`` (an ObjectStore, or True for ``ObjectStore.from_env()``), each run also gets ``checkpoints``:
-    the committed checkpoints its job wrote, from the S3 manifests (step, parent, job, restart, committed at); a
-    store that cannot be read adds ``notes`` to the first entry instead.
-    """
-    chain: list[dict] = []
-    seen: set[int] = set()
-    current: int | None = job_id
-    while current is not None and current not in seen and len(chain) < max_depth:
-        seen.add(current)
-        job = _find(backend, current) if not chain else _find_or_none(backend, current)
-        if job is None:
-            chain.append({"job_id": current, "missing": "not known to slurmctld or accounting"})
-            break
-        rec = jobcomment.parse(job.comment)
-        meta = rec.raw.get("nuro") if isinstance(rec.raw.get("nuro"), dict) else {}
-        ckpt = rec.checkpoint
-        chain.append(
-            {
-                "job_id": job.job_id,
-                "name": job.name,
-                "team": job.account,
-                "team_record": meta.get("team"),
-                "run": meta.get("name"),
-                "state": job.state,
-                "restarts": job.restart_count,
-                "dataset": meta.get("dataset"),
-                "code": meta.get("code"),
-                "resume_from": meta.get("resume_from"),
-                "last_checkpoint": {"step": ckpt.step, "at": ckpt.at} if ckpt else None,
-                "submitted": job.submit_time.isoformat() if job.submit_time else None,
-                "ended": job.end_time.isoformat() if job.end_time and job.is_finished else None,
-            }
-        )
-        parent = meta.get("resume_from")
-        current = int(parent) if isinstance(parent, int | str) and str(parent).isdigit() else None
-    if store is not None and chain:
-        notes = _attach_checkpoints(chain, None if store is True else store)
-        if notes:
-            chain[0]["notes"] = notes
-    return chain
-
-
-def _find_or_none(backend: CliBackend, job_id: int) -> JobInfo | None:
-    try:
-        return backend.find_job(job_id)
-    except SlurmError:
-        return None
-
-
 @click.command()
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True)
@@ -366,7 +242,12 @@ def lineage(job_id: int, as_json: bool) -> None:
     Checkpoints come from the run's S3 manifests (each names its job, restart and parent step); Slurm's comment
     and accounting give the ``resume_from`` chain. Nothing else is consulted.
     """
-    chain = lineage_of(_backend(), job_id, store=True)
+    try:
+        chain = lineage_of(_backend(), job_id, store=True)
+    except LookupError as exc:
+        fail(ExitCode.NOT_FOUND, str(exc))
+    except SlurmError as exc:
+        fail(ExitCode.FAILED, f"could not look up job {job_id}: {exc}")
     if as_json:
         click.echo(json.dumps(chain, indent=2))
         return
@@ -388,20 +269,6 @@ def lineage(job_id: int, as_json: bool) -> None:
             out.print(f"{'  ' * depth}     {line}", highlight=False)
     for note in chain[0].get("notes", []) if chain else []:
         err.print(f"[yellow]note:[/] {note}", highlight=False)
-
-
-def checkpoint_lines(ckpts: list[dict] | None) -> list[str]:
-    """The lineage view of one run's committed checkpoints, oldest first. Pure."""
-    if ckpts is None:
-        return ["checkpoints in S3: not known (no run record, or the store could not be read)"]
-    if not ckpts:
-        return ["checkpoints in S3: none committed by this job"]
-    lines = [f"checkpoints in S3 ({len(ckpts)} committed):"]
-    for c in ckpts:
-        parent = "—" if c["parent"] is None else f"step {c['parent']}"
-        lines.append(f"  step {c['step']:>6}  parent {parent:<11} job {c['job_id']}.{c['restart']}  "
-                     f"{c['committed_at']}")  # fmt: skip
-    return lines
 
 
 COMMANDS = (ls_cmd, status, cancel, logs, quota, lineage)

@@ -18,8 +18,8 @@ import pytest
 
 from nuro.checkpoint.restore import latest_committed_step
 from nuro.devcluster import scenario
-from nuro.login import events_cli
 from nuro.objectstore import ObjectStore
+from nuro.runs import timeline_report
 from nuro.slurm import JobPhase
 from tests.integration.conftest import LiveCluster, cancel_jobs_of
 
@@ -63,7 +63,7 @@ def test_a_crashed_node_is_detected_and_the_run_resumes_from_its_checkpoint(
     assert final.restart_count == 1, "exactly one requeue: the node loss"
     assert victim not in final.nodes, "the restart ran on healthy nodes"
 
-    tl, notes = events_cli.gather(run.job_id, backend, Path(env["NURO_EVENT_LOG"]), store)
+    tl, notes = timeline_report.gather(run.job_id, backend, Path(env["NURO_EVENT_LOG"]), store)
     assert not notes, notes
     (rec,) = tl.recoveries
     summary = rec.to_json()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from nuro.login import metrics_cli as M
-from nuro.login.runs_cli import checkpoint_lines
 from nuro.metrics.model import TRAIN, Row
+from nuro.runs import report as M
+from nuro.runs.checkpoints import checkpoint_lines
 from nuro.slurm import JobInfo, JobPhase
 
 S = 1_000_000_000
