@@ -20,6 +20,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from nuro.checkpoint.restore import latest_committed_step
 from nuro.devcluster import manager, scenario
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
 from nuro.objectstore import ObjectStore
@@ -35,8 +36,6 @@ out = Console(soft_wrap=True)
 
 
 def main() -> int:
-    from nuro.checkpoint.restore import latest_committed_step
-
     layout = Layout(default_state_dir())
     out.print(f"[bold]1.[/] local cluster in {layout.root} (Slurm, SeaweedFS, node agents, failure detector)")
     res = manager.up(layout, DEFAULT_NODES, PORT_BASE)
