@@ -47,7 +47,7 @@ from nuro.console import ExitCode
 from nuro.healthcheck.checks import evaluate
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport
 from nuro.healthcheck.run import DEFAULT_PATH, HealthSettings, disk_free_bytes, disk_state, make_probe
-from nuro.healthcheck.statusfile import STATUS_FORMAT, read_status, status_path, write_status
+from nuro.healthcheck.statusfile import STATUS_FORMAT, read_status, write_status
 from nuro.metrics.buffer import BufferedWriter
 from nuro.metrics.model import GPU, Point
 from nuro.metrics.sink import ENV_URL, sink_from_env
@@ -520,9 +520,6 @@ __all__ = [
     "gpu_points",
     "main",
     "parse_controller",
-    "read_status",
-    "status_path",
-    "write_status",
 ]
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ Per call site (command: why no user value can move a field):
   het record (id "ID_n" / "ID+n", possibly with more records) goes to the JSON read instead.
 * ``CliBackend.partitions``: ``scontrol show -o partition``. A partition record holds admin config only.
 * ``CliBackend.topology``: ``scontrol show topology``. Admin config only.
-* ``healthcheck.cli.node_drain_state``: ``scontrol show -o node``. A node record holds no user-chosen value; its
+* ``healthcheck.act.node_drain_state``: ``scontrol show -o node``. A node record holds no user-chosen value; its
   free text (OS, Reason, Comment, Extra: host and admin) ends only at a key Slurm prints after it (``_FREE_TEXT``),
   so a reason cannot set State.
 * ``parse_node_addr`` (``wrappers.launch.node_addr``): the ``NodeAddr`` of ``scontrol show node -o NAME``: Slurm

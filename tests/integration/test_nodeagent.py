@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro.healthcheck.agent import read_status
+from nuro.healthcheck.statusfile import read_status
 from nuro.protocol import heartbeat as hb
 from tests import fake_nvml
 

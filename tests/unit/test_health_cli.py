@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from nuro.healthcheck.act import plan_node_action
-from nuro.healthcheck.agent import write_status
 from nuro.healthcheck.checks import Problem
 from nuro.healthcheck.run import HealthSettings, Outcome, agent_age_s, disk_free_bytes
+from nuro.healthcheck.statusfile import write_status
 from nuro.slurm import DrainNode, ResumeNode
 
 GIB = 1 << 30

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from nuro.healthcheck.agent import Agent, AgentConfig, build_heartbeat, parse_controller, read_status
+from nuro.healthcheck.agent import Agent, AgentConfig, build_heartbeat, parse_controller
 from nuro.healthcheck.probes import FakeProbe
 from nuro.healthcheck.run import HealthSettings
+from nuro.healthcheck.statusfile import read_status
 from nuro.protocol import heartbeat as hb
 
 KEY = b"k" * 32
