@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import replace
 
-from nuro.healthcheck.checks import JobDiskUse, _gib, drain_reason, is_our_reason
+from nuro.healthcheck.checks import JobDiskUse, drain_reason, gib, is_our_reason
 from nuro.healthcheck.run import Outcome
 from nuro.lifecycle.platform_events import EventLog
 from nuro.protocol.contract import COMMENT_REFUSED
@@ -68,10 +68,10 @@ def plan_node_action(outcome: Outcome, drained: bool, reason: str | None) -> tup
 
 def disk_full_reason(outcome: Outcome, use: JobDiskUse) -> str:
     """Why a job was failed for the staging disk, in words its owner reads (comment, event log, slurmd log)."""
-    held = _gib(use.bytes) + ("" if use.complete else " or more")
+    held = gib(use.bytes) + ("" if use.complete else " or more")
     return (
-        f"nuro-health: cancelled: the staging disk of {outcome.node} fell below its {_gib(outcome.min_free_bytes)} "
-        f"floor ({_gib(outcome.disk_free_bytes or 0)} free) and this job's staging dir "
+        f"nuro-health: cancelled: the staging disk of {outcome.node} fell below its {gib(outcome.min_free_bytes)} "
+        f"floor ({gib(outcome.disk_free_bytes or 0)} free) and this job's staging dir "
         f"({outcome.staging_root}/{use.job_id}) holds {held}; write less to the staging dir (checkpoints only)"
     )
 

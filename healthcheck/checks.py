@@ -158,7 +158,8 @@ def disk_verdict(
     return DiskVerdict(True, tuple(chosen), shortfall)
 
 
-def _gib(n_bytes: float) -> str:
+def gib(n_bytes: float) -> str:
+    """Bytes as the health messages write them (``1.2 GiB``, ``20 GiB``): in drain reasons and disk-full notes."""
     value = n_bytes / (1 << 30)
     return f"{value:.1f} GiB" if value < 10 else f"{value:.0f} GiB"
 
@@ -211,7 +212,7 @@ def evaluate(
         problems.append(
             Problem(
                 "disk",
-                f"staging disk {staging_root}: {_gib(disk_free_bytes)} free < {_gib(disk_min_bytes)}",
+                f"staging disk {staging_root}: {gib(disk_free_bytes)} free < {gib(disk_min_bytes)}",
             )
         )
     starting = slurmd_uptime_s is not None and slurmd_uptime_s < limits.agent_start_grace_s

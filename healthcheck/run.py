@@ -60,7 +60,8 @@ class HealthSettings:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str] | None = None) -> HealthSettings:
-        """Read the variables of the module table. Raises ValueError naming the variable and its bad value."""
+        """Read the variables of nuro-healthcheck's table (``nuro.healthcheck.cli``). Raises ValueError naming the
+        variable and its bad value."""
         env = os.environ if env is None else env
 
         def number(name: str, kind: type, default: float | int | None) -> float | int | None:
