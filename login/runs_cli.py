@@ -2,6 +2,7 @@
 
 Slurm is the system of record (ARCHITECTURE principle 1): every view is read from one adapter snapshot (jobs with
 their nuro record in the comment) or, for finished jobs, accounting. Rich tables for people, ``--json`` for scripts.
+A run's checkpoints and lineage are ``nuro.runs.checkpoints``'s (``artifacts`` and ``events`` read them too).
 
 Exit codes: 0 ok, 1 Slurm unreachable or refused, 2 usage, 4 no such job (or not a job you can see).
 """
