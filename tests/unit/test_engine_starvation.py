@@ -252,7 +252,14 @@ def simulate(policy: Policy, n_nodes: int, seed: int, ticks: int = 300, backlog:
 #: 240 ticks): worst 29, median 4.
 BOUND_TICKS = 60
 #: An urgent job waits for its victims' grace (6 ticks) and the requeue hold, not for jobs to end. Measured: worst 10.
+#: Only when its tier may preempt guaranteed work: a tier that may not (``preempts_guaranteed=False``) takes borrowed
+#: GPUs only, and when those are too few it waits for guaranteed jobs to end like any job (BOUND_TICKS; found by
+#: hypothesis: a 16-GPU urgent job beside an 8-GPU borrower waited 26 ticks, which the policy asks for).
 URGENT_BOUND_TICKS = 20
+
+
+def urgent_bound(policy: Policy) -> int:
+    return URGENT_BOUND_TICKS if all(t.preempts_guaranteed for t in policy.tiers) else BOUND_TICKS
 
 
 def test_example_policy_no_team_starves() -> None:
@@ -287,4 +294,4 @@ def sim_policies(draw: st.DrawFn) -> Policy:
 def test_random_policies_no_team_starves(policy: Policy, seed: int) -> None:
     out = simulate(policy, n_nodes=8, seed=seed, ticks=240)
     assert max(out["worst_wait_ticks"].values()) <= BOUND_TICKS, out
-    assert out.get("urgent_max_wait_ticks", 0) <= URGENT_BOUND_TICKS, out
+    assert out.get("urgent_max_wait_ticks", 0) <= urgent_bound(policy), out
