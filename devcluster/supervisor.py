@@ -18,9 +18,8 @@ old one in the run record, so ``status`` and ``down`` see it. A node killed on p
 restarted: its slurmd and agent have left the record.
 
 Heartbeat keys: the supervisor derives each node's key from the cluster's master key
-(``nuro.protocol.heartbeat.write_node_key``: ``etc/heartbeat-nodes/<node>.key``, mode 600) and gives each agent only
-its own
-node's file; the controller reads the master. The controller also gets two test hooks (``controller_env``):
+(``nuro.protocol.heartbeat.write_node_key``: ``etc/heartbeat-nodes/<node>.key``, mode 600) and gives each agent only its
+own node's file; the controller reads the master. The controller also gets two test hooks (``controller_env``):
 ``NURO_CONTROLLER_CLOCK_OFFSET_FILE`` offsets its wall clock (a clock step without touching the machine's clock)
 and ``NURO_CONTROLLER_TEST_FAULT_MARK`` makes its policy code raise for a job whose comment carries the mark.
 

@@ -3,8 +3,7 @@
 slurmd runs it with only ``SLURMD_NODENAME`` in the environment (no PATH, no SLURM_CONF), once per node every
 HealthCheckInterval, and ignores its output; so it loads the node settings file (``$NURO_ENV_FILE``, see
 ``nuro.protocol.nodeenv``), sets a PATH itself, and acts on its own: on problems it drains the node with a precise
-reason
-(``nuro-health: gpu1: temperature 93 C ≥ 90 C``) and exits 1; when healthy it resumes the node only if it is
+reason (``nuro-health: gpu1: temperature 93 C ≥ 90 C``) and exits 1; when healthy it resumes the node only if it is
 drained with a ``nuro-health:`` reason (never an admin's drain) and exits 0.
 
 Settings (command line wins over the environment, which wins over the default):

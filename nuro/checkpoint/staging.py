@@ -14,8 +14,7 @@ of them and never a half-written marker:
 Root (the node agent's worker, the epilog) works in these directories, which the job's user owns and may change at
 any moment, only through ``StepDir``/``JobDir``: directory fds opened one component at a time with ``O_NOFOLLOW``
 (``nuro.safeio.safefs``), files opened ``O_NONBLOCK`` that must ``fstat`` as regular files, reads capped in size. A
-symlink,
-FIFO or device where a request, marker, state or lock file belongs is refused (``UnsafePath``), never followed,
+symlink, FIFO or device where a request, marker, state or lock file belongs is refused (``UnsafePath``), never followed,
 never waited on. The path-based helpers below (``StagedStep``, ``read_request``, ...) are for the job's own side
 and read the same way.
 

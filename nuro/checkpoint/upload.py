@@ -19,8 +19,7 @@ Whose checkpoint it is (``trust``):
 
 - ``"record"`` (the default: the node agent and the epilog, as root): team, run, job id, restart and ``keep`` come
   from the root-owned per-job record the prolog wrote from Slurm's own data (``nuro.protocol.jobrecord``), never from
-  the
-  request, which the job's user writes. The request only chooses the step and which of its own files (paths
+  the request, which the job's user writes. The request only chooses the step and which of its own files (paths
   beneath the step dir, regular files owned by the job's user, one link). A request naming another team, run,
   job or attempt is abandoned with that reason; a job dir without a record (or whose record has no team/run) is
   not uploaded by root at all. Both are logged once per job, not per pass.

@@ -3,8 +3,7 @@
 Why a pure module: the Ansible lookup plugin (``ansible/plugins/lookup/nuro_slurm_config.py``) only gathers the
 inventory's ``hostvars`` and ``groups`` and calls :func:`describe_inventory`; the text then comes from
 :mod:`nuro.cluster.slurmconf`, the same renderer the dev cluster uses. So there is no Jinja copy of slurm.conf that
-could
-drift, and the mapping is unit-tested here without Ansible.
+could drift, and the mapping is unit-tested here without Ansible.
 
 Inventory contract (variables are ordinary host or group vars; group vars are how a node group sets them once):
 

@@ -27,8 +27,7 @@ ACCESS_DENIED |
 
 (``pin_changed``, a modify-only rule of the bridge, has no preview: ``decide`` judges submissions.) The comment is read
 by ``read_comment`` through the one parser ``nuro.protocol.jobcomment`` (canonical form only; its scanner mirrors the
-Lua's),
-so both sides judge every comment alike.
+Lua's), so both sides judge every comment alike.
 
 The job's team is the team of ``--account`` when given (None if that account is not a team), else the user's team.
 GPUs are counted as Slurm 22.05 receives them: ``max(per_job, per_node × nodes, per_task × tasks,
@@ -222,8 +221,7 @@ def read_comment(comment: str | None) -> CommentView | None:
     """The comment as job_submit.lua's ``read_comment`` sees it: None without a comment or for plain text.
 
     Reads through the one parser (``nuro.protocol.jobcomment.record``): only the canonical form is a record, so the
-    bridge,
-    this preview and every other reader see the same record or none."""
+    bridge, this preview and every other reader see the same record or none."""
     if not comment:
         return None
     obj = jobcomment.record(comment)

@@ -1,10 +1,10 @@
 """Lookup ``nuro_slurm_config``: slurm.conf / cgroup.conf / topology.conf / gres.conf / job_submit.lua, by nuro.
 
-Why a lookup (run on the admin workstation) and not a Jinja template: the text comes from ``nuro.cluster.slurmconf``,
-the
-renderer the dev cluster runs and the golden tests pin, fed by ``nuro.cluster.inventory.describe_inventory`` over this
-inventory. Paired with ``ansible.builtin.copy: content=...`` it gets ``--check --diff`` and idempotence for free.
-The targets need nothing installed for it; the workstation runs Ansible from a venv with nuro installed.
+Why a lookup (run on the admin workstation) and not a Jinja template: the text comes from
+``nuro.cluster.slurmconf``, the renderer the dev cluster runs and the golden tests pin, fed by
+``nuro.cluster.inventory.describe_inventory`` over this inventory. Paired with ``ansible.builtin.copy: content=...``
+it gets ``--check --diff`` and idempotence for free. The targets need nothing installed for it; the workstation runs
+Ansible from a venv with nuro installed.
 """
 
 from __future__ import annotations
@@ -80,9 +80,8 @@ class LookupModule(LookupBase):
         out = []
         desc = None
         for term in terms:
-            if (
-                term == "hook_wrapper"
-            ):  # the dev cluster's own wrapper text (nuro.cluster.slurmconf.render_hook_wrapper)
+            # the dev cluster's own wrapper text (nuro.cluster.slurmconf.render_hook_wrapper)
+            if term == "hook_wrapper":
                 from nuro.cluster.slurmconf import render_hook_wrapper
 
                 try:
