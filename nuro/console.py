@@ -14,8 +14,6 @@ from collections.abc import Mapping, Sequence
 from enum import IntEnum
 from typing import Any, NoReturn
 
-import click
-
 #: The standard keys of a JSON failure object, in order (``say``'s ``keys``).
 JSON_KEYS = ("exit_code", "error", "errors")
 
@@ -50,24 +48,16 @@ def say(
     if as_json:
         standard = {"exit_code": int(code), "error": "\n".join(lines), "errors": list(lines)}
         doc = {**(payload or {}), **{key: standard[key] for key in keys}}
-        click.echo(json.dumps(doc, indent=indent))
+        print(json.dumps(doc, indent=indent), flush=True)
     else:
         for line in lines:
-            click.echo(f"{prog or 'error'}: {line}", err=True)
+            print(f"{prog or 'error'}: {line}", file=sys.stderr, flush=True)
     return int(code)
 
 
-def fail(
-    code: int,
-    *lines: str,
-    prog: str | None = None,
-    as_json: bool = False,
-    payload: Mapping[str, Any] | None = None,
-    keys: Sequence[str] = JSON_KEYS,
-    indent: int | None = 2,
-) -> NoReturn:
-    """``say`` and exit with ``code``."""
-    sys.exit(say(code, *lines, prog=prog, as_json=as_json, payload=payload, keys=keys, indent=indent))
+def fail(code: int, *lines: str, **options: Any) -> NoReturn:
+    """``say`` (same keywords) and exit with ``code``."""
+    sys.exit(say(code, *lines, **options))
 
 
 __all__ = ["JSON_KEYS", "ExitCode", "fail", "say"]

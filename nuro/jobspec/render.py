@@ -37,7 +37,7 @@ from typing import Any
 from nuro.jobspec import JobSpec
 from nuro.jobspec.codepin import CodePin
 from nuro.jobspec.pins import DatasetPin
-from nuro.jobspec.record import META_FORMAT, comment_json, export_lines, job_env, run_record
+from nuro.jobspec.record import comment_json, export_lines, job_env, run_record
 from nuro.protocol.contract import (
     EXIT_REQUEUE,
     PREEMPT_SIGNAL,
@@ -351,20 +351,14 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
 
 
 __all__ = [
-    "EXIT_REQUEUE",
     "HELPER_LINES",
-    "META_FORMAT",
-    "PREEMPT_SIGNAL",
-    "TIME_LIMIT_SIGNAL",
     "ClusterFacts",
-    "DatasetPin",
     "Pins",
     "RenderError",
     "SbatchRequest",
     "checkout_lines",
     "code_exports",
     "code_pin_text",
-    "comment_json",
     "render_submission",
     "run_metadata",
     "slurm_time",

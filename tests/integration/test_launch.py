@@ -32,8 +32,9 @@ import pytest
 from nuro.jobspec import build_spec
 from nuro.jobspec.codepin import pin_code
 from nuro.jobspec.pins import DatasetPin
-from nuro.jobspec.render import EXIT_REQUEUE, ClusterFacts, Pins, render_submission
+from nuro.jobspec.render import ClusterFacts, Pins, render_submission
 from nuro.protocol import jobcomment
+from nuro.protocol.contract import EXIT_REQUEUE
 from nuro.slurm import JobPhase
 from tests.integration.conftest import TEST_ACCOUNT, TEST_PORT_BASE, LiveCluster, wait_until
 

@@ -13,12 +13,13 @@ from nuro.jobspec import build_spec
 from nuro.jobspec.codepin import CodePin, digest_bytes
 from nuro.jobspec.pins import DatasetPin
 from nuro.jobspec.preview import PolicySource
-from nuro.jobspec.render import EXIT_REQUEUE, ClusterFacts, Pins, RenderError, render_submission, slurm_time
+from nuro.jobspec.render import ClusterFacts, Pins, RenderError, render_submission, slurm_time
 from nuro.jobspec.submission import preview
 from nuro.login.sbatch_cli import insert_preamble, platform_metadata, render_preamble
 from nuro.policy import load_policy
 from nuro.policy.luatable import policy_table
 from nuro.protocol import jobcomment
+from nuro.protocol.contract import EXIT_REQUEUE
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "3f" * 32

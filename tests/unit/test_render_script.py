@@ -20,7 +20,8 @@ import pytest
 from nuro.jobspec import build_spec
 from nuro.jobspec.codepin import pin_code
 from nuro.jobspec.pins import DatasetPin
-from nuro.jobspec.render import EXIT_REQUEUE, Pins, render_submission
+from nuro.jobspec.render import Pins, render_submission
+from nuro.protocol.contract import EXIT_REQUEUE
 from tests.unit.test_codepin import git
 
 DIGEST = "sha256:" + "3f" * 32
