@@ -1,2 +1,2 @@
-"""Admin-workstation tools (``nuro-admin``: policy, nodes, and the dev cluster's command group). Import as
-nuro.admin."""
+"""Admin-workstation tools (``nuro-admin``: policy, nodes, and the dev cluster's command group).
+Import as nuro.admin."""

@@ -1,2 +1,2 @@
-"""The cluster's shape as data: its description, the Ansible inventory that holds it, the Slurm files rendered from
-it."""
+"""The cluster's shape as data: its description, the Ansible inventory that holds it, the Slurm files
+rendered from it."""

@@ -4,8 +4,8 @@ Sources (ARCHITECTURE principle 1, nothing of our own to keep in sync):
 - Slurm accounting: every attempt of the job (``sacct -D``): submitted, started on which nodes, ended how
   (REQUEUED, COMPLETED, FAILED, NODE_FAIL, ...);
 - the controller's event log: node lost (with its last heartbeat), set down, drained, resumed, jobs requeued;
-- the run's own events in S3 (``nuro.lifecycle.run_events``): started, restored at step N, first step, progress,
-preempted;
+- the run's own events in S3 (``nuro.lifecycle.run_events``): started, restored at step N, first step,
+  progress, preempted;
 - checkpoint manifests in S3: committed at step N.
 
 ``build`` merges them into ``Entry`` rows sorted by time; ``summarize`` measures each failure the way the issue

@@ -15,8 +15,7 @@ Rules (first failing check wins; root is let through unchanged, see docs/job_sub
 | 2b | qos_borrow | ``b-<team>`` chosen by the user (only the controller moves jobs there) | reject, ACCESS_DENIED |
 | 3 | tier_denied | tier QOS (``urgent``) and neither user nor account allowed | reject, ESLURM_ACCESS_DENIED |
 | 4 | gpu_cap | more GPUs than the team's quota + borrowing limit | reject, ESLURM_ACCOUNTING_POLICY |
-| 4x | comment_not_canonical | comment looks like a record, is not canonical (nuro.protocol.jobcomment) | reject,
-ACCESS_DENIED |
+| 4x | comment_not_canonical | comment looks like a record, is not canonical (``jobcomment``) | reject, ACCESS_DENIED |
 | 4y | preempt_forged | the comment carries a ``preempt`` key (only the controller writes it) | reject, ACCESS_DENIED |
 | 4a | pin_invalid | a ``nuro`` record in the comment without a valid pin (tag, short commit) | reject, ACCESS_DENIED |
 | 4b | pin_team | the record's ``nuro.team`` is not the account the job is charged to | reject, INVALID_ACCOUNT |

@@ -8,10 +8,8 @@ training process and the renderer on login nodes, neither should pull anything e
 | name | value | who acts on it |
 |---|---|---|
 | ``EXIT_REQUEUE`` | 75 (``EX_TEMPFAIL``) | launcher and SDK exit with it; the batch script requeues itself on it |
-| ``PREEMPT_SIGNAL`` | ``USR1`` | the controller sends it (``scancel --signal=USR1 --full``); the SDK checkpoints and
-exits 75 |
-| ``TIME_LIMIT_SIGNAL`` | ``USR2`` | Slurm sends it before the time limit (``--signal=B:USR2@N``); the script forwards
-it |
+| ``PREEMPT_SIGNAL`` | ``USR1`` | the controller sends it (``scancel --signal=USR1 --full``); the SDK exits 75 |
+| ``TIME_LIMIT_SIGNAL`` | ``USR2`` | Slurm sends it before the limit (``--signal=B:USR2@N``); the script relays it |
 | ``PG_TIMEOUT_S`` | 60 | torch.distributed process-group timeout: how long a survivor waits for a lost peer |
 | ``RDZV_PORT_BASE``/``SPAN`` | 29500 / 1000 | torchrun's rendezvous port: base + job id mod span |
 | ``COMMENT_*`` | the job comment's keys | see ``nuro.protocol.jobcomment`` (who writes each) |

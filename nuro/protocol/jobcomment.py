@@ -56,8 +56,7 @@ class Mark:
 @dataclass(frozen=True)
 class PreemptRequest:
     """The ``preempt`` mark as written. ``sig`` is the controller's signature (``nuro.protocol.marks``); readers that
-    act on
-    the mark (the controller) must verify it first: anyone may write these fields into a comment."""
+    act on the mark (the controller) must verify it first: anyone may write these fields into a comment."""
 
     at: float
     for_job: int | None

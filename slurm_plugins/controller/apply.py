@@ -7,8 +7,7 @@ already moved) is an expected, logged outcome, never a crash; the next cycle dec
 | decision | Slurm calls |
 |---|---|
 | Borrow / Return | ``scontrol update jobid=J qos=<b-team / g-team>`` (pending jobs only) |
-| Preempt | comment ``preempt={at, for, sig, why}`` (signed: ``nuro.protocol.marks``), then ``scancel -s USR1 --full
-J`` |
+| Preempt | comment ``preempt={at, for, sig, why}`` (signed, ``protocol.marks``), then ``scancel -s USR1 --full J`` |
 | Requeue | comment ``preempt`` removed (the next run is not a victim), then ``scontrol requeue J`` |
 | SetSiteFactor | ``scontrol update jobid=J sitefactor=V`` |
 """
