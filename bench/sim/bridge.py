@@ -22,6 +22,7 @@ from nuro.slurm.actions import (
     Requeue,
     Signal,
     UpdateComment,
+    UpdateJobs,
     UpdateQos,
     UpdateSiteFactor,
 )
@@ -174,6 +175,22 @@ class SimBackend(Backend):
 
     def _apply(self, action: Action) -> str:
         r = self.replay
+        if isinstance(action, UpdateJobs):
+            # as scontrol does with a job list: each job alone, one "<message> for job <id>" line per refusal
+            errors = []
+            for job_id in action.job_ids:
+                one = (
+                    UpdateQos(job_id, action.qos)
+                    if action.qos is not None
+                    else UpdateSiteFactor(job_id, int(action.site_factor or 0))
+                )
+                try:
+                    self._apply(one)
+                except SlurmError as exc:
+                    errors.append(f"{exc} for job {job_id}")
+            if errors:
+                raise InvalidState("\n".join(errors))
+            return ""
         if isinstance(action, UpdateQos):
             job = self._job(action.job_id)
             if job.state != "PENDING":

@@ -45,6 +45,7 @@ class JobClass:
     kind: str
     tier_priority: int = 0
     preempts_guaranteed: bool = False
+    min_run_s: int = 0  # a run younger than this is never a victim (Policy.min_run_of)
 
     @property
     def base(self) -> Kind:
@@ -80,8 +81,9 @@ class PolicyIndex:
         self.teams = {t.name: t for t in policy.teams}
         self.by_qos: dict[str, JobClass] = {}
         for t in policy.teams:
-            self.by_qos[t.guaranteed_qos] = JobClass(t.name, Kind.GUARANTEED)
-            self.by_qos[t.borrow_qos] = JobClass(t.name, Kind.BORROWED)
+            min_run = policy.min_run_of(team=t.name)
+            self.by_qos[t.guaranteed_qos] = JobClass(t.name, Kind.GUARANTEED, min_run_s=min_run)
+            self.by_qos[t.borrow_qos] = JobClass(t.name, Kind.BORROWED, min_run_s=min_run)
         self.tiers = {t.name: t for t in policy.tiers}
         self.unassigned_gpus = max(0, policy.cluster_gpus - sum(t.quota_gpus for t in policy.teams))
 
@@ -102,7 +104,8 @@ class PolicyIndex:
         team = job.account if job.account in self.teams else None
         tier = self.tiers.get(job.qos)
         if tier is not None:
-            return JobClass(team, f"tier:{tier.name}", tier.priority, tier.preempts_guaranteed)
+            min_run = self.policy.min_run_of(team, tier.name)
+            return JobClass(team, f"tier:{tier.name}", tier.priority, tier.preempts_guaranteed, min_run)
         return JobClass(team, Kind.UNMANAGED) if team else UNMANAGED
 
 

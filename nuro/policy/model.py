@@ -13,6 +13,9 @@ Mapping onto Slurm (see ARCHITECTURE.md "Teams, quotas, borrowing on Slurm"):
 | lend_limit_gpus | controller only: the most of the team's idle quota others may borrow |
 | tier (e.g. urgent) | QOS ``<tier>`` with ``Priority=<priority>``, usable only by the listed accounts/users |
 | grace_s | how long a preempted job has to commit a checkpoint and acknowledge before it is requeued anyway |
+| min_run_s | no run younger than this is preempted (controller rule; QOS ``PreemptExemptTime``: Slurm's backstop) |
+| restart_cost_s | staging + start-up a requeued job pays before it trains again; part of a victim's cost |
+| usage_half_life_s | half-life of each team's decayed GPU usage (borrow order, who yields first, SiteFactor) |
 | require_pinning | job_submit.lua refuses team GPU jobs without a dataset digest + code commit in the comment |
 """
 
@@ -28,6 +31,8 @@ NAME = r"^[a-z][a-z0-9_]{0,30}$"  # Slurm account/QOS names: lower case, no dash
 USER = r"^[a-z_][a-z0-9_.-]{0,31}$"  # POSIX user names as useradd accepts them
 
 NonNegInt = Annotated[int, Field(ge=0, strict=True)]
+#: Seconds of a run (minimum run time); a day at most: a longer exemption is a reservation, not a preemption rule.
+RunSeconds = Annotated[int, Field(ge=0, le=86400, strict=True)]
 
 
 class PolicyError(ValueError):
@@ -53,6 +58,8 @@ class Team(_Strict):
     lend_limit_gpus: NonNegInt = 0
     #: Slurm fair-share shares; default: the quota (shares proportional to entitlement).
     fairshare: Annotated[int, Field(ge=1, strict=True)] | None = None
+    #: This team's jobs are never preempted before their current run is this old (default: the policy's).
+    min_run_s: RunSeconds | None = None
 
     @property
     def shares(self) -> int:
@@ -85,11 +92,22 @@ class Tier(_Strict):
     allowed_users: tuple[Annotated[str, Field(pattern=USER)], ...] = ()
     #: Also preempt guaranteed (within-quota) jobs of other teams once no borrower is left to preempt.
     preempts_guaranteed: bool = True
+    #: Jobs of this tier are never preempted (by a higher tier) before their current run is this old.
+    min_run_s: RunSeconds | None = None
 
 
 class Policy(_Strict):
     cluster_gpus: Annotated[int, Field(ge=1, strict=True)]
     grace_s: Annotated[int, Field(ge=1, le=3600, strict=True)] = 60
+    #: No job is preempted before its current run is this old (Slurm's ``PreemptExemptTime``): a restarted victim is
+    #: not the cheapest victim again at once, so reclaim cannot thrash. Teams and tiers may override it.
+    min_run_s: RunSeconds = 600
+    #: Seconds a requeued job spends staging and starting before it trains again (lost GPU time of every
+    #: preemption, on top of the work since its last checkpoint); counted in each victim's cost.
+    restart_cost_s: Annotated[int, Field(ge=0, le=3600, strict=True)] = 120
+    #: Half-life of each team's decayed GPU usage: a team that borrowed heavily in the last hours yields first and
+    #: borrows last (Slurm's PriorityDecayHalfLife, Kueue's admission fair sharing).
+    usage_half_life_s: Annotated[int, Field(ge=60, le=30 * 86400, strict=True)] = 3600
     teams: tuple[Team, ...]
     tiers: tuple[Tier, ...] = ()
     #: Refuse team GPU jobs whose comment carries no pinned nuro record (docs/job_submit.md "Pinning"). Off by default
@@ -155,6 +173,16 @@ class Policy(_Strict):
 
     def tier(self, name: str) -> Tier | None:
         return next((t for t in self.tiers if t.name == name), None)
+
+    def min_run_of(self, team: str | None = None, tier: str | None = None) -> int:
+        """The minimum run time of a job: its tier's when it runs in a tier, else its team's, else the policy's."""
+        if tier is not None and (t := self.tier(tier)) is not None and t.min_run_s is not None:
+            return t.min_run_s
+        if tier is None and team is not None:
+            found = next((t for t in self.teams if t.name == team), None)
+            if found is not None and found.min_run_s is not None:
+                return found.min_run_s
+        return self.min_run_s
 
 
 def guaranteed_qos(team: str) -> str:

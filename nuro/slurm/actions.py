@@ -34,6 +34,12 @@ def _check_signal(signal: str) -> str:
     return text
 
 
+def _check_qos(qos: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.\-]+", qos):
+        raise ValueError(f"invalid QOS name {qos!r}")
+    return qos
+
+
 def _check_node(node: str) -> str:
     if not node or not _NODE.fullmatch(node):
         raise ValueError(f"invalid node name or hostlist {node!r}: letters, digits, '-', '_', '.', '[', ']', ','")
@@ -153,6 +159,28 @@ class UpdateSiteFactor:
 
 
 @dataclass(frozen=True)
+class UpdateJobs:
+    """``scontrol update jobid=<id>,<id>,... qos=<qos> | sitefactor=<value>``: one command for many pending jobs.
+
+    Why: a burst of submissions asks for hundreds of moves in one cycle, and a process per job costs ~7 ms where
+    an id in a list costs ~1 ms (scontrol still sends one update RPC per id). Measured on 22.05 (SLURM_FACTS): a job
+    the update does not fit (running, ended, unknown) fails alone, with one ``<message> for job <id>`` line on
+    stderr and rc 1; the others are updated (``parse_text.parse_per_job_errors``).
+    """
+
+    job_ids: tuple[int | str, ...]
+    qos: str | None = None
+    site_factor: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "job_ids", tuple(self.job_ids))
+        if not self.job_ids:
+            raise ValueError("UpdateJobs: no job ids")
+        if (self.qos is None) == (self.site_factor is None):
+            raise ValueError("UpdateJobs: set exactly one of qos and site_factor")
+
+
+@dataclass(frozen=True)
 class UpdateComment:
     """``scontrol update jobid=<id> comment=<text>``: the job owner or an admin; carries nuro's job record."""
 
@@ -206,6 +234,7 @@ Action = (
     | Release
     | UpdateQos
     | UpdateSiteFactor
+    | UpdateJobs
     | UpdateComment
     | DrainNode
     | DownNode
@@ -243,9 +272,10 @@ def render_argv(action: Action | SubmitCommand) -> list[str]:
         case Release(job_id=jid):
             return ["scontrol", "release", _check_job_id(jid)]
         case UpdateQos(job_id=jid, qos=qos):
-            if not re.fullmatch(r"[A-Za-z0-9_.\-]+", qos):
-                raise ValueError(f"invalid QOS name {qos!r}")
-            return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"qos={qos}"]
+            return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"qos={_check_qos(qos)}"]
+        case UpdateJobs(job_ids=ids, qos=qos, site_factor=value):
+            what = f"qos={_check_qos(qos)}" if qos is not None else f"sitefactor={int(value or 0)}"
+            return ["scontrol", "update", "jobid=" + ",".join(_check_job_id(j) for j in ids), what]
         case UpdateSiteFactor(job_id=jid, value=value):
             return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"sitefactor={int(value)}"]
         case UpdateComment(job_id=jid, comment=comment):

@@ -53,6 +53,7 @@ from nuro.slurm.actions import (
     Submit,
     SubmitCommand,
     UpdateComment,
+    UpdateJobs,
     UpdateQos,
     UpdateSiteFactor,
     render_argv,
@@ -72,6 +73,7 @@ from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo,
 from nuro.slurm.parse import (
     SQUEUE_FALLBACK_FORMAT,
     attach_switches,
+    parse_per_job_errors,
     parse_sacct_exitcodes,
     parse_sacct_json,
     parse_sbatch_parsable,
@@ -218,6 +220,22 @@ class Backend(abc.ABC):
     def update_site_factor(self, job_id: int | str, value: int) -> ActionResult:
         """Set the job's SiteFactor (admin only)."""
         return self.apply(UpdateSiteFactor(job_id, value)).raise_for_error()
+
+    def update_jobs(
+        self, job_ids: Iterable[int | str], *, qos: str | None = None, site_factor: int | None = None
+    ) -> dict[int, str]:
+        """Set one QOS or SiteFactor on many jobs in one command; returns the jobs Slurm refused (id → its message).
+
+        Raises ``SlurmUnavailable`` / ``SlurmTimeout`` (nothing was updated, or not knowably so). A failure whose
+        stderr names no job counts as every job refused.
+        """
+        ids = tuple(job_ids)
+        result = self.apply(UpdateJobs(ids, qos=qos, site_factor=site_factor))
+        if result.ok:
+            return {}
+        if isinstance(result.error, SlurmUnavailable | SlurmTimeout):
+            raise result.error
+        return parse_per_job_errors(result.message) or {int(j): result.message for j in ids}
 
     def update_comment(self, job_id: int | str, comment: str) -> ActionResult:
         """Replace the job's comment (nuro's job record; see nuro.protocol.jobcomment)."""

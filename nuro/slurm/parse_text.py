@@ -231,6 +231,21 @@ def parse_slurm_duration_s(text: str) -> int | None:
     return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+_PER_JOB_ERROR = re.compile(r"^(?P<message>.+?) for job (?P<job>\d+)\s*$")
+
+
+def parse_per_job_errors(text: str) -> dict[int, str]:
+    """The jobs a list update refused, from scontrol's stderr: one ``<message> for job <id>`` line each
+    (22.05: "Job is no longer pending execution for job 4", "Invalid job id specified for job 99999"). Lines of
+    another shape are ignored; the caller treats an rc ≠ 0 with none of these lines as every job failing."""
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        m = _PER_JOB_ERROR.match(line.strip())
+        if m:
+            out[int(m.group("job"))] = m.group("message")
+    return out
+
+
 def parse_sbatch_parsable(text: str) -> int:
     """The job id from ``sbatch --parsable`` stdout: "123" or "123;cluster"."""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]

@@ -8,14 +8,22 @@ already moved) is an expected, logged outcome, never a crash; the next cycle dec
 |---|---|
 | Borrow / Return | ``scontrol update jobid=J qos=<b-team / g-team>`` (pending jobs only) |
 | Preempt | comment ``preempt={at, for, sig, why}`` (signed, ``protocol.marks``), then ``scancel -s USR1 --full J`` |
-| Requeue | comment ``preempt`` removed (the next run is not a victim), then ``scontrol requeue J`` |
+| Requeue | comment ``preempt`` removed (the next run is not a victim), then ``scontrol requeue J``; a borrowed victim
+  then ``scontrol update jobid=J qos=g-<team>`` (it borrows again only when lent GPUs afresh) |
 | SetSiteFactor | ``scontrol update jobid=J sitefactor=V`` |
+
+Batches (``groups``): Borrow and Return decisions with the same target QOS, and SetSiteFactor decisions with the same
+value, go to Slurm as one ``scontrol update jobid=J1,J2,… qos=Q | sitefactor=V`` of at most ``BATCH_MAX`` jobs
+(``apply_group``), so a burst of submissions costs a few commands, not one per job; Slurm refuses the jobs the update
+no longer fits one by one and updates the rest, and each decision still gets its own ``Outcome``. Preempt and
+Requeue stay one job at a time: each writes its own comment, and there are few.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from nuro.protocol import marks
@@ -28,7 +36,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Outcome:
-    decision: object
+    decision: Decision
     applied: bool
     message: str
     duration_s: float
@@ -51,10 +59,12 @@ def apply_decision(backend: Backend, decision: Decision, now: float, dry_run: bo
                 backend.merge_comment(job_id, **{COMMENT_PREEMPT: mark})
                 backend.signal(job_id, PREEMPT_SIGNAL, full=True)
                 msg = f"signalled {PREEMPT_SIGNAL}; waiting for its checkpoint ack"
-            case Requeue(acked=acked):
+            case Requeue(acked=acked, to_qos=back):
                 backend.merge_comment(job_id, **{COMMENT_PREEMPT: None})
                 backend.requeue(job_id)
                 msg = "requeued after ack" if acked else "requeued at grace end without ack"
+                if back is not None:
+                    msg += _back_to(backend, job_id, back)
             case SetSiteFactor(value=value):
                 backend.update_site_factor(job_id, value)
                 msg = f"sitefactor -> {value}"
@@ -67,3 +77,93 @@ def apply_decision(backend: Backend, decision: Decision, now: float, dry_run: bo
         log.warning("decision=%s job=%d not applied: %s", type(decision).__name__, job_id, exc)
         return Outcome(decision, False, str(exc), time.monotonic() - t0)
     return Outcome(decision, True, msg, time.monotonic() - t0)
+
+
+def _back_to(backend: Backend, job_id: int, qos: str) -> str:
+    """Move a requeued borrower back to its guaranteed QOS. The requeue stands when this fails (the job stays in
+    ``b-``; the return phase moves it once it fits the quota), so a refusal is part of the message, not an error."""
+    try:
+        backend.update_qos(job_id, qos)
+    except SlurmUnavailable:
+        raise
+    except SlurmError as exc:
+        log.warning("job=%d requeued but not moved back to %s: %s", job_id, qos, exc)
+        return f"; still in its borrow QOS ({exc})"
+    return f"; qos -> {qos}"
+
+
+#: The most jobs in one list update: ~1 ms per id on 22.05, so a batch stays well inside a cycle and a timeout.
+BATCH_MAX = 500
+
+Group = tuple[Decision, ...]
+
+
+def groups(decisions: Sequence[Decision]) -> list[Group]:
+    """The decisions in apply order, as the units ``apply_group`` carries out: runs of Borrow/Return with one target
+    QOS and of SetSiteFactor with one value become one group each (at most ``BATCH_MAX``), the rest one group per
+    decision. Batching never reorders across kinds: a group holds one kind, in the order ``decide`` returned."""
+    out: list[Group] = []
+    open_batches: dict[tuple, list[Decision]] = {}
+    kind_order: list[tuple] = []
+
+    def flush() -> None:
+        for key in kind_order:
+            batch = open_batches[key]
+            out.extend(tuple(batch[i : i + BATCH_MAX]) for i in range(0, len(batch), BATCH_MAX))
+        open_batches.clear()
+        kind_order.clear()
+
+    last_kind: type | None = None
+    for d in decisions:
+        key = _batch_key(d)
+        if type(d) is not last_kind:
+            flush()
+            last_kind = type(d)
+        if key is None:
+            out.append((d,))
+            continue
+        if key not in open_batches:
+            open_batches[key] = []
+            kind_order.append(key)
+        open_batches[key].append(d)
+    flush()
+    return out
+
+
+def _batch_key(d: Decision) -> tuple | None:
+    match d:
+        case Borrow(to_qos=qos) | Return(to_qos=qos):
+            return ("qos", type(d).__name__, qos)
+        case SetSiteFactor(value=value):
+            return ("sitefactor", value)
+    return None
+
+
+def apply_group(backend: Backend, group: Group, now: float, dry_run: bool = False) -> list[Outcome]:
+    """Apply one group (``groups``): one decision alone through ``apply_decision``, a batch in one Slurm command.
+    Raises only ``SlurmError``s that leave a batch's outcome unknown (unavailable, timed out): the controller then
+    skips the rest of the cycle and decides again from a fresh snapshot."""
+    if len(group) == 1:
+        return [apply_decision(backend, group[0], now, dry_run)]
+    if dry_run:
+        return [Outcome(d, False, "dry run", 0.0) for d in group]
+    t0 = time.monotonic()
+    first = group[0]
+    if isinstance(first, SetSiteFactor):
+        refused = backend.update_jobs([d.job_id for d in group], site_factor=first.value)
+        done = f"sitefactor -> {first.value}"
+    else:
+        qos = first.to_qos  # type: ignore[union-attr]  # Borrow / Return: groups() keys them by to_qos
+        refused = backend.update_jobs([d.job_id for d in group], qos=qos)
+        done = f"qos -> {qos}"
+    each = (time.monotonic() - t0) / len(group)
+    out = []
+    for d in group:
+        why = refused.get(int(d.job_id))
+        if why is not None:
+            log.warning("decision=%s job=%d not applied: %s", type(d).__name__, d.job_id, why)
+        out.append(Outcome(d, why is None, done if why is None else why, each))
+    return out
+
+
+__all__ = ["BATCH_MAX", "Outcome", "apply_decision", "apply_group", "groups"]

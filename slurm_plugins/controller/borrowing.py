@@ -20,9 +20,10 @@ borrow from a named lender), so the check is on the total borrowed; it is conser
 idle quota is left out. When lenders take their GPUs back, borrowed jobs above the pool are not preempted for that
 alone: reclaim (phase 4) preempts them as soon as a lender's job cannot start.
 
-Order among borrowers: quota-normalised fair share, lowest ``(held + pending borrowed GPUs) / shares`` first, then
-job priority, submit time and job id; the share is recomputed after each accepted borrow, so one team's long queue
-cannot take every idle GPU in one cycle.
+Order among borrowers: fair-share load, lowest first (``fairshare.load``: decayed and current GPUs against the
+entitlement, so a team that borrowed heavily in the last hours borrows last), then job priority, submit time and
+job id; the load is recomputed after each accepted borrow, so one team's long queue cannot take every idle GPU in one
+cycle.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from nuro.slurm.models import JobInfo
 from nuro.slurm_plugins.controller.capacity import job_shape
 from nuro.slurm_plugins.controller.cycle import Cycle
 from nuro.slurm_plugins.controller.decisions import Borrow, Code, Return
+from nuro.slurm_plugins.controller.fairshare import entitlements, load
 
 _RETURNABLE = WAITING_REASONS | {QUOTA_REASON}
 
@@ -90,9 +92,10 @@ def borrow(cy: Cycle) -> None:
     teams, usage = cy.index.teams, cy.view.usage
     no_room: set[tuple[int, int]] = set()  # shapes that did not fit: capacity only shrinks in this phase
 
+    entitled = entitlements(cy.policy)
+
     def share(name: str) -> tuple[float, str]:
-        u = usage[name]
-        return ((u.held + u.b_pending) / teams[name].shares, name)
+        return (load(cy.usage.get(name, 0.0), usage[name], entitled[name]), name)
 
     while queues:
         name = min(queues, key=share)
@@ -146,7 +149,7 @@ def borrow(cy: Cycle) -> None:
                 gpus,
                 reason=f"team {name} is at its quota ({u.g_running}/{team.quota_gpus}); borrowing {gpus} idle GPUs "
                 f"(team borrowed {u.borrowed + gpus}/{team.borrow_limit_gpus}, all teams "
-                f"{borrowed_total + gpus}/{pool[name]} lendable; fair share {fair:.3f} is the lowest waiting)",
+                f"{borrowed_total + gpus}/{pool[name]} lendable; fair-share load {fair:.2f} is the lowest waiting)",
             )
         )
         u.b_pending += gpus

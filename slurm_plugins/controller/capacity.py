@@ -1,8 +1,10 @@
 """Where a gang could start: per-node free and being-freed GPUs, as a scratch copy for one cycle (STYLE K2).
 
 Placement is Slurm's all-or-nothing gang rule for a GPU job: ``node_count`` schedulable nodes, each with at least
-``gpus_per_node`` free GPUs. Topology (leaf switches) is not required: topology/tree prefers one leaf but places
-across leaves when it must, unless the job asked for ``--switches`` (a hint, bounded by its wait time). Partitions
+``gpus_per_node`` free GPUs. Topology (leaf switches, ``NodeInfo.switch``): job_submit.lua gives every gang of 2 to
+leaf-size nodes the ``--switches=1`` hint, so Slurm first waits (``switch_wait_s``) for one leaf to hold the whole
+gang and only then places it across leaves. The engine follows the hint (``one_leaf``): it lends and frees room for
+such a gang inside one leaf when any leaf can hold it, and falls back to any nodes only when none can. Partitions
 are not modelled: nuro's clusters run one GPU partition.
 
 Why buckets: a pending job asks "are there k nodes with ≥ g free GPUs?" thousands of times per cycle; nodes are kept
@@ -68,6 +70,23 @@ class Capacity:
         for i, f in enumerate(self.free):
             self._buckets[f].add(i)
         self._freeing_nodes: set[int] = set()
+        leaf_names = {n.switch for n in ordered if n.switch}
+        index = {name: i for i, name in enumerate(sorted(leaf_names))}
+        self.leaf_of: list[int] = [index[n.switch] if n.switch else -1 for n in ordered]
+        self.leaves: list[list[int]] = [[] for _ in index]
+        for i, leaf in enumerate(self.leaf_of):
+            if leaf >= 0:
+                self.leaves[leaf].append(i)
+        self.leaf_size: int = max((len(nodes) for nodes in self.leaves), default=0)
+
+    # -- topology ------------------------------------------------------------------------------------------------
+    def one_leaf(self, shape: Shape) -> bool:
+        """The gang carries the one-leaf hint (2 to leaf-size nodes, topology known), as job_submit.lua gives it."""
+        return 2 <= shape.nodes <= self.leaf_size and len(self.leaves) > 1
+
+    def leaf_groups(self) -> list[set[int]]:
+        """The schedulable nodes of each leaf, in leaf order."""
+        return [{n for n in nodes if self.schedulable[n]} for nodes in self.leaves]
 
     # -- queries -------------------------------------------------------------------------------------------------
     def count_free_at_least(self, gpus: int) -> int:
@@ -83,8 +102,10 @@ class Capacity:
     def avail(self, n: int) -> int:
         return self.free[n] + self.freeing[n]
 
-    def nodes_avail_at_least(self, gpus: int) -> set[int]:
-        """Nodes with ≥ ``gpus`` idle or being-freed GPUs."""
+    def nodes_avail_at_least(self, gpus: int, within: set[int] | None = None) -> set[int]:
+        """Nodes with ≥ ``gpus`` idle or being-freed GPUs (among ``within`` when given)."""
+        if within is not None:
+            return {n for n in within if self.schedulable[n] and self.avail(n) >= gpus}
         out: set[int] = set()
         if gpus <= self.max_gpus:
             for b in self._buckets[max(gpus, 0) :]:
@@ -104,10 +125,21 @@ class Capacity:
         """Reserve a gang on idle GPUs, best fit (fullest nodes first, then node order); None when it does not fit.
 
         Best fit mirrors Slurm's select/cons_tres preference for the least free node that fits, and keeps whole
-        nodes free for multi-node gangs.
+        nodes free for multi-node gangs. A gang with the one-leaf hint goes to the leaf with the fewest nodes that
+        fit (best fit again: big leaves stay whole for bigger gangs), and across leaves only when no leaf can hold it.
         """
         if not self.fits_free(shape):
             return None
+        if self.one_leaf(shape):
+            g = shape.gpus_per_node
+            fitting = [ok for ok in ({n for n in leaf if self.free[n] >= g} for leaf in self.leaf_groups())
+                       if len(ok) >= shape.nodes]  # fmt: skip
+            if fitting:
+                best = min(fitting, key=lambda ok: (len(ok), min(ok)))
+                chosen = sorted(best, key=lambda n: (self.free[n] - g, n))[: shape.nodes]
+                for n in chosen:
+                    self._set_free(n, self.free[n] - g)
+                return chosen
         g, chosen = shape.gpus_per_node, []
         for f in range(max(g, 0), self.max_gpus + 1):
             bucket = self._buckets[f]

@@ -51,7 +51,7 @@ from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol import marks
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.slurm import Backend, CliBackend, SlurmError
-from nuro.slurm_plugins.controller.apply import Outcome, apply_decision
+from nuro.slurm_plugins.controller.apply import Outcome, apply_group, groups
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
 from nuro.slurm_plugins.controller.decisions import Preempt, Requeue, SetSiteFactor
 from nuro.slurm_plugins.controller.detection import FailureDetector
@@ -169,31 +169,35 @@ class Controller:
         t2 = time.monotonic()
         failed: set[int] = set()
         applicable = self.isolator.filter(decisions)
-        for i, decision in enumerate(applicable):
+        batches = groups(applicable)
+        for i, group in enumerate(batches):
             try:
-                outcome = apply_decision(self.backend, decision, now, self.dry_run)
+                outcomes = apply_group(self.backend, group, now, self.dry_run)
             except SlurmError as exc:
                 report.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
                 log.warning("cycle=%d %s", self.cycles, report.error)
-                failed.update(d.job_id for d in applicable[i:])
+                failed.update(d.job_id for g in batches[i:] for d in g)
                 break
             except Exception as exc:  # noqa: BLE001 - a bug applying one job's decision costs only that job
-                failed.add(decision.job_id)
+                failed.update(d.job_id for d in group)
                 text = f"{type(exc).__name__}: {exc}"[:300]
-                if self._once.allow((decision.job_id, type(decision).__name__, text))[0]:
-                    log.error("cycle=%d decision=%s job=%d not applied (logged once): %s", self.cycles,
-                              type(decision).__name__, decision.job_id, text)  # fmt: skip
+                for decision in group:
+                    if self._once.allow((decision.job_id, type(decision).__name__, text))[0]:
+                        log.error("cycle=%d decision=%s job=%d not applied (logged once): %s", self.cycles,
+                                  type(decision).__name__, decision.job_id, text)  # fmt: skip
                 continue
-            report.outcomes.append(outcome)
-            log.info(
-                "cycle=%d decision=%s job=%d applied=%s code=%s reason=%r result=%r",
-                self.cycles, type(decision).__name__, decision.job_id, outcome.applied, decision.code,
-                decision.reason, outcome.message,
-            )  # fmt: skip
-            if not outcome.applied:
-                failed.add(decision.job_id)
-            else:
-                self._record(decision)
+            for outcome in outcomes:
+                decision = outcome.decision
+                report.outcomes.append(outcome)
+                log.info(
+                    "cycle=%d decision=%s job=%d applied=%s code=%s reason=%r result=%r",
+                    self.cycles, type(decision).__name__, decision.job_id, outcome.applied, decision.code,
+                    decision.reason, outcome.message,
+                )  # fmt: skip
+                if not outcome.applied:
+                    failed.add(decision.job_id)
+                else:
+                    self._record(decision)
         failed.update(d.job_id for d in decisions if d.job_id in self.isolator.jobs)
         self.state = _state_after(decisions.next_state, decisions, failed)
         report.apply_s = time.monotonic() - t2

@@ -4,7 +4,7 @@ The engine only computes these; the daemon applies them (``apply.py``) in the or
 
 | decision | apply does | why this order |
 |---|---|---|
-| ``Requeue`` | ``scontrol requeue`` a victim (acked, or grace over) | frees GPUs first |
+| ``Requeue`` | ``scontrol requeue`` a victim (acked, or grace over); a borrower to ``g-<team>`` | frees GPUs first |
 | ``Preempt`` | write ``preempt`` into the victim's comment, send it the preemption signal | starts the grace clock |
 | ``Return`` | ``scontrol update qos=g-<team>`` on a pending borrowed job | quota first, before new borrowing |
 | ``Borrow`` | ``scontrol update qos=b-<team>`` on a pending guaranteed job | uses the idle GPUs that are left |
@@ -41,6 +41,7 @@ class Code(StrEnum):
     WAIT_FITS_NOW = "wait_fits_now"  # Slurm can start it on idle GPUs: nothing to do
     WAIT_IN_FLIGHT = "wait_in_flight"  # GPUs it needs are being freed by earlier preemptions
     WAIT_NO_VICTIMS = "wait_no_victims"  # preemptible jobs cannot free a placeable block
+    WAIT_MIN_RUN = "wait_min_run"  # only jobs inside their minimum run time could make room
     WAIT_OVER_QUOTA = "wait_over_quota"  # a guaranteed job beyond its team's quota (borrowing handles it)
     WAIT_CAPACITY = "wait_capacity"  # borrow refused: no placeable block on idle GPUs
     WAIT_BORROW_LIMIT = "wait_borrow_limit"  # borrow refused: the team's borrowing limit
@@ -92,12 +93,17 @@ class Preempt:
 
 @dataclass(frozen=True)
 class Requeue:
-    """Finish a preemption: requeue the victim, at once when it acknowledged its checkpoint, else at grace end."""
+    """Finish a preemption: requeue the victim, at once when it acknowledged its checkpoint, else at grace end.
+
+    ``to_qos``: a borrowed victim goes back to its team's guaranteed QOS as it is requeued, so it borrows again only
+    when the borrow phase lends it GPUs afresh (not first in line, not the cheapest victim again at once).
+    """
 
     job_id: int
     acked: bool
     reason: str
     code: str = Code.REQUEUE_ACKED
+    to_qos: str | None = None
 
 
 @dataclass(frozen=True)

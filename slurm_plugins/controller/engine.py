@@ -5,13 +5,18 @@ snapshot does not matter either). The daemon reads a snapshot, calls ``decide`` 
 
 The cycle is a numbered pipeline (STYLE K1); each phase is one small function and is timed:
 
-1. **classify** jobs by QOS and account (``classify.py``); sum each team's GPUs by kind.
+1. **classify** jobs by QOS and account (``classify.py``); sum each team's GPUs by kind; bring each team's decayed
+   usage up to now and derive its fair-share load (``fairshare.py``).
 2. **finish** in-flight preemptions: requeue on ack, or at grace end without one (``preemption.py``).
 3. **tiers**: pending tier jobs (``urgent``) get room from borrowers, then lower classes.
 4. **reclaim**: pending guaranteed jobs within quota get room from borrowers.
 5. **borrow**: return pending borrowed jobs that fit the quota again; move QOS-blocked guaranteed jobs to the
    borrow QOS within the borrow limit, the lending pool and idle capacity, fair share first (``borrowing.py``).
 6. **fair share** → SiteFactor of pending jobs (``fairshare.py``).
+
+No run younger than its minimum run time (``min_run_s``) is ever chosen as a victim, and a preempted borrower is
+requeued into its team's guaranteed QOS: it borrows again only when the borrow phase lends it GPUs afresh, in
+fair-share order, instead of restarting first and being the cheapest victim again.
 
 Tiers come before reclaim (the brief listed them the other way round) because capacity freed in one cycle should go
 where Slurm's priority sends it: a tier QOS outranks every team's guaranteed QOS.
@@ -44,7 +49,7 @@ from nuro.slurm_plugins.controller.decisions import (
     SetSiteFactor,
     Wait,
 )
-from nuro.slurm_plugins.controller.fairshare import set_site_factors
+from nuro.slurm_plugins.controller.fairshare import decayed_usage, set_site_factors, team_loads
 from nuro.slurm_plugins.controller.preemption import finish_in_flight, make_room_for_tiers, reclaim
 from nuro.slurm_plugins.controller.victims import victim_key
 
@@ -92,6 +97,8 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
         view=build_view(snapshot.jobs, policy),
         cap=Capacity(snapshot.nodes),
     )
+    cy.usage = decayed_usage(state.usage, state.usage_at, cy.view.usage, policy.usage_half_life_s, now)
+    cy.loads = team_loads(cy)
     if FAULT_MARK:
         for job in snapshot.jobs:
             if FAULT_MARK in (job.comment or ""):
@@ -120,6 +127,8 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
     next_state = ControllerState(
         preempting=MappingProxyType(dict(sorted(preempting.items()))),
         site_factors=MappingProxyType(site_in_force),
+        usage=MappingProxyType(cy.usage),
+        usage_at=now,
     )
     counts = Counter(type(d).__name__.lower() for d in items)
     counts.update(f"wait.{w.code}" for w in cy.waits)

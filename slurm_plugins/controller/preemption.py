@@ -28,6 +28,7 @@ from nuro.slurm_plugins.controller.victims import (
     Candidate,
     Eligible,
     VictimPool,
+    choose_in_one_leaf,
     choose_victims,
     work_lost_gpu_s,
 )
@@ -65,6 +66,7 @@ def finish_in_flight(cy: Cycle) -> None:
         if job.phase != JobPhase.RUNNING:
             continue  # completing or suspended: on its way out, nothing to requeue
         comment = cy.comment(job)
+        back = cy.index.teams[c.team].guaranteed_qos if c.is_borrowed and c.team is not None else None
         if comment.acked_since(at):
             ack = comment.ack
             step = f" at step {ack.step}" if ack is not None and ack.step is not None else ""
@@ -76,6 +78,7 @@ def finish_in_flight(cy: Cycle) -> None:
                     reason=f"job {job_id} acknowledged its committed checkpoint{step} {after} s after the signal; "
                     "requeue now rather than at grace end",
                     code=Code.REQUEUE_ACKED,
+                    to_qos=back,
                 )
             )
         elif cy.now >= at + grace_s:
@@ -86,6 +89,7 @@ def finish_in_flight(cy: Cycle) -> None:
                     reason=f"job {job_id} did not acknowledge a checkpoint within the {grace_s} s grace after the "
                     "signal; requeue without it (it resumes from its last committed checkpoint)",
                     code=Code.REQUEUE_GRACE_OVER,
+                    to_qos=back,
                 )
             )
         else:
@@ -138,6 +142,10 @@ def reclaim(cy: Cycle) -> None:
 def _make_room(cy: Cycle, job: JobInfo, pool: VictimPool, eligible: Eligible, code: Code, what: str) -> bool:
     """Reserve room for ``job``: on idle GPUs, else on GPUs being freed, else by choosing new victims.
 
+    Victims still inside their minimum run time are not taken; when only they could make room, the job waits
+    (``WAIT_MIN_RUN``) and nothing is preempted this cycle. A gang with the one-leaf hint gets its room inside one
+    leaf when any leaf can give it (``capacity.py``).
+
     Returns whether the job has room now or once its victims are gone (its GPUs are then reserved)."""
     shape = job_shape(job)
     if shape.gpus_per_node <= 0:
@@ -145,14 +153,31 @@ def _make_room(cy: Cycle, job: JobInfo, pool: VictimPool, eligible: Eligible, co
     if cy.cap.take_free(shape) is not None:
         cy.wait(job.job_id, Code.WAIT_FITS_NOW, f"fits on idle GPUs ({_shape(shape)}); Slurm starts it")
         return True
-    victims = choose_victims(cy.cap, shape, pool, eligible)
-    if victims is None:
+    now = cy.now
+
+    def grown(c: Candidate) -> bool:
+        return c.exempt_until <= now and eligible(c)
+
+    found = _find_victims(cy, shape, pool, grown)
+    if found is None:
+        later = _find_victims(cy, shape, pool, eligible)
+        if later is not None:
+            young = [c for c in later[0] if c.exempt_until > now]
+            soonest = max((c.exempt_until for c in young), default=now)
+            cy.wait(
+                job.job_id,
+                Code.WAIT_MIN_RUN,
+                f"needs {_shape(shape)}; the jobs that could make room are inside their minimum run time "
+                f"(job {young[0].job_id if young else '?'} for {soonest - now:.0f} s more); no preemption before",
+            )
+            return False
         cy.wait(
             job.job_id,
             Code.WAIT_NO_VICTIMS,
             f"needs {_shape(shape)}; idle GPUs, GPUs being freed and the jobs it may preempt cannot free such a block",
         )
         return False
+    victims, within = found
     if not victims:
         cy.wait(job.job_id, Code.WAIT_IN_FLIGHT, f"needs {_shape(shape)}; GPUs being freed by earlier preemptions")
     for v in victims:
@@ -168,13 +193,26 @@ def _make_room(cy: Cycle, job: JobInfo, pool: VictimPool, eligible: Eligible, co
                 v.gpus,
                 round(v.work_lost_gpu_s, 1),
                 job.job_id,
-                reason=f"{what} {job.job_id} needs {_shape(shape)}; {_victim_text(v, cy.now)}",
+                reason=f"{what} {job.job_id} needs {_shape(shape)}; {_victim_text(v, now)}",
                 code=code,
             )
         )
-    usable = cy.cap.nodes_avail_at_least(shape.gpus_per_node)
+    usable = cy.cap.nodes_avail_at_least(shape.gpus_per_node, within)
     cy.cap.reserve(cy.cap.pick_for(shape, usable), shape.gpus_per_node)
     return True
+
+
+def _find_victims(
+    cy: Cycle, shape: Shape, pool: VictimPool, eligible: Eligible
+) -> tuple[list[Candidate], set[int] | None] | None:
+    """Victims for ``shape`` and the nodes they free it on: inside one leaf for a hinted gang when a leaf can hold
+    it, else anywhere (Slurm places a hinted gang across leaves once its switch wait is over)."""
+    if cy.cap.one_leaf(shape):
+        in_leaf = choose_in_one_leaf(cy.cap, shape, pool, eligible)
+        if in_leaf is not None:
+            return in_leaf
+    victims = choose_victims(cy.cap, shape, pool, eligible)
+    return None if victims is None else (victims, None)
 
 
 def _victim_text(v: Candidate, now: float) -> str:
@@ -182,7 +220,8 @@ def _victim_text(v: Candidate, now: float) -> str:
     ckpt = f"checkpoint {now - v.last_checkpoint_at:.0f} s old" if v.last_checkpoint_at is not None else "no checkpoint"
     return (
         f"preempting {kind} job {v.job_id} of {v.team or 'no team'} ({v.gpus} GPUs, {ckpt}) "
-        f"loses {v.work_lost_gpu_s:.0f} GPU·s, the least among victims that free a placeable block"
+        f"loses {v.work_lost_gpu_s:.0f} GPU·s + {v.restart_gpu_s:.0f} GPU·s restart, the least among victims "
+        "that free a placeable block"
     )
 
 
@@ -229,6 +268,7 @@ def _new_candidate(cy: Cycle, job: JobInfo, c: JobClass, rank: int) -> Candidate
     if not on_nodes:
         return None  # frees nothing a pending job could use
     lost, ckpt_at = work_lost_gpu_s(job, cy.comment(job), cy.now)
+    started = timestamp(job.start_time, cy.now)
     return Candidate(
         job.job_id,
         c.team,
@@ -236,9 +276,12 @@ def _new_candidate(cy: Cycle, job: JobInfo, c: JobClass, rank: int) -> Candidate
         c.tier_priority if rank == RANK_TIER else 0,
         job_gpus(job),
         lost,
-        timestamp(job.start_time, cy.now),
+        started,
         on_nodes,
         ckpt_at,
+        restart_gpu_s=float(job_gpus(job) * cy.policy.restart_cost_s),
+        exempt_until=started + c.min_run_s,
+        team_load=cy.loads.get(c.team, 0) if c.team is not None else 0,
     )
 
 

@@ -42,6 +42,10 @@ class Candidate:
         work_lost_gpu_s: GPUs × seconds since its last committed checkpoint (or its start when it has none).
         started_at: Unix seconds of its current start.
         on_nodes: (node number, GPUs) on schedulable nodes, what preempting it frees.
+        restart_gpu_s: GPUs × the policy's restart cost (staging and start-up before it trains again).
+        exempt_until: Unix seconds its minimum run time ends; it is no victim before.
+        team_load: its team's decayed fair-share load over its entitlement (``fairshare.team_loads``), in tenths:
+            the team that used the most over its share yields first.
     """
 
     job_id: int
@@ -53,20 +57,31 @@ class Candidate:
     started_at: float
     on_nodes: tuple[tuple[int, int], ...]
     last_checkpoint_at: float | None = None
+    restart_gpu_s: float = 0.0
+    exempt_until: float = float("-inf")
+    team_load: int = 0
+
+    @property
+    def cost_gpu_s(self) -> float:
+        """What preempting it costs: the work since its last checkpoint plus the restart it will pay."""
+        return self.work_lost_gpu_s + self.restart_gpu_s
 
 
-def victim_key(c: Candidate) -> tuple[int, int, float, float, int]:
+def victim_key(c: Candidate) -> tuple[int, int, int, float, float, int]:
     """Sort key of victims, the cheapest to preempt first.
 
     1. Class: borrowed jobs before guaranteed jobs before tier jobs. Borrowing is preemptible by contract;
        guarantees are broken only for a tier that may do so (and only for another team's jobs).
     2. Among tier jobs, the lower tier first (equal or higher tiers are never candidates at all).
-    3. Less work lost: GPUs × seconds since the last committed checkpoint, the point of checkpoint-confirmed
-       preemption (for equal GPUs, the freshest checkpoint goes first).
-    4. Most recently started first: its current run has cost the least (Kueue's "most recently admitted").
-    5. Job id, ascending: the deterministic last tie-break.
+    3. The team most over its fair share (decayed usage, ``fairshare.team_loads``) first: a team that borrowed
+       heavily yields before one that borrowed a little.
+    4. Least cost: GPUs × seconds since the last committed checkpoint (the point of checkpoint-confirmed
+       preemption) plus GPUs × the restart cost (staging, start-up), so a small job is cheaper than a large one
+       with the same fresh checkpoint.
+    5. Most recently started first: its current run has cost the least (Kueue's "most recently admitted").
+    6. Job id, ascending: the deterministic last tie-break.
     """
-    return (c.rank, c.tier_priority, c.work_lost_gpu_s, -c.started_at, c.job_id)
+    return (c.rank, c.tier_priority, -c.team_load, c.cost_gpu_s, -c.started_at, c.job_id)
 
 
 def work_lost_gpu_s(job: JobInfo, comment: JobComment, now: float) -> tuple[float, float | None]:
@@ -100,23 +115,27 @@ class VictimPool:
 Eligible = Callable[[Candidate], bool]
 
 
-def choose_victims(cap: Capacity, shape: Shape, pool: VictimPool, eligible: Eligible) -> list[Candidate] | None:
-    """The victims that make ``shape`` placeable on idle + being-freed GPUs, in ``victim_key`` order.
+def choose_victims(
+    cap: Capacity, shape: Shape, pool: VictimPool, eligible: Eligible, within: set[int] | None = None
+) -> list[Candidate] | None:
+    """The victims that make ``shape`` placeable on idle + being-freed GPUs, in ``victim_key`` order; only nodes
+    of ``within`` count when it is given (one leaf, for a gang with the one-leaf hint).
 
     Returns [] when it already fits and None when the eligible candidates cannot free a placeable block.
     """
     g, k = shape.gpus_per_node, shape.nodes
-    ok = cap.nodes_avail_at_least(g)
+    ok = cap.nodes_avail_at_least(g, within)
     if len(ok) >= k:
         return []
     options: list[tuple[tuple, list[Candidate]]] = []
     for n, cands in pool.by_node.items():
-        if n in ok:
+        if n in ok or (within is not None and n not in within):
             continue
         picked = _fill_node(n, cap.avail(n), g, cands, pool.taken, eligible)
         if picked is not None:
             keys = tuple(victim_key(c) for c in picked)  # ties between nodes fall back to the comparator
-            cost = (max(c.rank for c in picked), sum(c.work_lost_gpu_s for c in picked), keys, n)
+            cost = (max(c.rank for c in picked), -min(c.team_load for c in picked),
+                    sum(c.cost_gpu_s for c in picked), keys, n)  # fmt: skip
             options.append((cost, picked))
     need = k - len(ok)
     if len(options) < need:
@@ -149,6 +168,31 @@ def _fill_node(
             picked.remove(c)
             have -= _on(c, n)
     return picked
+
+
+def set_cost(victims: list[Candidate]) -> tuple[int, int, float]:
+    """How bad a victim set is, to compare the sets of different leaves: worst class, least team load, total cost."""
+    if not victims:
+        return (-1, 0, 0.0)
+    return (max(c.rank for c in victims), -min(c.team_load for c in victims), sum(c.cost_gpu_s for c in victims))
+
+
+def choose_in_one_leaf(
+    cap: Capacity, shape: Shape, pool: VictimPool, eligible: Eligible
+) -> tuple[list[Candidate], set[int]] | None:
+    """The cheapest victim set that frees room for ``shape`` inside one leaf, with that leaf's nodes; None when no
+    leaf can hold it. Ties go to the leaf with the fewest room already (best fit), then leaf order."""
+    best: tuple[tuple, list[Candidate], set[int]] | None = None
+    for i, leaf in enumerate(cap.leaf_groups()):
+        if len(leaf) < shape.nodes:
+            continue
+        victims = choose_victims(cap, shape, pool, eligible, within=leaf)
+        if victims is None:
+            continue
+        key = (set_cost(victims), len(cap.nodes_avail_at_least(shape.gpus_per_node, leaf)), i)
+        if best is None or key < best[0]:
+            best = (key, victims, leaf)
+    return None if best is None else (best[1], best[2])
 
 
 def _on(c: Candidate, n: int) -> int:
@@ -184,7 +228,9 @@ __all__ = [
     "RANK_TIER",
     "Candidate",
     "VictimPool",
+    "choose_in_one_leaf",
     "choose_victims",
+    "set_cost",
     "victim_key",
     "work_lost_gpu_s",
 ]

@@ -164,8 +164,9 @@ CASES: dict[str, Case] = {
         .jobs(a_job(10).over_quota(), a_job(11).over_quota(), a_job(12).over_quota())
         .jobs(a_job(20).team("c").over_quota(), a_job(21).team("c").over_quota(), a_job(22).team("c").over_quota())
         .build(),
-        # c (8/16) first; then a (8/8) ties c (16/16) and wins by name; then c (16/16) < a (16/8); then c again
-        want=[("Borrow", 20, "b-c"), ("Borrow", 10, "b-a"), ("Borrow", 21, "b-c"), ("Borrow", 22, "b-c")],
+        # load = (decayed + held + pending borrowed) / (2 × entitlement); entitlements a 12, c 24; no history, so
+        # decayed = held: c 16/48 first, then c 24/48 < a 16/24, then c 32/48 ties a and loses by name, then c
+        want=[("Borrow", 20, "b-c"), ("Borrow", 21, "b-c"), ("Borrow", 10, "b-a"), ("Borrow", 22, "b-c")],
     ),
     "return: a pending borrowed job that fits the quota again": Case(
         TWO_TEAMS,
@@ -189,11 +190,34 @@ CASES: dict[str, Case] = {
         a_cluster()
         .nodes(4)
         .jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"))
-        .jobs(a_job(3).team("b").borrowed().running_on("n02", started_s_ago=300))
+        .jobs(a_job(3).team("b").borrowed().running_on("n02", started_s_ago=700))
         .jobs(a_job(4).team("b").borrowed().running_on("n03", started_s_ago=9000).ckpt_age_s(900))
         .jobs(a_job(10).pending())
         .build(),
         want=[("Preempt", 3, "for", 10)],
+    ),
+    "reclaim: a run inside its minimum run time is no victim, an older one with more loss is": Case(
+        a_policy(32).team("a", 16).team("b", 16, borrow=16).build(),
+        a_cluster()
+        .nodes(4)
+        .jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"))
+        .jobs(a_job(3).team("b").borrowed().running_on("n02", started_s_ago=300))
+        .jobs(a_job(4).team("b").borrowed().running_on("n03", started_s_ago=9000).ckpt_age_s(900))
+        .jobs(a_job(10).pending())
+        .build(),
+        want=[("Preempt", 4, "for", 10)],
+    ),
+    "reclaim waits while every borrower that could make room is inside its minimum run time": Case(
+        a_policy(32).team("a", 16).team("b", 16, borrow=16).build(),
+        a_cluster()
+        .nodes(4)
+        .jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"))
+        .jobs(a_job(3).team("b").borrowed().running_on("n02", started_s_ago=300))
+        .jobs(a_job(4).team("b").borrowed().running_on("n03", started_s_ago=599))
+        .jobs(a_job(10).pending())
+        .build(),
+        want=[],
+        want_waits={10: Code.WAIT_MIN_RUN},
     ),
     "reclaim frees a placeable block: a 2-node job gets 2 whole nodes, not 16 GPUs scattered": Case(
         a_policy(48).team("a", 16).team("b", 16).team("c", 16, borrow=32).build(),

@@ -10,6 +10,7 @@ requeued job for ``cred_expire``. Every cycle's decisions are also checked again
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -259,16 +260,18 @@ URGENT_BOUND_TICKS = 20
 
 
 def urgent_bound(policy: Policy) -> int:
-    return URGENT_BOUND_TICKS if all(t.preempts_guaranteed for t in policy.tiers) else BOUND_TICKS
+    """The urgent bound plus the minimum run time: a victim younger than ``min_run_s`` is waited for first."""
+    base = URGENT_BOUND_TICKS if all(t.preempts_guaranteed for t in policy.tiers) else BOUND_TICKS
+    return base + math.ceil(policy.min_run_s / TICK_S)
 
 
 def test_example_policy_no_team_starves() -> None:
     for seed in range(3):
         out = simulate(EXAMPLE, n_nodes=8, seed=seed)
         print(seed, out)
-        assert max(out["worst_wait_ticks"].values()) <= BOUND_TICKS, out
+        assert max(out["worst_wait_ticks"].values()) <= BOUND_TICKS + math.ceil(EXAMPLE.min_run_s / TICK_S), out
         assert out["borrow"] > 0 and out["preempt"] > 0, f"scenario did not exercise borrow/reclaim: {out}"
-        assert out.get("urgent_max_wait_ticks", 0) <= URGENT_BOUND_TICKS, out
+        assert out.get("urgent_max_wait_ticks", 0) <= urgent_bound(EXAMPLE), out
 
 
 @st.composite
@@ -286,12 +289,13 @@ def sim_policies(draw: st.DrawFn) -> Policy:
         for i, q in enumerate(quotas)
     )
     tiers = (Tier(name="urgent", priority=100_000, allowed_accounts=("t0",), preempts_guaranteed=draw(st.booleans())),)
-    return Policy(cluster_gpus=64, grace_s=60, teams=teams, tiers=tiers)
+    min_run = draw(st.sampled_from([0, 30, 120]))
+    return Policy(cluster_gpus=64, grace_s=60, teams=teams, tiers=tiers, min_run_s=min_run)
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sim_policies(), st.integers(0, 10_000))
 def test_random_policies_no_team_starves(policy: Policy, seed: int) -> None:
     out = simulate(policy, n_nodes=8, seed=seed, ticks=240)
-    assert max(out["worst_wait_ticks"].values()) <= BOUND_TICKS, out
+    assert max(out["worst_wait_ticks"].values()) <= BOUND_TICKS + math.ceil(policy.min_run_s / TICK_S), out
     assert out.get("urgent_max_wait_ticks", 0) <= urgent_bound(policy), out
