@@ -22,11 +22,15 @@ pods); counts of decisions and preemptions are over the whole replay.
 | queue wait | first start − submit, per job submitted in the window; a job never started counts with horizon − submit
   (censored, a lower bound) |
 | quota violations | samples (one after every event batch) where a ``g-<team>`` QOS ran above its quota |
+| preemptions per 1,000 jobs | preemption signals / jobs replayed × 1000 |
+| requeued within min run | requeued runs shorter than their QOS's minimum run time (must be 0) |
+| lost % of delivered | (GPU-h lost to preemption + restart staging) / allocated GPU-h in the window × 100 |
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Mapping, Sequence
 
 from bench.sim.replay import ReplayLog
@@ -93,8 +97,15 @@ def wait_stats(waits: Sequence[float], censored: int) -> dict:
     }
 
 
-def compute(log: ReplayLog, quotas: Mapping[str, int], measure_from_s: float, window_s: float = 3600.0) -> dict:
-    """All metrics of one replay (module table)."""
+def compute(
+    log: ReplayLog,
+    quotas: Mapping[str, int],
+    measure_from_s: float,
+    window_s: float = 3600.0,
+    min_run_by_qos: Mapping[str, float] | None = None,
+) -> dict:
+    """All metrics of one replay (module table). ``min_run_by_qos``: each QOS's minimum run time, to count the
+    victims requeued inside it."""
     t0, t1 = measure_from_s, log.horizon_s
     span = max(1e-9, t1 - t0)
     cap_gpu_s = log.capacity * span
@@ -164,6 +175,10 @@ def compute(log: ReplayLog, quotas: Mapping[str, int], measure_from_s: float, wi
     )
     demand_mean = {t: sum(bin_demand[t]) / span for t in teams}
     requeued = [r for r in log.runs if r.outcome == "requeued"]
+    min_run = min_run_by_qos or {}
+    too_young = sum(1 for r in requeued if r.end_s - r.start_s < min_run.get(r.qos, 0.0))
+    restarts = Counter(r.job_id for r in requeued)
+    n_jobs = len(log.jobs)
     return {
         "window_s": [round(t0, 1), round(t1, 1)],
         "offered_load": round(offered / cap_gpu_s, 3),
@@ -194,6 +209,11 @@ def compute(log: ReplayLog, quotas: Mapping[str, int], measure_from_s: float, wi
         "requeues_unacked": log.counters.get("requeues_unacked", 0),
         "requeued_runs": len(requeued),
         "requeued_within_600s_of_start": sum(1 for r in requeued if r.end_s - r.start_s < 600.0),
+        "requeued_within_min_run": too_young,
+        "jobs": n_jobs,
+        "preemptions_per_1000_jobs": round(1000 * log.counters.get("preemptions", 0) / n_jobs, 2) if n_jobs else 0.0,
+        "most_preemptions_of_one_job": max(restarts.values(), default=0),
+        "lost_pct_of_delivered": round(100 * (lost + restart) / alloc, 3) if alloc else 0.0,
         "gpu_h_lost_to_preemption": round(lost / 3600, 2),
         "gpu_h_restart_staging": round(restart / 3600, 2),
         "gang_runs": gangs,

@@ -6,7 +6,9 @@ keeps Slurm's rules that nuro relies on:
 
 * **gang, whole GPUs**: a job gets ``node_count`` nodes with ``gpus_per_node`` free GPUs each, all at once, or waits;
 * **topology**: leaves of ``leaf_size`` nodes; a multi-node job goes to one leaf when one has room (best fit),
-  else to the fewest leaves (no ``--switches`` wait time is modelled);
+  else to the fewest leaves; a gang of 2 to leaf-size nodes carries job_submit.lua's ``--switches=1`` hint and
+  waits up to ``switch_wait_s`` (from its first try in this pending spell) for one leaf before it is placed across
+  leaves, as cons_tres does with ``wait4switch``;
 * **hard QOS limits**: a job starts only if its QOS's GPUs in use + its GPUs ≤ ``GrpTRES`` (``g-<team>`` = quota,
   ``b-<team>`` = borrow limit); otherwise it waits with reason ``QOSGrpGRES`` and does not block others;
 * **priority** (priority/multifactor, simplified): QOS priority (the tier's) + SiteFactor + 10,000 × fair share
@@ -41,6 +43,7 @@ class SchedParams:
     max_age_s: float = 7 * 86400.0
     fs_half_life_s: float = 86400.0
     requeue_delay_s: float = 11.0  # EligibleTime = requeue + cred_expire (10 s, tuned per SLURM_FACTS) + 1 s
+    switch_wait_s: float = 60.0  # the bridge's wait4switch for the one-leaf hint (luatable.DEFAULT_SWITCH_WAIT_S)
 
 
 DEFAULT_SCHED = SchedParams()
@@ -71,6 +74,7 @@ class SimJob:
     comment: dict = field(default_factory=dict)
     comment_text: str = ""  # the comment as Slurm stores it (compact JSON), kept in step with ``comment``
     pending_since_s: float = 0.0
+    switch_wait_from_s: float | None = None  # first try of this pending spell for a hinted gang
 
     @property
     def job_id(self) -> int:
@@ -141,6 +145,7 @@ class SlurmSim:
     # -- queue ---------------------------------------------------------------------------------------------------
     def submit(self, job: SimJob, now: float) -> None:
         job.state, job.reason, job.pending_since_s = PENDING, "None", now
+        job.switch_wait_from_s = None
         self.pending[job.job_id] = job
 
     def _account(self, now: float) -> None:
@@ -175,10 +180,16 @@ class SlurmSim:
 
     # -- placement -----------------------------------------------------------------------------------------------
     def place(
-        self, gpus_per_node: int, count: int, free: Sequence[int], exclude: frozenset[int] = frozenset()
+        self,
+        gpus_per_node: int,
+        count: int,
+        free: Sequence[int],
+        exclude: frozenset[int] = frozenset(),
+        one_leaf: bool = False,
     ) -> tuple[int, ...] | None:
         """Nodes for a gang, or None. One node: best fit (least left over, then lowest index). Several: the one
-        leaf with room and the fewest qualifying nodes, best fit inside it; else the fewest leaves, fullest first."""
+        leaf with room and the fewest qualifying nodes, best fit inside it; else (unless ``one_leaf``) the fewest
+        leaves, fullest first."""
         g = gpus_per_node
         if count == 1:
             best, best_left = -1, math.inf
@@ -199,6 +210,8 @@ class SlurmSim:
         if one:
             ok = min(one, key=len)
             return tuple(sorted(sorted(ok, key=lambda i: (free[i] - g, i))[:count]))
+        if one_leaf:
+            return None
         chosen: list[int] = []
         for ok in sorted(per_leaf, key=lambda ok: -len(ok)):
             chosen.extend(ok[: count - len(chosen)])
@@ -253,7 +266,9 @@ class SlurmSim:
                         shadow = self._reservation(blocked, now)
                     if now + job.remaining_s + job.spec.restart_overhead_s * (job.restarts > 0) > shadow[0]:
                         exclude = shadow[1]
-                nodes = self.place(job.spec.gpus_per_node, job.spec.node_count, self.free, exclude)
+                nodes = self.place(
+                    job.spec.gpus_per_node, job.spec.node_count, self.free, exclude, self._waits_for_leaf(job, now)
+                )
             if nodes is None:
                 job.reason = "Priority" if blocked is not None else "Resources"
                 blocked = blocked or job
@@ -262,6 +277,15 @@ class SlurmSim:
             started.append(job)
             max_free = max(self.free, default=0)
         return started
+
+    def _waits_for_leaf(self, job: SimJob, now: float) -> bool:
+        """A hinted gang (2 to leaf-size nodes) inside its switch wait takes one leaf or nothing."""
+        k = job.spec.node_count
+        if not 2 <= k <= max((len(leaf) for leaf in self.leaves), default=0) or len(self.leaves) < 2:
+            return False
+        if job.switch_wait_from_s is None:
+            job.switch_wait_from_s = now
+        return now - job.switch_wait_from_s < self.params.switch_wait_s
 
     def start(self, job: SimJob, nodes: tuple[int, ...], now: float) -> None:
         self._account(now)

@@ -16,6 +16,7 @@ Mapping onto Slurm (see ARCHITECTURE.md "Teams, quotas, borrowing on Slurm"):
 | min_run_s | no run younger than this is preempted (controller rule; QOS ``PreemptExemptTime``: Slurm's backstop) |
 | restart_cost_s | staging + start-up a requeued job pays before it trains again; part of a victim's cost |
 | usage_half_life_s | half-life of each team's decayed GPU usage (borrow order, who yields first, SiteFactor) |
+| lend_hysteresis_s | half-life of a lender's peak guaranteed demand; only GPUs idle at that peak are lent |
 | require_pinning | job_submit.lua refuses team GPU jobs without a dataset digest + code commit in the comment |
 """
 
@@ -108,6 +109,10 @@ class Policy(_Strict):
     #: Half-life of each team's decayed GPU usage: a team that borrowed heavily in the last hours yields first and
     #: borrows last (Slurm's PriorityDecayHalfLife, Kueue's admission fair sharing).
     usage_half_life_s: Annotated[int, Field(ge=60, le=30 * 86400, strict=True)] = 3600
+    #: Lending hysteresis: a team lends only what its guaranteed demand left idle at its recent peak, a peak that
+    #: decays with this half-life. GPUs a lender used a few minutes ago are likely wanted back soon; lending them
+    #: means a reclaim (a preemption) when they are. 0 lends whatever is idle this cycle.
+    lend_hysteresis_s: Annotated[int, Field(ge=0, le=86400, strict=True)] = 900
     teams: tuple[Team, ...]
     tiers: tuple[Tier, ...] = ()
     #: Refuse team GPU jobs whose comment carries no pinned nuro record (docs/job_submit.md "Pinning"). Off by default

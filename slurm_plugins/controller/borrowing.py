@@ -14,9 +14,11 @@
      for others are never lent).
 
 ``lendable(b) = (cluster_gpus − Σ quotas) + Σ_{t ≠ b} min(lend_limit_t, idle_t)`` with
-``idle_t = max(0, quota_t − guaranteed running_t − guaranteed waiting_t)``: a lender lends at most its lending limit
-and never the part of its quota its own pending jobs are about to use. The pool is aggregate (borrowers do not
-borrow from a named lender), so the check is on the total borrowed; it is conservative because a borrower's own
+``idle_t = max(0, quota_t − peak_t)`` and ``peak_t`` the lender's guaranteed demand (running plus waiting guaranteed
+GPUs) at its recent peak (``demand_peaks``: the peak decays with half-life ``lend_hysteresis_s``): a lender lends at
+most its lending limit, never the part of its quota its own pending jobs are about to use, and not the GPUs it used
+a few minutes ago either (hysteresis: those are the ones a reclaim would take back soon). The pool is aggregate
+(borrowers do not borrow from a named lender), so the check is on the total borrowed; it is conservative because a borrower's own
 idle quota is left out. When lenders take their GPUs back, borrowed jobs above the pool are not preempted for that
 alone: reclaim (phase 4) preempts them as soon as a lender's job cannot start.
 
@@ -28,7 +30,10 @@ cycle.
 
 from __future__ import annotations
 
-from nuro.policy.classify import QUOTA_REASON, WAITING_REASONS, Kind, job_gpus, timestamp
+import math
+from collections.abc import Mapping
+
+from nuro.policy.classify import QUOTA_REASON, WAITING_REASONS, Kind, TeamUsage, job_gpus, timestamp
 from nuro.slurm.models import JobInfo
 from nuro.slurm_plugins.controller.capacity import job_shape
 from nuro.slurm_plugins.controller.cycle import Cycle
@@ -45,9 +50,20 @@ def lendable_gpus(cy: Cycle, borrower: str) -> int:
         if name == borrower:
             continue
         u = cy.view.usage[name]
-        idle = max(0, team.quota_gpus - u.g_running - u.g_waiting)
+        demand = max(u.g_running + u.g_waiting, cy.demand_peak.get(name, 0.0))
+        idle = max(0, team.quota_gpus - math.ceil(demand))
         total += min(team.lend_limit_gpus, idle)
     return total
+
+
+def demand_peaks(
+    previous: Mapping[str, float], since: float | None, usage: Mapping[str, TeamUsage], half_life_s: float, now: float
+) -> dict[str, float]:
+    """Each team's decaying peak of guaranteed demand (running + waiting guaranteed GPUs): the larger of now's
+    demand and the previous peak halved every ``half_life_s`` (0: no memory, the demand of this cycle)."""
+    dt = 0.0 if since is None else max(0.0, now - since)
+    keep = 0.5 ** (dt / half_life_s) if half_life_s > 0 else 0.0
+    return {name: max(float(u.g_running + u.g_waiting), previous.get(name, 0.0) * keep) for name, u in usage.items()}
 
 
 def return_to_quota(cy: Cycle) -> None:
@@ -160,4 +176,4 @@ def _queue_key(job: JobInfo) -> tuple[int, float, int]:
     return (-job.priority, timestamp(job.submit_time), job.job_id)
 
 
-__all__ = ["borrow", "lendable_gpus", "return_to_quota"]
+__all__ = ["borrow", "demand_peaks", "lendable_gpus", "return_to_quota"]

@@ -34,13 +34,16 @@ class ControllerState:
         site_factors: the SiteFactor last set per pending job, so the same value is not set again every cycle.
         usage: each team's decayed GPU usage, as mean GPUs held over about one ``usage_half_life_s``
             (``fairshare.decayed_usage``); after a restart it starts from what the team holds now.
-        usage_at: the Unix time ``usage`` was last brought up to; None before the first cycle.
+        usage_at: the Unix time ``usage`` (and ``demand_peak``) was last brought up to; None before the first cycle.
+        demand_peak: each team's decaying peak of guaranteed demand (``borrowing.demand_peaks``), what lending
+            keeps back for it.
     """
 
     preempting: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
     site_factors: Mapping[int, int] = field(default_factory=lambda: _EMPTY)
     usage: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     usage_at: float | None = None
+    demand_peak: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass
@@ -56,6 +59,7 @@ class Cycle:
     cap: Capacity
     usage: dict[str, float] = field(default_factory=dict)  # decayed mean GPUs per team, brought up to now
     loads: dict[str, int] = field(default_factory=dict)  # fair-share load per team, tenths (fairshare.team_loads)
+    demand_peak: dict[str, float] = field(default_factory=dict)  # decaying peak guaranteed demand per team
     taken: set[int] = field(default_factory=set)  # victims in flight or chosen this cycle
     in_flight: dict[int, float] = field(default_factory=dict)  # victim id → signalled at, still running
     reclaimed_teams: set[str] = field(default_factory=set)  # teams whose borrowed jobs are being preempted

@@ -7,7 +7,8 @@ The cycle is a numbered pipeline (STYLE K1); each phase is one small function an
 
 1. **classify** jobs by QOS and account (``classify.py``); sum each team's GPUs by kind; bring each team's decayed
    usage up to now and derive its fair-share load (``fairshare.py``).
-2. **finish** in-flight preemptions: requeue on ack, or at grace end without one (``preemption.py``).
+2. **finish** in-flight preemptions: requeue on ack, or at grace end without one (``preemption.py``); jobs that end
+   within ``grace_s`` by their time limit count as being freed too (preempting them would not be faster).
 3. **tiers**: pending tier jobs (``urgent``) get room from borrowers, then lower classes.
 4. **reclaim**: pending guaranteed jobs within quota get room from borrowers.
 5. **borrow**: return pending borrowed jobs that fit the quota again; move QOS-blocked guaranteed jobs to the
@@ -34,7 +35,7 @@ from nuro.policy.model import Policy
 from nuro.protocol import jobcomment, marks
 from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import ClusterSnapshot
-from nuro.slurm_plugins.controller.borrowing import borrow, lendable_gpus, return_to_quota
+from nuro.slurm_plugins.controller.borrowing import borrow, demand_peaks, lendable_gpus, return_to_quota
 from nuro.slurm_plugins.controller.capacity import Capacity
 from nuro.slurm_plugins.controller.cycle import ControllerState, Cycle
 from nuro.slurm_plugins.controller.decisions import (
@@ -50,7 +51,7 @@ from nuro.slurm_plugins.controller.decisions import (
     Wait,
 )
 from nuro.slurm_plugins.controller.fairshare import decayed_usage, set_site_factors, team_loads
-from nuro.slurm_plugins.controller.preemption import finish_in_flight, make_room_for_tiers, reclaim
+from nuro.slurm_plugins.controller.preemption import count_ending_soon, finish_in_flight, make_room_for_tiers, reclaim
 from nuro.slurm_plugins.controller.victims import victim_key
 
 #: Test hook (the dev cluster sets it; never set in production): a job whose comment contains this text makes
@@ -99,6 +100,7 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
     )
     cy.usage = decayed_usage(state.usage, state.usage_at, cy.view.usage, policy.usage_half_life_s, now)
     cy.loads = team_loads(cy)
+    cy.demand_peak = demand_peaks(state.demand_peak, state.usage_at, cy.view.usage, policy.lend_hysteresis_s, now)
     if FAULT_MARK:
         for job in snapshot.jobs:
             if FAULT_MARK in (job.comment or ""):
@@ -106,6 +108,7 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
     lap("classify")
     # 2. finish in-flight preemptions (their GPUs count as being freed from here on)
     finish_in_flight(cy)
+    count_ending_soon(cy)
     lap("finish")
     # 3. tiers, highest first
     make_room_for_tiers(cy)
@@ -129,6 +132,7 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
         site_factors=MappingProxyType(site_in_force),
         usage=MappingProxyType(cy.usage),
         usage_at=now,
+        demand_peak=MappingProxyType(cy.demand_peak),
     )
     counts = Counter(type(d).__name__.lower() for d in items)
     counts.update(f"wait.{w.code}" for w in cy.waits)

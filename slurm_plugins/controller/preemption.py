@@ -100,6 +100,22 @@ def finish_in_flight(cy: Cycle) -> None:
             )
 
 
+def count_ending_soon(cy: Cycle) -> None:
+    """Phase 2b: running jobs Slurm expects to end within ``grace_s`` (start + time limit) count as being freed.
+
+    Preempting such a job cannot give its GPUs back sooner than waiting does (a victim has ``grace_s`` to commit and
+    acknowledge), and it costs the job a restart: a pending job that needs these GPUs waits for them
+    (``WAIT_IN_FLIGHT``) and they are never lent to a borrower meanwhile."""
+    horizon = cy.now + cy.policy.grace_s
+    for job in cy.view.running:
+        if job.job_id in cy.taken or job.phase != JobPhase.RUNNING:
+            continue
+        if timestamp(job.end_time, math.inf) <= horizon:
+            cy.taken.add(job.job_id)
+            for node, gpus in gpus_on_nodes(job):
+                cy.cap.add_freeing(node, gpus)
+
+
 def make_room_for_tiers(cy: Cycle) -> None:
     """Phase 3: pending tier jobs, highest tier first, get room from borrowers first, then (when the tier
     preempts guaranteed jobs) from other teams' guaranteed jobs and lower tiers."""
@@ -117,7 +133,11 @@ def make_room_for_tiers(cy: Cycle) -> None:
 def reclaim(cy: Cycle) -> None:
     """Phase 4: a pending guaranteed job within its team's quota that cannot start on idle GPUs gets room from
     borrowed jobs (of any team). Jobs of a team are counted against its quota in priority order within the cycle,
-    so two jobs cannot both claim the same last GPUs of a quota."""
+    so two jobs cannot both claim the same last GPUs of a quota.
+
+    A team that holds its quota counting its own borrowed jobs is not short of its guarantee: its guaranteed job
+    waits for them to end (``WAIT_OWN_BORROWED``) instead of preempting another team's borrower, which would only
+    swap whose borrowed work runs and cost a preemption."""
     jobs = [j for j in cy.view.pending_of(Kind.GUARANTEED) if j.reason in WAITING_REASONS and job_gpus(j) > 0]
     jobs.sort(key=_queue_key)
     committed = {name: u.g_running for name, u in cy.view.usage.items()}
@@ -127,6 +147,15 @@ def reclaim(cy: Cycle) -> None:
             continue
         quota = cy.index.teams[team].quota_gpus
         gpus = job_gpus(job)
+        own_borrowed = cy.view.usage[team].b_running
+        if committed[team] + gpus <= quota < committed[team] + own_borrowed + gpus:
+            cy.wait(
+                job.job_id,
+                Code.WAIT_OWN_BORROWED,
+                f"team {team} holds {committed[team]} guaranteed + {own_borrowed} borrowed GPUs of its {quota} quota; "
+                "its own borrowed jobs give the GPUs back as they end, no other team's job is preempted for this one",
+            )
+            continue
         if committed[team] + gpus > quota:
             cy.wait(
                 job.job_id,
@@ -313,4 +342,4 @@ def _pool_all(cy: Cycle) -> VictimPool:
     return cy.pool("all") or cy.set_pool("all", _build_pool(cy, ranks))
 
 
-__all__ = ["finish_in_flight", "make_room_for_tiers", "reclaim"]
+__all__ = ["count_ending_soon", "finish_in_flight", "make_room_for_tiers", "reclaim"]
