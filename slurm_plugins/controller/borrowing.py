@@ -18,9 +18,9 @@
 GPUs) at its recent peak (``demand_peaks``: the peak decays with half-life ``lend_hysteresis_s``): a lender lends at
 most its lending limit, never the part of its quota its own pending jobs are about to use, and not the GPUs it used
 a few minutes ago either (hysteresis: those are the ones a reclaim would take back soon). The pool is aggregate
-(borrowers do not borrow from a named lender), so the check is on the total borrowed; it is conservative because a borrower's own
-idle quota is left out. When lenders take their GPUs back, borrowed jobs above the pool are not preempted for that
-alone: reclaim (phase 4) preempts them as soon as a lender's job cannot start.
+(borrowers do not borrow from a named lender), so the check is on the total borrowed; it is conservative because a
+borrower's own idle quota is left out. When lenders take their GPUs back, borrowed jobs above the pool are not
+preempted for that alone: reclaim (phase 4) preempts them as soon as a lender's job cannot start.
 
 Order among borrowers: fair-share load, lowest first (``fairshare.load``: decayed and current GPUs against the
 entitlement, so a team that borrowed heavily in the last hours borrows last), then job priority, submit time and
