@@ -10,14 +10,18 @@ What nuro writes (a pure function of the policy, ``desired_state``):
 | QOS ``g-<team>`` | ``GrpTRES=gres/gpu=<quota_gpus>``, Description ``nuro-policy guaranteed <team>`` |
 | QOS ``b-<team>`` | ``GrpTRES=gres/gpu=<borrow_limit_gpus>``, ``PreemptMode=requeue``, ``GraceTime=<grace_s>`` |
 | QOS ``<tier>`` | ``Priority=<priority>``, Description ``nuro-policy tier <tier>`` |
+| each QOS above | ``PreemptExemptTime=<min_run_s>``: g-/b- the team's, a tier QOS the tier's (else the policy's) |
 | account ``<team>`` | ``Fairshare=<shares>``, ``Organization=nuro-policy``, Description ``nuro team <team>`` |
 | its association | ``QOS=g-<team>,b-<team>[,tiers allowing the account]``, ``DefaultQOS=g-<team>`` |
 | member (user) | ``DefaultAccount=<team>``; association: the account's QOS + tiers allowing the user, DefaultQOS |
 
 No QOS gets a ``Preempt=`` list (a leftover one is cleared): nuro-controller picks victims and runs
 checkpoint-confirmed preemption itself, because Slurm 22.05's preempt/qos victim choice cannot be steered by job
-priority. The account association carries the team's QOS too, so a user added to the account by hand inherits
-``g-<team>``/``b-<team>`` (quota-limited) instead of ``normal`` (unlimited).
+priority. ``PreemptExemptTime`` (the team's ``min_run_s`` on g-/b-, the tier's or the policy's on a tier QOS) is a
+backstop only: the controller enforces min_run_s itself, and Slurm honours the QOS value only where a site turns
+Slurm preemption on (the QOS value then wins over slurm.conf's global one). It is written as sacctmgr prints it
+(``00:02:00``) so a re-apply is empty. The account association carries the team's QOS too, so a user added to the
+account by hand inherits ``g-<team>``/``b-<team>`` (quota-limited) instead of ``normal`` (unlimited).
 
 Order of commands: QOS (added/changed) → accounts → user associations → users' default account → with ``prune``
 only: user associations, users, accounts, QOS removed last (Slurm refuses to delete a QOS that is an association's
@@ -43,6 +47,7 @@ from nuro.policy.slurm_state import (
     QosState,
     SlurmState,
     UserState,
+    slurm_duration,
     tres_text,
 )
 
@@ -139,16 +144,25 @@ def desired_state(policy: Policy) -> SlurmState:
     users: dict[str, UserState] = {}
     for team in policy.teams:
         g, b = guaranteed_qos(team.name), borrow_qos(team.name)
-        qos[g] = QosState(g, f"{MANAGED_MARK} guaranteed {team.name}", grp_tres=_gpus(team.quota_gpus))
+        min_run = policy.min_run_of(team=team.name)
+        qos[g] = QosState(
+            g, f"{MANAGED_MARK} guaranteed {team.name}", grp_tres=_gpus(team.quota_gpus), preempt_exempt_s=min_run
+        )
         qos[b] = QosState(
             b,
             f"{MANAGED_MARK} borrow {team.name}",
             grace_s=policy.grace_s,
             preempt_mode="requeue",
             grp_tres=_gpus(team.borrow_limit_gpus),
+            preempt_exempt_s=min_run,
         )
     for tier in policy.tiers:
-        qos[tier.name] = QosState(tier.name, f"{MANAGED_MARK} tier {tier.name}", priority=tier.priority)
+        qos[tier.name] = QosState(
+            tier.name,
+            f"{MANAGED_MARK} tier {tier.name}",
+            priority=tier.priority,
+            preempt_exempt_s=policy.min_run_of(team=None, tier=tier.name),
+        )
     for team in policy.teams:
         base = {guaranteed_qos(team.name), borrow_qos(team.name)}
         team_tiers = {t.name for t in policy.tiers if team.name in t.allowed_accounts}
@@ -178,6 +192,7 @@ def _qos_fields(q: QosState) -> dict[str, str]:
         "PreemptMode": q.preempt_mode,
         "GraceTime": str(q.grace_s),
         "Preempt": ",".join(sorted(q.preempt)),
+        "PreemptExemptTime": slurm_duration(q.preempt_exempt_s),
     }
 
 

@@ -11,6 +11,7 @@ Normalisation, so that a value read back equals the value written (else a second
 |---|---|---|---|
 | Description, Organization | any case | lower-cased by sacctmgr | lower case |
 | GraceTime | seconds (``GraceTime=60``) | ``00:01:00`` | int seconds |
+| PreemptExemptTime | ``00:02:00``, ``1-00:00:00`` (``slurm_duration``) | the same; ``""`` if unset | seconds / None |
 | PreemptMode | ``requeue`` | ``requeue`` / ``cluster`` (unset) | lower case |
 | GrpTRES | ``gres/gpu=24`` | ``gres/gpu=24`` (several: sorted, comma-separated) | sorted (key, value) pairs |
 | QOS list | ``QOS=b-x,g-x`` | ``b-x,g-x`` (sorted; inherited lists look the same) | frozenset |
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 #: without the mark (root, normal, other tools' accounts) is never modified or removed.
 MANAGED_MARK = "nuro-policy"
 
-QOS_FIELDS = ("Name", "Priority", "GraceTime", "Preempt", "PreemptMode", "GrpTRES", "Description")
+QOS_FIELDS = ("Name", "Priority", "GraceTime", "Preempt", "PreemptMode", "GrpTRES", "PreemptExemptTime", "Description")
 ACCOUNT_FIELDS = ("Account", "Organization", "Description")
 ASSOC_FIELDS = ("Cluster", "Account", "User", "Partition", "Fairshare", "QOS", "DefaultQOS")
 USER_FIELDS = ("User", "DefaultAccount")
@@ -58,6 +59,17 @@ def tres_text(pairs: Tres) -> str:
     return ",".join(f"{k}={v}" for k, v in pairs)
 
 
+def slurm_duration(seconds: int | None) -> str:
+    """Seconds → the ``[D-]HH:MM:SS`` that sacctmgr 22.05 prints back (``""`` for unset), so that what nuro writes
+    reads back identically and a second apply plans nothing (120 → "00:02:00", 86400 → "1-00:00:00")."""
+    if seconds is None:
+        return ""
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    clock = f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
 @dataclass(frozen=True)
 class QosState:
     """One QOS. Defaults are Slurm's values for an unset field, so a desired QOS only names what it sets."""
@@ -69,6 +81,8 @@ class QosState:
     preempt: frozenset[str] = frozenset()
     preempt_mode: str = "cluster"
     grp_tres: Tres = ()
+    #: ``PreemptExemptTime`` in seconds; None = unset (Slurm then falls back to the global slurm.conf value).
+    preempt_exempt_s: int | None = None
 
     @property
     def is_managed(self) -> bool:
@@ -152,6 +166,7 @@ def parse_state(qos_text: str, account_text: str, assoc_text: str, user_text: st
             preempt=_qos_set(row["Preempt"]),
             preempt_mode=(row["PreemptMode"] or "cluster").lower(),
             grp_tres=tres_pairs(row["GrpTRES"]),
+            preempt_exempt_s=parse_slurm_duration_s(row["PreemptExemptTime"]),
         )
     org = {r["Account"]: r for r in parse_sacctmgr_parsable(account_text, ACCOUNT_FIELDS)}
     accounts: dict[str, AccountState] = {}

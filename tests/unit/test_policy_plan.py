@@ -22,7 +22,7 @@ from nuro.admin.admin_cli import main
 from nuro.policy.model import Policy, load_policy, parse_policy
 from nuro.policy.plan import Op, PlanConflict, build_plan, desired_state
 from nuro.policy.sacctmgr import lua_table_path, write_atomic
-from nuro.policy.slurm_state import SlurmState, parse_state, policy_in_force
+from nuro.policy.slurm_state import SlurmState, parse_state, policy_in_force, slurm_duration
 from nuro.slurm.parse_text import parse_slurm_duration_s
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,6 +67,9 @@ def test_parse_state_normalises_what_sacctmgr_prints() -> None:
     assert dict(drift.qos["g-perception"].grp_tres) == {"cpu": "100", "gres/gpu": "20"}
     # chen was added to perception without a QOS list: sacctmgr shows the inherited one.
     assert drift.assocs[("chen", "perception")].qos == {"g-perception", "b-perception", "urgent"}
+    # PreemptExemptTime: the example's min_run_s (120) on every managed QOS; normal's is unset (empty field).
+    assert {q.name: q.preempt_exempt_s for q in s.managed_qos} == dict.fromkeys(desired_state(example()).qos, 120)
+    assert s.qos["normal"].preempt_exempt_s is None and state("empty").qos["normal"].preempt_exempt_s is None
 
 
 @pytest.mark.parametrize(
@@ -74,6 +77,17 @@ def test_parse_state_normalises_what_sacctmgr_prints() -> None:
     [("00:01:00", 60), ("01:00:00", 3600), ("1-02:03:04", 93784), ("05:00", 300), ("", None), ("UNLIMITED", None)],
 )
 def test_slurm_duration(text: str, seconds: int | None) -> None:
+    assert parse_slurm_duration_s(text) == seconds
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(None, ""), (0, "00:00:00"), (120, "00:02:00"), (3599, "00:59:59"), (86400, "1-00:00:00"), (90061, "1-01:01:01")],
+)
+def test_preempt_exempt_time_is_written_as_sacctmgr_prints_it(seconds: int | None, text: str) -> None:
+    """22.05 prints PreemptExemptTime as [D-]HH:MM:SS and "" when unset; writing that spelling keeps re-applies
+    empty (the read side parses it back to the same seconds)."""
+    assert slurm_duration(seconds) == text
     assert parse_slurm_duration_s(text) == seconds
 
 
@@ -131,6 +145,50 @@ def test_a_changed_policy_gives_a_diff(golden) -> None:
     assert mods[("association", "priya@prediction")].argv[-2:] == ("QOS=b-prediction,g-prediction",
                                                                   "DefaultQOS=g-prediction")  # fmt: skip
     assert mods[("user", "dana")].op is Op.ADD
+
+
+def test_min_run_s_sets_preempt_exempt_time_on_every_managed_qos() -> None:
+    """g-/b- carry the team's min_run_s, a tier QOS its own (else the policy's, never a team's); a changed value
+    is one modify per QOS, and once Slurm holds it the plan is empty again."""
+
+    def edit(d: dict) -> None:
+        d["teams"]["perception"]["min_run_s"] = 300
+        d["teams"]["controls"]["min_run_s"] = 0
+
+    policy = example_with(edit)
+    want = desired_state(policy)
+    got = {name: q.preempt_exempt_s for name, q in want.qos.items()}
+    assert got == {"g-perception": 300, "b-perception": 300, "g-prediction": 120, "b-prediction": 120,
+                   "g-controls": 0, "b-controls": 0, "g-simulation": 120, "b-simulation": 120,
+                   "urgent": 120}  # fmt: skip
+    plan = build_plan(policy, state("applied"))
+    assert {(c.op, c.name, c.details, c.argv[-1]) for c in plan.changes} == {
+        (Op.MODIFY, q, (f"PreemptExemptTime: 00:02:00 -> {t}",), f"PreemptExemptTime={t}")
+        for q, t in [("g-perception", "00:05:00"), ("b-perception", "00:05:00"), ("g-controls", "00:00:00"),
+                     ("b-controls", "00:00:00")]
+    }  # fmt: skip
+    tier = example_with(lambda d: d["tiers"]["urgent"].update(min_run_s=86400))
+    (change,) = build_plan(tier, state("applied")).changes
+    assert change.name == "urgent" and change.argv[-1] == "PreemptExemptTime=1-00:00:00"
+    applied = state("applied")
+    read_back = {
+        n: dataclasses.replace(applied.qos[n], preempt_exempt_s=q.preempt_exempt_s) for n, q in want.qos.items()
+    }
+    held = dataclasses.replace(applied, qos={**applied.qos, **read_back})
+    assert build_plan(policy, held).is_empty
+
+
+def test_qos_applied_before_the_backstop_gets_it_added() -> None:
+    """A cluster applied by an older nuro has PreemptExemptTime unset (an empty field): each managed QOS gets one
+    modify, and unmanaged ones (normal) are left alone."""
+    text = (FIXTURES / "sacctmgr_policy_applied_qos.txt").read_text().replace("|00:02:00|", "||")
+    others = {w: (FIXTURES / f"sacctmgr_policy_applied_{w}.txt").read_text() for w in ("account", "assoc", "user")}
+    old = parse_state(text, others["account"], others["assoc"], others["user"])
+    plan = build_plan(example(), old)
+    assert [c.name for c in plan.changes] == list(desired_state(example()).qos)
+    assert {c.details for c in plan.changes} == {("PreemptExemptTime: (unset) -> 00:02:00",)}
+    assert plan.changes[0].argv == ("sacctmgr", "-i", "modify", "qos", "where", "name=g-perception", "set",
+                                    "PreemptExemptTime=00:02:00")  # fmt: skip
 
 
 def test_removed_team_is_only_kept_without_prune(golden) -> None:
