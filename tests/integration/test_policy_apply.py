@@ -115,6 +115,7 @@ def test_apply_creates_accounts_qos_users_and_the_lua_table(clean: LiveCluster) 
     assert dict(state.qos["g-perception"].grp_tres) == {"gres/gpu": "24"}
     assert state.qos["b-perception"].grace_s == 60 and state.qos["b-perception"].preempt_mode == "requeue"
     assert not any(q.preempt for q in state.qos.values()), "nuro sets no Preempt= lists"
+    assert {q.preempt_exempt_s for q in state.managed_qos} == {120}, "min_run_s as PreemptExemptTime, read back"
     assert state.users["alice"].default_account == "perception"
     assert state.assocs[("priya", "prediction")].qos == {"g-prediction", "b-prediction", "urgent"}
     assert TEST_ACCOUNT in state.accounts and not state.accounts[TEST_ACCOUNT].is_managed
