@@ -5,6 +5,13 @@ the nuro variant runs the daemon's real cycle (``engine.decide`` + ``apply``) ev
 Every synthesis parameter is printed and saved with the results. See docs/trace-replay.md.
 
     python -m bench.bench_trace_replay [--seed 7] [--scale 0.05] [--compress 24] [--max-tasks N] [--interval-s 30]
+    python -m bench.bench_trace_replay --compress 32 --seeds 7,8,9,10,11 \
+        --policy bench/policies/balanced.yaml --policy bench/policies/skewed.yaml --policy bench/policies/strict.yaml \
+        [--gang-sizes 2,4,8,16 --gang-weights 0.4,0.3,0.2,0.1] [--team-weights perception=0.3,prediction=0.3,...]
+
+With several policies or seeds it ends with one line per (policy, seed) and the issue-13 targets checked per policy:
+utilisation ratio, Jain fairness baseline → nuro, preemptions per 1,000 jobs, victims requeued inside their minimum run
+time, GPU-h lost + restart staging as % of delivered, quota and borrow-limit violations.
 """
 
 from __future__ import annotations
@@ -99,9 +106,36 @@ def engine_sources() -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:12] for p in sorted(folder.glob("*.py"))}
 
 
+def synth_params(seed: int, args: argparse.Namespace) -> SynthParams:
+    """The synthesis knobs of one seed, with the command line's overrides (gang sizes, team weights)."""
+    over: dict = {"seed": seed, "compress": args.compress}
+    if args.gang_sizes:
+        over["gang_sizes"] = tuple(int(x) for x in args.gang_sizes.split(","))
+        weights = args.gang_weights.split(",") if args.gang_weights else ["1"] * len(over["gang_sizes"])
+        if len(weights) != len(over["gang_sizes"]):
+            raise SystemExit("--gang-weights needs one weight per --gang-sizes entry")
+        over["gang_size_weights"] = tuple(float(x) for x in weights)
+    if args.team_weights:
+        pairs = [item.split("=", 1) for item in args.team_weights.split(",")]
+        if any(len(p) != 2 for p in pairs):
+            raise SystemExit("--team-weights: name=weight,name=weight,...")
+        over["team_weights"] = tuple((name, float(w)) for name, w in pairs)
+    return dataclasses.replace(SynthParams(), **over)
+
+
+def min_run_by_qos(policy: Policy) -> dict[str, float]:
+    """Each QOS's minimum run time (what the metrics check victims against)."""
+    out: dict[str, float] = {}
+    for t in policy.teams:
+        out[t.guaranteed_qos] = out[t.borrow_qos] = float(policy.min_run_of(team=t.name))
+    for tier in policy.tiers:
+        out[tier.name] = float(policy.min_run_of(tier=tier.name))
+    return out
+
+
 def replay_seed(seed: int, args: argparse.Namespace, tasks: list, nodes: list, policy: Policy) -> dict:
     """Synthesise the workload for ``seed`` and replay it under both variants; metrics and what was synthesised."""
-    params = SynthParams(seed=seed, compress=args.compress)
+    params = synth_params(seed, args)
     max_gang = sum(1 for n in nodes if n.gpus >= 8)
     workload = synthesise(tasks, params, policy, max_gang, args.max_tasks)
     jobs = workload.jobs
@@ -111,7 +145,7 @@ def replay_seed(seed: int, args: argparse.Namespace, tasks: list, nodes: list, p
     out: dict = {"params": params, "workload": workload, "measure_from": measure_from}
     for variant in (Variant.BASELINE, Variant.NURO):
         log = run_replay(jobs, nodes, policy, variant, args.interval_s, sched=SCHED)
-        out[variant.value] = metrics.compute(log, quotas, measure_from, args.window_s)
+        out[variant.value] = metrics.compute(log, quotas, measure_from, args.window_s, min_run_by_qos(policy))
     return out
 
 
@@ -139,6 +173,55 @@ def spread_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: issue 13's targets at --compress 32 (checked per policy over its seeds)
+TARGETS = (
+    "utilisation ratio ≥ 1.15 (mean)",
+    "Jain ≥ baseline on every seed and ≥ 0.95 (mean)",
+    "preemptions ≤ 20 per 1,000 jobs",
+    "no victim requeued inside its minimum run time",
+    "GPU-h lost + restart staging ≤ 1 % of delivered",
+    "0 quota and borrow-limit violations",
+)
+
+
+def load_table(rows: list[dict]) -> str:
+    """The issue-13 table: one line per (policy, seed), then each policy's targets, met or not."""
+    head = (
+        f"{'policy':<10} {'seed':>4} {'jobs':>5} {'util n/b':>8} {'Jain base → nuro':>17} {'preempt':>7} "
+        f"{'/1000':>6} {'max/job':>7} {'< min run':>9} {'lost+restart GPU-h':>19} {'% deliv':>7} {'viol':>5}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        b, n = r["baseline"], r["nuro"]
+        viol = n["quota_violation_samples"] + n["borrow_limit_violation_samples"]
+        lines.append(
+            f"{r['policy']:<10} {r['seed']:>4} {n['jobs']:>5} {n['utilisation'] / b['utilisation']:>8.3f} "
+            f"{b['jain_mean']:>8.3f} → {n['jain_mean']:.3f} {n['preemptions']:>7} "
+            f"{n['preemptions_per_1000_jobs']:>6.1f} "
+            f"{n['most_preemptions_of_one_job']:>7} {n['requeued_within_min_run']:>9} "
+            f"{n['gpu_h_lost_to_preemption']:>9.2f} + {n['gpu_h_restart_staging']:<7.2f} "
+            f"{n['lost_pct_of_delivered']:>7.3f} {viol:>5}"
+        )
+    lines.append("")
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == name]
+        util = [r["nuro"]["utilisation"] / r["baseline"]["utilisation"] for r in mine]
+        jn = [r["nuro"]["jain_mean"] for r in mine]
+        checks = (
+            sum(util) / len(util) >= 1.15,
+            all(r["nuro"]["jain_mean"] >= r["baseline"]["jain_mean"] for r in mine) and sum(jn) / len(jn) >= 0.95,
+            max(r["nuro"]["preemptions_per_1000_jobs"] for r in mine) <= 20,
+            all(r["nuro"]["requeued_within_min_run"] == 0 for r in mine),
+            max(r["nuro"]["lost_pct_of_delivered"] for r in mine) <= 1.0,
+            all(r["nuro"]["quota_violation_samples"] + r["nuro"]["borrow_limit_violation_samples"] == 0 for r in mine),
+        )
+        lines.append(
+            f"{name}: utilisation ratio mean {sum(util) / len(util):.3f}, Jain nuro mean {sum(jn) / len(jn):.3f}; "
+            + "; ".join(f"{t}: {'met' if ok else 'NOT met'}" for t, ok in zip(TARGETS, checks, strict=True))
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=7, help="synthesis seed of the main table [7]")
@@ -149,7 +232,12 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--interval-s", type=float, default=30.0, help="controller interval, replay seconds [30]")
     ap.add_argument("--window-s", type=float, default=3600.0, help="Jain fairness window, replay seconds [3600]")
     ap.add_argument("--warmup-frac", type=float, default=0.05, help="first share of jobs not measured [0.05]")
-    ap.add_argument("--policy", type=Path, default=EXAMPLE_POLICY, help="teams.yaml to scale to the cluster")
+    ap.add_argument("--policy", type=Path, action="append", help="teams.yaml to scale to the cluster; repeat for "
+                    "several [examples/policy/teams.yaml]")  # fmt: skip
+    ap.add_argument("--seeds", default=None, help="comma-separated seeds (instead of --seed/--spread-seeds)")
+    ap.add_argument("--gang-sizes", default=None, help="nodes per gang to draw from, e.g. 2,4,8,16 [synth default]")
+    ap.add_argument("--gang-weights", default=None, help="a weight per --gang-sizes entry, e.g. 0.4,0.3,0.2,0.1")
+    ap.add_argument("--team-weights", default=None, help="share of trace tasks per team, e.g. perception=0.3,...")
     ap.add_argument("--name", default="trace_replay", help="result file name under bench/results/")
     args = ap.parse_args(argv)
 
@@ -157,31 +245,103 @@ def main(argv: list[str] | None = None) -> dict:
     tasks, trace_nodes = load_tasks(POD_CSV), load_nodes(NODE_CSV)
     nodes = shape_cluster(trace_nodes, args.scale)
     cluster_gpus = sum(n.gpus for n in nodes)
-    policy = scale_policy(args.policy, cluster_gpus)
-    main_run = replay_seed(args.seed, args, tasks, nodes, policy)
+    policy_paths = args.policy or [EXAMPLE_POLICY]
+    seeds = (
+        [int(x) for x in args.seeds.split(",")]
+        if args.seeds
+        else [args.seed, *range(args.seed + 1, args.seed + 1 + args.spread_seeds)]
+    )
+    rows: list[dict] = []
+    per_policy: dict[str, dict] = {}
+    for path in policy_paths:
+        policy = scale_policy(path, cluster_gpus)
+        name = path.stem if path != EXAMPLE_POLICY else "example"
+        main_run = replay_seed(seeds[0], args, tasks, nodes, policy)
+        setup = _setup(args, path, policy, nodes, main_run, seeds)
+        if not per_policy:
+            print("== trace replay setup (every synthesis parameter)")
+            print(json.dumps(setup, indent=1), flush=True)
+        base, nuro = main_run["baseline"], main_run["nuro"]
+        print(f"== {name} seed {seeds[0]}: baseline {base['wall_s']} s, nuro {nuro['wall_s']} s", flush=True)
+        spread = [{"policy": name, "seed": seeds[0], "baseline": base, "nuro": nuro}]
+        for seed in seeds[1:]:
+            r = replay_seed(seed, args, tasks, nodes, policy)
+            spread.append({"policy": name, "seed": seed, "baseline": r["baseline"], "nuro": r["nuro"]})
+            print(f"== {name} seed {seed}: baseline {r['baseline']['wall_s']} s, nuro {r['nuro']['wall_s']} s",
+                  flush=True)  # fmt: skip
+        rows.extend(spread)
+        ratios = {
+            key: round(nuro[key] / base[key], 4)
+            for _, key, _, meaningful in ROWS
+            if meaningful and base[key] and not math.isnan(base[key]) and not math.isnan(nuro[key])
+        }
+        keys = ("utilisation", "goodput", "alloc_idle_pct", "jain_mean", "jain_p10", "preemptions",
+                "preemptions_per_1000_jobs", "requeued_within_min_run", "most_preemptions_of_one_job",
+                "gpu_h_lost_to_preemption", "gpu_h_restart_staging", "lost_pct_of_delivered",
+                "quota_violation_samples", "borrow_limit_violation_samples")  # fmt: skip
+        per_policy[name] = {
+            "setup": setup, "baseline": base, "nuro": nuro, "ratios_nuro_over_baseline": ratios,
+            "seed_spread": [{"seed": r["seed"], **{f"{v}.{k}": r[v][k] for v in ("baseline", "nuro") for k in keys}}
+                            for r in spread],
+        }  # fmt: skip
+        print(f"\n== {name}, seed {seeds[0]}: baseline (Slurm alone, hard quotas) vs nuro (same decide() every "
+              f"{args.interval_s:g} s)")  # fmt: skip
+        print(table(base, nuro))
+        if len(spread) > 1:
+            print(f"\n== {name}: the same for {len(spread)} seeds (team, gang, tier and checkpoint draws change)")
+            print(spread_table(spread), flush=True)
+    total_s = time.perf_counter() - t_start
+    first = next(iter(per_policy.values()))
+    out = {**first, "policies": per_policy, "runtime_s": round(total_s, 1)}
+    save(args.name, out)
+    print(f"\n== sharing under load: {len(policy_paths)} policy(ies) × {len(seeds)} seed(s), --compress "
+          f"{args.compress:g} (issue 13 targets)")  # fmt: skip
+    print(load_table(rows))
+    print(f"\nruntime: {total_s:.1f} s for {len(rows)} replays × 2 variants")
+    return out
+
+
+def _setup(args: argparse.Namespace, path: Path, policy: Policy, nodes: list, main_run: dict, seeds: list) -> dict:
+    """Every parameter of one policy's replays, printed and saved with the results."""
     workload, params = main_run["workload"], main_run["params"]
     classes: dict[str, int] = {}
     for n in nodes:
         classes[f"{n.gpus}x{n.model}"] = classes.get(f"{n.gpus}x{n.model}", 0) + 1
-    setup = {
-        "seed": args.seed,
+    return {
+        "seeds": seeds,
         "trace": {"pods": str(POD_CSV), "nodes": str(NODE_CSV)},
         "cluster": {
             "scale": args.scale,
             "nodes": len(nodes),
-            "gpus": cluster_gpus,
+            "gpus": sum(n.gpus for n in nodes),
             "leaves": len({n.leaf for n in nodes}),
             "leaf_size": 4,
             "node_classes": classes,
         },
         "policy": {
-            "source": str(args.policy),
+            "source": str(path),
             "grace_s": policy.grace_s,
+            "min_run_s": policy.min_run_s,
+            "restart_cost_s": policy.restart_cost_s,
+            "usage_half_life_s": policy.usage_half_life_s,
+            "lend_hysteresis_s": policy.lend_hysteresis_s,
             "teams": {
-                t.name: {"quota": t.quota_gpus, "borrow_limit": t.borrow_limit_gpus, "lend_limit": t.lend_limit_gpus}
+                t.name: {
+                    "quota": t.quota_gpus,
+                    "borrow_limit": t.borrow_limit_gpus,
+                    "lend_limit": t.lend_limit_gpus,
+                    "shares": t.shares,
+                }
                 for t in policy.teams
-            },
-            "tiers": {t.name: {"priority": t.priority, "accounts": list(t.allowed_accounts)} for t in policy.tiers},
+            },  # fmt: skip
+            "tiers": {
+                t.name: {
+                    "priority": t.priority,
+                    "accounts": list(t.allowed_accounts),
+                    "preempts_guaranteed": t.preempts_guaranteed,
+                }
+                for t in policy.tiers
+            },  # fmt: skip
         },
         "synthesis": params.describe(),
         "workload": {**workload.counts, "gang_size_histogram": workload.gang_sizes},
@@ -197,39 +357,6 @@ def main(argv: list[str] | None = None) -> dict:
             "horizon (the last arrival) are cut there; jobs never started count with horizon − submit",
         },
     }
-    print("== trace replay setup (every synthesis parameter)")
-    print(json.dumps(setup, indent=1), flush=True)
-    base, nuro = main_run["baseline"], main_run["nuro"]
-    print(f"== seed {args.seed}: baseline {base['wall_s']} s, nuro {nuro['wall_s']} s", flush=True)
-    spread = [{"seed": args.seed, "baseline": base, "nuro": nuro}]
-    for seed in range(args.seed + 1, args.seed + 1 + args.spread_seeds):
-        r = replay_seed(seed, args, tasks, nodes, policy)
-        spread.append({"seed": seed, "baseline": r["baseline"], "nuro": r["nuro"]})
-        print(f"== seed {seed}: baseline {r['baseline']['wall_s']} s, nuro {r['nuro']['wall_s']} s", flush=True)
-    rendered = table(base, nuro)
-    total_s = time.perf_counter() - t_start
-    ratios = {
-        key: round(nuro[key] / base[key], 4)
-        for _, key, _, meaningful in ROWS
-        if meaningful and base[key] and not math.isnan(base[key]) and not math.isnan(nuro[key])
-    }
-    keys = ("utilisation", "goodput", "alloc_idle_pct", "jain_mean", "jain_p10", "preemptions",
-            "gpu_h_lost_to_preemption", "quota_violation_samples")  # fmt: skip
-    seed_spread = [
-        {"seed": r["seed"], **{f"{v}.{k}": r[v][k] for v in ("baseline", "nuro") for k in keys}} for r in spread
-    ]
-    out = {"setup": setup, "baseline": base, "nuro": nuro, "ratios_nuro_over_baseline": ratios,
-           "seed_spread": seed_spread, "runtime_s": round(total_s, 1)}  # fmt: skip
-    save(args.name, out)
-    print(f"\n== trace replay, seed {args.seed}: baseline (Slurm alone, hard quotas) vs nuro (same decide() every "
-          f"{args.interval_s:g} s)")  # fmt: skip
-    print(rendered)
-    if len(spread) > 1:
-        print(f"\n== the same for {len(spread)} seeds (team, gang, tier and checkpoint draws change)")
-        print(spread_table(spread))
-    print(f"\nruntime: {total_s:.1f} s for {len(spread)} seed(s) × 2 variants (seed {args.seed}: baseline "
-          f"{base['wall_s']} s, nuro {nuro['wall_s']} s of which decide {nuro['decide_s_total']} s)")  # fmt: skip
-    return out
 
 
 if __name__ == "__main__":
