@@ -272,7 +272,6 @@ def test_borrow_reclaim_rounds_never_preempt_inside_min_run(
     log_path = tmp_path / "controller.log"
     submitted: dict[int, float] = {}  # claimant -> submission time
     rounds: list[list[int]] = []
-    t_begin = time.time()
     with controller(cluster, policy_file, log_path):
         fillers = [_submit(cluster, t) for t in ("controls", "simulation", "simulation")]
         for job_id in fillers:
@@ -309,7 +308,6 @@ def test_borrow_reclaim_rounds_never_preempt_inside_min_run(
             cancel = cluster.run(["scancel", *map(str, claimants)], check=False)
             assert cancel.returncode == 0, cancel.stderr
         wait_until(lambda: _borrowing(cluster, 2), 60, "perception to borrow again after the last round")
-    wall_s = time.time() - t_begin
 
     decisions = [d for d in _decisions(log_path) if d.job_id in borrowers | set(submitted)]
     why = _timeline(sampler, decisions, borrowers | set(submitted))
@@ -357,4 +355,3 @@ def test_borrow_reclaim_rounds_never_preempt_inside_min_run(
         ]
         assert pending, f"no pending sample of {p.job_id} between its requeue and its next borrow\n{why}"
         assert all(s.qos == f"g-{BORROWER}" for s in pending), f"requeued {p.job_id} pending in b-\n{why}"
-    assert wall_s < 180, f"the rounds took {wall_s:.0f} s"
