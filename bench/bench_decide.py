@@ -25,6 +25,7 @@ from bench.common import save
 from nuro.policy.model import Policy, Team, Tier
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
+from nuro.slurm_plugins.controller.apply import groups
 from nuro.slurm_plugins.controller.engine import ControllerState, classify, decide
 
 NOW = 1_800_000_000.0
@@ -234,8 +235,31 @@ def main() -> None:
         "warm_phase_ms": {k: round(med(p[k] for p in phases) * 1000, 2) for k in phases[0]},
         "decisions_cold": dict(sorted(cold.cycle_stats.counts.items())),
         "decisions_warm": dict(sorted(warm.cycle_stats.counts.items())),
+        # what the first cycle after a start costs in Slurm commands: one per decision before batching, one per
+        # group now (apply.groups); scontrol still sends one RPC per id (~1 ms each on 22.05, SLURM_FACTS)
+        "slurm_commands_cold": {
+            "one_per_decision": len(cold),
+            "batched": len(groups(cold)),
+            "ids_in_batches": sum(len(g) for g in groups(cold) if len(g) > 1),
+        },
+        "slurm_commands_warm": {"one_per_decision": len(warm), "batched": len(groups(warm))},
     }
     save("decide", result)
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "decide_cold_ms",
+                    "decide_warm_ms",
+                    "decisions_cold",
+                    "slurm_commands_cold",
+                    "slurm_commands_warm",
+                )
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

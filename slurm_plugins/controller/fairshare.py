@@ -88,7 +88,7 @@ def site_factor_values(cy: Cycle) -> dict[str, int]:
 
 def queue_heads(cy: Cycle) -> dict[str, list]:
     """Each team's pending jobs that Slurm may start next: in its queue order (priority, submit time, job id), as
-    many as add up to what the team could run at once (quota + borrow limit), at least one. Only these get a
+    many as add up to what the team may still add (quota + borrow limit − GPUs it holds), at least one. Only these get a
     SiteFactor: the value is the same for every job of a team, so it orders teams, never a team's own jobs, and a
     job deeper in its team's queue cannot start before the head of that queue anyway. This is what keeps the first
     cycle after a start (or a burst of thousands of submissions) to a few hundred updates."""
@@ -101,7 +101,7 @@ def queue_heads(cy: Cycle) -> dict[str, list]:
     for team, jobs in queues.items():
         jobs.sort(key=lambda j: (-j.priority, timestamp(j.submit_time), j.job_id))
         t = cy.index.teams[team]
-        room, taken = t.quota_gpus + t.borrow_limit_gpus, 0
+        room, taken = t.quota_gpus + t.borrow_limit_gpus - cy.view.usage[team].held, 0
         head = []
         for job in jobs:
             if head and taken + job_gpus(job) > room:
