@@ -56,10 +56,14 @@ PROMPT_S = 10.0
 #: sooner than cred_expire + 1 s (6 s on the dev cluster) after its requeue.
 START_LOOKAHEAD_S = 2.0
 
-# Acknowledges a preemption request at once (as rank 0 would after committing its checkpoint), otherwise sleeps.
+# Acknowledges a preemption request at once (as rank 0 would after committing its checkpoint), otherwise sleeps;
+# logs its starts, signals and acks (appended across restarts) for the failure message.
 JOB = """#!/bin/bash
 #SBATCH --nodes=1
-trap '{bin}/nuro-job ack --step 7' USR1
+say() {{ echo "$(date +%s.%N) run=${{SLURM_RESTART_COUNT:-0}} $*"; }}
+on_usr1() {{ say USR1; {bin}/nuro-job ack --step 7; say "ack rc=$?"; }}
+trap on_usr1 USR1
+say start
 for i in $(seq 900); do sleep 1; done
 """
 
@@ -91,10 +95,10 @@ def clean(cluster: LiveCluster, policy_file: Path) -> Iterator[None]:
         cancel_jobs_of(cluster, tuple(MEMBERS.values()))
 
 
-def _submit(cluster: LiveCluster, team: str) -> int:
+def _submit(cluster: LiveCluster, team: str, out_dir: Path) -> int:
     """One whole-node (8 GPU) requeueable job as the team's member, in the team's default QOS g-<team>."""
-    args = ["sbatch", "--parsable", f"--account={team}", "--output=/dev/null", "--requeue", "--gres=gpu:8",
-            "--exclusive"]  # fmt: skip
+    args = ["sbatch", "--parsable", f"--account={team}", f"--output={out_dir}/%j.out", "--open-mode=append",
+            "--requeue", "--gres=gpu:8", "--exclusive"]  # fmt: skip
     res = subprocess.run(
         ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in cluster.env.items()), *args],
         input=JOB.format(bin=BIN),
@@ -251,8 +255,9 @@ def _start_when_signalled(history: list[Seen], ts: float) -> float | None:
     return max(starts, default=None)
 
 
-def _timeline(sampler: Sampler, decisions: list[Logged], job_ids: set[int]) -> str:
-    """What to read when a check fails: the decisions and each job's runs (start, QOS) as sampled."""
+def _timeline(sampler: Sampler, decisions: list[Logged], job_ids: set[int], out_dir: Path) -> str:
+    """What to read when a check fails: the decisions, each job's runs (start, QOS) as sampled, and what the jobs
+    logged (starts, preemption signals, acks)."""
     lines = ["decisions:"]
     lines += [f"  {d.ts:.1f} {d.kind} job={d.job_id} applied={d.applied} {d.code} {d.result}" for d in decisions]
     lines.append("runs:")
@@ -263,23 +268,30 @@ def _timeline(sampler: Sampler, decisions: list[Logged], job_ids: set[int]) -> s
             if key != prev:
                 lines.append(f"  {s.t0:.1f} job={job_id} {s.phase} {s.qos} start={s.start} restarts={s.restarts}")
                 prev = key
+    lines.append("job output:")
+    for job_id in sorted(job_ids):
+        out = out_dir / f"{job_id}.out"
+        lines += [f"  {job_id}: {line}" for line in (out.read_text().splitlines() if out.exists() else ["(none)"])]
     return "\n".join(lines)
 
 
 def test_borrow_reclaim_rounds_never_preempt_inside_min_run(
-    cluster: LiveCluster, clean: None, sampler: Sampler, policy_file: Path, tmp_path: Path
+    cluster: LiveCluster, clean: None, sampler: Sampler, policy_file: Path, tmp_path: Path, shared_tmp: Path
 ) -> None:
     log_path = tmp_path / "controller.log"
+    out = shared_tmp / "jobs"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
     submitted: dict[int, float] = {}  # claimant -> submission time
     rounds: list[list[int]] = []
     with controller(cluster, policy_file, log_path):
-        fillers = [_submit(cluster, t) for t in ("controls", "simulation", "simulation")]
+        fillers = [_submit(cluster, t, out) for t in ("controls", "simulation", "simulation")]
         for job_id in fillers:
             cluster.backend.wait_for_job(job_id, {JobPhase.RUNNING}, timeout_s=40)
-        guaranteed = [_submit(cluster, BORROWER) for _ in range(3)]
+        guaranteed = [_submit(cluster, BORROWER, out) for _ in range(3)]
         for job_id in guaranteed:
             cluster.backend.wait_for_job(job_id, {JobPhase.RUNNING}, timeout_s=40)
-        borrowers = {_submit(cluster, BORROWER), _submit(cluster, BORROWER)}
+        borrowers = {_submit(cluster, BORROWER, out), _submit(cluster, BORROWER, out)}
         for n_claims in CLAIMS_PER_ROUND:
             running = wait_until(
                 lambda: _borrowing(cluster, 2), 60, "perception to borrow prediction's 16 idle GPUs (2 jobs in b-)"
@@ -287,7 +299,7 @@ def test_borrow_reclaim_rounds_never_preempt_inside_min_run(
             assert {j.job_id for j in running} == borrowers, running
             claimants = []
             for _ in range(n_claims):
-                claimants.append(_submit(cluster, LENDER))
+                claimants.append(_submit(cluster, LENDER, out))
                 submitted[claimants[-1]] = time.time()
             rounds.append(claimants)
             for job_id in claimants:
@@ -310,7 +322,7 @@ def test_borrow_reclaim_rounds_never_preempt_inside_min_run(
         wait_until(lambda: _borrowing(cluster, 2), 60, "perception to borrow again after the last round")
 
     decisions = [d for d in _decisions(log_path) if d.job_id in borrowers | set(submitted)]
-    why = _timeline(sampler, decisions, borrowers | set(submitted))
+    why = _timeline(sampler, decisions, borrowers | set(submitted), out)
     preempts = [d for d in decisions if d.kind == "Preempt"]
     requeues = [d for d in decisions if d.kind == "Requeue"]
     assert all(d.applied for d in preempts + requeues), why
