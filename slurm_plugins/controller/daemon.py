@@ -51,7 +51,7 @@ from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol import marks
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.slurm import Backend, CliBackend, SlurmError
-from nuro.slurm_plugins.controller.apply import Outcome, apply_group, groups
+from nuro.slurm_plugins.controller.apply import ApplyBudget, Outcome, apply_group, groups
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
 from nuro.slurm_plugins.controller.decisions import Preempt, Requeue, SetSiteFactor
 from nuro.slurm_plugins.controller.detection import FailureDetector
@@ -110,6 +110,7 @@ class CycleReport:
     apply_s: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
     error: str = ""
+    deferred: int = 0  # decisions not sent this cycle: the apply budget was spent (decided again next cycle)
 
 
 class Controller:
@@ -122,12 +123,14 @@ class Controller:
         dry_run: bool = False,
         clock: Callable[[], float] = time.time,
         events: EventLog | None = None,
+        apply_budget_s: float | None = None,
     ) -> None:
         self.backend = backend
         self.policy = policy
         self.dry_run = dry_run
         self.clock = clock
         self.events = events
+        self.apply_budget_s = apply_budget_s
         self.state: ControllerState | None = None
         self.cycles = 0
         self.isolator = Isolator()
@@ -169,14 +172,23 @@ class Controller:
         t2 = time.monotonic()
         failed: set[int] = set()
         applicable = self.isolator.filter(decisions)
-        batches = groups(applicable)
-        for i, group in enumerate(batches):
+        budget = ApplyBudget(self.apply_budget_s)
+        pending = groups(applicable)  # apply order: requeues and signals first, SiteFactors last (deferred first)
+        while pending:
+            group = pending.pop(0)
+            if not budget.allows(group):
+                report.deferred += len(group)
+                failed.update(d.job_id for d in group)
+                continue
+            group, *rest = budget.chunk(group)
+            pending[:0] = rest
+            t_group = time.monotonic()
             try:
                 outcomes = apply_group(self.backend, group, now, self.dry_run)
             except SlurmError as exc:
                 report.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
                 log.warning("cycle=%d %s", self.cycles, report.error)
-                failed.update(d.job_id for g in batches[i:] for d in g)
+                failed.update(d.job_id for g in [group, *pending] for d in g)
                 break
             except Exception as exc:  # noqa: BLE001 - a bug applying one job's decision costs only that job
                 failed.update(d.job_id for d in group)
@@ -186,6 +198,7 @@ class Controller:
                         log.error("cycle=%d decision=%s job=%d not applied (logged once): %s", self.cycles,
                                   type(decision).__name__, decision.job_id, text)  # fmt: skip
                 continue
+            budget.spend(time.monotonic() - t_group, len(group))
             for outcome in outcomes:
                 decision = outcome.decision
                 report.outcomes.append(outcome)
@@ -198,6 +211,9 @@ class Controller:
                     failed.add(decision.job_id)
                 else:
                     self._record(decision)
+        if report.deferred:
+            log.info("cycle=%d deferred=%d decisions to the next cycle: the apply budget (%.2f s) is spent",
+                     self.cycles, report.deferred, self.apply_budget_s)  # fmt: skip
         failed.update(d.job_id for d in decisions if d.job_id in self.isolator.jobs)
         self.state = _state_after(decisions.next_state, decisions, failed)
         report.apply_s = time.monotonic() - t2
@@ -397,7 +413,9 @@ def main(
         log.info("nuro-controller stopped")
         return
     events = EventLog(cfg.event_log) if cfg.event_log else None
-    controller = Controller(_backend(cfg), policy, cfg.dry_run, clock=wall, events=events)
+    controller = Controller(
+        _backend(cfg), policy, cfg.dry_run, clock=wall, events=events, apply_budget_s=cfg.apply_budget_s
+    )
     policy_file = cfg.policy
     signal.signal(signal.SIGHUP, lambda *_: controller.reload_policy(policy_file))
     log.info("nuro-controller started: policy=%s interval_s=%s dry_run=%s", cfg.policy, cfg.interval_s, cfg.dry_run)

@@ -169,3 +169,16 @@ def test_only_the_head_of_a_teams_queue_gets_a_site_factor() -> None:
     d = decide(snap, policy, ControllerState(), NOW)
     # team a may add 16 + 8 GPUs: three 8-GPU jobs of its queue, in queue order
     assert [s.job_id for s in d.of(SetSiteFactor)] == [10, 11, 12]
+
+
+def test_apply_budget_sizes_batches_to_what_is_left_and_never_defers_requeues_or_signals() -> None:
+    from nuro.slurm_plugins.controller.apply import ApplyBudget
+
+    borrows = tuple(Borrow(i, "a", "b-a", 1, "x") for i in range(40))
+    budget = ApplyBudget(1.0, per_id_s=0.1)
+    assert [len(g) for g in budget.chunk(borrows)] == [10, 10, 10, 10]
+    budget.spend(1.0, 10)  # 0.1 s per job measured: the budget is spent
+    assert not budget.allows(borrows[10:20]) and budget.allows((Requeue(1, True, "r"),))
+    assert budget.allows((Preempt(2, "a", 8, 0.0, 9, "p"),))
+    unlimited = ApplyBudget(None)
+    assert unlimited.allows(borrows) and unlimited.chunk(borrows) == [borrows]

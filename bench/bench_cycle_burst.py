@@ -1,0 +1,166 @@
+"""Controller cycles during a burst of submissions: batched apply vs one Slurm command per decision, same run.
+
+The scenario a tester ran against issue 13: three team members submit 300 short 1-GPU jobs within ~7 s to the 8-node
+dev cluster (64 GPUs, the example policy, so teams at quota borrow) while the real ``Controller.cycle()`` runs every
+second. Each round submits the same burst, runs 40 s of cycles, then cancels everything; rounds alternate between
+
+* **budget** — the daemon as shipped: Borrow/Return per target QOS and SiteFactor per value in one
+  ``scontrol update jobid=<list>`` (``apply.groups``), SiteFactor only for each team's queue head, and at most 1 s
+  of QOS/SiteFactor calls per cycle (``apply.ApplyBudget``; the rest is decided again next cycle);
+* **batched** — the same without the budget;
+* **per decision** — the same decisions, each its own ``scontrol`` process, no budget (what the daemon did before),
+
+and reports per variant: the longest and median cycle (snapshot + decide + apply), Slurm commands, decisions, and
+the longest cycle's apply time. The target: every cycle ≤ 1 s of Slurm calls during the burst.
+
+    python -m bench.bench_cycle_burst [--jobs 300] [--rounds 2] [--port-base 28800]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from bench.common import REPO, cluster, save
+from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
+from nuro.policy import parse_policy
+from nuro.slurm import CliBackend
+from nuro.slurm_plugins.controller import apply as apply_mod
+from nuro.slurm_plugins.controller import daemon
+from nuro.slurm_plugins.controller.daemon import Controller
+
+USERS = {"alice": "perception", "priya": "prediction", "chen": "controls"}
+#: budget: the daemon as shipped (batched, 1 s apply budget); batched: no budget; per_decision: one command each
+VARIANTS = ("budget", "batched", "per_decision")
+
+
+def _submit(env: dict[str, str], user: str, i: int) -> None:
+    subprocess.run(
+        ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in env.items()),
+         "sbatch", "--parsable", f"--account={USERS[user]}", "--gres=gpu:1", "--output=/dev/null",
+         f"--job-name=burst{i}", "--wrap", f"sleep {20 + i % 40}"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+
+
+class Counting(CliBackend):
+    """The CLI backend, counting the Slurm commands the controller's actions run."""
+
+    commands = 0
+
+    def apply(self, action):  # type: ignore[no-untyped-def]
+        Counting.commands += 1
+        return super().apply(action)
+
+
+def one_round(env: dict[str, str], policy_raw: dict, jobs: int, variant: str, seconds: float) -> dict:
+    backend = Counting(env=env, timeout_s=60)
+    budget = 1.0 if variant == "budget" else None
+    controller = Controller(backend, parse_policy(policy_raw), apply_budget_s=budget)
+    batched = variant != "per_decision"
+    reports = []
+    stop = threading.Event()
+    Counting.commands = 0
+    original = daemon.groups
+    if not batched:
+        daemon.groups = lambda decisions: [(d,) for d in decisions]  # type: ignore[assignment]
+    try:
+
+        def loop() -> None:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                reports.append(controller.cycle())
+                stop.wait(max(0.0, 1.0 - (time.monotonic() - t0)))
+
+        th = threading.Thread(target=loop, daemon=True)
+        th.start()
+        t0 = time.monotonic()
+        users = list(USERS)
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            list(pool.map(lambda i: _submit(env, users[i % len(users)], i), range(jobs)))
+        burst_s = time.monotonic() - t0
+        time.sleep(max(0.0, seconds - burst_s))
+        stop.set()
+        th.join(timeout=120)
+    finally:
+        daemon.groups = original
+        for user in USERS:
+            subprocess.run(["scancel", f"--user={user}"], env={**os.environ, **env}, check=False)
+    total = [r.snapshot_s + r.decide_s + r.apply_s for r in reports]
+    worst = max(range(len(reports)), key=lambda i: total[i])
+    return {
+        "submitted_s": round(burst_s, 1),
+        "cycles": len(reports),
+        "cycle_max_s": round(max(total), 3),
+        "cycle_median_s": round(statistics.median(total), 3),
+        "cycle_p90_s": round(sorted(total)[int(0.9 * (len(total) - 1))], 3),
+        "worst_cycle": {
+            "snapshot_s": round(reports[worst].snapshot_s, 3),
+            "decide_s": round(reports[worst].decide_s, 3),
+            "apply_s": round(reports[worst].apply_s, 3),
+            "decisions": len(reports[worst].outcomes),
+        },
+        "apply_max_s": round(max(r.apply_s for r in reports), 3),
+        "decisions": sum(len(r.outcomes) for r in reports),
+        "deferred": sum(r.deferred for r in reports),
+        "slurm_commands": Counting.commands,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=300)
+    ap.add_argument("--rounds", type=int, default=2, help="rounds per variant, alternating [2]")
+    ap.add_argument("--seconds", type=float, default=40.0, help="cycles per round after the burst starts [40]")
+    ap.add_argument("--port-base", type=int, default=28800)
+    args = ap.parse_args()
+    ensure_unix_users(POLICY_USERS)
+    with cluster(8, args.port_base, "cycleburst") as (layout, env, _up):
+        policy_raw = yaml.safe_load((REPO / "examples" / "policy" / "teams.yaml").read_text())
+        path = layout.root / "teams.yaml"
+        path.write_text(yaml.safe_dump(policy_raw))
+        admin = Path(sys.executable).parent / "nuro-admin"
+        subprocess.run([str(admin), "policy", "apply", str(path)], env={**os.environ, **env}, check=True,
+                       capture_output=True)  # fmt: skip
+        results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+        for _ in range(args.rounds):
+            for name in VARIANTS:
+                r = one_round(env, policy_raw, args.jobs, name, args.seconds)
+                results[name].append(r)
+                print(name, r, flush=True)
+                time.sleep(5)
+        summary = {
+            name: {
+                "cycle_max_s": max(r["cycle_max_s"] for r in rs),
+                "cycle_median_s": round(statistics.median(r["cycle_median_s"] for r in rs), 3),
+                "apply_max_s": max(r["apply_max_s"] for r in rs),
+                "slurm_commands_per_round": round(statistics.mean(r["slurm_commands"] for r in rs), 1),
+                "decisions_per_round": round(statistics.mean(r["decisions"] for r in rs), 1),
+                "deferred_per_round": round(statistics.mean(r["deferred"] for r in rs), 1),
+                "cycle_p90_max_s": max(r["cycle_p90_s"] for r in rs),
+            }
+            for name, rs in results.items()
+        }
+        b, p = summary["budget"], summary["per_decision"]
+        save("cycle_burst", {
+            "jobs": args.jobs, "users": list(USERS), "rounds": args.rounds, "rounds_detail": results,
+            "summary": summary,
+            "ratios_per_decision_over_batched": {
+                "cycle_max": round(p["cycle_max_s"] / b["cycle_max_s"], 2),
+                "slurm_commands": round(p["slurm_commands_per_round"] / max(1, b["slurm_commands_per_round"]), 2),
+            },
+            "apply_module": apply_mod.__name__,
+        })  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
