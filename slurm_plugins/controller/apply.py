@@ -176,8 +176,9 @@ class ApplyBudget:
     budget is spent; the engine decides them again from the next snapshot (nothing is lost: they are not in the
     state). Requeue and Preempt are never deferred: a victim's grace and a reclaim's latency depend on them.
 
-    The batch size adapts: ``per_id_s`` is a moving estimate of one job's update time, and a batch gets as many
-    jobs as the remaining budget pays for (at least one, at most ``BATCH_MAX``).
+    The batch size adapts: ``per_id_s`` is a moving estimate of one job's update time (the daemon keeps it across
+    cycles, so only the first batch of a burst can overrun), and a batch gets as many jobs as the remaining budget
+    pays for (at least one, at most ``BATCH_MAX``).
     """
 
     ALWAYS = (Requeue, Preempt)

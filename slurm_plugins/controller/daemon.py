@@ -131,6 +131,7 @@ class Controller:
         self.clock = clock
         self.events = events
         self.apply_budget_s = apply_budget_s
+        self._per_id_s = 0.002  # one job's update, measured and kept across cycles (ApplyBudget)
         self.state: ControllerState | None = None
         self.cycles = 0
         self.isolator = Isolator()
@@ -172,7 +173,7 @@ class Controller:
         t2 = time.monotonic()
         failed: set[int] = set()
         applicable = self.isolator.filter(decisions)
-        budget = ApplyBudget(self.apply_budget_s)
+        budget = ApplyBudget(self.apply_budget_s, self._per_id_s)
         pending = groups(applicable)  # apply order: requeues and signals first, SiteFactors last (deferred first)
         while pending:
             group = pending.pop(0)
@@ -211,6 +212,7 @@ class Controller:
                     failed.add(decision.job_id)
                 else:
                     self._record(decision)
+        self._per_id_s = budget.per_id_s  # the next cycle sizes its first batch by what Slurm answered lately
         if report.deferred:
             log.info("cycle=%d deferred=%d decisions to the next cycle: the apply budget (%.2f s) is spent",
                      self.cycles, report.deferred, self.apply_budget_s)  # fmt: skip
