@@ -46,9 +46,11 @@ GRACE_S = 10
 MIN_RUN_S = 20
 BORROWER, LENDER = "perception", "prediction"
 MEMBERS = {"perception": "alice", "prediction": "priya", "controls": "chen", "simulation": "sam"}
-#: prediction's claimants per round: 2 takes both borrowers back, 1 leaves one running so the next round has a
-#: borrower past its minimum run time next to one that has just restarted.
-CLAIMS_PER_ROUND = (2, 1, 2)
+#: prediction's claimants per round, each submitted as soon as perception borrows 2 jobs again. Round 1: both
+#: borrowers started together, so the one not chosen becomes old enough while the victim's GPUs are still being
+#: freed; it must be left running. Round 2: one borrower restarted seconds ago next to one past its minimum run: the
+#: old one goes at once, the young one is waited for. Round 3: one claimant again, borrowers of close ages.
+CLAIMS_PER_ROUND = (1, 2, 1)
 #: After a borrower's minimum run time (or its claimant's submission, whichever is later), reclaim must have
 #: signalled it within this long: 0.5 s cycles plus Slurm taking a scheduling pass to give the claimant a reason.
 PROMPT_S = 10.0
