@@ -46,11 +46,14 @@ GRACE_S = 10
 MIN_RUN_S = 20
 BORROWER, LENDER = "perception", "prediction"
 MEMBERS = {"perception": "alice", "prediction": "priya", "controls": "chen", "simulation": "sam"}
-#: prediction's claimants per round, each submitted as soon as perception borrows 2 jobs again. Round 1: both
-#: borrowers started together, so the one not chosen becomes old enough while the victim's GPUs are still being
-#: freed; it must be left running. Round 2: one borrower restarted seconds ago next to one past its minimum run: the
-#: old one goes at once, the young one is waited for. Round 3: one claimant again, borrowers of close ages.
-CLAIMS_PER_ROUND = (1, 2, 1)
+#: Rounds: (prediction's claimants, whether they wait until both borrowers are past their minimum run), each
+#: starting once perception borrows 2 jobs again. Round 1: one claimant at once, borrowers started together: it waits
+#: for the minimum run, and the borrower not chosen comes of age while the victim's GPUs are still being freed; it must
+#: be left running. Round 2: two claimants at once, one borrower restarted seconds ago next to one past its minimum
+#: run: the old one goes at once, the young one is waited for. Round 3: one claimant once both are old: one victim at
+#: once, and the other (eligible all along) is left running while the victim is requeued and completes.
+ROUNDS = ((1, False), (2, False), (1, True))
+CLAIMS_PER_ROUND = tuple(n for n, _ in ROUNDS)
 #: After a borrower's minimum run time (or its claimant's submission, whichever is later), reclaim must have
 #: signalled it within this long: 0.5 s cycles plus Slurm taking a scheduling pass to give the claimant a reason.
 PROMPT_S = 10.0
@@ -60,12 +63,15 @@ PROMPT_S = 10.0
 START_LOOKAHEAD_S = 2.0
 
 # Acknowledges a preemption request at once (as rank 0 would after committing its checkpoint), otherwise sleeps;
-# logs its starts, signals and acks (appended across restarts) for the failure message.
+# takes 3 s to exit once Slurm stops it (SIGTERM; KillWait is 5 s), as a training job tearing down does, so a victim
+# stays COMPLETING for a while after its requeue. Logs its starts, signals and acks (appended across restarts).
 JOB = """#!/bin/bash
 #SBATCH --nodes=1
 say() {{ echo "$(date +%s.%N) run=${{SLURM_RESTART_COUNT:-0}} $*"; }}
 on_usr1() {{ say USR1; {bin}/nuro-job ack --step 7; say "ack rc=$?"; }}
+on_term() {{ say TERM; sleep 3; exit 0; }}
 trap on_usr1 USR1
+trap on_term TERM
 say start
 for i in $(seq 900); do sleep 1; done
 """
@@ -302,11 +308,14 @@ def test_borrow_reclaim_rounds_never_preempt_inside_min_run(
         for job_id in guaranteed:
             cluster.backend.wait_for_job(job_id, {JobPhase.RUNNING}, timeout_s=40)
         borrowers = {_submit(cluster, BORROWER, out), _submit(cluster, BORROWER, out)}
-        for n_claims in CLAIMS_PER_ROUND:
+        for n_claims, late in ROUNDS:
             running = wait_until(
                 lambda: _borrowing(cluster, 2), 60, "perception to borrow prediction's 16 idle GPUs (2 jobs in b-)"
             )
             assert {j.job_id for j in running} == borrowers, running
+            if late:
+                youngest = max(j.start_time.timestamp() for j in running if j.start_time is not None)
+                time.sleep(max(0.0, youngest + MIN_RUN_S + 2 - time.time()))
             claimants = []
             for _ in range(n_claims):
                 claimants.append(_submit(cluster, LENDER, out))
