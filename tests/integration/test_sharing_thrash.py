@@ -5,8 +5,9 @@ Perception (alice) holds its 24-GPU quota and borrows prediction's idle 16 GPUs 
 b-perception, moved there by the controller); prediction (priya) then submits jobs inside its quota, so the
 controller must reclaim: it waits until the borrowers are ``min_run_s`` old, signals them, they acknowledge with
 ``nuro-job ack``, and they are requeued back into g-perception. Prediction's jobs are then cancelled, perception
-borrows again, and the next round starts, with a different number of claimants each round so that the victims'
-ages differ: a borrower restarted a few seconds ago must be passed over for an older one, or waited for.
+borrows again, and the next round starts (``ROUNDS``: the number of claimants and when they come vary so that the
+victims' ages differ: a borrower restarted a few seconds ago must be passed over for an older one, or waited for, and
+a borrower that is old enough is still left running when one victim is enough).
 
 Controls and simulation run their quotas with guaranteed fillers and lend nothing, so the only idle GPUs are
 prediction's quota. The real ``nuro-controller`` daemon runs as a child process (JSON log, 0.5 s cycles), stopped by
@@ -294,12 +295,15 @@ def _timeline(sampler: Sampler, decisions: list[Logged], job_ids: set[int], out_
 def test_borrow_reclaim_rounds_never_preempt_inside_min_run(
     cluster: LiveCluster, clean: None, sampler: Sampler, policy_file: Path, tmp_path: Path, shared_tmp: Path
 ) -> None:
+    """Checks, from the controller's log and the samples: (1) every victim's current run was ``min_run_s`` old at its
+    signal (so none is preempted twice within it) and its claimant was pending until then; (2) one victim per
+    claimant, only borrowers, every round; (3) each victim was requeued into g-perception, stayed there while pending,
+    and was requeued on its ack, not at grace end; (4) no team above its quota in g- (the sampler fixture)."""
     log_path = tmp_path / "controller.log"
     out = shared_tmp / "jobs"
     out.mkdir(mode=0o777)
     out.chmod(0o777)
     submitted: dict[int, float] = {}  # claimant -> submission time
-    rounds: list[list[int]] = []
     with controller(cluster, policy_file, log_path):
         fillers = [_submit(cluster, t, out) for t in ("controls", "simulation", "simulation")]
         for job_id in fillers:
@@ -320,7 +324,6 @@ def test_borrow_reclaim_rounds_never_preempt_inside_min_run(
             for _ in range(n_claims):
                 claimants.append(_submit(cluster, LENDER, out))
                 submitted[claimants[-1]] = time.time()
-            rounds.append(claimants)
             for job_id in claimants:
                 cluster.backend.wait_for_job(job_id, {JobPhase.RUNNING}, timeout_s=MIN_RUN_S + GRACE_S + 30)
             # The reclaimed borrowers wait in g-perception (perception is at its quota: Slurm holds them), not b-
