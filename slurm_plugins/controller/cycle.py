@@ -23,6 +23,11 @@ from nuro.slurm_plugins.controller.victims import Candidate, VictimPool
 
 _EMPTY: Mapping = MappingProxyType({})
 
+#: Seconds after its victims' grace during which a job that got victims gets no new ones: a requeued victim leaves
+#: squeue's running jobs before its node is free in sinfo (epilog, completing), and in that gap the job looks as if
+#: it still needed room (measured live: a second borrower preempted for the same claimant).
+CLAIM_SETTLE_S = 30.0
+
 
 @dataclass(frozen=True)
 class ControllerState:
@@ -37,6 +42,8 @@ class ControllerState:
         usage_at: the Unix time ``usage`` (and ``demand_peak``) was last brought up to; None before the first cycle.
         demand_peak: each team's decaying peak of guaranteed demand (``borrowing.demand_peaks``), what lending
             keeps back for it.
+        claims: pending job id → when victims were last signalled for it; for ``grace_s + CLAIM_SETTLE_S`` after
+            that it gets no new victims (its victims' GPUs may still be on their way back).
     """
 
     preempting: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
@@ -44,6 +51,7 @@ class ControllerState:
     usage: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
     usage_at: float | None = None
     demand_peak: Mapping[str, float] = field(default_factory=lambda: _EMPTY)
+    claims: Mapping[int, float] = field(default_factory=lambda: _EMPTY)
 
 
 @dataclass
@@ -91,4 +99,4 @@ class Cycle:
         self.waits.append(Wait(job_id, reason, code))
 
 
-__all__ = ["ControllerState", "Cycle"]
+__all__ = ["CLAIM_SETTLE_S", "ControllerState", "Cycle"]

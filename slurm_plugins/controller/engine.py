@@ -37,7 +37,7 @@ from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import ClusterSnapshot
 from nuro.slurm_plugins.controller.borrowing import borrow, demand_peaks, lendable_gpus, return_to_quota
 from nuro.slurm_plugins.controller.capacity import Capacity
-from nuro.slurm_plugins.controller.cycle import ControllerState, Cycle
+from nuro.slurm_plugins.controller.cycle import CLAIM_SETTLE_S, ControllerState, Cycle
 from nuro.slurm_plugins.controller.decisions import (
     Borrow,
     Code,
@@ -126,12 +126,18 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
 
     items: list[Decision] = [*cy.requeues, *cy.preempts, *cy.returns, *cy.borrows, *cy.site_factors]
     preempting = dict(cy.in_flight)
-    preempting.update((p.job_id, now) for p in cy.preempts)
+    # whole seconds, as the signed mark and the job's ack are: a float kept here would win over the mark and make an
+    # ack in the same second as the signal look older than the signal (requeued at grace end instead of on the ack)
+    signalled_at = float(round(now))
+    preempting.update((p.job_id, signalled_at) for p in cy.preempts)
+    claims = {j: at for j, at in state.claims.items() if now - at < cy.policy.grace_s + CLAIM_SETTLE_S}
+    claims.update((p.for_job_id, signalled_at) for p in cy.preempts)
     next_state = ControllerState(
         preempting=MappingProxyType(dict(sorted(preempting.items()))),
         site_factors=MappingProxyType(site_in_force),
         usage=MappingProxyType(cy.usage),
         usage_at=now,
+        claims=MappingProxyType(dict(sorted(claims.items()))),
         demand_peak=MappingProxyType(cy.demand_peak),
     )
     counts = Counter(type(d).__name__.lower() for d in items)

@@ -19,7 +19,7 @@ from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import JobInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.capacity import Shape, gpus_on_nodes, job_shape
-from nuro.slurm_plugins.controller.cycle import Cycle
+from nuro.slurm_plugins.controller.cycle import CLAIM_SETTLE_S, Cycle
 from nuro.slurm_plugins.controller.decisions import Code, Preempt, Requeue
 from nuro.slurm_plugins.controller.victims import (
     RANK_BORROWED,
@@ -52,10 +52,13 @@ def finish_in_flight(cy: Cycle) -> None:
     signalled.update(cy.state.preempting)
     grace_s = cy.policy.grace_s
     for job_id in sorted(signalled):
-        at = signalled[job_id]
+        at = float(round(signalled[job_id]))  # whole seconds, as the mark and the ack: an ack never precedes it
         job = cy.snapshot.job(job_id)
-        if job is None or not job.phase.holds_resources or timestamp(job.start_time, -math.inf) > at:
+        if job is None or not job.phase.holds_resources:
             continue
+        if job.phase == JobPhase.RUNNING and timestamp(job.start_time, -math.inf) > at:
+            continue  # restarted after the signal: a new run, not a victim (a COMPLETING job's start time is
+            # unreliable: squeue reports "now" for a requeued victim on its way out)
         cy.in_flight[job_id] = at
         cy.taken.add(job_id)
         for node, gpus in gpus_on_nodes(job):
@@ -207,6 +210,14 @@ def _make_room(cy: Cycle, job: JobInfo, pool: VictimPool, eligible: Eligible, co
         )
         return False
     victims, within = found
+    claimed = cy.state.claims.get(job.job_id)
+    if victims and claimed is not None and now - claimed < cy.policy.grace_s + CLAIM_SETTLE_S:
+        cy.wait(
+            job.job_id,
+            Code.WAIT_IN_FLIGHT,
+            f"needs {_shape(shape)}; its victims signalled {now - claimed:.0f} s ago are still giving their GPUs back",
+        )
+        return False
     if not victims:
         cy.wait(job.job_id, Code.WAIT_IN_FLIGHT, f"needs {_shape(shape)}; GPUs being freed by earlier preemptions")
     for v in victims:

@@ -182,3 +182,42 @@ def test_apply_budget_sizes_batches_to_what_is_left_and_never_defers_requeues_or
     assert budget.allows((Preempt(2, "a", 8, 0.0, 9, "p"),))
     unlimited = ApplyBudget(None)
     assert unlimited.allows(borrows) and unlimited.chunk(borrows) == [borrows]
+
+
+def test_an_ack_in_the_same_second_as_the_signal_counts() -> None:
+    # the signal went out at NOW - 0.4 s (state keeps whole seconds), the job acked 0.2 s later: same second
+    snap = (
+        a_cluster()
+        .nodes(4)
+        .jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"), a_job(10).pending())
+        .jobs(a_job(3).team("b").borrowed().running_on("n02").signalled_s_ago(0).acked_s_ago(0))
+        .build()
+    )
+    d = decide(snap, POLICY, ControllerState(preempting={3: NOW - 0.4}), NOW)
+    assert [(r.job_id, r.acked) for r in d.of(Requeue)] == [(3, True)]
+    fresh = a_cluster().nodes(4).jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"))
+    fresh = fresh.jobs(a_job(3).team("b").borrowed().running_on("n02"), a_job(5).team("b").running_on("n03"))
+    fresh = fresh.jobs(a_job(10).pending()).build()
+    assert decide(fresh, POLICY, ControllerState(), NOW + 0.4).next_state.preempting == {3: float(round(NOW + 0.4))}
+
+
+def test_a_claimant_gets_no_second_victim_while_the_first_gives_its_gpus_back() -> None:
+    # job 3 was requeued for job 10 a moment ago: squeue says it is COMPLETING with its start time "now", then
+    # PENDING, while its node still looks busy; job 4 is old enough to be a victim, but job 10 has one already
+    base = (
+        a_cluster()
+        .nodes(4)
+        .jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"), a_job(10).pending())
+        .jobs(a_job(4).team("b").borrowed().running_on("n03"))
+    )
+    completing = a_job(3).team("b").borrowed().running_on("n02", started_s_ago=0).completing().signalled_s_ago(5)
+    d = decide(base.jobs(completing).build(), POLICY, ControllerState(preempting={3: NOW - 5}), NOW)
+    assert d.of(Preempt) == () and {w.job_id: w.code for w in d.waiting}[10] == Code.WAIT_IN_FLIGHT
+    gone = base.jobs(a_job(3).team("b").pending()).build()
+    snap = dataclasses.replace(
+        gone, nodes=tuple(dataclasses.replace(n, gpus_alloc=8) if n.name == "n02" else n for n in gone.nodes)
+    )
+    d = decide(snap, POLICY, ControllerState(claims={10: NOW - 8}), NOW)
+    assert d.of(Preempt) == () and {w.job_id: w.code for w in d.waiting}[10] == Code.WAIT_IN_FLIGHT
+    later = decide(snap, POLICY, ControllerState(claims={10: NOW - 200}), NOW)
+    assert [p.job_id for p in later.of(Preempt)] == [4]
