@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nuro.devcluster import manager, scenario
 from nuro.devcluster.layout import Layout
@@ -42,6 +44,13 @@ class LiveCluster:
             argv, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=60, check=check
         )
 
+    def sbatch_as(self, user: str, args: list[str], script: str) -> int:
+        """``sbatch --parsable <args>`` as ``user`` with the script on stdin; the new job's id."""
+        argv = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in self.env.items()), "sbatch",
+                "--parsable", *args]  # fmt: skip
+        res = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=30, check=True)
+        return int(res.stdout.strip().split(";")[0])
+
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.25):
     """Poll until ``predicate()`` is truthy; fail the test with ``what`` (what we waited for) on timeout."""
@@ -49,6 +58,21 @@ def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, int
         return scenario.wait_for(what, predicate, timeout_s, interval_s)
     except scenario.ScenarioError as exc:
         raise AssertionError(str(exc)) from None
+
+
+def apply_example_policy(
+    cluster: LiveCluster, folder: Path, edit: Callable[[dict], None] | None = None, **top: object
+) -> Path:
+    """examples/policy/teams.yaml with ``top`` keys set (``grace_s=15``...) and ``edit`` applied to the raw mapping,
+    written to ``folder/teams.yaml`` and applied with ``nuro-admin policy apply``; returns the file."""
+    raw = yaml.safe_load((REPO / "examples" / "policy" / "teams.yaml").read_text())
+    raw.update(top)
+    if edit is not None:
+        edit(raw)
+    path = folder / "teams.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    cluster.run([str(Path(sys.executable).parent / "nuro-admin"), "policy", "apply", str(path)])
+    return path
 
 
 def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: float = 60) -> None:

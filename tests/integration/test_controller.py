@@ -19,12 +19,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
 from nuro.policy import load_policy
 from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase, SlurmError
-from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
+from tests.integration.conftest import LiveCluster, apply_example_policy, cancel_jobs_of, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -45,13 +44,8 @@ for i in $(seq 900); do sleep 1; done
 
 @pytest.fixture(scope="module")
 def policy_file(cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    raw = yaml.safe_load((REPO / "examples" / "policy" / "teams.yaml").read_text())
-    raw["grace_s"] = GRACE_S
-    raw["min_run_s"] = 0  # these tests preempt jobs seconds old; the minimum run time has its own test
-    path = tmp_path_factory.mktemp("policy") / "teams.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(path)])
-    return path
+    # min_run_s 0: these tests preempt jobs seconds old; the minimum run time has its own test (test_sharing_thrash)
+    return apply_example_policy(cluster, tmp_path_factory.mktemp("policy"), grace_s=GRACE_S, min_run_s=0)
 
 
 @pytest.fixture
@@ -65,21 +59,13 @@ def clean(cluster: LiveCluster, policy_file: Path) -> Iterator[None]:
 def _submit(
     cluster: LiveCluster, team: str, *, qos: str | None = None, ckpt: bool = False, ack: bool = True, gpus: int = 8
 ) -> int:
-    args = ["sbatch", "--parsable", f"--account={team}", "--output=/dev/null", "--requeue", f"--gres=gpu:{gpus}"]
+    args = [f"--account={team}", "--output=/dev/null", "--requeue", f"--gres=gpu:{gpus}"]
     if gpus == 8:
         args.append("--exclusive")
     if qos:
         args.append(f"--qos={qos}")
     args.append(f"--export=ALL,CKPT={'yes' if ckpt else 'no'},ACK={'yes' if ack else 'no'}")
-    res = subprocess.run(
-        ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in cluster.env.items()), *args],
-        input=JOB.format(bin=BIN),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return int(res.stdout.strip().split(";")[0])
+    return cluster.sbatch_as(MEMBERS[team], args, JOB.format(bin=BIN))
 
 
 def _fill_the_rest(cluster: LiveCluster) -> list[int]:

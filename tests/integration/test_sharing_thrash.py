@@ -33,12 +33,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from nuro.policy import load_policy
 from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase, SlurmError
-from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
+from tests.integration.conftest import LiveCluster, apply_example_policy, cancel_jobs_of, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -82,17 +81,16 @@ for i in $(seq 900); do sleep 1; done
 def policy_file(cluster: LiveCluster, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """examples/policy/teams.yaml with a short grace and minimum run, no lending hysteresis (lending follows the
     lender's demand at once, so every round borrows and reclaims), and prediction as the only lender."""
-    raw = yaml.safe_load((REPO / "examples" / "policy" / "teams.yaml").read_text())
-    raw.update(grace_s=GRACE_S, min_run_s=MIN_RUN_S, lend_hysteresis_s=0)
-    teams = raw["teams"]
-    teams[BORROWER]["borrow_limit_gpus"] = 16
-    teams[LENDER]["lend_limit_gpus"] = teams[LENDER]["quota_gpus"]  # 16: all of its idle quota
-    for other in ("controls", "simulation"):
-        teams[other]["lend_limit_gpus"] = 0
-    path = tmp_path_factory.mktemp("policy-thrash") / "teams.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(path)])
-    return path
+
+    def edit(raw: dict) -> None:
+        teams = raw["teams"]
+        teams[BORROWER]["borrow_limit_gpus"] = 16
+        teams[LENDER]["lend_limit_gpus"] = teams[LENDER]["quota_gpus"]  # 16: all of its idle quota
+        for other in ("controls", "simulation"):
+            teams[other]["lend_limit_gpus"] = 0
+
+    folder = tmp_path_factory.mktemp("policy-thrash")
+    return apply_example_policy(cluster, folder, edit, grace_s=GRACE_S, min_run_s=MIN_RUN_S, lend_hysteresis_s=0)
 
 
 @pytest.fixture
@@ -107,17 +105,9 @@ def clean(cluster: LiveCluster, policy_file: Path) -> Iterator[None]:
 
 def _submit(cluster: LiveCluster, team: str, out_dir: Path) -> int:
     """One whole-node (8 GPU) requeueable job as the team's member, in the team's default QOS g-<team>."""
-    args = ["sbatch", "--parsable", f"--account={team}", f"--output={out_dir}/%j.out", "--open-mode=append",
-            "--requeue", "--gres=gpu:8", "--exclusive"]  # fmt: skip
-    res = subprocess.run(
-        ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in cluster.env.items()), *args],
-        input=JOB.format(bin=BIN),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return int(res.stdout.strip().split(";")[0])
+    args = [f"--account={team}", f"--output={out_dir}/%j.out", "--open-mode=append", "--requeue", "--gres=gpu:8",
+            "--exclusive"]  # fmt: skip
+    return cluster.sbatch_as(MEMBERS[team], args, JOB.format(bin=BIN))
 
 
 @contextlib.contextmanager
