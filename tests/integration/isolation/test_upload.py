@@ -95,11 +95,14 @@ files = {".metadata": b"meta-" + job.encode(), "__0_0.distcp": os.urandom(64 << 
 steps = {}
 if mode == "forge":
     steps[2] = stage(2, files, team=victim_team, run=victim_run, keep=1)[0]   # the other team's run
-    steps[3] = stage(3, files)[0]                                              # honest
     steps[4] = stage(4, files, run=victim_run)[0]                              # own team, another run's name
-    for s in (2, 3, 4):
+    # Step 3 commits, and a commit prunes the older finished steps (2): see the forged steps' verdicts first.
+    for s in (2, 4):
         while verdict(steps[s]) is None:
             time.sleep(0.2)
+    steps[3] = stage(3, files)[0]                                              # honest
+    while verdict(steps[3]) is None:
+        time.sleep(0.2)
     steps[5] = stage(5, files, keep=1)[0]                                      # keep=1: would delete step 3
 elif mode == "hostile":
     d, req = stage(1, files, write=False)
