@@ -21,6 +21,7 @@ Requeue stay one job at a time: each writes its own comment, and there are few.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Sequence
@@ -103,30 +104,16 @@ def groups(decisions: Sequence[Decision]) -> list[Group]:
     QOS and of SetSiteFactor with one value become one group each (at most ``BATCH_MAX``), the rest one group per
     decision. Batching never reorders across kinds: a group holds one kind, in the order ``decide`` returned."""
     out: list[Group] = []
-    open_batches: dict[tuple, list[Decision]] = {}
-    kind_order: list[tuple] = []
-
-    def flush() -> None:
-        for key in kind_order:
-            batch = open_batches[key]
+    for _, run in itertools.groupby(decisions, key=type):  # decide returns the kinds in apply order
+        batches: dict[tuple | None, list[Decision]] = {}  # insertion order: first occurrence of each key
+        for d in run:
+            key = _batch_key(d)
+            if key is None:
+                out.append((d,))
+            else:
+                batches.setdefault(key, []).append(d)
+        for batch in batches.values():
             out.extend(tuple(batch[i : i + BATCH_MAX]) for i in range(0, len(batch), BATCH_MAX))
-        open_batches.clear()
-        kind_order.clear()
-
-    last_kind: type | None = None
-    for d in decisions:
-        key = _batch_key(d)
-        if type(d) is not last_kind:
-            flush()
-            last_kind = type(d)
-        if key is None:
-            out.append((d,))
-            continue
-        if key not in open_batches:
-            open_batches[key] = []
-            kind_order.append(key)
-        open_batches[key].append(d)
-    flush()
     return out
 
 

@@ -38,7 +38,7 @@ from nuro.slurm.models import JobInfo
 from nuro.slurm_plugins.controller.capacity import job_shape
 from nuro.slurm_plugins.controller.cycle import Cycle
 from nuro.slurm_plugins.controller.decisions import Borrow, Code, Return
-from nuro.slurm_plugins.controller.fairshare import entitlements, load
+from nuro.slurm_plugins.controller.fairshare import entitlements, kept_fraction, load
 
 _RETURNABLE = WAITING_REASONS | {QUOTA_REASON}
 
@@ -61,8 +61,7 @@ def demand_peaks(
 ) -> dict[str, float]:
     """Each team's decaying peak of guaranteed demand (running + waiting guaranteed GPUs): the larger of now's
     demand and the previous peak halved every ``half_life_s`` (0: no memory, the demand of this cycle)."""
-    dt = 0.0 if since is None else max(0.0, now - since)
-    keep = 0.5 ** (dt / half_life_s) if half_life_s > 0 else 0.0
+    keep = kept_fraction(since, now, half_life_s)
     return {name: max(float(u.g_running + u.g_waiting), previous.get(name, 0.0) * keep) for name, u in usage.items()}
 
 

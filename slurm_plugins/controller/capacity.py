@@ -72,11 +72,10 @@ class Capacity:
         self._freeing_nodes: set[int] = set()
         leaf_names = {n.switch for n in ordered if n.switch}
         index = {name: i for i, name in enumerate(sorted(leaf_names))}
-        self.leaf_of: list[int] = [index[n.switch] if n.switch else -1 for n in ordered]
         self.leaves: list[list[int]] = [[] for _ in index]
-        for i, leaf in enumerate(self.leaf_of):
-            if leaf >= 0:
-                self.leaves[leaf].append(i)
+        for i, n in enumerate(ordered):
+            if n.switch:
+                self.leaves[index[n.switch]].append(i)
         self.leaf_size: int = max((len(nodes) for nodes in self.leaves), default=0)
 
     # -- topology ------------------------------------------------------------------------------------------------

@@ -95,6 +95,11 @@ class Cycle:
         self._pools[name] = pool
         return pool
 
+    def claim_open(self, job_id: int, at: float | None = None) -> bool:
+        """Whether ``job_id`` got victims within ``grace_s + CLAIM_SETTLE_S`` (``ControllerState.claims``)."""
+        at = self.state.claims.get(job_id) if at is None else at
+        return at is not None and self.now - at < self.policy.grace_s + CLAIM_SETTLE_S
+
     def wait(self, job_id: int, code: str, reason: str) -> None:
         self.waits.append(Wait(job_id, reason, code))
 

@@ -37,7 +37,7 @@ from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import ClusterSnapshot
 from nuro.slurm_plugins.controller.borrowing import borrow, demand_peaks, lendable_gpus, return_to_quota
 from nuro.slurm_plugins.controller.capacity import Capacity
-from nuro.slurm_plugins.controller.cycle import CLAIM_SETTLE_S, ControllerState, Cycle
+from nuro.slurm_plugins.controller.cycle import ControllerState, Cycle
 from nuro.slurm_plugins.controller.decisions import (
     Borrow,
     Code,
@@ -130,7 +130,7 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
     # ack in the same second as the signal look older than the signal (requeued at grace end instead of on the ack)
     signalled_at = float(round(now))
     preempting.update((p.job_id, signalled_at) for p in cy.preempts)
-    claims = {j: at for j, at in state.claims.items() if now - at < cy.policy.grace_s + CLAIM_SETTLE_S}
+    claims = {j: at for j, at in state.claims.items() if cy.claim_open(j, at)}
     claims.update((p.for_job_id, signalled_at) for p in cy.preempts)
     next_state = ControllerState(
         preempting=MappingProxyType(dict(sorted(preempting.items()))),

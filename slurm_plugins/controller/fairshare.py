@@ -39,13 +39,20 @@ SITE_FACTOR_MAX = 10_000
 SITE_FACTOR_STEP = 100  # 1 % of the range: smaller moves are not worth a scontrol call
 
 
+def kept_fraction(since: float | None, now: float, half_life_s: float) -> float:
+    """How much of a value decaying with ``half_life_s`` is left from ``since`` to ``now`` (1 without a ``since``,
+    0 for a half-life of 0: no memory)."""
+    if half_life_s <= 0:
+        return 0.0
+    return 0.5 ** ((0.0 if since is None else max(0.0, now - since)) / half_life_s)
+
+
 def decayed_usage(
     previous: Mapping[str, float], since: float | None, usage: Mapping[str, TeamUsage], half_life_s: float, now: float
 ) -> dict[str, float]:
     """Each team's decayed mean GPUs held, brought up to ``now`` (module docstring). Without history (first cycle,
     a restart, a new team) a team starts at what it holds now."""
-    dt = 0.0 if since is None else max(0.0, now - since)
-    keep = 0.5 ** (dt / half_life_s)
+    keep = kept_fraction(since, now, half_life_s)
     out = {}
     for name, u in usage.items():
         before = previous.get(name)
@@ -143,6 +150,7 @@ __all__ = [
     "SITE_FACTOR_STEP",
     "decayed_usage",
     "entitlements",
+    "kept_fraction",
     "load",
     "queue_heads",
     "set_site_factors",

@@ -19,7 +19,7 @@ from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import JobInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.capacity import Shape, gpus_on_nodes, job_shape
-from nuro.slurm_plugins.controller.cycle import CLAIM_SETTLE_S, Cycle
+from nuro.slurm_plugins.controller.cycle import Cycle
 from nuro.slurm_plugins.controller.decisions import Code, Preempt, Requeue
 from nuro.slurm_plugins.controller.victims import (
     RANK_BORROWED,
@@ -210,8 +210,8 @@ def _make_room(cy: Cycle, job: JobInfo, pool: VictimPool, eligible: Eligible, co
         )
         return False
     victims, within = found
-    claimed = cy.state.claims.get(job.job_id)
-    if victims and claimed is not None and now - claimed < cy.policy.grace_s + CLAIM_SETTLE_S:
+    if victims and cy.claim_open(job.job_id):
+        claimed = cy.state.claims[job.job_id]
         cy.wait(
             job.job_id,
             Code.WAIT_IN_FLIGHT,

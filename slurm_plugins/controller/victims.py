@@ -134,9 +134,7 @@ def choose_victims(
         picked = _fill_node(n, cap.avail(n), g, cands, pool.taken, eligible)
         if picked is not None:
             keys = tuple(victim_key(c) for c in picked)  # ties between nodes fall back to the comparator
-            cost = (max(c.rank for c in picked), -min(c.team_load for c in picked),
-                    sum(c.cost_gpu_s for c in picked), keys, n)  # fmt: skip
-            options.append((cost, picked))
+            options.append(((*set_cost(picked), keys, n), picked))
     need = k - len(ok)
     if len(options) < need:
         return None
