@@ -9,6 +9,9 @@ pods); counts of decisions and preemptions are over the whole replay.
 |---|---|
 | offered load | GPU·s the jobs submitted in the window ask for, each cut at the horizon / (cluster GPUs × window) |
 | utilisation | GPU·s allocated / (cluster GPUs × window) |
+| idle while waiting | per Jain window: min(idle GPUs, GPUs of pending jobs), summed / (cluster GPUs × window): capacity
+  that sat idle while work waited (QOS limits, lending limits, placement). Baseline utilisation + this is the most a
+  work-conserving scheduler could have used of the same load (an estimate: hourly means, whatever the job shapes) |
 | alloc-idle % | allocated GPU·s in which the job did not train (restart staging, checkpoint-and-wait after a preemption
   signal) / allocated GPU·s |
 | fractional rounding % | allocated GPU·s the trace pods did not ask for (a pod with ``gpu_milli`` 460 holds a whole
@@ -144,10 +147,13 @@ def compute(
     for p in log.pends:
         _spread(bin_demand[p.team], max(p.since_s, t0), min(p.until_s, t1), t0, window_s, p.gpus)
     jains = []
+    idle_waiting = 0.0  # GPU·s idle while jobs waited (per bin: the smaller of idle GPUs and waiting GPUs)
     for b in range(n_bins):
         width = min(window_s, t1 - (t0 + b * window_s))
         if width <= 0:
             continue
+        held, wanted = sum(bin_alloc[t][b] for t in teams), sum(bin_demand[t][b] for t in teams)
+        idle_waiting += max(0.0, min(log.capacity * width - held, wanted - held))
         demand = {t: bin_demand[t][b] / width for t in teams}
         fair = water_fill(log.capacity, demand, quotas)
         xs = [bin_alloc[t][b] / width / fair[t] for t in teams if fair[t] > 1e-9]
@@ -183,6 +189,7 @@ def compute(
         "window_s": [round(t0, 1), round(t1, 1)],
         "offered_load": round(offered / cap_gpu_s, 3),
         "utilisation": round(alloc / cap_gpu_s, 4),
+        "idle_while_waiting": round(idle_waiting / cap_gpu_s, 4),
         "goodput": round(good / cap_gpu_s, 4),
         "alloc_idle_pct": round(100 * idle / alloc, 3) if alloc else 0.0,
         "fractional_rounding_pct": round(100 * rounding / alloc, 2) if alloc else 0.0,

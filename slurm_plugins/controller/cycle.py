@@ -71,6 +71,8 @@ class Cycle:
     taken: set[int] = field(default_factory=set)  # victims in flight or chosen this cycle
     in_flight: dict[int, float] = field(default_factory=dict)  # victim id → signalled at, still running
     reclaimed_teams: set[str] = field(default_factory=set)  # teams whose borrowed jobs are being preempted
+    draining: dict[int, str] = field(default_factory=dict)  # pending job id → the nodes drained for it (drain.py)
+    drain_misses: set[tuple[int, int]] = field(default_factory=set)  # (GPUs per node, nodes) no drain plan found
     requeues: list[Requeue] = field(default_factory=list)
     preempts: list[Preempt] = field(default_factory=list)
     returns: list[Return] = field(default_factory=list)

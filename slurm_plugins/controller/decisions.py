@@ -42,6 +42,7 @@ class Code(StrEnum):
     WAIT_IN_FLIGHT = "wait_in_flight"  # GPUs it needs are being freed by earlier preemptions
     WAIT_NO_VICTIMS = "wait_no_victims"  # preemptible jobs cannot free a placeable block
     WAIT_MIN_RUN = "wait_min_run"  # only jobs inside their minimum run time could make room
+    WAIT_DRAIN = "wait_drain"  # its nodes are being drained (drain.py): whole once their other jobs end
     WAIT_OWN_BORROWED = "wait_own_borrowed"  # the team holds its quota with its own borrowed jobs: they end first
     WAIT_OVER_QUOTA = "wait_over_quota"  # a guaranteed job beyond its team's quota (borrowing handles it)
     WAIT_CAPACITY = "wait_capacity"  # borrow refused: no placeable block on idle GPUs

@@ -37,6 +37,9 @@ from nuro.slurm_plugins.controller.decisions import SetSiteFactor
 
 SITE_FACTOR_MAX = 10_000
 SITE_FACTOR_STEP = 100  # 1 % of the range: smaller moves are not worth a scontrol call
+#: The SiteFactor of a job whose nodes are being drained (``drain.py``): above every fair-share value, so Slurm's
+#: scheduler plans it first and its backfill keeps the drained nodes for it (tiers still come first: QOS priority).
+DRAIN_SITE_FACTOR = 2 * SITE_FACTOR_MAX
 
 
 def kept_fraction(since: float | None, now: float, half_life_s: float) -> float:
@@ -126,26 +129,39 @@ def set_site_factors(cy: Cycle) -> dict[int, int]:
     values = site_factor_values(cy)
     previous = cy.state.site_factors
     in_force: dict[int, int] = {job.job_id: previous[job.job_id] for job in cy.view.pending if job.job_id in previous}
-    for team, head in queue_heads(cy).items():
-        value = values[team]
+    heads = queue_heads(cy)
+    for job in cy.view.pending:  # jobs drained for get the boost, and lose it once they are not drained for any more
+        team = cy.view.cls(job).team
+        boosted = in_force.get(job.job_id) == DRAIN_SITE_FACTOR
+        if team is not None and (job.job_id in cy.draining) != boosted and job not in heads.get(team, ()):
+            heads.setdefault(team, []).append(job)
+    for team, head in heads.items():
         for job in head:
+            value = DRAIN_SITE_FACTOR if job.job_id in cy.draining else values[team]
             prev = previous.get(job.job_id)
-            if prev is not None and abs(value - prev) <= SITE_FACTOR_STEP:
+            if (
+                prev is not None
+                and abs(value - prev) <= SITE_FACTOR_STEP
+                and (prev == DRAIN_SITE_FACTOR) == (value == DRAIN_SITE_FACTOR)
+            ):
                 continue
             in_force[job.job_id] = value
+            why = (
+                f"nodes {cy.draining[job.job_id]} are drained for it: first in Slurm's queue so backfill keeps them"
+                if job.job_id in cy.draining
+                else f"team {team} holds {cy.view.usage[team].held} GPUs (decayed mean {cy.usage.get(team, 0):.0f}) "
+                "against its fair-share entitlement"
+            )
             cy.site_factors.append(
                 SetSiteFactor(
-                    job.job_id,
-                    value,
-                    reason=f"team {team} holds {cy.view.usage[team].held} GPUs (decayed mean "
-                    f"{cy.usage.get(team, 0):.0f}) against its fair-share entitlement; site factor "
-                    f"{prev if prev is not None else 'unset'} → {value}",
+                    job.job_id, value, reason=f"{why}; site factor {prev if prev is not None else 'unset'} → {value}"
                 )
             )
     return in_force
 
 
 __all__ = [
+    "DRAIN_SITE_FACTOR",
     "SITE_FACTOR_MAX",
     "SITE_FACTOR_STEP",
     "decayed_usage",

@@ -21,6 +21,7 @@ from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.capacity import Shape, gpus_on_nodes, job_shape
 from nuro.slurm_plugins.controller.cycle import Cycle
 from nuro.slurm_plugins.controller.decisions import Code, Preempt, Requeue
+from nuro.slurm_plugins.controller.drain import Drain, plan_drain
 from nuro.slurm_plugins.controller.victims import (
     RANK_BORROWED,
     RANK_GUARANTEED,
@@ -104,12 +105,14 @@ def finish_in_flight(cy: Cycle) -> None:
 
 
 def count_ending_soon(cy: Cycle) -> None:
-    """Phase 2b: running jobs Slurm expects to end within ``grace_s`` (start + time limit) count as being freed.
+    """Phase 2b: running jobs Slurm expects to end within ``ending_soon_s`` (start + time limit) count as being freed.
 
-    Preempting such a job cannot give its GPUs back sooner than waiting does (a victim has ``grace_s`` to commit and
-    acknowledge), and it costs the job a restart: a pending job that needs these GPUs waits for them
-    (``WAIT_IN_FLIGHT``) and they are never lent to a borrower meanwhile."""
-    horizon = cy.now + cy.policy.grace_s
+    By default that is ``grace_s + restart_cost_s``: a victim gives its GPUs back only after up to ``grace_s`` and
+    then pays ``restart_cost_s`` of staging, so preempting a job that ends sooner than that saves the claimant at
+    most a restart's time and costs the victim its work since the last checkpoint plus the restart. A pending job
+    that needs these GPUs waits for them (``WAIT_IN_FLIGHT``) and they are never lent to a borrower meanwhile. In the
+    trace replay this rule halved the reclaims of long 1-GPU borrowers (docs/trace-replay.md)."""
+    horizon = cy.now + cy.policy.ending_soon_horizon_s
     for job in cy.view.running:
         if job.job_id in cy.taken or job.phase != JobPhase.RUNNING:
             continue
@@ -203,23 +206,60 @@ def _make_room(cy: Cycle, job: JobInfo, pool: VictimPool, eligible: Eligible, co
                 f"(job {young[0].job_id if young else '?'} for {soonest - now:.0f} s more); no preemption before",
             )
             return False
-        cy.wait(
-            job.job_id,
-            Code.WAIT_NO_VICTIMS,
-            f"needs {_shape(shape)}; idle GPUs, GPUs being freed and the jobs it may preempt cannot free such a block",
-        )
-        return False
+        drain = plan_drain(cy, shape, pool, grown)
+        if drain is None:
+            cy.wait(
+                job.job_id,
+                Code.WAIT_NO_VICTIMS,
+                f"needs {_shape(shape)}; idle GPUs, GPUs being freed and the jobs it may preempt cannot free such a "
+                f"block, and no nodes will be whole within {cy.policy.drain_horizon_s} s",
+            )
+            return False
+        return _drain(cy, job, shape, drain, code, what)
     victims, within = found
-    if victims and cy.claim_open(job.job_id):
-        claimed = cy.state.claims[job.job_id]
-        cy.wait(
-            job.job_id,
-            Code.WAIT_IN_FLIGHT,
-            f"needs {_shape(shape)}; its victims signalled {now - claimed:.0f} s ago are still giving their GPUs back",
-        )
+    if _claim_settling(cy, job, shape, victims):
         return False
     if not victims:
         cy.wait(job.job_id, Code.WAIT_IN_FLIGHT, f"needs {_shape(shape)}; GPUs being freed by earlier preemptions")
+    _signal(cy, job, shape, victims, code, f"{what} {job.job_id} needs {_shape(shape)}")
+    usable = cy.cap.nodes_avail_at_least(shape.gpus_per_node, within)
+    cy.cap.reserve(cy.cap.pick_for(shape, usable), shape.gpus_per_node)
+    return True
+
+
+def _drain(cy: Cycle, job: JobInfo, shape: Shape, drain: Drain, code: Code, what: str) -> bool:
+    """Carry out a drain plan (``drain.py``): preempt the borrowers on the nodes, reserve the nodes for ``job``."""
+    names = ",".join(cy.cap.names[n] for n in drain.nodes)
+    in_s = max(0.0, drain.ready_at - cy.now)
+    cy.draining[job.job_id] = names
+    if _claim_settling(cy, job, shape, list(drain.victims)):
+        cy.cap.reserve(drain.nodes, shape.gpus_per_node)  # their idle GPUs are not lent while the victims go
+        return True
+    if not drain.victims:
+        cy.wait(job.job_id, Code.WAIT_DRAIN, f"needs {_shape(shape)}; nodes {names} are whole in {in_s:.0f} s")
+    _signal(cy, job, shape, list(drain.victims), code,
+            f"{what} {job.job_id} needs {_shape(shape)}, whole nodes that no victim set frees now; draining {names} "
+            f"(whole in {in_s:.0f} s)")  # fmt: skip
+    cy.cap.reserve(drain.nodes, shape.gpus_per_node)
+    return True
+
+
+def _claim_settling(cy: Cycle, job: JobInfo, shape: Shape, victims: list[Candidate]) -> bool:
+    """Whether ``job`` would get new victims while those it got last are still giving their GPUs back."""
+    if not victims or not cy.claim_open(job.job_id):
+        return False
+    claimed = cy.state.claims[job.job_id]
+    cy.wait(
+        job.job_id,
+        Code.WAIT_IN_FLIGHT,
+        f"needs {_shape(shape)}; its victims signalled {cy.now - claimed:.0f} s ago are still giving their GPUs back",
+    )
+    return True
+
+
+def _signal(cy: Cycle, job: JobInfo, shape: Shape, victims: list[Candidate], code: Code, why: str) -> None:
+    """Preempt ``victims`` for ``job``: their GPUs count as being freed, and they are never chosen twice."""
+    now = cy.now
     for v in victims:
         cy.taken.add(v.job_id)
         for n, gpus in v.on_nodes:
@@ -233,13 +273,10 @@ def _make_room(cy: Cycle, job: JobInfo, pool: VictimPool, eligible: Eligible, co
                 v.gpus,
                 round(v.work_lost_gpu_s, 1),
                 job.job_id,
-                reason=f"{what} {job.job_id} needs {_shape(shape)}; {_victim_text(v, now)}",
+                reason=f"{why}; {_victim_text(v, now)}",
                 code=code,
             )
         )
-    usable = cy.cap.nodes_avail_at_least(shape.gpus_per_node, within)
-    cy.cap.reserve(cy.cap.pick_for(shape, usable), shape.gpus_per_node)
-    return True
 
 
 def _find_victims(

@@ -37,6 +37,7 @@ class JobBuilder:
         self._priority = 1000
         self._submit = NOW - 3600 + job_id  # older ids submitted first
         self._start: float | None = None
+        self._end: float | None = None
         self._comment: dict = {}
 
     # who
@@ -87,6 +88,11 @@ class JobBuilder:
         self._start = NOW - started_s_ago
         return self
 
+    def ends_in(self, s: float) -> JobBuilder:
+        """Slurm's expected end (start + time limit), ``s`` seconds from NOW."""
+        self._end = NOW + s
+        return self
+
     def completing(self) -> JobBuilder:
         self._state = "COMPLETING"
         return self
@@ -124,6 +130,7 @@ class JobBuilder:
             comment=jobcomment.canonical(self._comment) if self._comment else "",
             submit_time=_dt(self._submit),
             start_time=_dt(self._start) if running and self._start is not None else None,
+            end_time=_dt(self._end) if running and self._end is not None else None,
         )
 
 

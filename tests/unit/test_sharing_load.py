@@ -1,6 +1,7 @@
 """Sharing under heavy load (issue 13), the pure parts: minimum run time, restart cost, requeue into g-, decayed
-usage, lending hysteresis, jobs ending within the grace, one-leaf gangs, the SiteFactor head, batched apply and the
-parser of scontrol's per-job refusals (from real captured stderr)."""
+usage, lending hysteresis, jobs ending within grace + restart cost (``ending_soon_s``), one-leaf gangs, draining whole
+nodes for a gang, the SiteFactor head, batched apply and the parser of scontrol's per-job refusals (from real
+captured stderr)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from nuro.slurm_plugins.controller.apply import BATCH_MAX, groups
 from nuro.slurm_plugins.controller.borrowing import demand_peaks
 from nuro.slurm_plugins.controller.decisions import Borrow, Code, Preempt, Requeue, Return, SetSiteFactor
 from nuro.slurm_plugins.controller.engine import ControllerState, decide
-from nuro.slurm_plugins.controller.fairshare import decayed_usage
+from nuro.slurm_plugins.controller.fairshare import DRAIN_SITE_FACTOR, decayed_usage
 from tests.unit.test_engine_builders import NOW, a_cluster, a_job, a_policy
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -99,6 +100,36 @@ def test_a_job_ending_within_the_grace_is_waited_for_not_preempted() -> None:
     d = decide(dataclasses.replace(snap, jobs=jobs), POLICY, ControllerState(), NOW)
     assert d.of(Preempt) == ()
     assert {w.job_id: w.code for w in d.waiting}[10] == Code.WAIT_IN_FLIGHT
+
+
+def _ending_in(snap, job_id: int, s: float):  # noqa: ANN001, ANN202 - test helper over the builder's snapshot
+    ends = datetime.fromtimestamp(NOW + s, UTC)
+    return dataclasses.replace(
+        snap, jobs=tuple(dataclasses.replace(j, end_time=ends) if j.job_id == job_id else j for j in snap.jobs)
+    )
+
+
+def test_a_job_ending_before_grace_plus_restart_cost_is_waited_for_and_not_past_it() -> None:
+    # default horizon: grace 60 s + restart cost 120 s. A borrower ending in 150 s is waited for; one ending in 300 s
+    # is not (preempting it frees its GPUs sooner than waiting, by more than a restart's time)
+    snap = (
+        a_cluster()
+        .nodes(4)
+        .jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"))
+        .jobs(a_job(3).team("b").borrowed().running_on("n02"), a_job(4).team("b").borrowed().running_on("n03"))
+        .jobs(a_job(10).pending())
+        .build()
+    )
+    assert POLICY.ending_soon_horizon_s == 180
+    soon = decide(_ending_in(snap, 3, 150), POLICY, ControllerState(), NOW)
+    assert soon.of(Preempt) == ()
+    assert {w.job_id: w.code for w in soon.waiting}[10] == Code.WAIT_IN_FLIGHT
+    later = decide(_ending_in(snap, 3, 300), POLICY, ControllerState(), NOW)
+    assert len(later.of(Preempt)) == 1
+    # an admin who wants reclaim at once sets it to 0: only jobs already past their limit are waited for
+    eager = POLICY.model_copy(update={"ending_soon_s": 0})
+    assert eager.ending_soon_horizon_s == 0
+    assert len(decide(_ending_in(snap, 3, 30), eager, ControllerState(), NOW).of(Preempt)) == 1
 
 
 def test_a_team_holding_its_quota_with_its_own_borrowers_does_not_reclaim() -> None:
@@ -221,3 +252,59 @@ def test_a_claimant_gets_no_second_victim_while_the_first_gives_its_gpus_back() 
     assert d.of(Preempt) == () and {w.job_id: w.code for w in d.waiting}[10] == Code.WAIT_IN_FLIGHT
     later = decide(snap, POLICY, ControllerState(claims={10: NOW - 200}), NOW)
     assert [p.job_id for p in later.of(Preempt)] == [4]
+
+
+# -- draining whole nodes for a gang that no victim set can place (drain.py) ----------------------------------------
+
+DRAIN_POLICY = a_policy(32).team("a", 16).team("b", 16, borrow=16).build()
+
+
+def _mixed_nodes(first_ends_s: float, second_ends_s: float, gone: tuple[int, ...] = ()) -> object:
+    """Four 8-GPU nodes, each half b's guaranteed job (may not be preempted) and half b's borrowed job; team a's
+    2-node gang (job 50) is within its quota but no set of borrowers frees two whole nodes. ``gone``: jobs left out."""
+    ends = {"n01": first_ends_s, "n02": second_ends_s, "n03": 20_000, "n04": 30_000}
+    jobs = [a_job(50).gpus(8, nodes=2).pending()]
+    for i, (node, end) in enumerate(ends.items()):
+        jobs.append(a_job(1 + i).team("b").gpus(4).running_on(node).ends_in(end))
+        jobs.append(a_job(11 + i).team("b").borrowed().gpus(4).running_on(node).ckpt_age_s(60))
+    return a_cluster().nodes(4).jobs(*(j for j in jobs if j.build().job_id not in gone)).build()
+
+
+def test_a_gang_no_victim_set_can_place_gets_the_soonest_whole_nodes_drained() -> None:
+    d = decide(_mixed_nodes(1_000, 2_000), DRAIN_POLICY, ControllerState(), NOW)
+    # the borrowers on n01 and n02 (whole by +2,000 s) are preempted now; n03/n04's borrowers are left running
+    assert sorted(p.job_id for p in d.of(Preempt)) == [11, 12]
+    assert all(p.for_job_id == 50 and "draining n01,n02" in p.reason for p in d.of(Preempt))
+    # the gang heads Slurm's queue so backfill keeps the drained nodes for it
+    (sf,) = [s for s in d.of(SetSiteFactor) if s.job_id == 50]
+    assert sf.value == DRAIN_SITE_FACTOR
+    assert d.next_state.site_factors[50] == DRAIN_SITE_FACTOR
+    # nothing of the drained nodes is lent meanwhile (a borrower of team b is QOS-blocked and would fit 4 GPUs)
+
+
+def test_no_drain_when_the_nodes_are_whole_only_past_the_horizon() -> None:
+    d = decide(_mixed_nodes(5_000, 9_000), DRAIN_POLICY, ControllerState(), NOW)  # horizon: 3,600 s by default
+    assert d.of(Preempt) == ()
+    assert {w.job_id: w.code for w in d.waiting}[50] == Code.WAIT_NO_VICTIMS
+    off = DRAIN_POLICY.model_copy(update={"drain_horizon_s": 0})
+    assert decide(_mixed_nodes(1_000, 2_000), off, ControllerState(), NOW).of(Preempt) == ()
+
+
+def test_a_drained_gang_waits_for_its_nodes_and_loses_its_boost_when_it_no_longer_needs_them() -> None:
+    first = decide(_mixed_nodes(1_000, 2_000), DRAIN_POLICY, ControllerState(), NOW)
+    # a later cycle: the borrowers are gone, the guaranteed jobs still run; the gang waits, nothing more preempted
+    snap = _mixed_nodes(1_000, 2_000, gone=(11, 12))
+    state = dataclasses.replace(first.next_state, preempting={}, claims={})
+    d = decide(snap, DRAIN_POLICY, state, NOW + 120)
+    assert d.of(Preempt) == ()
+    assert {w.job_id: w.code for w in d.waiting}[50] == Code.WAIT_DRAIN
+    assert 50 not in {s.job_id for s in d.of(SetSiteFactor)}  # keeps its boost: nothing to send
+    # the gang is gone from the queue (it started): no boost is left behind for anyone
+    started = _mixed_nodes(1_000, 2_000, gone=(11, 12, 50))
+    after = decide(started, DRAIN_POLICY, d.next_state, NOW + 150).next_state.site_factors
+    assert DRAIN_SITE_FACTOR not in after.values()
+    # still pending but no longer drained for (here: the admin turned draining off): its boost goes back to its team's
+    off = DRAIN_POLICY.model_copy(update={"drain_horizon_s": 0})
+    reset = decide(snap, off, d.next_state, NOW + 150)
+    (sf,) = [s for s in reset.of(SetSiteFactor) if s.job_id == 50]
+    assert sf.value < DRAIN_SITE_FACTOR
