@@ -35,6 +35,7 @@ import shlex
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -91,6 +92,8 @@ from nuro.slurm.parse_text import ONE_FIELD_FORMAT, fixed_fields_format, parse_s
 from nuro.slurm.states import JobPhase
 
 log = logging.getLogger(__name__)
+#: How old a partition list ``read_snapshot`` may reuse (``CliBackend.partitions``), seconds.
+SNAPSHOT_PARTITIONS_MAX_AGE_S = 30.0
 
 
 class Backend(abc.ABC):
@@ -315,6 +318,7 @@ class CliBackend(Backend):
         self._version: SlurmVersion | None = None
         self._squeue_json: bool = True
         self._calls = 0
+        self._partitions: tuple[float, list[PartitionInfo]] | None = None  # (read at, monotonic), scontrol's answer
 
     # -- running -------------------------------------------------------------------------------------------
     def _resolve(self, argv: Sequence[str]) -> list[str]:
@@ -494,11 +498,16 @@ class CliBackend(Backend):
         nodes, _ = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
         return attach_switches(nodes, self.topology())
 
-    def partitions(self, nodes: list[NodeInfo]) -> list[PartitionInfo]:
+    def partitions(self, nodes: list[NodeInfo], max_age_s: float = 0.0) -> list[PartitionInfo]:
         """``scontrol show -o partition``; if that fails (other than an unreachable controller), the partitions
-        seen through the nodes' memberships (state "UNKNOWN", no default flag)."""
+        seen through the nodes' memberships (state "UNKNOWN", no default flag). ``max_age_s``: an answer read
+        that recently is returned without a call (partitions are admin configuration: they change rarely)."""
+        if self._partitions is not None and time.monotonic() - self._partitions[0] <= max_age_s:
+            return list(self._partitions[1])
         try:
-            return parse_scontrol_partitions(self.run(["scontrol", "show", "-o", "partition"]).stdout)
+            parts = parse_scontrol_partitions(self.run(["scontrol", "show", "-o", "partition"]).stdout)
+            self._partitions = (time.monotonic(), parts)
+            return parts
         except (SlurmUnavailable, SlurmTimeout):
             raise
         except SlurmError as exc:
@@ -506,15 +515,21 @@ class CliBackend(Backend):
             return partitions_from_nodes(nodes)
 
     def read_snapshot(self) -> ClusterSnapshot:
-        """``squeue --json`` + ``sinfo --json`` + ``scontrol show -o partition`` (+ topology the first time).
+        """``squeue --json`` and ``sinfo --json`` side by side, + ``scontrol show -o partition`` at most every
+        ``SNAPSHOT_PARTITIONS_MAX_AGE_S`` (+ topology the first time).
 
-        The partition call exists because 22.05's ``sinfo --json`` prints nodes only, no partitions.
+        Side by side because each waits mostly on slurmctld's answer, not on this host's CPU: a burst of submissions
+        that makes each RPC slow then costs the cycle the slower of the two, not their sum. The partition call exists
+        because 22.05's ``sinfo --json`` prints nodes only, no partitions; nothing the controller decides depends on
+        partition state, so a recent answer is reused.
         """
         taken_at = datetime.now(UTC)
         start = time.monotonic()
-        jobs = self.jobs()
-        nodes, _ = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
-        partitions = self.partitions(nodes)
+        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot") as pool:
+            sinfo = pool.submit(self.run, ["sinfo", "--json"])
+            jobs = self.jobs()
+            nodes, _ = parse_sinfo_json(sinfo.result().stdout)
+        partitions = self.partitions(nodes, max_age_s=SNAPSHOT_PARTITIONS_MAX_AGE_S)
         nodes = attach_switches(nodes, self.topology())
         log.debug(
             "snapshot jobs=%d nodes=%d partitions=%d duration_s=%.3f",

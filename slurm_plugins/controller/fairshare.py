@@ -96,22 +96,33 @@ def site_factor_values(cy: Cycle) -> dict[str, int]:
     return out
 
 
+def opening_gpus(cy: Cycle) -> int:
+    """GPUs a pending job could get before the next cycle: idle now, or held by jobs being freed (victims in flight
+    or chosen this cycle, jobs ending within ``ending_soon_s``)."""
+    idle = sum(n.gpus_free for n in cy.snapshot.nodes if n.is_schedulable)
+    freeing = sum(job_gpus(j) for j in cy.view.running if j.job_id in cy.taken)
+    return idle + freeing
+
+
 def queue_heads(cy: Cycle) -> dict[str, list]:
     """Each team's pending jobs that Slurm may start next: in its queue order (priority, submit time, job id), as
-    many as add up to what the team may still add (quota + borrow limit − GPUs it holds), at least one. Only these get a
-    SiteFactor: the value is the same for every job of a team, so it orders teams, never a team's own jobs, and a
-    job deeper in its team's queue cannot start before the head of that queue anyway. This is what keeps the first
-    cycle after a start (or a burst of thousands of submissions) to a few hundred updates."""
+    many as add up to what the team may still add (quota + borrow limit − GPUs it holds) and to the GPUs that open up
+    before the next cycle (``opening_gpus``), at least one. Only these get a SiteFactor: the value is the same for every
+    job of a team, so it orders teams, never a team's own jobs, and a job deeper in its team's queue cannot start
+    before the head of that queue anyway; a job that cannot start before the next cycle gets its value then, if it
+    is still at the head. This is what keeps the first cycle after a start (or a burst of thousands of submissions)
+    to a few updates on a busy cluster."""
     queues: dict[str, list] = {}
     for job in cy.view.pending:
         team = cy.view.cls(job).team
         if team is not None:
             queues.setdefault(team, []).append(job)
     heads = {}
+    opening = opening_gpus(cy)
     for team, jobs in queues.items():
         jobs.sort(key=lambda j: (-j.priority, timestamp(j.submit_time), j.job_id))
         t = cy.index.teams[team]
-        room, taken = t.quota_gpus + t.borrow_limit_gpus - cy.view.usage[team].held, 0
+        room, taken = min(opening, t.quota_gpus + t.borrow_limit_gpus - cy.view.usage[team].held), 0
         head = []
         for job in jobs:
             if head and taken + job_gpus(job) > room:

@@ -202,6 +202,20 @@ def test_only_the_head_of_a_teams_queue_gets_a_site_factor() -> None:
     assert [s.job_id for s in d.of(SetSiteFactor)] == [10, 11, 12]
 
 
+def test_on_a_full_cluster_only_what_can_start_before_the_next_cycle_gets_a_site_factor() -> None:
+    # 3 of 4 nodes busy with b's jobs, one ending within the horizon: 8 idle + 8 ending = two of a's 8-GPU jobs
+    policy = a_policy(32).team("a", 16, borrow=16).team("b", 16).build()
+    busy = [a_job(1).team("b").running_on("n01").ends_in(100), a_job(2).team("b").running_on("n02")]
+    busy.append(a_job(3).team("b").running_on("n03"))
+    snap = a_cluster().nodes(4).jobs(*busy, *(a_job(10 + i).pending() for i in range(20))).build()
+    assert [s.job_id for s in decide(snap, policy, ControllerState(), NOW).of(SetSiteFactor)] == [10, 11]
+    # nothing opens up at all: still the first job of the queue, so the team's order is in Slurm when GPUs free
+    full = a_cluster().nodes(4).jobs(*busy, a_job(4).team("b").running_on("n04"))
+    snap = full.jobs(*(a_job(10 + i).pending() for i in range(20))).build()
+    snap = _ending_in(snap, 1, 10_000)
+    assert [s.job_id for s in decide(snap, policy, ControllerState(), NOW).of(SetSiteFactor)] == [10]
+
+
 def test_apply_budget_sizes_batches_to_what_is_left_and_never_defers_requeues_or_signals() -> None:
     from nuro.slurm_plugins.controller.apply import ApplyBudget
 

@@ -115,10 +115,14 @@ def test_snapshot_from_real_outputs(fake: FakeSlurm, caplog: pytest.LogCaptureFi
     assert snap.node("gpu008").is_drained and snap.node("nope") is None
     assert snap.partition("gpu").default and snap.partition("gpu").state == "UP"
     assert snap.gpus_total == 64 and snap.taken_at.tzinfo is not None and snap.source == "cli"
-    # topology is read once per backend; squeue/sinfo/partitions once per snapshot; argv are lists, no shell
+    # topology is read once per backend; squeue/sinfo once per snapshot, partitions at most every 30 s (admin
+    # configuration); argv are lists, no shell
     argvs = fake.argvs()
     assert argvs.count(["scontrol", "show", "topology"]) == 1
     assert argvs.count(["squeue", "--json"]) == 2 and argvs.count(["sinfo", "--json"]) == 2
+    assert argvs.count(["scontrol", "show", "-o", "partition"]) == 1
+    assert backend.partitions([], max_age_s=0.0) == list(snap.partitions)  # an explicit read always asks again
+    assert fake.argvs().count(["scontrol", "show", "-o", "partition"]) == 2
     assert all(c["slurm_conf"] == str(fake.conf) for c in fake.calls())
     assert any("argv=" in r.getMessage() and "squeue --json" in r.getMessage() for r in caplog.records)
     backend.refresh_topology()
