@@ -19,6 +19,7 @@ the longest cycle's apply time. The target: every cycle ≤ 1 s of Slurm calls d
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -26,6 +27,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 import yaml
@@ -34,13 +36,17 @@ from bench.common import REPO, cluster, save
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.policy import parse_policy
 from nuro.slurm import CliBackend
+from nuro.slurm.models import ClusterSnapshot
+from nuro.slurm.parse import attach_switches, parse_sinfo_json
 from nuro.slurm_plugins.controller import apply as apply_mod
 from nuro.slurm_plugins.controller import daemon
 from nuro.slurm_plugins.controller.daemon import Controller
 
 USERS = {"alice": "perception", "priya": "prediction", "chen": "controls"}
-#: budget: the daemon as shipped (batched, 1 s apply budget); batched: no budget; per_decision: one command each
-VARIANTS = ("budget", "batched", "per_decision")
+#: budget: the daemon as shipped (batched, 1 s apply budget, squeue and sinfo side by side, partitions reused);
+#: serial_snapshot: the same with the snapshot's three reads one after the other, every cycle (before this change);
+#: batched: no budget; per_decision: one command each
+VARIANTS = ("budget", "serial_snapshot", "batched", "per_decision")
 
 
 def _submit(env: dict[str, str], user: str, i: int) -> bool:
@@ -58,6 +64,18 @@ class Counting(CliBackend):
     """The CLI backend, counting the Slurm commands the controller's actions run."""
 
     commands = 0
+    serial_snapshot = False
+
+    def read_snapshot(self) -> ClusterSnapshot:
+        if not self.serial_snapshot:
+            return super().read_snapshot()
+        taken_at = datetime.now(UTC)  # the reads as they were: one after the other, partitions every cycle
+        jobs = self.jobs()
+        nodes, _ = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
+        partitions = self.partitions(nodes)
+        nodes = attach_switches(nodes, self.topology())
+        return ClusterSnapshot(nodes=tuple(nodes), jobs=tuple(jobs), partitions=tuple(partitions), taken_at=taken_at,
+                               source=self.name)  # fmt: skip
 
     def apply(self, action):  # type: ignore[no-untyped-def]
         Counting.commands += 1
@@ -66,7 +84,8 @@ class Counting(CliBackend):
 
 def one_round(env: dict[str, str], policy_raw: dict, jobs: int, variant: str, seconds: float) -> dict:
     backend = Counting(env=env, timeout_s=60)
-    budget = 1.0 if variant == "budget" else None
+    backend.serial_snapshot = variant == "serial_snapshot"
+    budget = 1.0 if variant in ("budget", "serial_snapshot") else None
     controller = Controller(backend, parse_policy(policy_raw), apply_budget_s=budget)
     batched = variant != "per_decision"
     reports = []
@@ -106,6 +125,9 @@ def one_round(env: dict[str, str], policy_raw: dict, jobs: int, variant: str, se
         "cycle_max_s": round(max(total), 3),
         "cycle_median_s": round(statistics.median(total), 3),
         "cycle_p90_s": round(sorted(total)[int(0.9 * (len(total) - 1))], 3),
+        "cycles_over_1s": sum(1 for t in total if t > 1.0),
+        "snapshot_max_s": round(max(r.snapshot_s for r in reports), 3),
+        "snapshot_median_s": round(statistics.median(r.snapshot_s for r in reports), 3),
         "worst_cycle": {
             "snapshot_s": round(reports[worst].snapshot_s, 3),
             "decide_s": round(reports[worst].decide_s, 3),
@@ -125,7 +147,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="rounds per variant, alternating [2]")
     ap.add_argument("--seconds", type=float, default=40.0, help="cycles per round after the burst starts [40]")
     ap.add_argument("--port-base", type=int, default=28800)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}")
     args = ap.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    if not variants or any(v not in VARIANTS for v in variants):
+        raise SystemExit(f"--variants: choose from {', '.join(VARIANTS)}")
     ensure_unix_users(POLICY_USERS)
     with cluster(8, args.port_base, "cycleburst") as (layout, env, _up):
         policy_raw = yaml.safe_load((REPO / "examples" / "policy" / "teams.yaml").read_text())
@@ -134,9 +160,9 @@ def main() -> None:
         admin = Path(sys.executable).parent / "nuro-admin"
         subprocess.run([str(admin), "policy", "apply", str(path)], env={**os.environ, **env}, check=True,
                        capture_output=True)  # fmt: skip
-        results: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+        results: dict[str, list[dict]] = {v: [] for v in variants}
         for _ in range(args.rounds):
-            for name in VARIANTS:
+            for name in variants:
                 r = one_round(env, policy_raw, args.jobs, name, args.seconds)
                 results[name].append(r)
                 print(name, r, flush=True)
@@ -150,17 +176,23 @@ def main() -> None:
                 "decisions_per_round": round(statistics.mean(r["decisions"] for r in rs), 1),
                 "deferred_per_round": round(statistics.mean(r["deferred"] for r in rs), 1),
                 "cycle_p90_max_s": max(r["cycle_p90_s"] for r in rs),
+                "cycles_over_1s_per_round": round(statistics.mean(r["cycles_over_1s"] for r in rs), 1),
+                "cycles_per_round": round(statistics.mean(r["cycles"] for r in rs), 1),
+                "snapshot_max_s": max(r["snapshot_max_s"] for r in rs),
+                "snapshot_median_s": round(statistics.median(r["snapshot_median_s"] for r in rs), 3),
             }
             for name, rs in results.items()
         }
-        b, p = summary["budget"], summary["per_decision"]
+        b, p = summary.get("budget"), summary.get("per_decision")
+        ratios = {} if b is None or p is None else {
+            "cycle_max": round(p["cycle_max_s"] / b["cycle_max_s"], 2),
+            "slurm_commands": round(p["slurm_commands_per_round"] / max(1, b["slurm_commands_per_round"]), 2),
+        }  # fmt: skip
+        print(json.dumps(summary, indent=1))
         save("cycle_burst", {
             "jobs": args.jobs, "users": list(USERS), "rounds": args.rounds, "rounds_detail": results,
             "summary": summary,
-            "ratios_per_decision_over_batched": {
-                "cycle_max": round(p["cycle_max_s"] / b["cycle_max_s"], 2),
-                "slurm_commands": round(p["slurm_commands_per_round"] / max(1, b["slurm_commands_per_round"]), 2),
-            },
+            "ratios_per_decision_over_batched": ratios,
             "apply_module": apply_mod.__name__,
         })  # fmt: skip
 

@@ -6,7 +6,6 @@ captured stderr)."""
 from __future__ import annotations
 
 import dataclasses
-from datetime import UTC, datetime
 from pathlib import Path
 
 from nuro.policy.classify import TeamUsage
@@ -86,50 +85,31 @@ def test_restart_cost_makes_the_smaller_victim_cheaper() -> None:
     assert [p.job_id for p in decide(snap, policy, ControllerState(), NOW).of(Preempt)] == [4]
 
 
-def test_a_job_ending_within_the_grace_is_waited_for_not_preempted() -> None:
-    snap = (
+def _two_borrowers(job3_ends_in_s: float) -> object:
+    """Team a's job 10 is within its quota; b's borrowers 3 and 4 hold the GPUs it needs; job 3 ends when given."""
+    return (
         a_cluster()
         .nodes(4)
         .jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"))
-        .jobs(a_job(3).team("b").borrowed().running_on("n02"), a_job(4).team("b").borrowed().running_on("n03"))
-        .jobs(a_job(10).pending())
+        .jobs(a_job(3).team("b").borrowed().running_on("n02").ends_in(job3_ends_in_s))
+        .jobs(a_job(4).team("b").borrowed().running_on("n03"), a_job(10).pending())
         .build()
-    )
-    ends = datetime.fromtimestamp(NOW + 30, UTC)
-    jobs = tuple(dataclasses.replace(j, end_time=ends) if j.job_id == 3 else j for j in snap.jobs)
-    d = decide(dataclasses.replace(snap, jobs=jobs), POLICY, ControllerState(), NOW)
-    assert d.of(Preempt) == ()
-    assert {w.job_id: w.code for w in d.waiting}[10] == Code.WAIT_IN_FLIGHT
-
-
-def _ending_in(snap, job_id: int, s: float):  # noqa: ANN001, ANN202 - test helper over the builder's snapshot
-    ends = datetime.fromtimestamp(NOW + s, UTC)
-    return dataclasses.replace(
-        snap, jobs=tuple(dataclasses.replace(j, end_time=ends) if j.job_id == job_id else j for j in snap.jobs)
     )
 
 
 def test_a_job_ending_before_grace_plus_restart_cost_is_waited_for_and_not_past_it() -> None:
-    # default horizon: grace 60 s + restart cost 120 s. A borrower ending in 150 s is waited for; one ending in 300 s
-    # is not (preempting it frees its GPUs sooner than waiting, by more than a restart's time)
-    snap = (
-        a_cluster()
-        .nodes(4)
-        .jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"))
-        .jobs(a_job(3).team("b").borrowed().running_on("n02"), a_job(4).team("b").borrowed().running_on("n03"))
-        .jobs(a_job(10).pending())
-        .build()
-    )
+    # default horizon: grace 60 s + restart cost 120 s. A borrower ending in 30 s or 150 s is waited for; one ending in
+    # 300 s is not (preempting it frees its GPUs sooner than waiting, by more than a restart's time)
     assert POLICY.ending_soon_horizon_s == 180
-    soon = decide(_ending_in(snap, 3, 150), POLICY, ControllerState(), NOW)
-    assert soon.of(Preempt) == ()
-    assert {w.job_id: w.code for w in soon.waiting}[10] == Code.WAIT_IN_FLIGHT
-    later = decide(_ending_in(snap, 3, 300), POLICY, ControllerState(), NOW)
-    assert len(later.of(Preempt)) == 1
+    for ends_in in (30, 150):
+        soon = decide(_two_borrowers(ends_in), POLICY, ControllerState(), NOW)
+        assert soon.of(Preempt) == ()
+        assert {w.job_id: w.code for w in soon.waiting}[10] == Code.WAIT_IN_FLIGHT
+    assert len(decide(_two_borrowers(300), POLICY, ControllerState(), NOW).of(Preempt)) == 1
     # an admin who wants reclaim at once sets it to 0: only jobs already past their limit are waited for
     eager = POLICY.model_copy(update={"ending_soon_s": 0})
     assert eager.ending_soon_horizon_s == 0
-    assert len(decide(_ending_in(snap, 3, 30), eager, ControllerState(), NOW).of(Preempt)) == 1
+    assert len(decide(_two_borrowers(30), eager, ControllerState(), NOW).of(Preempt)) == 1
 
 
 def test_a_team_holding_its_quota_with_its_own_borrowers_does_not_reclaim() -> None:
@@ -210,9 +190,9 @@ def test_on_a_full_cluster_only_what_can_start_before_the_next_cycle_gets_a_site
     snap = a_cluster().nodes(4).jobs(*busy, *(a_job(10 + i).pending() for i in range(20))).build()
     assert [s.job_id for s in decide(snap, policy, ControllerState(), NOW).of(SetSiteFactor)] == [10, 11]
     # nothing opens up at all: still the first job of the queue, so the team's order is in Slurm when GPUs free
+    busy[0] = a_job(1).team("b").running_on("n01").ends_in(10_000)
     full = a_cluster().nodes(4).jobs(*busy, a_job(4).team("b").running_on("n04"))
     snap = full.jobs(*(a_job(10 + i).pending() for i in range(20))).build()
-    snap = _ending_in(snap, 1, 10_000)
     assert [s.job_id for s in decide(snap, policy, ControllerState(), NOW).of(SetSiteFactor)] == [10]
 
 
