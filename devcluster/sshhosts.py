@@ -317,6 +317,7 @@ class SSHHosts:
         hdir.mkdir(mode=0o700, exist_ok=True)
         _keygen(hdir / "ssh_host_ed25519_key", name)
         (hdir / "authorized_keys").write_text(_pub(self.client_key) + "\n")
+        (hdir / "home").mkdir(mode=0o700, exist_ok=True)
         (hdir / "sshd_config").write_text(self._sshd_config(st))
         with self.known_hosts.open("a") as f:
             f.write(f"{st.host.address} {_pub(hdir / 'ssh_host_ed25519_key')}\n")
@@ -325,6 +326,9 @@ class SSHHosts:
         hdir = self._host_dir(st.host.name)
         # StrictModes no: the state dir usually sits under /tmp (mode 1777), which sshd's path check refuses.
         # UsePAM no: no PAM stack is configured for these throwaway servers; key auth only.
+        # SetEnv HOME: each host has its own (empty) root home, as a separate machine would. sshd runs every command
+        # through root's login shell, and bash started by sshd sources ~/.bashrc: with the real /root that is this
+        # machine's own (a pyenv init there cost ~0.14 s CPU per command, ~30 % of an Ansible module's round trip).
         return (
             f"ListenAddress {st.host.address}:{st.host.port}\n"
             f"HostKey {hdir / 'ssh_host_ed25519_key'}\n"
@@ -341,6 +345,7 @@ class SSHHosts:
             "MaxSessions 64\n"
             "LogLevel INFO\n"
             "Subsystem sftp internal-sftp\n"
+            f"SetEnv HOME={hdir / 'home'}\n"
         )
 
     def _start_sshd(self, st: _HostState) -> None:
