@@ -23,11 +23,13 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 import yaml
@@ -51,6 +53,17 @@ RECAP = re.compile(r"^(\S+)\s+: ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+f
 
 
 @dataclass
+class Run:
+    """An ansible-playbook started in the background (``Deploy.start``); ``Deploy.finish`` waits for it."""
+
+    proc: subprocess.Popen
+    out: TextIO  # the run's stdout and stderr
+    label: str
+    t0: float
+    args: tuple[str, ...]
+
+
+@dataclass
 class Deploy:
     """One test deployment: inventory, per-host roots and a way to run the playbook."""
 
@@ -59,6 +72,8 @@ class Deploy:
     cluster: LiveCluster
     timings: dict[str, float] = field(default_factory=dict)
     converged: bool = False
+    # A run one test starts for a later test to judge, with what that test compares against (see CHECK_DIFF).
+    started: dict[str, tuple[Run, str]] = field(default_factory=dict)
 
     def host_root(self, host: str) -> Path:
         return self.root / "roots" / host
@@ -69,8 +84,8 @@ class Deploy:
             self.play(label="converge")
             self.converged = True
 
-    def play(self, *extra: str, check: bool = True, label: str = "", limit: str = LIMIT) -> subprocess.CompletedProcess:
-        """ansible-playbook site.yml with this inventory; returns the process (stdout holds the recap)."""
+    def start(self, *extra: str, label: str = "", limit: str = LIMIT) -> Run:
+        """Start ansible-playbook site.yml with this inventory, without waiting (stdout goes to a file)."""
         env = {
             **os.environ,
             "ANSIBLE_CONFIG": str(ANSIBLE_DIR / "ansible.cfg"),
@@ -80,14 +95,31 @@ class Deploy:
             "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         }
         argv = [str(VENV_BIN / "ansible-playbook"), "-i", str(self.inventory), "site.yml", "--limit", limit, *extra]
-        t0 = time.monotonic()
-        proc = subprocess.run(argv, cwd=ANSIBLE_DIR, env=env, capture_output=True, text=True, timeout=300)
-        if label:
-            self.timings[label] = time.monotonic() - t0
+        out = (self.root / f"play-{label or 'run'}-{time.monotonic_ns()}.log").open("w+")
+        proc = subprocess.Popen(argv, cwd=ANSIBLE_DIR, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        return Run(proc=proc, out=out, label=label, t0=time.monotonic(), args=extra)
+
+    def finish(self, run: Run, check: bool = True) -> subprocess.CompletedProcess:
+        """Wait for a started run; returns the process (stdout holds the recap)."""
+        try:
+            run.proc.wait(timeout=max(1.0, 300 - (time.monotonic() - run.t0)))
+        except subprocess.TimeoutExpired:
+            run.proc.kill()
+            run.proc.wait()
+            raise
+        if run.label:
+            self.timings[run.label] = time.monotonic() - run.t0
+        run.out.seek(0)
+        stdout = run.out.read()
+        run.out.close()
+        proc = subprocess.CompletedProcess(run.proc.args, run.proc.returncode, stdout, "")
         if check and proc.returncode != 0:
-            tail = proc.stdout[-6000:]
-            raise AssertionError(f"ansible-playbook {' '.join(extra)} failed ({proc.returncode}):\n{tail}")
+            raise AssertionError(f"ansible-playbook {' '.join(run.args)} failed ({proc.returncode}):\n{stdout[-6000:]}")
         return proc
+
+    def play(self, *extra: str, check: bool = True, label: str = "", limit: str = LIMIT) -> subprocess.CompletedProcess:
+        """ansible-playbook site.yml with this inventory; returns the process (stdout holds the recap)."""
+        return self.finish(self.start(*extra, label=label, limit=limit), check=check)
 
 
 def recap(proc: subprocess.CompletedProcess) -> dict[str, dict[str, int]]:
@@ -151,9 +183,28 @@ def deploy(cluster: LiveCluster, ssh_hosts: SSHHosts, tmp_path_factory: pytest.T
     root = tmp_path_factory.mktemp("ansible")
     d = Deploy(root=root, inventory=_test_inventory(root, ssh_hosts, cluster), cluster=cluster)
     yield d
+    for run, _ in d.started.values():  # started for a test that did not run (-k)
+        run.proc.kill()
+        d.finish(run, check=False)
     for node in ROLLED:  # leave the shared cluster as we found it
         cluster.run(["scontrol", "update", f"nodename={node}", "state=resume"], check=False)
     print(f"\nansible timings (s): {', '.join(f'{k}={v:.1f}' for k, v in d.timings.items())}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def lint() -> Iterator[Run]:
+    """ansible-lint, started when the module starts and judged by its own test at the end: it needs no cluster and
+    is pure CPU, so it runs beside the first play (which mostly waits on one host at a time) instead of after it."""
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            [str(VENV_BIN / "ansible-lint"), "--offline", "--profile", "production", "--nocolor"],
+            cwd=ANSIBLE_DIR, stdout=out, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
+        )  # fmt: skip
+        yield Run(proc=proc, out=out, label="lint", t0=time.monotonic(), args=())
+        if proc.poll() is None:  # its test was deselected
+            proc.kill()
+        proc.wait()
 
 
 class NodeWatch:
@@ -223,15 +274,6 @@ def _job(cluster: LiveCluster, job_id: int) -> tuple[str, int]:
 # ---- tests ---------------------------------------------------------------------------------------------------
 
 
-def test_ansible_lint_production_profile_is_clean() -> None:
-    proc = subprocess.run(
-        [str(VENV_BIN / "ansible-lint"), "--offline", "--profile", "production", "--nocolor"],
-        cwd=ANSIBLE_DIR, capture_output=True, text=True, timeout=180,
-        env={**os.environ, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}"},
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-
-
 def test_first_run_rolls_out_in_batches_and_spares_other_jobs(deploy: Deploy) -> None:
     """A fresh deployment is already a rolling update: no node has a rollout digest, so every node is drained
     (BATCH at a time), configured, health-checked and resumed, while a job on a node outside the play keeps running."""
@@ -256,8 +298,21 @@ def test_first_run_rolls_out_in_batches_and_spares_other_jobs(deploy: Deploy) ->
         deploy.cluster.run(["scancel", str(job_id)], check=False)
 
 
+# The check-mode run of test_check_diff_shows_the_change_and_changes_nothing: a changed setting on the last node.
+CHECK_DIFF = ("--check", "--diff", "-e", "nuro_staging_min_free_gb=2")
+
+
+def _start_check_diff(deploy: Deploy) -> tuple[Run, str]:
+    """Start the check-diff run; returns it with the node env file's text before it."""
+    before = (deploy.host_root(ROLLED[-1]) / "etc" / "nuro" / "nodeagent.env").read_text()
+    return deploy.start(*CHECK_DIFF, label="check_diff", limit=ROLLED[-1]), before
+
+
 def test_second_run_changes_nothing(deploy: Deploy) -> None:
     deploy.ensure_converged()
+    # The next test's check-mode run starts now and runs beside this one: neither may change anything, and each
+    # play mostly waits on one host at a time, so on 2 cores the two take little longer than one.
+    deploy.started["check_diff"] = _start_check_diff(deploy)
     # Both compute nodes in one batch: nothing drains when nothing changes, so they converge side by side.
     second = recap(deploy.play("-e", "nuro_rollout_batch=2", label="second_run"))
     assert set(second) == {"ctl", *ROLLED}
@@ -318,8 +373,8 @@ def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> No
 def test_check_diff_shows_the_change_and_changes_nothing(deploy: Deploy) -> None:
     deploy.ensure_converged()
     env_file = deploy.host_root(ROLLED[-1]) / "etc" / "nuro" / "nodeagent.env"
-    before = env_file.read_text()
-    proc = deploy.play("--check", "--diff", "-e", "nuro_staging_min_free_gb=2", label="check_diff", limit=ROLLED[-1])
+    run, before = deploy.started.pop("check_diff", None) or _start_check_diff(deploy)  # started by the second run
+    proc = deploy.finish(run)
     assert "-NURO_STAGING_MIN_FREE_GB=1" in proc.stdout and "+NURO_STAGING_MIN_FREE_GB=2" in proc.stdout
     assert recap(proc)[ROLLED[-1]]["changed"] > 0
     assert env_file.read_text() == before
@@ -343,3 +398,10 @@ def test_failing_health_check_stops_the_rollout_with_the_node_drained(deploy: De
     # Fixing the cause and re-running resumes them (their digest still differs and the drain is ours).
     deploy.play("-e", "nuro_release=rollout-bad", label="recovery", limit=",".join(ROLLED[:BATCH]))
     assert all("drain" not in _node_state(deploy.cluster, n)[0] for n in ROLLED)
+
+
+def test_ansible_lint_production_profile_is_clean(lint: Run) -> None:
+    """Last in the module: ansible-lint has run in the background since the module started (the ``lint`` fixture)."""
+    lint.proc.wait(timeout=180)
+    lint.out.seek(0)
+    assert lint.proc.returncode == 0, lint.out.read()[-6000:]
