@@ -201,12 +201,19 @@ def gain_captured(row: dict) -> float:
     return (row["nuro"]["utilisation"] - base) / room if room > 1e-3 else 1.0
 
 
+def gang_wait(m: dict) -> str:
+    """Mean queue wait of multi-node jobs in hours, and how many never started (their wait is then a lower bound)."""
+    w = m["queue_wait"].get("gangs")
+    return "-" if w is None else f"{w['mean_s'] / 3600:.1f} ({w['censored']})"
+
+
 def load_table(rows: list[dict]) -> str:
     """The issue-13 table: one line per (policy, seed), then each policy's targets, met or not."""
     head = (
         f"{'policy':<10} {'seed':>4} {'jobs':>5} {'util b → n':>11} {'util n/b':>8} {'bound':>6} {'gain %':>6} "
         f"{'Jain base → nuro':>17} {'preempt':>7} "
-        f"{'/1000':>6} {'max/job':>7} {'< min run':>9} {'lost+restart GPU-h':>19} {'% deliv':>7} {'viol':>5}"
+        f"{'/1000':>6} {'max/job':>7} {'< min run':>9} {'lost+restart GPU-h':>19} {'% deliv':>7} {'viol':>5} "
+        f"{'gang wait h b → n':>17}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -219,7 +226,7 @@ def load_table(rows: list[dict]) -> str:
             f"{n['preemptions_per_1000_jobs']:>6.1f} "
             f"{n['most_preemptions_of_one_job']:>7} {n['requeued_within_min_run']:>9} "
             f"{n['gpu_h_lost_to_preemption']:>9.2f} + {n['gpu_h_restart_staging']:<7.2f} "
-            f"{n['lost_pct_of_delivered']:>7.3f} {viol:>5}"
+            f"{n['lost_pct_of_delivered']:>7.3f} {viol:>5} {gang_wait(b):>8} → {gang_wait(n):<8}"
         )
     lines.append("")
     for name in dict.fromkeys(r["policy"] for r in rows):

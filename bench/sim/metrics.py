@@ -9,9 +9,9 @@ pods); counts of decisions and preemptions are over the whole replay.
 |---|---|
 | offered load | GPU·s the jobs submitted in the window ask for, each cut at the horizon / (cluster GPUs × window) |
 | utilisation | GPU·s allocated / (cluster GPUs × window) |
-| idle while waiting | per Jain window: min(idle GPUs, GPUs of pending jobs), summed / (cluster GPUs × window): capacity
-  that sat idle while work waited (QOS limits, lending limits, placement). Baseline utilisation + this is the most a
-  work-conserving scheduler could have used of the same load (an estimate: hourly means, whatever the job shapes) |
+| idle while waiting | per 5-minute bin: min(idle GPUs, GPUs of pending jobs), summed / (cluster GPUs × window):
+  capacity that sat idle while work waited (QOS limits, lending limits, placement). Baseline utilisation + this is an
+  upper estimate of what a work-conserving scheduler could have used of the same load (whatever the job shapes) |
 | alloc-idle % | allocated GPU·s in which the job did not train (restart staging, checkpoint-and-wait after a preemption
   signal) / allocated GPU·s |
 | fractional rounding % | allocated GPU·s the trace pods did not ask for (a pod with ``gpu_milli`` 460 holds a whole
@@ -100,6 +100,27 @@ def wait_stats(waits: Sequence[float], censored: int) -> dict:
     }
 
 
+#: Bin width of "idle while waiting": short enough that an idle spell and a queue in the same hour are not paired.
+IDLE_BIN_S = 300.0
+
+
+def _idle_while_waiting(log: ReplayLog, t0: float, t1: float) -> float:
+    """GPU·s that sat idle while jobs waited: per ``IDLE_BIN_S`` bin, the smaller of the idle GPUs and the GPUs of
+    pending jobs (whatever their shape or QOS: an upper estimate of what a work-conserving scheduler could add)."""
+    n = max(1, math.ceil((t1 - t0) / IDLE_BIN_S))
+    held, wanted = [0.0] * n, [0.0] * n
+    for r in log.runs:
+        _spread(held, max(r.start_s, t0), min(r.end_s, t1), t0, IDLE_BIN_S, r.gpus)
+    for p in log.pends:
+        _spread(wanted, max(p.since_s, t0), min(p.until_s, t1), t0, IDLE_BIN_S, p.gpus)
+    total = 0.0
+    for b in range(n):
+        width = min(IDLE_BIN_S, t1 - (t0 + b * IDLE_BIN_S))
+        if width > 0:
+            total += max(0.0, min(log.capacity * width - held[b], wanted[b]))
+    return total
+
+
 def compute(
     log: ReplayLog,
     quotas: Mapping[str, int],
@@ -147,25 +168,23 @@ def compute(
     for p in log.pends:
         _spread(bin_demand[p.team], max(p.since_s, t0), min(p.until_s, t1), t0, window_s, p.gpus)
     jains = []
-    idle_waiting = 0.0  # GPU·s idle while jobs waited (per bin: the smaller of idle GPUs and waiting GPUs)
     for b in range(n_bins):
         width = min(window_s, t1 - (t0 + b * window_s))
         if width <= 0:
             continue
-        held, wanted = sum(bin_alloc[t][b] for t in teams), sum(bin_demand[t][b] for t in teams)
-        idle_waiting += max(0.0, min(log.capacity * width - held, wanted - held))
         demand = {t: bin_demand[t][b] / width for t in teams}
         fair = water_fill(log.capacity, demand, quotas)
         xs = [bin_alloc[t][b] / width / fair[t] for t in teams if fair[t] > 1e-9]
         if xs:
             jains.append(jain(xs))
-    waits: dict[str, list[float]] = {t: [] for t in [*teams, "urgent", "all"]}
+    idle_waiting = _idle_while_waiting(log, t0, t1)
+    waits: dict[str, list[float]] = {t: [] for t in [*teams, "urgent", "all", "gangs"]}
     censored: dict[str, int] = {k: 0 for k in waits}
     for job in log.jobs:
         s = job.spec
         if not t0 <= s.submit_s <= t1:
             continue
-        keys = [s.team, "all"] + (["urgent"] if s.tier == "urgent" else [])
+        keys = [s.team, "all"] + (["urgent"] if s.tier == "urgent" else []) + (["gangs"] if s.node_count > 1 else [])
         if job.first_start_s is not None and job.first_start_s <= t1:
             w = job.first_start_s - s.submit_s
         else:
