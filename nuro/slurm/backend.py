@@ -72,6 +72,7 @@ from nuro.slurm.errors import (
 )
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
 from nuro.slurm.parse import (
+    SPRIO_SITE_FACTOR_FORMAT,
     SQUEUE_FALLBACK_FORMAT,
     attach_switches,
     parse_per_job_errors,
@@ -81,6 +82,7 @@ from nuro.slurm.parse import (
     parse_scontrol_partitions,
     parse_scontrol_show_topology,
     parse_sinfo_json,
+    parse_sprio_site_factors,
     parse_squeue_format,
     parse_squeue_job_record,
     parse_squeue_json,
@@ -135,6 +137,11 @@ class Backend(abc.ABC):
         if job is None:
             raise InvalidJobId(f"no job {job_id}", argv=())
         return job.comment or ""
+
+    def site_factors(self) -> dict[int, int]:
+        """Pending jobs' SiteFactor as slurmctld holds it now; {} where a backend cannot tell (the controller then
+        sets every value it wants once)."""
+        return {}
 
     def job_state(self, job_id: int | str) -> str:
         """One job's state ("RUNNING", ...); backends override with a cheaper single-job read."""
@@ -497,6 +504,17 @@ class CliBackend(Backend):
         """One ``sinfo --json``, with switches attached from the cached topology."""
         nodes, _ = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
         return attach_switches(nodes, self.topology())
+
+    def site_factors(self) -> dict[int, int]:
+        """One ``sprio -h -o '%i|%S'``: every pending job's SiteFactor. {} when sprio cannot tell (e.g. the
+        priority/basic plugin): a restarted controller then sets its values again, as before."""
+        try:
+            return parse_sprio_site_factors(self.run(["sprio", "-h", "-o", SPRIO_SITE_FACTOR_FORMAT]).stdout)
+        except (SlurmUnavailable, SlurmTimeout):
+            raise
+        except SlurmError as exc:
+            log.warning("sprio failed: site factors are set again rather than read error=%s", exc)
+            return {}
 
     def partitions(self, nodes: list[NodeInfo], max_age_s: float = 0.0) -> list[PartitionInfo]:
         """``scontrol show -o partition``; if that fails (other than an unreachable controller), the partitions

@@ -49,6 +49,7 @@ from nuro.slurm._fields import (
 from nuro.slurm.errors import SlurmError, SlurmParseError, SlurmUnavailable, classify_error
 from nuro.slurm.models import JobInfo, NodeInfo, PartitionInfo
 from nuro.slurm.parse_text import (
+    SPRIO_SITE_FACTOR_FORMAT,
     SQUEUE_FALLBACK_FORMAT,
     attach_switches,
     parse_node_addr,
@@ -59,6 +60,7 @@ from nuro.slurm.parse_text import (
     parse_scontrol_partitions,
     parse_scontrol_show_oneliner,
     parse_scontrol_show_topology,
+    parse_sprio_site_factors,
     parse_squeue_fixed_fields,
     parse_squeue_format,
     parse_squeue_one_field,
@@ -69,6 +71,7 @@ from nuro.slurm.states import JobPhase, to_phase
 log = logging.getLogger(__name__)
 
 __all__ = [
+    "SPRIO_SITE_FACTOR_FORMAT",
     "SQUEUE_FALLBACK_FORMAT",
     "attach_switches",
     "parse_sacct_exitcodes",
@@ -85,6 +88,7 @@ __all__ = [
     "parse_squeue_format",
     "parse_squeue_json",
     "parse_squeue_job_record",
+    "parse_sprio_site_factors",
     "parse_squeue_one_field",
     "parse_version",
     "partitions_from_nodes",

@@ -18,6 +18,7 @@ Per call site (command: why no user value can move a field):
   up to the final newline is the value (``parse_squeue_one_field``). The record's other fields come in one call of
   fields no user chooses, each followed by '|', whose count is checked (``parse_squeue_fixed_fields``). An array or
   het record (id "ID_n" / "ID+n", possibly with more records) goes to the JSON read instead.
+* ``CliBackend.site_factors``: ``sprio -h -o '%i|%S'``. A job id and a number; no user-chosen field.
 * ``CliBackend.partitions``: ``scontrol show -o partition``. A partition record holds admin config only.
 * ``CliBackend.topology``: ``scontrol show topology``. Admin config only.
 * ``healthcheck.act.node_drain_state``: ``scontrol show -o node``. A node record holds no user-chosen value; its
@@ -243,6 +244,22 @@ def parse_per_job_errors(text: str) -> dict[int, str]:
         m = _PER_JOB_ERROR.match(line.strip())
         if m:
             out[int(m.group("job"))] = m.group("message")
+    return out
+
+
+#: ``sprio -h -o`` format of ``CliBackend.site_factors``: job id and site factor, neither ever chosen by a user.
+SPRIO_SITE_FACTOR_FORMAT = "%i|%S"
+
+
+def parse_sprio_site_factors(text: str) -> dict[int, int]:
+    """Pending jobs' SiteFactor from ``sprio -h -o '%i|%S'`` (job id, weighted admin priority). Lines that are not
+    exactly "<integer id>|<integer>" (an array task "123_4", a header) are skipped: the controller then sets that job's
+    value again, which costs one update, never a wrong decision."""
+    out: dict[int, int] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split("|")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].lstrip("-").isdigit():
+            out[int(parts[0])] = int(parts[1])
     return out
 
 

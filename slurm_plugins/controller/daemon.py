@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 
 import click
 
@@ -51,6 +52,8 @@ from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol import marks
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.slurm import Backend, CliBackend, SlurmError
+from nuro.slurm.models import ClusterSnapshot
+from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.apply import ApplyBudget, Outcome, apply_group, groups
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
 from nuro.slurm_plugins.controller.decisions import Preempt, Requeue, SetSiteFactor
@@ -138,6 +141,24 @@ class Controller:
         self._once = once()  # per-job apply errors: logged when they first appear (or change)
         self._cycle_errors = RateLog(60.0, 64)
 
+    def _recovered_state(self, snapshot: ClusterSnapshot) -> ControllerState:
+        """The soft state a (re)started controller starts from: in-flight preemptions from the victims' comments, and
+        the SiteFactors slurmctld already holds for pending jobs (one ``sprio``), so the first cycle after a restart
+        sends only the values that changed instead of one per job at every team's queue head."""
+        state = rebuild_state(snapshot)
+        if state.preempting:
+            log.info("cycle=%d rebuilt in-flight preemptions from Slurm: %s", self.cycles, state.preempting)
+        try:
+            held = self.backend.site_factors()
+        except SlurmError as exc:
+            log.warning("cycle=%d site factors not read, set again: %s", self.cycles, exc)
+            held = {}
+        pending = {j.job_id for j in snapshot.jobs if j.phase == JobPhase.PENDING}
+        known = {job_id: value for job_id, value in held.items() if job_id in pending and value}
+        if known:
+            log.info("cycle=%d %d pending jobs' site factors read from Slurm", self.cycles, len(known))
+        return replace(state, site_factors=MappingProxyType(dict(sorted(known.items()))))
+
     def cycle(self) -> CycleReport:
         self.cycles += 1
         report = CycleReport(cycle=self.cycles)
@@ -151,9 +172,7 @@ class Controller:
             return report
         report.snapshot_s = time.monotonic() - t0
         if self.state is None:
-            self.state = rebuild_state(snapshot)
-            if self.state.preempting:
-                log.info("cycle=%d rebuilt in-flight preemptions from Slurm: %s", self.cycles, self.state.preempting)
+            self.state = self._recovered_state(snapshot)
         now = self.clock()
         t1 = time.monotonic()
         state = self.state

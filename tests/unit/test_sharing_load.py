@@ -302,3 +302,37 @@ def test_a_drained_gang_waits_for_its_nodes_and_loses_its_boost_when_it_no_longe
     reset = decide(snap, off, d.next_state, NOW + 150)
     (sf,) = [s for s in reset.of(SetSiteFactor) if s.job_id == 50]
     assert sf.value < DRAIN_SITE_FACTOR
+
+
+# -- a restarted controller reads the SiteFactors Slurm holds (sprio) instead of setting them all again -------------
+
+
+class _Held:
+    """A backend for ``Controller.cycle``: a fixed snapshot, the SiteFactors ``sprio`` would show, applied actions."""
+
+    def __init__(self, snapshot: object, held: dict[int, int]) -> None:
+        self.snapshot, self.held, self.applied = snapshot, held, []
+
+    def read_snapshot(self) -> object:
+        return self.snapshot
+
+    def site_factors(self) -> dict[int, int]:
+        return self.held
+
+    def __getattr__(self, name: str) -> object:  # the update calls apply makes: recorded, all succeed
+        return lambda *args, **kwargs: self.applied.append((name, args, kwargs))
+
+
+def test_a_restarted_controller_sends_only_the_site_factors_slurm_does_not_hold_yet() -> None:
+    from nuro.slurm_plugins.controller.daemon import Controller
+
+    policy = a_policy(32).team("a", 16, borrow=16).team("b", 16).build()
+    snap = a_cluster().nodes(4).jobs(*(a_job(10 + i).pending() for i in range(4))).build()
+    fresh = decide(snap, policy, ControllerState(), NOW).of(SetSiteFactor)
+    assert [s.job_id for s in fresh] == [10, 11, 12, 13]
+    held = {s.job_id: s.value for s in fresh[:3]}  # Slurm already holds 10-12's values from the last run
+    backend = _Held(snap, {**held, 99: 7000})  # 99: a job that has left the queue since
+    ctl = Controller(backend, policy, clock=lambda: NOW)  # type: ignore[arg-type]
+    ctl.cycle()
+    assert backend.applied == [("update_site_factor", (13, fresh[3].value), {})]
+    assert dict(ctl.state.site_factors) == {s.job_id: s.value for s in fresh}
