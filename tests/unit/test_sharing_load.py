@@ -1,7 +1,7 @@
 """Sharing under heavy load (issue 13), the pure parts: minimum run time, restart cost, requeue into g-, decayed
 usage, lending hysteresis, jobs ending within grace + restart cost (``ending_soon_s``), one-leaf gangs, draining whole
 nodes for a gang, the SiteFactor head, batched apply and the parser of scontrol's per-job refusals (from real
-captured stderr)."""
+captured stderr), and the SiteFactors a restarted controller reads back (real sprio output)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from nuro.policy.classify import TeamUsage
 from nuro.slurm.actions import UpdateJobs, render_argv
-from nuro.slurm.parse import parse_per_job_errors
+from nuro.slurm.parse import parse_per_job_errors, parse_sprio_site_factors
 from nuro.slurm_plugins.controller.apply import BATCH_MAX, groups
 from nuro.slurm_plugins.controller.borrowing import demand_peaks
 from nuro.slurm_plugins.controller.decisions import Borrow, Code, Preempt, Requeue, Return, SetSiteFactor
@@ -31,6 +31,14 @@ def test_per_job_refusals_parsed_from_real_scontrol_stderr() -> None:
         6: "Access/permission denied",
     }
     assert parse_per_job_errors("scontrol: error: Unable to contact slurm controller") == {}
+
+
+def test_site_factors_parsed_from_real_sprio_output() -> None:
+    # nuro-big got sitefactor=5000 from scontrol update, nuro-nofactor none (the array had no line yet)
+    text = (FIXTURES / "sprio_site_factors.txt").read_text()
+    assert sorted(parse_sprio_site_factors(text).values()) == [0, 5000]
+    # an array task or any other shape is skipped (that job's value is set again: one update, never a wrong one)
+    assert parse_sprio_site_factors("12_[0-2]|100\nJOBID|SITE\n13|-5\n14|x\n") == {13: -5}
 
 
 def test_update_jobs_renders_one_list_command() -> None:
