@@ -17,7 +17,7 @@ Mapping onto Slurm (see ARCHITECTURE.md "Teams, quotas, borrowing on Slurm"):
 | restart_cost_s | staging + start-up a requeued job pays before it trains again; part of a victim's cost |
 | usage_half_life_s | half-life of each team's decayed GPU usage (borrow order, who yields first, SiteFactor) |
 | lend_hysteresis_s | half-life of a lender's peak guaranteed demand; only GPUs idle at that peak are lent |
-| ending_soon_s | a job whose time limit ends within this is waited for, not preempted (default: grace + restart cost) |
+| ending_soon_s | the most a claimant waits for a job that ends by itself when waiting is cheaper than preempting it |
 | drain_horizon_s | a gang no victim set can place gets the nodes whole soonest drained, if whole within this |
 | require_pinning | job_submit.lua refuses team GPU jobs without a dataset digest + code commit in the comment |
 """
@@ -115,13 +115,11 @@ class Policy(_Strict):
     #: decays with this half-life. GPUs a lender used a few minutes ago are likely wanted back soon; lending them
     #: means a reclaim (a preemption) when they are. 0 lends whatever is idle this cycle.
     lend_hysteresis_s: Annotated[int, Field(ge=0, le=86400, strict=True)] = 900
-    #: A running job whose time limit ends within this many seconds counts as being freed: a pending job that needs
-    #: its GPUs waits for it instead of preempting someone, and its GPUs are never lent meanwhile. Unset: ``grace_s +
-    #: restart_cost_s``, the break-even of waiting: a victim gives its GPUs back only after up to ``grace_s`` and then
-    #: pays ``restart_cost_s`` of staging, so waiting for a job that ends sooner than both costs the cluster nothing
-    #: and the claimant at most the victim's restart time, while preempting loses the victim's work since its last
-    #: checkpoint and its restart. 0 waits only for jobs already past their time limit.
-    ending_soon_s: Annotated[int, Field(ge=0, le=86400, strict=True)] | None = None
+    #: The most a pending job waits for a running job to end by itself (its time limit) instead of preempting it. Within
+    #: this, a job that ends before ``grace_s + restart_cost_s + its seconds since its last checkpoint`` is waited for
+    #: (preempting it would cost it more than waiting costs the claimant) and its GPUs are not lent meanwhile.
+    #: 0: never wait, preempt at once (as before issue 13).
+    ending_soon_s: Annotated[int, Field(ge=0, le=86400, strict=True)] = 600
     #: A pending job within its quota that needs whole nodes no victim set can free now (each also holds jobs that may
     #: not be preempted) gets the preemptible jobs on the nodes that will be whole soonest preempted, when those nodes
     #: are whole within this many seconds; the nodes are then kept for it (slurm_plugins/controller/drain.py).
@@ -202,11 +200,6 @@ class Policy(_Strict):
             if found is not None and found.min_run_s is not None:
                 return found.min_run_s
         return self.min_run_s
-
-    @property
-    def ending_soon_horizon_s(self) -> int:
-        """``ending_soon_s``, or its default ``grace_s + restart_cost_s`` when unset."""
-        return self.ending_soon_s if self.ending_soon_s is not None else self.grace_s + self.restart_cost_s
 
 
 def guaranteed_qos(team: str) -> str:

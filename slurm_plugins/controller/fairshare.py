@@ -98,7 +98,7 @@ def site_factor_values(cy: Cycle) -> dict[str, int]:
 
 def opening_gpus(cy: Cycle) -> int:
     """GPUs a pending job could get before the next cycle: idle now, or held by jobs being freed (victims in flight
-    or chosen this cycle, jobs ending within ``ending_soon_s``)."""
+    or chosen this cycle, jobs about to end: ``preemption.count_ending_soon``)."""
     idle = sum(n.gpus_free for n in cy.snapshot.nodes if n.is_schedulable)
     freeing = sum(job_gpus(j) for j in cy.view.running if j.job_id in cy.taken)
     return idle + freeing

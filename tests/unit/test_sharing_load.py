@@ -1,7 +1,7 @@
 """Sharing under heavy load (issue 13), the pure parts: minimum run time, restart cost, requeue into g-, decayed
-usage, lending hysteresis, jobs ending within grace + restart cost (``ending_soon_s``), one-leaf gangs, draining whole
-nodes for a gang, the SiteFactor head, batched apply and the parser of scontrol's per-job refusals (from real
-captured stderr), and the SiteFactors a restarted controller reads back (real sprio output)."""
+usage, lending hysteresis, jobs that end sooner than preempting them pays (``ending_soon_s``), one-leaf gangs,
+draining whole nodes for a gang, the SiteFactor head, batched apply and the parser of scontrol's per-job refusals
+(from real captured stderr), and the SiteFactors a restarted controller reads back (real sprio output)."""
 
 from __future__ import annotations
 
@@ -93,31 +93,32 @@ def test_restart_cost_makes_the_smaller_victim_cheaper() -> None:
     assert [p.job_id for p in decide(snap, policy, ControllerState(), NOW).of(Preempt)] == [4]
 
 
-def _two_borrowers(job3_ends_in_s: float) -> object:
-    """Team a's job 10 is within its quota; b's borrowers 3 and 4 hold the GPUs it needs; job 3 ends when given."""
+def _two_borrowers(job3_ends_in_s: float, job3_ckpt_age_s: float = 0) -> object:
+    """Team a's job 10 is within its quota; b's borrowers 3 and 4 hold the GPUs it needs; job 3 ends when given and
+    committed its last checkpoint that long ago (job 4, the other victim, checkpointed just now)."""
     return (
         a_cluster()
         .nodes(4)
         .jobs(a_job(1).running_on("n01"), a_job(2).team("b").running_on("n04"))
-        .jobs(a_job(3).team("b").borrowed().running_on("n02").ends_in(job3_ends_in_s))
-        .jobs(a_job(4).team("b").borrowed().running_on("n03"), a_job(10).pending())
+        .jobs(a_job(3).team("b").borrowed().running_on("n02").ends_in(job3_ends_in_s).ckpt_age_s(job3_ckpt_age_s))
+        .jobs(a_job(4).team("b").borrowed().running_on("n03").ckpt_age_s(0), a_job(10).pending())
         .build()
     )
 
 
-def test_a_job_ending_before_grace_plus_restart_cost_is_waited_for_and_not_past_it() -> None:
-    # default horizon: grace 60 s + restart cost 120 s. A borrower ending in 30 s or 150 s is waited for; one ending in
-    # 300 s is not (preempting it frees its GPUs sooner than waiting, by more than a restart's time)
-    assert POLICY.ending_soon_horizon_s == 180
-    for ends_in in (30, 150):
-        soon = decide(_two_borrowers(ends_in), POLICY, ControllerState(), NOW)
-        assert soon.of(Preempt) == ()
-        assert {w.job_id: w.code for w in soon.waiting}[10] == Code.WAIT_IN_FLIGHT
-    assert len(decide(_two_borrowers(300), POLICY, ControllerState(), NOW).of(Preempt)) == 1
-    # an admin who wants reclaim at once sets it to 0: only jobs already past their limit are waited for
-    eager = POLICY.model_copy(update={"ending_soon_s": 0})
-    assert eager.ending_soon_horizon_s == 0
-    assert len(decide(_two_borrowers(30), eager, ControllerState(), NOW).of(Preempt)) == 1
+def test_a_job_that_ends_sooner_than_preempting_it_pays_off_is_waited_for() -> None:
+    # grace 60 s + restart cost 120 s + the seconds since its checkpoint, never past ending_soon_s (600 s)
+    def waits(ends_in: float, ckpt_age: float, policy: object = POLICY) -> bool:
+        d = decide(_two_borrowers(ends_in, ckpt_age), policy, ControllerState(), NOW)
+        return not d.of(Preempt) and {w.job_id: w.code for w in d.waiting}[10] == Code.WAIT_IN_FLIGHT
+
+    assert POLICY.ending_soon_s == 600
+    assert waits(30, 0) and waits(170, 0)  # within grace + restart cost: preempting could not be faster
+    assert not waits(300, 0)  # fresh checkpoint: preempting loses 180 s of restart, waiting costs the claimant 300 s
+    assert waits(300, 200)  # a 200 s old checkpoint: preempting would lose 380 s, more than the 300 s wait
+    assert not waits(700, 3000)  # however stale its checkpoint, no claimant waits longer than ending_soon_s
+    eager = POLICY.model_copy(update={"ending_soon_s": 0})  # an admin who wants reclaim at once
+    assert not waits(30, 0, eager)
 
 
 def test_a_team_holding_its_quota_with_its_own_borrowers_does_not_reclaim() -> None:
