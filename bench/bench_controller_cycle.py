@@ -2,10 +2,14 @@
 
 Set-up: `devcluster up --nodes 500` (4,000 GPUs), the example policy scaled to 4,000 GPUs, 1,000+ jobs queued across
 the four teams by their members (real users, real sbatch), a few hundred running. Baseline in the same run: the bare
-`squeue --json` + `sinfo --json` calls a cycle cannot avoid. Reports the first cycle (it sets SiteFactor on every
-pending job) and the steady state (median of the following cycles), each split into snapshot / decide / apply.
+`squeue --json` + `sinfo --json` calls a cycle cannot avoid. Reports the first cycle (it sets SiteFactor on the
+queue heads), the steady state (median of the following cycles), each split into snapshot / decide / apply, and the
+first cycle of a second, freshly started controller on the same queue (a restart: it reads the SiteFactors Slurm
+holds with one ``sprio`` and sends only what changed). The controllers run as the daemon ships them (1 s apply
+budget, ``--budget-s``); issue 13's target is a first cycle after a start ≤ 1 s of Slurm calls at 500 nodes / 5,000
+pending (``--jobs 5000``: submitted from 8 threads).
 
-    python -m bench.bench_controller_cycle [--nodes 500] [--jobs 1200] [--cycles 10]
+    python -m bench.bench_controller_cycle [--nodes 500] [--jobs 1200] [--cycles 10] [--budget-s 1.0]
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import os
 import statistics
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -45,6 +51,7 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1200)
     ap.add_argument("--cycles", type=int, default=10)
     ap.add_argument("--port-base", type=int, default=28800)
+    ap.add_argument("--budget-s", type=float, default=1.0, help="the controllers' apply budget [1.0, as shipped]")
     args = ap.parse_args()
     ensure_unix_users(POLICY_USERS)
     with cluster(args.nodes, args.port_base, f"cycle{args.nodes}") as (layout, env, _up):
@@ -55,18 +62,25 @@ def main() -> None:
         subprocess.run([str(admin), "policy", "apply", str(policy_path)], env={**os.environ, **env}, check=True,
                        capture_output=True)  # fmt: skip
         teams = list(MEMBERS)
-        for i in range(args.jobs):
+
+        def submit(i: int) -> None:
             team = teams[i % len(teams)]
             nodes = 1 + (i % 4)
             subprocess.run(
                 ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in env.items()),
                  "sbatch", "--parsable", f"--account={team}", f"--nodes={nodes}", "--gres=gpu:8",
                  "--output=/dev/null", "--wrap", "sleep 3600"],
-                check=True, capture_output=True, timeout=60,
+                check=True, capture_output=True, timeout=120,
             )  # fmt: skip
-        backend = CliBackend(env=env, timeout_s=60)
-        controller = Controller(backend, parse_policy(policy_raw))
+
+        t_submit = time.monotonic()
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(submit, range(args.jobs)))
+        print(f"submitted {args.jobs} jobs in {time.monotonic() - t_submit:.0f} s", flush=True)
+        backend = CliBackend(env=env, timeout_s=120)
+        controller = Controller(backend, parse_policy(policy_raw), apply_budget_s=args.budget_s)
         reports = [controller.cycle() for _ in range(args.cycles)]
+        restarted = Controller(backend, parse_policy(policy_raw), apply_budget_s=args.budget_s).cycle()
         snap = backend.read_snapshot()
         bare = median_s(lambda: (run(["squeue", "--json"], env), run(["sinfo", "--json"], env)), 5)
         steady = reports[1:] or reports
@@ -83,12 +97,23 @@ def main() -> None:
                 "jobs": len(snap.jobs),
                 "running": sum(1 for j in snap.jobs if j.phase.value == "RUNNING"),
                 "pending": sum(1 for j in snap.jobs if j.phase.value == "PENDING"),
+                "apply_budget_s": args.budget_s,
                 "first_cycle": {
                     "snapshot_s": round(first.snapshot_s, 3),
                     "decide_s": round(first.decide_s, 3),
                     "apply_s": round(first.apply_s, 3),
                     "decisions": len(first.outcomes),
+                    "deferred": first.deferred,
                 },
+                "first_cycle_after_restart": {
+                    "snapshot_s": round(restarted.snapshot_s, 3),
+                    "decide_s": round(restarted.decide_s, 3),
+                    "apply_s": round(restarted.apply_s, 3),
+                    "decisions": len(restarted.outcomes),
+                    "deferred": restarted.deferred,
+                },
+                "deferred_per_cycle": [r.deferred for r in reports],
+                "apply_s_per_cycle": [round(r.apply_s, 3) for r in reports],
                 "steady_cycle_median": {
                     "snapshot_s": med("snapshot_s"),
                     "decide_s": med("decide_s"),

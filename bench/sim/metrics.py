@@ -22,6 +22,8 @@ pods); counts of decisions and preemptions are over the whole replay.
 | Jain fairness | per window of ``window_s``: x_t = allocated_t / entitled_t for teams with demand, where entitled_t is
   the quota-weighted max-min (water-filling) share of the cluster given every team's demand (running + pending
   GPUs); J = (Σx)² / (n Σx²), 1 = every team got its entitlement |
+| Jain of shortfalls | the same with each x capped at 1: a team that got more than its entitlement (GPUs no other team
+  could use, lent to it) counts as served, not as unfair; only teams that got less than their share lower it |
 | queue wait | first start − submit, per job submitted in the window; a job never started counts with horizon − submit
   (censored, a lower bound) |
 | quota violations | samples (one after every event batch) where a ``g-<team>`` QOS ran above its quota |
@@ -167,7 +169,8 @@ def compute(
         _spread(bin_demand[r.team], max(r.start_s, t0), min(r.end_s, t1), t0, window_s, r.gpus)
     for p in log.pends:
         _spread(bin_demand[p.team], max(p.since_s, t0), min(p.until_s, t1), t0, window_s, p.gpus)
-    jains = []
+    jains: list[float] = []
+    shortfall_jains: list[float] = []  # x capped at 1: only what a team got less than its entitlement counts
     for b in range(n_bins):
         width = min(window_s, t1 - (t0 + b * window_s))
         if width <= 0:
@@ -177,6 +180,7 @@ def compute(
         xs = [bin_alloc[t][b] / width / fair[t] for t in teams if fair[t] > 1e-9]
         if xs:
             jains.append(jain(xs))
+            shortfall_jains.append(jain([min(1.0, x) for x in xs]))
     idle_waiting = _idle_while_waiting(log, t0, t1)
     waits: dict[str, list[float]] = {t: [] for t in [*teams, "urgent", "all", "gangs"]}
     censored: dict[str, int] = {k: 0 for k in waits}
@@ -215,6 +219,7 @@ def compute(
         "borrowed_gpu_share": round(borrowed / alloc, 4) if alloc else 0.0,
         "jain_mean": round(sum(jains) / len(jains), 4) if jains else math.nan,
         "jain_p10": round(percentile(jains, 10), 4),
+        "jain_shortfall_mean": round(sum(shortfall_jains) / len(shortfall_jains), 4) if shortfall_jains else math.nan,
         "jain_windows": len(jains),
         "team_share_vs_entitlement": {
             t: {
