@@ -391,12 +391,19 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
 def _abort_up(layout: Layout, sup: subprocess.Popen) -> None:
     """Stop the supervisor this ``up`` started (via the run record, as ``down`` does) and every daemon it
     recorded; if it never wrote its record, stop it by the handle we hold. Errors here are logged, not raised:
-    the caller re-raises the reason up failed."""
+    the caller re-raises the reason up failed.
+
+    ``down`` runs again once the supervisor is gone: a supervisor slow to start (a loaded machine) can write its
+    record after the first ``down`` looked, and then stops on our signal with a ``stopped`` record left behind."""
     try:
         down(layout)
     except Exception as exc:  # keep the original error; say what may be left
         log.error("stopping the half-started dev cluster in %s failed: %s", layout.root, exc)
     stop_child(sup, 90)
+    try:
+        down(layout)
+    except Exception as exc:
+        log.error("removing the record of the half-started dev cluster in %s failed: %s", layout.root, exc)
 
 
 def _wait_up(
