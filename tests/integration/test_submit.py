@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -245,34 +246,48 @@ def test_dry_run_agrees_with_the_bridge_on_the_shared_vectors(cluster, teams, sh
     """Each vector through nuro-sbatch twice as its user: --dry-run (Python preview) and for real (job_submit.lua).
 
     A vector with ``policy_update`` runs with that policy on both sides: its table installed beside slurm.conf (the
-    bridge reads it on every submission) and its teams.yaml given to the preview.
+    bridge reads it on every submission) and its teams.yaml given to the preview. Vectors are grouped by policy (the
+    table is installed once per group) and a group's vectors run two at a time: a verdict depends only on the
+    request and the table (accepted jobs are held, then cancelled), so the order of submissions cannot change one.
     """
     script = shared / "true.sh"
     script.write_text("#!/bin/bash\ntrue\n")
     script.chmod(0o755)
     table = Path(cluster.env["SLURM_CONF"]).parent / TABLE_FILE
+    nuro_sbatch = str(VENV_BIN / "nuro-sbatch")
+    base = ["--hold", "--parsable", "-o", "/dev/null", "-J", "nuro-vec-submit"]
+    groups: dict[str, list[dict]] = {}
+    for vec in VECTORS["vectors"]:
+        if vec["user"] != "root":  # both sides let root through unjudged; nothing to compare
+            groups.setdefault(json.dumps(vec.get("policy_update"), sort_keys=True), []).append(vec)
+
+    def both(vec: dict, policy: Path) -> tuple[dict, subprocess.CompletedProcess, subprocess.CompletedProcess]:
+        user, args = vec["user"], list(vec["args"])
+        dry = as_user(cluster, user, [nuro_sbatch, "--dry-run", "--policy", str(policy), *base, *args, str(script)])
+        real = as_user(cluster, user, [nuro_sbatch, *base, *args, str(script)])
+        return vec, dry, real
+
     checked = 0
     try:
-        for vec in VECTORS["vectors"]:
-            user, args = vec["user"], list(vec["args"])
-            if user == "root":
-                continue  # both sides let root through unjudged; nothing to compare
-            policy = _variant(shared, vec["policy_update"]) if "policy_update" in vec else POLICY
-            write_atomic(table, render_lua_table(load_policy(policy)))
-            base = ["--hold", "--parsable", "-o", "/dev/null", "-J", "nuro-vec-submit"]
-            nuro_sbatch = str(VENV_BIN / "nuro-sbatch")
-            dry = as_user(cluster, user, [nuro_sbatch, "--dry-run", "--policy", str(policy), *base, *args, str(script)])
-            real = as_user(cluster, user, [nuro_sbatch, *base, *args, str(script)])
-            assert "warning: the bridge's table" not in dry.stdout, dry.stdout
-            if vec["expect"]["verdict"] == "accept":
-                assert dry.returncode == 0 and "accept:" in dry.stdout, (vec["id"], dry.stdout, dry.stderr)
-                assert real.returncode == 0, (vec["id"], real.stderr)
-                cluster.run(["scancel", real.stdout.strip().split(";")[0]], check=False)
-            else:
-                message = vec["expect"]["message"]
-                assert dry.returncode == 1 and message in dry.stdout, (vec["id"], dry.stdout)
-                assert real.returncode != 0 and f"sbatch: error: {message}" in real.stderr, (vec["id"], real.stderr)
-            checked += 1
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for key, vecs in groups.items():
+                update = json.loads(key)
+                policy = _variant(shared, update) if update is not None else POLICY
+                write_atomic(table, render_lua_table(load_policy(policy)))
+                for vec, dry, real in pool.map(lambda v, p=policy: both(v, p), vecs):
+                    assert "warning: the bridge's table" not in dry.stdout, dry.stdout
+                    if vec["expect"]["verdict"] == "accept":
+                        assert dry.returncode == 0 and "accept:" in dry.stdout, (vec["id"], dry.stdout, dry.stderr)
+                        assert real.returncode == 0, (vec["id"], real.stderr)
+                        cluster.run(["scancel", real.stdout.strip().split(";")[0]], check=False)
+                    else:
+                        message = vec["expect"]["message"]
+                        assert dry.returncode == 1 and message in dry.stdout, (vec["id"], dry.stdout)
+                        assert real.returncode != 0 and f"sbatch: error: {message}" in real.stderr, (
+                            vec["id"],
+                            real.stderr,
+                        )
+                    checked += 1
     finally:
         write_atomic(table, render_lua_table(load_policy(POLICY)))
     assert checked >= len(VECTORS["vectors"]) - 5
