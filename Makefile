@@ -41,8 +41,14 @@ unit: venv
 # re-sets /tmp/pytest-of-root to 0700 at every root session, which would cut a concurrent session's job users off.
 # Named by a hash of the checkout path, not the path itself: short and unique however deep the clone is.
 BASETEMP := /tmp/nuro-pytest-$(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-12)
+# Two pytest runs: the unit tests first, on both cores (pytest-xdist: pure code, no cluster yet), then the integration
+# and e2e tests in one process (they share the session's cluster). Both always run; make fails if either failed.
+UNIT_WORKERS ?= 2
 test: venv lint
-	$(PY) -m pytest tests -q --durations=25 --basetemp=$(BASETEMP)
+	rc=0; \
+	$(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 --basetemp=$(BASETEMP) || rc=1; \
+	$(PY) -m pytest tests --ignore=tests/unit -q --durations=25 --basetemp=$(BASETEMP) || rc=1; \
+	exit $$rc
 
 bench: venv
 	$(PY) bench/run_all.py
