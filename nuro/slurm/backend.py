@@ -29,12 +29,14 @@ that version to test it against.
 from __future__ import annotations
 
 import abc
+import contextlib
 import logging
 import os
 import shlex
 import subprocess
+import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -142,6 +144,13 @@ class Backend(abc.ABC):
         """Pending jobs' SiteFactor as slurmctld holds it now; {} where a backend cannot tell (the controller then
         sets every value it wants once)."""
         return {}
+
+    @contextlib.contextmanager
+    def call_timeout(self, seconds: float) -> Iterator[None]:
+        """Within the block, this thread's Slurm calls give up after ``seconds`` (``SlurmTimeout``) when sooner than
+        the backend's own limit; for updates a caller can simply decide again (the controller's apply budget).
+        Backends without a per-call limit ignore it."""
+        yield
 
     def job_state(self, job_id: int | str) -> str:
         """One job's state ("RUNNING", ...); backends override with a cheaper single-job read."""
@@ -326,8 +335,18 @@ class CliBackend(Backend):
         self._squeue_json: bool = True
         self._calls = 0
         self._partitions: tuple[float, list[PartitionInfo]] | None = None  # (read at, monotonic), scontrol's answer
+        self._local = threading.local()  # call_timeout's limit, per thread: other threads keep timeout_s
 
     # -- running -------------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def call_timeout(self, seconds: float) -> Iterator[None]:
+        before = getattr(self._local, "timeout_s", None)
+        self._local.timeout_s = min(self.timeout_s, max(0.1, seconds), before or self.timeout_s)
+        try:
+            yield
+        finally:
+            self._local.timeout_s = before
+
     def _resolve(self, argv: Sequence[str]) -> list[str]:
         full = list(argv)
         if self.bin_dir:
@@ -346,6 +365,7 @@ class CliBackend(Backend):
         if conf and not os.path.exists(conf):
             raise SlurmConfigMissing(f"SLURM_CONF={conf} does not exist", argv=full)
         start = time.monotonic()
+        timeout_s = getattr(self._local, "timeout_s", None) or self.timeout_s
         try:
             proc = subprocess.run(
                 full,
@@ -355,7 +375,7 @@ class CliBackend(Backend):
                 text=True,
                 env=env,
                 cwd=cwd,
-                timeout=self.timeout_s,
+                timeout=timeout_s,
                 check=False,
             )
         except FileNotFoundError as exc:
@@ -363,7 +383,7 @@ class CliBackend(Backend):
                 raise SlurmError(f"working directory {cwd!r} does not exist", argv=full) from exc
             raise SlurmCommandNotFound(f"{full[0]!r} not found", argv=full) from exc
         except subprocess.TimeoutExpired as exc:
-            raise SlurmTimeout(f"no answer within timeout_s={self.timeout_s}", argv=full) from exc
+            raise SlurmTimeout(f"no answer within timeout_s={timeout_s}", argv=full) from exc
         duration_s = time.monotonic() - start
         log.debug("slurm call n=%d rc=%d duration_s=%.3f", self._calls, proc.returncode, duration_s)
         if proc.returncode != 0:

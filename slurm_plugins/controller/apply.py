@@ -153,6 +153,11 @@ def apply_group(backend: Backend, group: Group, now: float, dry_run: bool = Fals
     return out
 
 
+#: The shortest limit a budgeted Slurm call gets (``ApplyBudget.call_limit_s``): an update RPC on an unloaded
+#: slurmctld answers in milliseconds, so a call that the remaining budget allows always gets a fair chance.
+CALL_FLOOR_S = 0.5
+
+
 class ApplyBudget:
     """How many Slurm calls a cycle may still spend, and how big the next batch may be to stay inside that.
 
@@ -178,6 +183,15 @@ class ApplyBudget:
     def allows(self, group: Group) -> bool:
         return self.budget_s is None or isinstance(group[0], self.ALWAYS) or self.spent_s < self.budget_s
 
+    def call_limit_s(self, group: Group) -> float | None:
+        """How long the Slurm call for ``group`` may take: what is left of the budget (at least ``CALL_FLOOR_S``)
+        for QOS moves and SiteFactors; None (the backend's own limit) for requeues and signals, and without a
+        budget. One update RPC took 5–10 s on the dev cluster during a burst of submissions: without a limit on the
+        call itself a single SiteFactor stretched the cycle that far past its budget."""
+        if self.budget_s is None or isinstance(group[0], self.ALWAYS):
+            return None
+        return max(CALL_FLOOR_S, self.budget_s - self.spent_s)
+
     def chunk(self, group: Group) -> list[Group]:
         """``group`` cut to what the remaining budget pays for first, then the rest in chunks of that size."""
         if self.budget_s is None or len(group) == 1 or isinstance(group[0], self.ALWAYS):
@@ -192,4 +206,4 @@ class ApplyBudget:
             self.per_id_s = 0.5 * self.per_id_s + 0.5 * (seconds / jobs)
 
 
-__all__ = ["BATCH_MAX", "ApplyBudget", "Outcome", "apply_decision", "apply_group", "groups"]
+__all__ = ["BATCH_MAX", "CALL_FLOOR_S", "ApplyBudget", "Outcome", "apply_decision", "apply_group", "groups"]

@@ -52,6 +52,7 @@ from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol import marks
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.slurm import Backend, CliBackend, SlurmError
+from nuro.slurm.errors import SlurmTimeout
 from nuro.slurm.models import ClusterSnapshot
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.apply import ApplyBudget, Outcome, apply_group, groups
@@ -203,8 +204,28 @@ class Controller:
             group, *rest = budget.chunk(group)
             pending[:0] = rest
             t_group = time.monotonic()
+            limit = budget.call_limit_s(group)
             try:
-                outcomes = apply_group(self.backend, group, now, self.dry_run)
+                if limit is None:
+                    outcomes = apply_group(self.backend, group, now, self.dry_run)
+                else:
+                    with self.backend.call_timeout(limit):
+                        outcomes = apply_group(self.backend, group, now, self.dry_run)
+            except SlurmTimeout as exc:
+                if limit is None:
+                    report.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
+                    log.warning("cycle=%d %s", self.cycles, report.error)
+                    failed.update(d.job_id for g in [group, *pending] for d in g)
+                    break
+                # the budget is spent waiting on slurmctld: this group and the rest are decided again next cycle
+                budget.spend(time.monotonic() - t_group, len(group))
+                rest = [d for g in [group, *pending] for d in g if not isinstance(d, ApplyBudget.ALWAYS)]
+                report.deferred += len(rest)
+                failed.update(d.job_id for d in rest)
+                pending = [g for g in pending if isinstance(g[0], ApplyBudget.ALWAYS)]
+                log.info("cycle=%d slurmctld did not answer an update within %.1f s: %d decisions to the next cycle",
+                         self.cycles, limit, len(rest))  # fmt: skip
+                continue
             except SlurmError as exc:
                 report.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
                 log.warning("cycle=%d %s", self.cycles, report.error)

@@ -345,3 +345,30 @@ def test_a_restarted_controller_sends_only_the_site_factors_slurm_does_not_hold_
     ctl.cycle()
     assert backend.applied == [("update_site_factor", (13, fresh[3].value), {})]
     assert dict(ctl.state.site_factors) == {s.job_id: s.value for s in fresh}
+
+
+def test_an_update_slurmctld_does_not_answer_within_the_budget_is_decided_again_not_waited_for() -> None:
+    import contextlib
+
+    from nuro.slurm.errors import SlurmTimeout
+    from nuro.slurm_plugins.controller.daemon import Controller
+
+    class Swamped(_Held):
+        limits: list[float] = []
+
+        @contextlib.contextmanager
+        def call_timeout(self, seconds: float):  # noqa: ANN202 - a context manager, as the backend's
+            self.limits.append(seconds)
+            yield
+
+        def update_jobs(self, *args: object, **kwargs: object) -> dict:
+            raise SlurmTimeout("no answer within timeout_s=1.0", argv=("scontrol", "update"))
+
+    policy = a_policy(32).team("a", 16, borrow=16).team("b", 16).build()
+    snap = a_cluster().nodes(4).jobs(*(a_job(10 + i).pending() for i in range(4))).build()
+    backend = Swamped(snap, {})
+    ctl = Controller(backend, policy, clock=lambda: NOW, apply_budget_s=1.0)  # type: ignore[arg-type]
+    report = ctl.cycle()
+    assert backend.limits == [1.0]  # the whole budget for the one batch of four SiteFactors
+    assert report.error == "" and report.deferred == 4
+    assert dict(ctl.state.site_factors) == {}  # not in force: the next cycle sets them again

@@ -230,6 +230,26 @@ def test_timeout(tmp_path: Path) -> None:
         fake.backend(timeout_s=0.5).jobs()
 
 
+def test_call_timeout_limits_this_threads_calls_only(tmp_path: Path) -> None:
+    import threading
+
+    fake = FakeSlurm(tmp_path).on("squeue --json", sleep=1.5, file="squeue_running_pending.json")
+    backend = fake.backend(timeout_s=10)
+    other: list[object] = []
+    with backend.call_timeout(0.5):
+        # another thread of the daemon (failure detector, snapshot) keeps the backend's own limit
+        t = threading.Thread(target=lambda: other.append(backend.jobs() is not None))
+        t.start()
+        with pytest.raises(SlurmTimeout, match="timeout_s=0.5"):
+            backend.jobs()
+        # an inner block can only shorten the limit, never lengthen it
+        with backend.call_timeout(30), pytest.raises(SlurmTimeout, match="timeout_s=0.5"):
+            backend.jobs()
+        t.join(10)
+    assert other == [True]
+    assert backend.jobs() is not None  # after the block: the backend's own limit again
+
+
 def test_command_not_found(tmp_path: Path) -> None:
     backend = CliBackend(bin_dir=str(tmp_path))
     with pytest.raises(SlurmCommandNotFound, match="bin_dir"):
