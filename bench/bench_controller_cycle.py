@@ -7,7 +7,7 @@ queue heads), the steady state (median of the following cycles), each split into
 first cycle of a second, freshly started controller on the same queue (a restart: it reads the SiteFactors Slurm
 holds with one ``sprio`` and sends only what changed). The controllers run as the daemon ships them (1 s apply
 budget, ``--budget-s``); issue 13's target is a first cycle after a start ≤ 1 s of Slurm calls at 500 nodes / 5,000
-pending (``--jobs 5000``: submitted from 8 threads).
+pending (``--jobs 5000``; submitted from ``--submit-threads`` threads).
 
     python -m bench.bench_controller_cycle [--nodes 500] [--jobs 1200] [--cycles 10] [--budget-s 1.0]
 """
@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=10)
     ap.add_argument("--port-base", type=int, default=28800)
     ap.add_argument("--budget-s", type=float, default=1.0, help="the controllers' apply budget [1.0, as shipped]")
+    # 8 saturated munged (4 threads) beside 500 slurmd on 2 cores: "Munge encode failed ... temporarily unavailable"
+    ap.add_argument("--submit-threads", type=int, default=2, help="parallel sbatch [2]")
     args = ap.parse_args()
     ensure_unix_users(POLICY_USERS)
     with cluster(args.nodes, args.port_base, f"cycle{args.nodes}") as (layout, env, _up):
@@ -74,7 +76,7 @@ def main() -> None:
             )  # fmt: skip
 
         t_submit = time.monotonic()
-        with ThreadPoolExecutor(max_workers=8) as pool:
+        with ThreadPoolExecutor(max_workers=args.submit_threads) as pool:
             list(pool.map(submit, range(args.jobs)))
         print(f"submitted {args.jobs} jobs in {time.monotonic() - t_submit:.0f} s", flush=True)
         backend = CliBackend(env=env, timeout_s=120)
