@@ -114,7 +114,7 @@ def count_ending_soon(cy: Cycle) -> None:
     only the time until the job ends. So a job is waited for when it ends within ``grace_s + restart_cost_s + its
     seconds since its checkpoint``, and never when it ends later than ``ending_soon_s`` (default 600 s; the most a
     claimant waits instead of reclaiming; 0: no waiting). In the trace replay this cut reclaims of long 1-GPU
-    borrowers 2–6× at the same utilisation (docs/trace-replay.md)."""
+    borrowers 2–12× at the same utilisation (docs/trace-replay.md)."""
     limit = cy.now + cy.policy.ending_soon_s
     base = cy.now + cy.policy.grace_s + cy.policy.restart_cost_s
     for job in cy.view.running:
@@ -235,7 +235,7 @@ def _make_room(cy: Cycle, job: JobInfo, pool: VictimPool, eligible: Eligible, co
         return False
     if not victims:
         cy.wait(job.job_id, Code.WAIT_IN_FLIGHT, f"needs {_shape(shape)}; GPUs being freed by earlier preemptions")
-    _signal(cy, job, shape, victims, code, f"{what} {job.job_id} needs {_shape(shape)}")
+    _signal(cy, job, victims, code, f"{what} {job.job_id} needs {_shape(shape)}")
     usable = cy.cap.nodes_avail_at_least(shape.gpus_per_node, within)
     cy.cap.reserve(cy.cap.pick_for(shape, usable), shape.gpus_per_node)
     return True
@@ -251,7 +251,7 @@ def _drain(cy: Cycle, job: JobInfo, shape: Shape, drain: Drain, code: Code, what
         return True
     if not drain.victims:
         cy.wait(job.job_id, Code.WAIT_DRAIN, f"needs {_shape(shape)}; nodes {names} are whole in {in_s:.0f} s")
-    _signal(cy, job, shape, list(drain.victims), code,
+    _signal(cy, job, list(drain.victims), code,
             f"{what} {job.job_id} needs {_shape(shape)}, whole nodes that no victim set frees now; draining {names} "
             f"(whole in {in_s:.0f} s)")  # fmt: skip
     cy.cap.reserve(drain.nodes, shape.gpus_per_node)
@@ -271,7 +271,7 @@ def _claim_settling(cy: Cycle, job: JobInfo, shape: Shape, victims: list[Candida
     return True
 
 
-def _signal(cy: Cycle, job: JobInfo, shape: Shape, victims: list[Candidate], code: Code, why: str) -> None:
+def _signal(cy: Cycle, job: JobInfo, victims: list[Candidate], code: Code, why: str) -> None:
     """Preempt ``victims`` for ``job``: their GPUs count as being freed, and they are never chosen twice."""
     now = cy.now
     for v in victims:
