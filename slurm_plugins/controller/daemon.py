@@ -32,6 +32,7 @@ Exit codes: 0 stopped cleanly, 2 usage error, 3 invalid config or policy.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -206,27 +207,19 @@ class Controller:
             t_group = time.monotonic()
             limit = budget.call_limit_s(group)
             try:
-                if limit is None:
+                with contextlib.nullcontext() if limit is None else self.backend.call_timeout(limit):
                     outcomes = apply_group(self.backend, group, now, self.dry_run)
-                else:
-                    with self.backend.call_timeout(limit):
-                        outcomes = apply_group(self.backend, group, now, self.dry_run)
-            except SlurmTimeout as exc:
-                if limit is None:
-                    report.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
-                    log.warning("cycle=%d %s", self.cycles, report.error)
-                    failed.update(d.job_id for g in [group, *pending] for d in g)
-                    break
-                # the budget is spent waiting on slurmctld: this group and the rest are decided again next cycle
-                budget.spend(time.monotonic() - t_group, len(group))
-                rest = [d for g in [group, *pending] for d in g if not isinstance(d, ApplyBudget.ALWAYS)]
-                report.deferred += len(rest)
-                failed.update(d.job_id for d in rest)
-                pending = [g for g in pending if isinstance(g[0], ApplyBudget.ALWAYS)]
-                log.info("cycle=%d slurmctld did not answer an update within %.1f s: %d decisions to the next cycle",
-                         self.cycles, limit, len(rest))  # fmt: skip
-                continue
             except SlurmError as exc:
+                if limit is not None and isinstance(exc, SlurmTimeout):
+                    # the budget is spent waiting on slurmctld: this group and the rest are decided again next cycle
+                    budget.spend(time.monotonic() - t_group, len(group))
+                    rest = [d for g in [group, *pending] for d in g if not isinstance(d, ApplyBudget.ALWAYS)]
+                    report.deferred += len(rest)
+                    failed.update(d.job_id for d in rest)
+                    pending = [g for g in pending if isinstance(g[0], ApplyBudget.ALWAYS)]
+                    log.info("cycle=%d slurmctld did not answer an update within %.1f s: %d decisions to the next "
+                             "cycle", self.cycles, limit, len(rest))  # fmt: skip
+                    continue
                 report.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
                 log.warning("cycle=%d %s", self.cycles, report.error)
                 failed.update(d.job_id for g in [group, *pending] for d in g)

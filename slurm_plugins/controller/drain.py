@@ -26,7 +26,7 @@ from nuro.policy.classify import timestamp
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.capacity import Shape, gpus_on_nodes
 from nuro.slurm_plugins.controller.cycle import Cycle
-from nuro.slurm_plugins.controller.victims import Candidate, Eligible, VictimPool, victim_key
+from nuro.slurm_plugins.controller.victims import Candidate, Eligible, VictimPool, gpus_on_node, set_cost, victim_key
 
 
 @dataclass(frozen=True)
@@ -65,19 +65,20 @@ def plan_drain(cy: Cycle, shape: Shape, pool: VictimPool, eligible: Eligible) ->
     for group in groups:
         if len(group) < k:
             continue
-        chosen = sorted(group, key=lambda n: (per_node[n][0], _cost(per_node[n][1]), n))[:k]
+        chosen = sorted(group, key=lambda n: (per_node[n][0], set_cost(per_node[n][1]), n))[:k]
         victims = {c.job_id: c for n in chosen for c in per_node[n][1]}
         ready = max(per_node[n][0] for n in chosen)
         drain = Drain(tuple(chosen), tuple(sorted(victims.values(), key=victim_key)), ready)
-        if best is None or (drain.ready_at, _cost(drain.victims)) < (best.ready_at, _cost(best.victims)):
+        if best is None or _rank(drain) < _rank(best):
             best = drain
     if best is None:
         cy.drain_misses.add((g, k))
     return best
 
 
-def _cost(victims: tuple[Candidate, ...] | list[Candidate]) -> float:
-    return sum(c.cost_gpu_s for c in victims)
+def _rank(drain: Drain) -> tuple:
+    """Plans compared: the soonest whole, then the victim set that is least bad (``victims.set_cost``)."""
+    return (drain.ready_at, set_cost(list(drain.victims)))
 
 
 def _node_plan(
@@ -94,7 +95,7 @@ def _node_plan(
     The victims are the cheapest eligible preemptible jobs on the node, as many as the node needs beyond what the
     other jobs give back by then: each extra release in time order may make a victim unnecessary."""
     victims = [c for c in pool.by_node.get(n, ()) if c.job_id not in pool.taken and eligible(c)]
-    freed_by_victims = sum(_on(c, n) for c in victims)
+    freed_by_victims = sum(gpus_on_node(c, n) for c in victims)
     if have + freed_by_victims + sum(gpus for _, gpus in releases) < g:
         return None
     ready, got = now, have + freed_by_victims
@@ -110,7 +111,7 @@ def _node_plan(
         if back_by_then >= g:
             break
         picked.append(c)
-        back_by_then += _on(c, n)
+        back_by_then += gpus_on_node(c, n)
     return ready, picked
 
 
@@ -127,10 +128,6 @@ def _other_releases(cy: Cycle, pool: VictimPool, eligible: Eligible) -> dict[int
             if n is not None and gpus > 0:
                 out.setdefault(n, []).append((end, gpus))
     return out
-
-
-def _on(c: Candidate, n: int) -> int:
-    return sum(g for m, g in c.on_nodes if m == n)
 
 
 __all__ = ["Drain", "plan_drain"]

@@ -150,11 +150,7 @@ def set_site_factors(cy: Cycle) -> dict[int, int]:
         for job in head:
             value = DRAIN_SITE_FACTOR if job.job_id in cy.draining else values[team]
             prev = previous.get(job.job_id)
-            if (
-                prev is not None
-                and abs(value - prev) <= SITE_FACTOR_STEP
-                and (prev == DRAIN_SITE_FACTOR) == (value == DRAIN_SITE_FACTOR)
-            ):
+            if prev is not None and abs(value - prev) <= SITE_FACTOR_STEP:  # the drain value is far from all others
                 continue
             in_force[job.job_id] = value
             why = (

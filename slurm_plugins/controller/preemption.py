@@ -31,6 +31,7 @@ from nuro.slurm_plugins.controller.victims import (
     VictimPool,
     choose_in_one_leaf,
     choose_victims,
+    seconds_since_checkpoint,
     work_lost_gpu_s,
 )
 
@@ -123,17 +124,11 @@ def count_ending_soon(cy: Cycle) -> None:
         end = timestamp(job.end_time, math.inf)
         if end > limit:
             continue
-        started = timestamp(job.start_time, cy.now)  # the comment is parsed only for the few jobs this close to end
-        if end <= base or end <= base + _seconds_since_checkpoint(cy, job, started):
+        # the comment is parsed only for the few jobs this close to their end
+        if end <= base or end <= base + seconds_since_checkpoint(job, cy.comment(job), cy.now):
             cy.taken.add(job.job_id)
             for node, gpus in gpus_on_nodes(job):
                 cy.cap.add_freeing(node, gpus)
-
-
-def _seconds_since_checkpoint(cy: Cycle, job: JobInfo, started: float) -> float:
-    """The seconds of training a job would lose if preempted now: since its last committed checkpoint of this run."""
-    mark = cy.comment(job).checkpoint
-    return cy.now - (max(mark.at, started) if mark is not None else started)
 
 
 def make_room_for_tiers(cy: Cycle) -> None:

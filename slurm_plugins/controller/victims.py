@@ -84,14 +84,19 @@ def victim_key(c: Candidate) -> tuple[int, int, int, float, float, int]:
     return (c.rank, c.tier_priority, -c.team_load, c.cost_gpu_s, -c.started_at, c.job_id)
 
 
-def work_lost_gpu_s(job: JobInfo, comment: JobComment, now: float) -> tuple[float, float | None]:
-    """(work lost if preempted now in GPU·s, last checkpoint time). A checkpoint older than the current start
-    (written by an earlier run) only bounds the loss by the start. A running job without a start time (Slurm did
-    not report one) is treated as just started."""
+def seconds_since_checkpoint(job: JobInfo, comment: JobComment, now: float) -> float:
+    """Seconds of training a job would lose if preempted now. A checkpoint older than the current start (written by
+    an earlier run) only bounds the loss by the start. A running job without a start time (Slurm did not report one)
+    is treated as just started."""
     start = timestamp(job.start_time, default=now)
     mark = comment.checkpoint
-    since = max(mark.at, start) if mark is not None else start
-    return max(0.0, now - since) * job_gpus(job), (mark.at if mark is not None else None)
+    return max(0.0, now - (max(mark.at, start) if mark is not None else start))
+
+
+def work_lost_gpu_s(job: JobInfo, comment: JobComment, now: float) -> tuple[float, float | None]:
+    """(work lost if preempted now in GPU·s, last checkpoint time): ``seconds_since_checkpoint`` × GPUs."""
+    mark = comment.checkpoint
+    return seconds_since_checkpoint(job, comment, now) * job_gpus(job), (mark.at if mark is not None else None)
 
 
 @dataclass
@@ -156,15 +161,15 @@ def _fill_node(
         if c.job_id in taken or not eligible(c):
             continue
         picked.append(c)
-        have += _on(c, n)
+        have += gpus_on_node(c, n)
         if have >= g:
             break
     else:
         return None
     for c in sorted(picked, key=victim_key, reverse=True):
-        if have - _on(c, n) >= g:
+        if have - gpus_on_node(c, n) >= g:
             picked.remove(c)
-            have -= _on(c, n)
+            have -= gpus_on_node(c, n)
     return picked
 
 
@@ -193,7 +198,8 @@ def choose_in_one_leaf(
     return None if best is None else (best[1], best[2])
 
 
-def _on(c: Candidate, n: int) -> int:
+def gpus_on_node(c: Candidate, n: int) -> int:
+    """GPUs preempting ``c`` frees on node number ``n``."""
     return next((gpus for node, gpus in c.on_nodes if node == n), 0)
 
 
@@ -228,6 +234,8 @@ __all__ = [
     "VictimPool",
     "choose_in_one_leaf",
     "choose_victims",
+    "gpus_on_node",
+    "seconds_since_checkpoint",
     "set_cost",
     "victim_key",
     "work_lost_gpu_s",
