@@ -36,10 +36,11 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from nuro.protocol import jobcomment
 from nuro.slurm._fields import expand_std_path
@@ -311,6 +312,24 @@ def _is_unknown_option(exc: SlurmError, option: str) -> bool:
     return option in text and ("unrecognized option" in text or "invalid option" in text or "unknown option" in text)
 
 
+T = TypeVar("T")
+
+
+def _in_daemon_thread(fn: Callable[..., T], *args: object) -> Future[T]:
+    """``fn(*args)`` in a daemon thread, its result as a future. Not a thread pool: the interpreter joins a pool's
+    workers at exit, so a stopping daemon would wait out a slow Slurm call (up to ``timeout_s``)."""
+    future: Future[T] = Future()
+
+    def call() -> None:
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever reads the result
+            future.set_exception(exc)
+
+    threading.Thread(target=call, name=getattr(fn, "__name__", "call"), daemon=True).start()
+    return future
+
+
 class CliBackend(Backend):
     """Runs Slurm's client commands with argument lists (never a shell) and an explicit timeout.
 
@@ -563,10 +582,9 @@ class CliBackend(Backend):
         """
         taken_at = datetime.now(UTC)
         start = time.monotonic()
-        with ThreadPoolExecutor(max_workers=2, thread_name_prefix="snapshot") as pool:
-            sinfo = pool.submit(self.run, ["sinfo", "--json"])
-            jobs = self.jobs()
-            nodes, _ = parse_sinfo_json(sinfo.result().stdout)
+        sinfo = _in_daemon_thread(self.run, ["sinfo", "--json"])
+        jobs = self.jobs()
+        nodes, _ = parse_sinfo_json(sinfo.result().stdout)
         partitions = self.partitions(nodes, max_age_s=SNAPSHOT_PARTITIONS_MAX_AGE_S)
         nodes = attach_switches(nodes, self.topology())
         log.debug(

@@ -442,7 +442,7 @@ def main(
         )  # fmt: skip
     if policy is None:
         log.info("no policy: only the failure detector runs")
-        stop.wait()
+        _wait_interruptibly(stop)
         if detector_thread is not None:
             detector_thread.join(5)
         log.info("nuro-controller stopped")
@@ -459,11 +459,22 @@ def main(
         name="policy", daemon=True,
     )  # fmt: skip
     policy_thread.start()
-    stop.wait()
+    _wait_interruptibly(stop)
     policy_thread.join(max(5.0, cfg.interval_s + 1))
     if detector_thread is not None:
         detector_thread.join(5)
     log.info("nuro-controller stopped after %d cycles", controller.cycles)
+
+
+def _wait_interruptibly(stop: threading.Event, tick_s: float = 0.5) -> None:
+    """Wait in the main thread until ``stop``, waking every ``tick_s``.
+
+    Why not ``stop.wait()``: Python runs signal handlers only in the main thread, and only when it runs bytecode. The
+    kernel may deliver SIGTERM to another thread (here one waiting on squeue), which then cannot wake a main thread
+    blocked on a lock with no timeout: the handler never runs and the controller never stops (seen in CI, where a
+    leaked controller then acted on later tests' jobs). Waking now and then bounds that to ``tick_s``."""
+    while not stop.wait(tick_s):
+        pass
 
 
 def _keep_running(name: str, loop: Callable[[], None], stop: threading.Event, pause_s: float = 1.0) -> None:

@@ -7,7 +7,9 @@ here with useradd, with Slurm associations, because jobs run as them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -73,6 +75,31 @@ def apply_example_policy(
     path.write_text(yaml.safe_dump(raw))
     cluster.run([str(Path(sys.executable).parent / "nuro-admin"), "policy", "apply", str(path)])
     return path
+
+
+@contextlib.contextmanager
+def controller_process(
+    cluster: LiveCluster, policy: Path, log_path: Path, *extra: str, stop_timeout_s: float = 20
+) -> Iterator[subprocess.Popen]:
+    """The real ``nuro-controller`` daemon as a child process (0.5 s cycles, the cluster's master key: it signs
+    preempt marks), logging to ``log_path``; stopped by PID with SIGTERM, which it must obey within
+    ``stop_timeout_s``. One that does not is killed before the test fails: a leaked controller would go on acting on
+    later tests' jobs with this test's policy."""
+    argv = [str(Path(sys.executable).parent / "nuro-controller"), "--policy", str(policy), "--interval-s", "0.5",
+            "--heartbeat-key", str(cluster.layout.heartbeat_key), *extra]  # fmt: skip
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, env={**os.environ, **cluster.env}, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=stop_timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            rc = None
+        assert rc == 0, f"controller stopped with {rc} (None: ignored SIGTERM, killed)\n{log_path.read_text()[-3000:]}"
 
 
 def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: float = 60) -> None:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -23,7 +21,13 @@ import pytest
 from nuro.policy import load_policy
 from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase, SlurmError
-from tests.integration.conftest import LiveCluster, apply_example_policy, cancel_jobs_of, wait_until
+from tests.integration.conftest import (
+    LiveCluster,
+    apply_example_policy,
+    cancel_jobs_of,
+    controller_process,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -82,24 +86,8 @@ def _running(cluster: LiveCluster, *job_ids: int, timeout_s: float = 40) -> None
         cluster.backend.wait_for_job(job_id, {JobPhase.RUNNING}, timeout_s=timeout_s)
 
 
-@contextlib.contextmanager
-def controller(cluster: LiveCluster, policy_file: Path, log_path: Path) -> Iterator[subprocess.Popen]:
-    # --heartbeat-key: the master key signs preempt marks (nuro.protocol.marks), so a restarted controller still reads
-    # them
-    argv = [str(BIN / "nuro-controller"), "--policy", str(policy_file), "--interval-s", "0.5",
-            "--heartbeat-key", str(cluster.layout.heartbeat_key)]  # fmt: skip
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            argv,
-            env=_env(cluster),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0, log_path.read_text()[-3000:]
+def controller(cluster: LiveCluster, policy_file: Path, log_path: Path) -> contextlib.AbstractContextManager:
+    return controller_process(cluster, policy_file, log_path)
 
 
 def _env(cluster: LiveCluster) -> dict[str, str]:

@@ -21,10 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -37,7 +34,13 @@ import pytest
 from nuro.policy import load_policy
 from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase, SlurmError
-from tests.integration.conftest import LiveCluster, apply_example_policy, cancel_jobs_of, wait_until
+from tests.integration.conftest import (
+    LiveCluster,
+    apply_example_policy,
+    cancel_jobs_of,
+    controller_process,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -110,24 +113,9 @@ def _submit(cluster: LiveCluster, team: str, out_dir: Path) -> int:
     return cluster.sbatch_as(MEMBERS[team], args, JOB.format(bin=BIN))
 
 
-@contextlib.contextmanager
-def controller(cluster: LiveCluster, policy_file: Path, log_path: Path) -> Iterator[subprocess.Popen]:
-    """The real daemon as a child process, JSON log (each line has its Unix time), stopped by PID."""
-    argv = [str(BIN / "nuro-controller"), "--policy", str(policy_file), "--interval-s", "0.5", "--log-format",
-            "json", "--heartbeat-key", str(cluster.layout.heartbeat_key)]  # fmt: skip
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, env={**os.environ, **cluster.env}, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            rc = proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-            raise
-        assert rc == 0, log_path.read_text()[-3000:]
+def controller(cluster: LiveCluster, policy_file: Path, log_path: Path) -> contextlib.AbstractContextManager:
+    """The real daemon, JSON log (each line has its Unix time)."""
+    return controller_process(cluster, policy_file, log_path, "--log-format", "json")
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,7 @@ chosen at submit skipped the lending limits the controller enforces. Now (as tea
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import signal
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +26,7 @@ import yaml
 
 from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase
-from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, wait_until
+from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, controller_process, wait_until
 from tests.integration.isolation.conftest import ATTACKER, MEMBERS, Guard, as_user
 
 pytestmark = pytest.mark.slurm
@@ -61,18 +58,8 @@ def short_grace(cluster: LiveCluster, teams: Path, tmp_path_factory: pytest.Temp
     cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(teams)])
 
 
-@contextlib.contextmanager
-def controller(cluster: LiveCluster, policy: Path, log_path: Path) -> Iterator[None]:
-    """The policy loop with the cluster's master key (it signs preempt marks), stopped afterwards."""
-    argv = [str(BIN / "nuro-controller"), "--policy", str(policy), "--interval-s", "0.5",
-            "--heartbeat-key", str(cluster.layout.heartbeat_key)]  # fmt: skip
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, env={**os.environ, **cluster.env}, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=30) == 0, log_path.read_text()[-3000:]
+def controller(cluster: LiveCluster, policy: Path, log_path: Path) -> contextlib.AbstractContextManager:
+    return controller_process(cluster, policy, log_path, stop_timeout_s=30)
 
 
 def _submit(cluster: LiveCluster, team: str, *extra: str) -> int:
