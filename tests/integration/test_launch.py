@@ -10,8 +10,9 @@ Per node, one srun task runs ``nuro-launch``, which runs torchrun (c10d rendezvo
 * ``scancel --signal=USR1 --full`` → every rank stops at the same step, rank 0 acks in the job comment, 75, requeue;
 * an exception in the user's script → the job FAILS with the script's status, no requeue.
 
-Each job costs ~10 s of torch imports (2 workers + 2 agents on 2 shared cores); requeued jobs are cancelled as soon
-as the requeue is seen rather than run again.
+Each job costs ~10 s of torch imports (2 workers + 2 agents on 2 shared cores), so the four jobs are submitted
+together when the module starts and their start-ups overlap; each test's job is cancelled when the test ends (a
+requeued job is not run again, except the killed one's second attempt, which the test waits for).
 """
 
 from __future__ import annotations
@@ -117,10 +118,28 @@ def restarted(cluster: LiveCluster, job_id: int):
     return job if job is not None and job.restart_count >= 1 else None
 
 
+#: The four jobs, by name: the extra arguments of each. All are submitted at once when the module starts (4 × 2 nodes
+#: fill the 8-node cluster), so their start-ups (torch imports, rendezvous) overlap instead of adding up.
+JOBS = {"kill": (), "preempt": (), "bug": ("--raise-at", "3", "--raise-rank", "1"), "timelimit": ()}
+
+
+@pytest.fixture(scope="module")
+def started(cluster: LiveCluster, shared: Path, code: Pins) -> Iterator[dict[str, int]]:
+    """Job id per name in ``JOBS``, submitted together; whatever is left is cancelled when the module ends."""
+    ids = {name: submit(cluster, shared, code, name, *args) for name, args in JOBS.items()}
+    yield ids
+    _cancel(cluster, list(ids.values()))
+
+
 @pytest.fixture
 def jobs(cluster: LiveCluster) -> Iterator[list[int]]:
+    """The test's jobs, cancelled when it ends (so their nodes are free for the next attempt of another job)."""
     ids: list[int] = []
     yield ids
+    _cancel(cluster, ids)
+
+
+def _cancel(cluster: LiveCluster, ids: list[int]) -> None:
     for job_id in ids:
         cluster.run(["scancel", str(job_id)], check=False)
     wait_until(lambda: all(_ended(cluster, j) for j in ids), 60, f"jobs {ids} to end")
@@ -145,8 +164,8 @@ def workers_of(job_id: int, node: str) -> list[psutil.Process]:
     return found
 
 
-def test_a_killed_node_requeues_the_gang_and_the_survivor_exits_75(cluster, shared, code, jobs) -> None:
-    job_id = submit(cluster, shared, code, "kill")
+def test_a_killed_node_requeues_the_gang_and_the_survivor_exits_75(cluster, shared, started, jobs) -> None:
+    job_id = started["kill"]
     jobs.append(job_id)
     log = log_of(shared, "kill", job_id)
     wait_steps(log, 3)
@@ -174,8 +193,8 @@ def test_a_killed_node_requeues_the_gang_and_the_survivor_exits_75(cluster, shar
     print(f"kill→second attempt's first line: {time.time() - killed_at:.1f} s")
 
 
-def test_usr1_stops_every_rank_at_the_same_step_acks_and_requeues(cluster, shared, code, jobs) -> None:
-    job_id = submit(cluster, shared, code, "preempt")
+def test_usr1_stops_every_rank_at_the_same_step_acks_and_requeues(cluster, shared, started, jobs) -> None:
+    job_id = started["preempt"]
     jobs.append(job_id)
     log = log_of(shared, "preempt", job_id)
     wait_steps(log, 3)
@@ -198,8 +217,8 @@ def test_usr1_stops_every_rank_at_the_same_step_acks_and_requeues(cluster, share
     print(f"\nUSR1→ack {ack['at'] - signalled_at:.1f} s (stop step {step}); verdicts {whys}")
 
 
-def test_an_exception_in_the_script_fails_the_job_with_its_status(cluster, shared, code, jobs) -> None:
-    job_id = submit(cluster, shared, code, "bug", "--raise-at", "3", "--raise-rank", "1")
+def test_an_exception_in_the_script_fails_the_job_with_its_status(cluster, shared, started, jobs) -> None:
+    job_id = started["bug"]
     jobs.append(job_id)
     done = cluster.backend.wait_for_job(job_id, timeout_s=180)
     body = text(log_of(shared, "bug", job_id))
@@ -210,10 +229,10 @@ def test_an_exception_in_the_script_fails_the_job_with_its_status(cluster, share
     assert kinds.count("failure") == 1 and set(kinds) <= {"failure", "stopped", "requeue"}, kinds  # peer: TERMed
 
 
-def test_the_time_limit_signal_to_the_batch_shell_reaches_every_rank(cluster, shared, code, jobs) -> None:
+def test_the_time_limit_signal_to_the_batch_shell_reaches_every_rank(cluster, shared, started, jobs) -> None:
     """``--signal=B:USR2@N`` as Slurm sends it (to the batch shell only): shell trap → step wrapper → srun → nuro-launch
     → workers; every rank stops at one step and the ack says why."""
-    job_id = submit(cluster, shared, code, "timelimit")
+    job_id = started["timelimit"]
     jobs.append(job_id)
     log = log_of(shared, "timelimit", job_id)
     wait_steps(log, 3)
