@@ -6,9 +6,13 @@ Debian mirror; ``apt-get update`` runs first because a new machine can have empt
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +49,35 @@ def missing_packages(packages: list[str] | None = None) -> list[str]:
     return [n for n in names if n not in installed]
 
 
+@contextlib.contextmanager
+def machine_lock(name: str) -> Iterator[None]:
+    """An exclusive lock held by one process of this machine at a time (``flock`` on ``/run/lock/nuro-<name>.lock``).
+
+    Why: two clusters brought up at once (two test shards, two engineers) would otherwise run apt-get side by side
+    (the second fails on dpkg's lock) or useradd side by side (the second fails on /etc/passwd's lock)."""
+    path = Path("/run/lock") / f"nuro-{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def ensure_packages(timeout_s: float = 900.0, packages: dict[str, str] | None = None) -> list[str]:
     """Install what is missing of ``packages`` (default: the dev cluster's); return what was installed."""
     names = list(packages or PACKAGES)
-    missing = missing_packages(names)
-    if not missing:
+    if not missing_packages(names):
         log.debug("devcluster packages present")
+        return []
+    with machine_lock("apt"):
+        return _install(names, timeout_s)
+
+
+def _install(names: list[str], timeout_s: float) -> list[str]:
+    missing = missing_packages(names)  # again, under the lock: another process may have installed them meanwhile
+    if not missing:
         return []
     if os.geteuid() != 0:
         raise InstallError(

@@ -150,16 +150,19 @@ def _ended(cluster: LiveCluster, job_id: int) -> bool:
     return job is None or job.phase.is_terminal
 
 
-def workers_of(job_id: int, node: str) -> list[psutil.Process]:
-    """The torchrun workers of ``job_id`` on ``node``: processes whose environment names this job, this node and a
-    torchrun worker rank. Never by name across the machine: other jobs and other clusters run here too."""
+def workers_of(cluster: LiveCluster, job_id: int, node: str) -> list[psutil.Process]:
+    """The torchrun workers of ``job_id`` on ``node`` of this cluster: processes whose environment names this job,
+    this node, this cluster's slurm.conf (sbatch exports it) and a torchrun worker rank. Never by name across the
+    machine: other clusters run here too, with the same node names and job ids (every test cluster starts at 1)."""
     found = []
+    conf = cluster.env["SLURM_CONF"]
     for proc in psutil.process_iter(["pid"]):
         try:
             env = proc.environ()
         except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
             continue
-        if env.get("SLURM_JOB_ID") == str(job_id) and env.get("SLURMD_NODENAME") == node and "LOCAL_RANK" in env:
+        mine = env.get("SLURM_JOB_ID") == str(job_id) and env.get("SLURMD_NODENAME") == node
+        if mine and env.get("SLURM_CONF") == conf and "LOCAL_RANK" in env:
             found.append(proc)
     return found
 
@@ -172,7 +175,7 @@ def test_a_killed_node_requeues_the_gang_and_the_survivor_exits_75(cluster, shar
     job = cluster.backend.find_job(job_id)
     assert job is not None and len(job.nodes) == 2, job
     victim_node = job.nodes[1]
-    victims = workers_of(job_id, victim_node)
+    victims = workers_of(cluster, job_id, victim_node)
     assert len(victims) == 1, victims  # one worker per node (--nproc-per-node=1)
     killed_at = time.time()
     for proc in victims:

@@ -348,7 +348,8 @@ def test_hostile_values_never_execute(cluster, teams, repo, shared, digest) -> N
         assert out.returncode == 3 and field in out.stderr, (field, out.stderr)
     assert not marker.exists()
     assert Path("/tmp/pwned").exists() == pwned_before
-    assert {j.job_id for j in cluster.backend.jobs() if j.user == "alice"} == jobs_before
+    # no job was submitted (jobs of earlier tests may have ended and left the list meanwhile)
+    assert not {j.job_id for j in cluster.backend.jobs() if j.user == "alice"} - jobs_before
 
 
 def test_resume_starts_a_new_run_on_the_same_pins(cluster, teams, repo, shared, digest) -> None:
