@@ -432,10 +432,13 @@ class CliBackend(Backend):
 
     # -- reads ---------------------------------------------------------------------------------------------
     def jobs(self) -> list[JobInfo]:
-        """One ``squeue --json`` (or the ``-o`` fallback, see the module docstring)."""
+        """One ``squeue --json -t all`` (or the ``-o`` fallback, see the module docstring).
+
+        ``-t all``: 24.11 and later list ended jobs (still held by slurmctld, within MinJobAge) only when asked, as
+        22.05 always did (it ignores squeue's filters with ``--json``); waiting for a job to end reads them here."""
         if self._squeue_json:
             try:
-                return parse_squeue_json(self.run(["squeue", "--json"]).stdout)
+                return parse_squeue_json(self.run(["squeue", "--json", "-t", "all"]).stdout)
             except SlurmError as exc:
                 if not _is_unknown_option(exc, "json"):
                     raise
@@ -466,7 +469,7 @@ class CliBackend(Backend):
 
         ``-j`` is passed for the Slurm versions that honour it; 22.05 ignores it (the whole list, picked here).
         """
-        record = parse_squeue_job_record(self.run(["squeue", "--json", "-j", str(job_id)]).stdout, job_id)
+        record = parse_squeue_job_record(self.run(["squeue", "--json", "-t", "all", "-j", str(job_id)]).stdout, job_id)
         if record is None:
             raise InvalidJobId(f"slurmctld lists no job {job_id}", argv=["squeue", "--json"])
         return record
@@ -605,7 +608,7 @@ class CliBackend(Backend):
     def finished_jobs(self, job_ids: Iterable[int | str]) -> list[JobInfo]:
         """One ``sacct --json -j a,b,...``: the latest record per job id, in the order asked for.
 
-        Because 22.05's sacct JSON loses non-zero exit codes (see ``parse._sacct_exit``), records that finished
+        Because 22.05's sacct JSON loses non-zero exit codes (see ``parse._exit_of``), records that finished
         without a known exit code get it from one more call, ``sacct -n -P -X -o JobIDRaw,ExitCode,State``.
         """
         wanted = list(dict.fromkeys(str(j).strip() for j in job_ids if str(j).strip()))

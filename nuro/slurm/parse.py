@@ -9,7 +9,7 @@ Shapes are Slurm 22.05's, which prints the REST API's v0.0.38 documents from the
 
 * times are integer epoch seconds, 0 when unset; squeue's ``exit_code`` is a raw wait(2) status (768 = exit 3,
   15 = killed by SIGTERM); sacct's is a dict ``{"status": ..., "return_code": n, "signal": {...}}`` that loses
-  non-zero exit codes (a 22.05 bug, see ``_sacct_exit``);
+  non-zero exit codes (a 22.05 bug, see ``_exit_of``);
 * a node's ``state`` is the lower-case base state ("idle", "mixed") and its flags are separate
   (``state_flags: ["DRAIN"]``); we compose Slurm's usual "IDLE+DRAIN" / "MIXED+DRAIN" (draining);
 * ``sinfo --json`` has NO partitions in 22.05, only each node's partition names;
@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from nuro.slurm import hostlist
@@ -165,7 +166,7 @@ def _job_from_squeue(d: Mapping[str, Any]) -> JobInfo:
         )
     if not gpus_per_node and gpus_total and node_count:
         gpus_per_node = gpus_total // node_count
-    exit_code, exit_signal = decode_wait_status(d.get("exit_code")) if phase.is_terminal else (None, None)
+    exit_code, exit_signal = _exit_of(d.get("exit_code"), phase) if phase.is_terminal else (None, None)
     # 22.05: a PENDING job carries leftovers here (a requeued job: the requeue time as start_time and an end_time
     # in the 22nd century), so they are dropped; eligible_time is the meaningful "may start after" time.
     pending = phase is JobPhase.PENDING
@@ -302,6 +303,53 @@ def _node_from_json(d: Mapping[str, Any]) -> NodeInfo:
     )
 
 
+def _has(text: str, key: str) -> bool:
+    """Whether the JSON document's text names ``key`` as a key (cheap: which layout to expect before decoding)."""
+    return f'"{key}"' in text
+
+
+def _nodes_from_sinfo_records(records: list[Any]) -> list[NodeInfo]:
+    """24.11+'s ``sinfo --json``: records of alike nodes (``nodes.nodes`` their names, ``node.state`` like
+    ``["IDLE", "DRAIN"]``, ``gres.total``/``gres.used`` per node, CPU counts summed over the record) → one NodeInfo
+    per node. Captured (tests/fixtures/slurm/v24.11, v26.05): nodes with different GPU use are in different records,
+    so a record's ``gres.used`` is each of its nodes'. A node in several partitions is in one record per partition:
+    its partitions are merged."""
+    by_name: dict[str, NodeInfo] = {}
+    for r in records:
+        if not isinstance(r, Mapping):
+            continue
+        names = [as_str(n) for n in (r.get("nodes") or {}).get("nodes") or []]
+        raw = (r.get("node") or {}).get("state") or []
+        raw = raw if isinstance(raw, list) else [raw]
+        state = node_state_text(as_str(raw[0]) if raw else "UNKNOWN", [as_str(f) for f in raw[1:]])
+        gres = r.get("gres") or {}
+        cpus = r.get("cpus") or {}
+        reason = r.get("reason")
+        reason_text = as_str(reason.get("description")) if isinstance(reason, Mapping) else as_str(reason)
+        partition = as_str((r.get("partition") or {}).get("name"))
+        count = max(1, len(names))
+        for name in names:
+            seen = by_name.get(name)
+            if seen is not None:
+                if partition and partition not in seen.partitions:
+                    by_name[name] = replace(seen, partitions=(*seen.partitions, partition))
+                continue
+            by_name[name] = NodeInfo(
+                name=name,
+                state=state,
+                flags=frozenset(state.split("+")),
+                reason=reason_text or None,
+                gres=as_str(gres.get("total")),
+                gpus_total=gpu_count_from_gres(as_str(gres.get("total"))),
+                gpus_alloc=gpu_count_from_gres(as_str(gres.get("used"))),
+                cpus=as_int(cpus.get("total")) // count,
+                cpus_alloc=as_int(cpus.get("allocated")) // count,
+                partitions=(partition,) if partition else (),
+                switch=None,
+            )
+    return sorted(by_name.values(), key=lambda n: n.name)
+
+
 def _partition_from_json(d: Mapping[str, Any]) -> PartitionInfo:
     """One entry of a v0.0.38 ``partitions`` list (``_dump_part``)."""
     flags = {str(f).lower() for f in d.get("flags") or ()}
@@ -346,10 +394,14 @@ def parse_sinfo_json(text: str) -> tuple[list[NodeInfo], list[PartitionInfo]]:
 
     22.05 prints the v0.0.38 ``nodes`` document only; without a ``partitions`` list (always, on 22.05) partitions
     are derived from the nodes' memberships, with state "UNKNOWN" and default False: only
-    ``scontrol show -o partition`` (``parse_scontrol_partitions``) knows those. Switches are None here; see
-    ``attach_switches``.
+    ``scontrol show -o partition`` (``parse_scontrol_partitions``) knows those. 24.11 and later print
+    ``{"sinfo": [...]}`` instead, one record per group of alike nodes (``_nodes_from_sinfo_records``); partitions
+    are derived the same way. Switches are None here; see ``attach_switches``.
     """
-    doc = _load(text, "sinfo --json", "nodes")
+    doc = _load(text, "sinfo --json", "sinfo" if _has(text, "sinfo") else "nodes")
+    if "sinfo" in doc:  # 24.11+
+        nodes = _nodes_from_sinfo_records(doc["sinfo"] or [])
+        return nodes, partitions_from_nodes(nodes)
     nodes = [_node_from_json(n) for n in doc["nodes"] or []]
     if "partitions" in doc:
         partitions = [_partition_from_json(p) for p in doc["partitions"] or []]
@@ -358,18 +410,27 @@ def parse_sinfo_json(text: str) -> tuple[list[NodeInfo], list[PartitionInfo]]:
     return nodes, partitions
 
 
-def _sacct_exit(value: object, phase: JobPhase) -> tuple[int | None, int | None]:
-    """dbv0.0.38 exit code dict → (return code, signal); None where 22.05 does not really know.
+def _exit_of(value: object, phase: JobPhase) -> tuple[int | None, int | None]:
+    """A job's exit code as squeue or sacct print it → (return code, signal); None where Slurm does not know.
+
+    Three shapes: 22.05 squeue's raw wait(2) status (a number); 22.05 sacct's dbv0.0.38 dict
+    ``{"status": "SUCCESS", "return_code": 0, "signal": {"signal_id": n}}``; and 24.11+'s dict, in squeue and sacct
+    alike, ``{"status": ["ERROR"], "return_code": {"set", "number": 3}, "signal": {"id": {"set", "number"}}}``.
 
     22.05 bug (``_dump_job_exit_code`` in src/plugins/openapi/dbv0.0.38/parse.c): every normal exit is dumped as
     ``{"status": "SUCCESS", "return_code": 0}``, so ``exit 3`` reads as success. We trust "SUCCESS" only for a
     COMPLETED job and otherwise return None; ``CliBackend.finished_jobs`` fills those from sacct's text output.
+    Newer versions say "ERROR" with the real code (captured: tests/fixtures/slurm/v24.11, v26.05), and a job stopped
+    by scancel still says "SUCCESS" with 0, which is read the same way (None: not knowable from here).
     """
     if not isinstance(value, Mapping):
         return decode_wait_status(value)
-    status = as_str(value.get("status")).upper()
+    raw_status = value.get("status")
+    if isinstance(raw_status, list):  # 24.11+: ["ERROR"], ["SIGNALED", ...]
+        raw_status = raw_status[0] if raw_status else ""
+    status = as_str(raw_status).upper()
     signal = value.get("signal") or {}
-    sig = as_int(signal.get("signal_id"), default=0) if isinstance(signal, Mapping) else 0
+    sig = as_int(signal.get("signal_id", signal.get("id")), default=0) if isinstance(signal, Mapping) else 0
     if status == "SIGNALED" and sig:
         return None, sig
     if status == "SUCCESS":
@@ -405,7 +466,7 @@ def _job_from_sacct(d: Mapping[str, Any]) -> JobInfo:
     node_count = as_int(d.get("allocation_nodes"))
     gpus_total = _gpus_in_tres_list(tres.get("allocated")) or _gpus_in_tres_list(tres.get("requested"))
     comment = d.get("comment") or {}
-    exit_code, exit_signal = _sacct_exit(d.get("exit_code"), phase) if phase.is_terminal else (None, None)
+    exit_code, exit_signal = _exit_of(d.get("exit_code"), phase) if phase.is_terminal else (None, None)
     array = d.get("array") or {}
     qos = d.get("qos")
     return JobInfo(

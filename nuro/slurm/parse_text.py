@@ -178,7 +178,7 @@ def parse_scontrol_partitions(text: str) -> list[PartitionInfo]:
 def parse_sacct_exitcodes(text: str) -> dict[int, tuple[int | None, int | None]]:
     """``sacct -n -P -X -o JobIDRaw,ExitCode,State`` → {job id: (exit code, signal)}.
 
-    Why: 22.05's ``sacct --json`` reports every normal exit as success (see ``parse._sacct_exit``); the text
+    Why: 22.05's ``sacct --json`` reports every normal exit as success (see ``parse._exit_of``); the text
     form "3:0" is right. Lines for steps ("123.batch") and array/het ids that are not plain integers are skipped.
     Only these three fields: none can hold '|' or a newline, so a job's name or comment (never asked for) cannot
     shift a value, and a line with another count raises.

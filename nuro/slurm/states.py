@@ -131,13 +131,18 @@ def normalize_state(raw: str) -> str:
     """Reduce any spelling of a job state to the table's key.
 
     ``"CANCELLED by 0"`` (sacct text) → ``"CANCELLED"``, ``"running"`` → ``"RUNNING"``,
-    ``"RUNNING+COMPLETING"`` style lists (newer Slurm JSON) → the first element.
+    ``"PENDING+REQUEUED"`` style lists (newer Slurm JSON) → the first element, except that a COMPLETING flag wins, as
+    22.05's ``job_state_string()`` lets it win: 24.11+ show a requeued job whose processes are still ending as
+    ``["PENDING", "COMPLETING"]`` where 22.05 shows ``"COMPLETING"``; either way it still holds its nodes (captured:
+    tests/fixtures/slurm/v24.11).
     """
     text = raw.strip().upper()
     if not text:
         return ""
-    text = text.split()[0]
-    return text.split("+")[0].split(",")[0]
+    parts = text.split()[0].split("+")
+    if "COMPLETING" in parts[1:]:
+        return "COMPLETING"
+    return parts[0].split(",")[0]
 
 
 def to_phase(raw: str | None) -> JobPhase:

@@ -119,7 +119,7 @@ def test_snapshot_from_real_outputs(fake: FakeSlurm, caplog: pytest.LogCaptureFi
     # configuration); argv are lists, no shell
     argvs = fake.argvs()
     assert argvs.count(["scontrol", "show", "topology"]) == 1
-    assert argvs.count(["squeue", "--json"]) == 2 and argvs.count(["sinfo", "--json"]) == 2
+    assert argvs.count(["squeue", "--json", "-t", "all"]) == 2 and argvs.count(["sinfo", "--json"]) == 2
     assert argvs.count(["scontrol", "show", "-o", "partition"]) == 1
     assert backend.partitions([], max_age_s=0.0) == list(snap.partitions)  # an explicit read always asks again
     assert fake.argvs().count(["scontrol", "show", "-o", "partition"]) == 2
@@ -150,7 +150,7 @@ def test_squeue_without_json_falls_back_to_format(tmp_path: Path, caplog: pytest
     done = next(j for j in jobs if j.job_id == done_id)  # the hostile capture's finished job ("done|x\ny=z")
     assert done.phase is JobPhase.FAILED and done.user == "nuro-alice" and done.nodes == ("gpu001",)
     assert all(j.name == "" and j.comment == "" for j in jobs)  # free text is never read from squeue -o
-    assert fake.argvs().count(["squeue", "--json"]) == 1  # the fallback sticks
+    assert fake.argvs().count(["squeue", "--json", "-t", "all"]) == 1  # the fallback sticks
     assert sum("no --json" in r.getMessage() for r in caplog.records) == 1
 
 
@@ -311,7 +311,7 @@ def test_reads_of_an_array_record_come_from_json(tmp_path: Path) -> None:
     )
     backend = fake.backend()
     assert backend.job_comment(job_id) == HOSTILE[0]["comment"]
-    assert fake.argvs()[1] == ["squeue", "--json", "-j", str(job_id)]
+    assert fake.argvs()[1] == ["squeue", "--json", "-t", "all", "-j", str(job_id)]
     assert backend.job_record(job_id)["JobName"] == HOSTILE[0]["name"]
     (tmp_path / "x").mkdir()
     with pytest.raises(InvalidJobId, match="lists no job 999999"):
