@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,11 +138,19 @@ def restore(cluster: LiveCluster) -> Iterator[list[str]]:
         return next(n for n in cluster.backend.nodes() if n.name == name)
 
     status = manager.status(cluster.layout)
+    revived_at: dict[str, float] = {}
     for name in touched:
         if name in status.get("killed_nodes", {}):
+            revived_at[name] = time.time()
             manager.revive_node(cluster.layout, name)
+
+    def agent_reports(name: str) -> bool:
+        # a revived node's agent is back only once it writes its status again: the killed agent's file is still there
+        path = cluster.layout.agents_dir / f"{name}.json"
+        return path.exists() and path.stat().st_mtime >= revived_at.get(name, 0.0)
+
     for name in touched:
-        wait_until(lambda n=name: (cluster.layout.agents_dir / f"{n}.json").exists(), 20, f"{name}'s agent")
+        wait_until(lambda n=name: agent_reports(n), 30, f"{name}'s agent reporting")
         if node(name).is_drained or "DOWN" in node(name).flags:
             cluster.run(["scontrol", "update", f"nodename={name}", "state=resume"], check=False)
     wait_until(

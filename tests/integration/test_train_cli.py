@@ -34,8 +34,10 @@ def train(cluster: LiveCluster, user: str, *args: str) -> subprocess.CompletedPr
 
 
 def test_a_member_follows_a_run_from_submit_to_end(teams: LiveCluster, shared_tmp: Path) -> None:
-    out = shared_tmp / "run.out"
-    script = f"#!/bin/bash\necho step-one\n{BIN}/nuro-job ckpt --step 12\nsleep 4\necho step-two\n"
+    out, go = shared_tmp / "run.out", shared_tmp / "go"
+    # the job runs until the test has looked at it (a fixed sleep ended before the views were read on a busy machine)
+    script = (f"#!/bin/bash\necho step-one\n{BIN}/nuro-job ckpt --step 12\n"
+              f"for i in $(seq 600); do [ -e {go} ] && break; sleep 0.2; done\necho step-two\n")  # fmt: skip
     res = subprocess.run(
         ["runuser", "-u", "alice", "--", "env", *(f"{k}={v}" for k, v in teams.env.items()), "sbatch", "--parsable",
          "--nodes=1", "--gres=gpu:8", f"--output={out}", "--comment", '{"note":"r1"}'],
@@ -59,6 +61,7 @@ def test_a_member_follows_a_run_from_submit_to_end(teams: LiveCluster, shared_tm
             "checkpoint_step"] == 12, 20, "the checkpoint mark in status")  # fmt: skip
         refused = train(teams, "bob", "cancel", str(job_id))
         assert refused.returncode == 1 and "error" in refused.stderr
+        go.touch()
         followed = train(teams, "alice", "logs", "-f", str(job_id))
         assert followed.returncode == 0 and "step-one" in followed.stdout and "step-two" in followed.stdout
     finally:
