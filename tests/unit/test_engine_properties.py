@@ -168,14 +168,30 @@ def _in_flight(world: World) -> dict[int, float]:
     return out
 
 
-def _placeable(world: World, job: JobInfo, freed_by: list[JobInfo]) -> bool:
+def _placeable(world: World, job: JobInfo, freed_by: list[JobInfo], within: set[str] | None = None) -> bool:
+    """Whether ``job`` fits once ``freed_by`` are gone (on the nodes ``within``, if given: one leaf)."""
     free = {n.name: n.gpus_free for n in world.snapshot.nodes}
-    ok = {n.name for n in world.snapshot.nodes if n.is_schedulable}
+    ok = {n.name for n in world.snapshot.nodes if n.is_schedulable and (within is None or n.name in within)}
     for v in freed_by:
         for n in v.nodes:
             if n in ok:
                 free[n] += v.gpus_per_node
     return sum(1 for n in ok if free[n] >= job.gpus_per_node) >= job.node_count
+
+
+def _leaves(world: World) -> list[set[str]]:
+    by: dict[str, set[str]] = {}
+    for n in world.snapshot.nodes:
+        by.setdefault(n.switch or "", set()).add(n.name)
+    return list(by.values())
+
+
+def _room(world: World, job: JobInfo, freed_by: list[JobInfo], one_leaf: bool) -> bool:
+    """Room for ``job`` as the engine reads it: a gang with the one-leaf hint (2 to leaf-size nodes, as job_submit.lua
+    gives it) has room only inside one leaf; any other job anywhere."""
+    if one_leaf:
+        return any(_placeable(world, job, freed_by, leaf) for leaf in _leaves(world))
+    return _placeable(world, job, freed_by)
 
 
 def check_invariants(world: World, d: Decisions, now: float = NOW) -> None:
@@ -286,7 +302,12 @@ def test_victims_are_minimal_for_a_single_pending_job(world: World) -> None:
         return
     job = world.snapshot.job(d.of(Preempt)[0].for_job_id)
     flying = [world.snapshot.job(i) for i in _in_flight(world)]
-    assert not _placeable(world, job, flying), "preempted although in-flight victims already make room"
+    leaves = _leaves(world)
+    hinted = len(leaves) > 1 and 2 <= job.node_count <= max(len(leaf) for leaf in leaves)
+    # a hinted gang's victims are chosen inside one leaf when one can hold it (then "room" means room in a leaf,
+    # even where in-flight GPUs would place it across leaves), else anywhere, as Slurm places it after its wait
+    one_leaf = hinted and any(_placeable(world, job, [*flying, *vs], leaf) for leaf in leaves)
+    assert not _room(world, job, flying, one_leaf), "preempted although in-flight victims already make room"
     for spare in vs:
         rest = [v for v in vs if v is not spare]
-        assert not _placeable(world, job, [*flying, *rest]), f"victim {spare.job_id} was not needed"
+        assert not _room(world, job, [*flying, *rest], one_leaf), f"victim {spare.job_id} was not needed"
