@@ -55,13 +55,17 @@ COMMON_PACKAGES: tuple[str, ...] = (
     "mariadb-client",
 )
 
-#: Per-version additions. sid's minbase lacks the libraries the host's Python 3.11 needs for ``sqlite3`` and
-#: ``ctypes`` when a job runs the host's venv through a read-only bind mount (measured; trixie has them already).
-EXTRA_PACKAGES: dict[str, tuple[str, ...]] = {"26.05": ("libsqlite3-0", "libffi8")}
+#: Per-version additions: the libraries the host's Python 3.11 links (expat) or loads (``sqlite3``, ``ctypes``) when
+#: a job runs the host's venv through a read-only bind mount. Measured: neither minbase has libexpat1 (the host's
+#: python3.11 then fails to start in a job), sid lacks the other two.
+EXTRA_PACKAGES: dict[str, tuple[str, ...]] = {
+    "24.11": ("libexpat1", "libffi8", "libsqlite3-0"),
+    "26.05": ("libexpat1", "libffi8", "libsqlite3-0"),
+}
 
 #: Bump when the recipe changes in a way the package list does not show (mounts used while installing, files
 #: written inside): every cache entry is then rebuilt once.
-BUILD_REVISION = 1
+BUILD_REVISION = 2
 
 CACHE_ROOT = Path("/var/cache/nuro/rootfs")
 
@@ -284,20 +288,46 @@ def mount(root: Path, binds: Sequence[Bind] = ()) -> None:
         for argv in mount_argvs(root, binds):
             if argv[:2] == ["mount", "--bind"]:
                 # made just before its mount, not up front: a target below /run must be made in the fresh tmpfs
-                _make_target(Path(argv[2]), Path(argv[3]))
+                _make_target(root, Path(argv[2]), Path(argv[3]))
             _run(argv, "mount", timeout_s=30)
     except BaseException:
         unmount(root)
         raise
 
 
-def _make_target(source: Path, target: Path) -> None:
-    """An empty directory (or file, for a file bind) at ``target`` to mount ``source`` on."""
+def _placeholders(root: Path) -> Path:
+    """The list of bind targets :func:`mount` created inside ``root``, removed again by :func:`unmount`."""
+    return root / ".nuro-bind-targets"
+
+
+def _make_target(root: Path, source: Path, target: Path) -> None:
+    """An empty directory (or file, for a file bind) at ``target`` to mount ``source`` on, recorded when it is new:
+    left behind, an empty placeholder shadows a real file of the same name in the cache (measured: a 0-byte
+    libexpat.so.1 stopped every job's Python from starting)."""
+    if target.exists() or target.is_symlink():
+        return
     if source.is_dir():
         target.mkdir(parents=True, exist_ok=True)
     else:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.touch(exist_ok=True)
+    with open(_placeholders(root), "a") as fh:
+        fh.write(f"{target}\n")
+
+
+def _remove_placeholders(root: Path) -> None:
+    """After every mount is gone: remove the empty bind targets :func:`mount` made, deepest first."""
+    listing = _placeholders(root)
+    if not listing.exists():
+        return
+    for line in sorted(set(listing.read_text().splitlines()), key=len, reverse=True):
+        target = Path(line)
+        with contextlib.suppress(OSError):  # not empty (something was written there), or already gone: kept
+            if target.is_dir() and not target.is_symlink():
+                target.rmdir()
+            elif target.is_file() and target.stat().st_size == 0:
+                target.unlink()
+    listing.unlink()
 
 
 def unmount(root: Path, timeout_s: float = 30.0) -> None:
@@ -316,6 +346,7 @@ def unmount(root: Path, timeout_s: float = 30.0) -> None:
         time.sleep(0.1)  # a lazy detach can take a moment to leave mountinfo
     if left := current_mounts(root):
         raise RootfsError(f"mounts left below {root} after unmount: {', '.join(left[:8])}")
+    _remove_placeholders(root)
 
 
 @contextlib.contextmanager
@@ -342,10 +373,16 @@ def _disk_bytes(path: Path) -> int:
     return int(out.split()[0])
 
 
-def _build(version: str, tmp: Path, mirror: str) -> str:
-    """debootstrap into ``tmp``, then install the packages inside; returns the installed slurmctld version."""
+def _build(version: str, tmp: Path, mirror: str, final: Path) -> str:
+    """debootstrap into ``tmp``, then install the packages inside; returns the installed slurmctld version.
+
+    ``<root>/<final path>`` is made a link to ``/``: a path below ``final`` then names the same file on the host and
+    inside the chroot (slurm.conf's ``PluginDir``, which the host-side clients read too)."""
     suite = suite_of(version)
     _run(debootstrap_argv(suite, tmp, mirror), f"debootstrap {suite}")
+    self_link = inside(tmp, str(final))
+    self_link.parent.mkdir(parents=True, exist_ok=True)
+    self_link.symlink_to("/")
     policy = tmp / "usr/sbin/policy-rc.d"
     policy.write_text(POLICY_RC_D)
     policy.chmod(0o755)
@@ -394,7 +431,7 @@ def ensure_rootfs(version: str, root: Path = CACHE_ROOT, mirror: str | None = No
         _remove_tree(tmp)
         t0 = time.monotonic()
         try:
-            slurm = _build(version, tmp, mirror)
+            slurm = _build(version, tmp, mirror, final)
         except BaseException:
             with contextlib.suppress(RootfsError):
                 unmount(tmp)

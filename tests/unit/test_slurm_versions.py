@@ -67,10 +67,10 @@ def test_ended_jobs_exit_codes_from_squeue_all_states(version: str) -> None:
     assert ok.phase is JobPhase.COMPLETED and (ok.exit_code, ok.exit_signal) == (0, None)
     assert fail.phase is JobPhase.FAILED and (fail.exit_code, fail.exit_signal) == (3, None)
     cancel = _by_name(jobs, "nuro-cancel")
-    # scancel's TERM: 24.11 captured ["ERROR"] with 143 (its batch shell exited 128 + 15), 26.05 ["SIGNALED"] with
-    # signal 15 (killed before it could): each read as given
+    # scancel's TERM, as the capture raced: ["ERROR"] with 143 when the batch shell exited 128 + 15 first (24.11's
+    # file), ["SIGNALED"] with signal 15 when it was killed first (26.05's): either is read as given
     assert cancel.phase is JobPhase.CANCELLED
-    assert (cancel.exit_code, cancel.exit_signal) == {"24.11": (143, None), "26.05": (None, 15)}[version]
+    assert (cancel.exit_code, cancel.exit_signal) in {(143, None), (None, 15)}
 
 
 @pytest.mark.parametrize("version", NEWER)
