@@ -14,6 +14,7 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -337,6 +338,23 @@ def node_names(n_nodes: int) -> list[str]:
     return [f"gpu{i + 1:03d}" for i in range(n_nodes)]
 
 
+def emulated_nodes(names: list[str], slurmd_port: Callable[[int], int], dev_dir: Path) -> tuple[NodeSpec, ...]:
+    """``slurmd -N`` nodes on this host (127.0.0.1, the i-th on ``slurmd_port(i)``), each with ``GPUS_PER_NODE``
+    fake GPUs (character devices under ``dev_dir``)."""
+    host = socket.gethostname()
+    return tuple(
+        NodeSpec(
+            name=name,
+            addr="127.0.0.1",
+            hostname=host,
+            port=slurmd_port(i),
+            gpus=GPUS_PER_NODE,
+            gpu_files=f"{dev_dir}/nvidia[0-{GPUS_PER_NODE - 1}]",
+        )
+        for i, name in enumerate(names)
+    )
+
+
 def describe(layout: Layout, n_nodes: int, port_base: int) -> ClusterDescription:
     """The dev cluster: N emulated nodes on 127.0.0.1, 8 fake GPUs each, leaves of 4 under a spine."""
     if n_nodes < 1:
@@ -344,17 +362,7 @@ def describe(layout: Layout, n_nodes: int, port_base: int) -> ClusterDescription
     ports = PortPlan(port_base)
     host = socket.gethostname()
     names = node_names(n_nodes)
-    nodes = tuple(
-        NodeSpec(
-            name=name,
-            addr="127.0.0.1",
-            hostname=host,
-            port=ports.slurmd(i),
-            gpus=GPUS_PER_NODE,
-            gpu_files=f"{layout.dev}/nvidia[0-{GPUS_PER_NODE - 1}]",
-        )
-        for i, name in enumerate(names)
-    )
+    nodes = emulated_nodes(names, ports.slurmd, layout.dev)
     return ClusterDescription(
         cluster_name=CLUSTER_NAME,
         controller_host=host,

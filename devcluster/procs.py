@@ -6,8 +6,11 @@ with the process's start time; we signal a PID only while both still match.
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -15,6 +18,32 @@ from dataclasses import asdict, dataclass
 import psutil
 
 log = logging.getLogger(__name__)
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def set_child_subreaper() -> None:
+    """Adopt our descendants' orphans: slurmd double-forks slurmstepd, and PID 1 on these machines never reaps them
+    (SLURM_FACTS.md). The dev cluster's supervisor and the fixture capture both reap and stop them by PID."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(err)}")
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on ``host:port`` (a daemon's readiness check)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
+def descendants(proc: psutil.Process) -> list[psutil.Process]:
+    """All of ``proc``'s descendants; none once it has gone."""
+    try:
+        return proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
 
 
 @dataclass(frozen=True)

@@ -34,13 +34,11 @@ double-forks it, so it is re-parented to us, not a descendant of slurmd).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib.util
 import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -59,7 +57,14 @@ from nuro.devcluster.layout import (
     bin_dir,
     node_names,
 )
-from nuro.devcluster.procs import ProcRef, stop_processes, wait_for
+from nuro.devcluster.procs import (
+    ProcRef,
+    descendants,
+    port_open,
+    set_child_subreaper,
+    stop_processes,
+    wait_for,
+)
 from nuro.devcluster.record import Phase, RunRecord, write_record
 from nuro.devcluster.restart import RestartBook
 from nuro.metrics import identities
@@ -67,7 +72,6 @@ from nuro.protocol.heartbeat import load_key, write_node_key
 
 log = logging.getLogger("nuro.devcluster.supervisor")
 
-PR_SET_CHILD_SUBREAPER = 36
 NODE_TAG = "NURO_DEVCLUSTER_NODE"  # in each slurmd's environment, inherited by its slurmstepds
 CLOCK_OFFSET_ENV = "NURO_CONTROLLER_CLOCK_OFFSET_FILE"  # read by nuro-controller (daemon.wall_clock_from_env)
 FAULT_MARK_ENV = "NURO_CONTROLLER_TEST_FAULT_MARK"  # read by nuro-controller (engine.FAULT_MARK)
@@ -76,19 +80,6 @@ FAULT_MARK = "nuro-test-fault-3b7e"  # a job comment containing this makes the d
 
 class StartError(RuntimeError):
     """A daemon did not become ready; the message names it and its log file."""
-
-
-def set_child_subreaper() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(err)}")
-
-
-def port_open(port: int, host: str = "127.0.0.1") -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.settimeout(0.2)
-        return s.connect_ex((host, port)) == 0
 
 
 def _quiet(argv: list[str], env: dict[str, str], timeout_s: float = 15.0) -> subprocess.CompletedProcess:
@@ -107,13 +98,6 @@ def _node_tag(pid: int) -> str | None:
         if item.startswith(prefix):
             return item[len(prefix) :].decode(errors="replace")
     return None
-
-
-def _children(proc: psutil.Process) -> list[psutil.Process]:
-    try:
-        return proc.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
 
 
 class Supervisor:
@@ -374,7 +358,7 @@ class Supervisor:
         slurmd_ref, agent_ref = self._ref(f"slurmd:{node}"), self._ref(f"agent:{node}")
         slurmd = slurmd_ref.process() if slurmd_ref else None
         if slurmd is not None:
-            inflight = _children(slurmd)  # a slurmstepd caught mid double-fork
+            inflight = descendants(slurmd)  # a slurmstepd caught mid double-fork
             kill([slurmd], "slurmd")  # first, so it cannot start another step while we look
             kill(inflight, "slurmd child")
         stepds = self._stepds_of(node)
@@ -383,7 +367,7 @@ class Supervisor:
                 p.suspend()
             except psutil.NoSuchProcess:
                 continue
-        jobs = [c for p in stepds for c in _children(p)]
+        jobs = [c for p in stepds for c in descendants(p)]
         kill(stepds, "slurmstepd")
         kill(jobs, "job process")
         # and those that left the stepd's tree (setsid, double fork): the node's cgroups still hold them
@@ -527,7 +511,7 @@ class Supervisor:
         # the core daemons (slurmctld's slurmscriptd) are left to the daemon that owns them.
         core = {d.pid for d in self.record.daemons}
         orphans = [p for p in me.children() if p.pid not in core]
-        adopted = orphans + [c for p in orphans for c in _children(p)]
+        adopted = orphans + [c for p in orphans for c in descendants(p)]
         if adopted:
             log.info("stopping %d adopted job processes: %s", len(adopted), [p.pid for p in adopted])
             stop_processes(adopted, 5, "job process")

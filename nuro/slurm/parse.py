@@ -123,8 +123,11 @@ def _reported_error(what: str, errors: list[Any]) -> SlurmError:
     return exc
 
 
-def _load(text: str, what: str, key: str, benign_errors: frozenset[int] = frozenset()) -> dict[str, Any]:
-    """Decode a Slurm JSON document, check it has ``key`` and raise on Slurm's own ``errors``.
+def _load(
+    text: str, what: str, key: str | tuple[str, ...], benign_errors: frozenset[int] = frozenset()
+) -> dict[str, Any]:
+    """Decode a Slurm JSON document, check it has ``key`` (or one of several layouts' keys) and raise on Slurm's own
+    ``errors``.
 
     Errors whose number is in ``benign_errors`` (e.g. sacct's 9003 "Nothing found") mean an empty result.
     """
@@ -142,8 +145,9 @@ def _load(text: str, what: str, key: str, benign_errors: frozenset[int] = frozen
     ]
     if errors:
         raise _reported_error(what, errors)
-    if key not in doc:
-        raise SlurmParseError(f"{what}: no {key!r} in the document (keys: {sorted(doc)})")
+    keys = (key,) if isinstance(key, str) else key
+    if not any(k in doc for k in keys):
+        raise SlurmParseError(f"{what}: no {' or '.join(map(repr, keys))} in the document (keys: {sorted(doc)})")
     return doc
 
 
@@ -303,11 +307,6 @@ def _node_from_json(d: Mapping[str, Any]) -> NodeInfo:
     )
 
 
-def _has(text: str, key: str) -> bool:
-    """Whether the JSON document's text names ``key`` as a key (cheap: which layout to expect before decoding)."""
-    return f'"{key}"' in text
-
-
 def _nodes_from_sinfo_records(records: list[Any]) -> list[NodeInfo]:
     """24.11+'s ``sinfo --json``: records of alike nodes (``nodes.nodes`` their names, ``node.state`` like
     ``["IDLE", "DRAIN"]``, ``gres.total``/``gres.used`` per node, CPU counts summed over the record) → one NodeInfo
@@ -398,7 +397,7 @@ def parse_sinfo_json(text: str) -> tuple[list[NodeInfo], list[PartitionInfo]]:
     ``{"sinfo": [...]}`` instead, one record per group of alike nodes (``_nodes_from_sinfo_records``); partitions
     are derived the same way. Switches are None here; see ``attach_switches``.
     """
-    doc = _load(text, "sinfo --json", "sinfo" if _has(text, "sinfo") else "nodes")
+    doc = _load(text, "sinfo --json", ("sinfo", "nodes"))
     if "sinfo" in doc:  # 24.11+
         nodes = _nodes_from_sinfo_records(doc["sinfo"] or [])
         return nodes, partitions_from_nodes(nodes)
