@@ -7,7 +7,7 @@ PYTHON ?= /usr/bin/python3.11
 STATE := $(CURDIR)/.devcluster
 export NURO_DEVCLUSTER_DIR := $(STATE)
 
-.PHONY: venv demo test unit integration lint bench up down clean
+.PHONY: venv demo test unit integration lint bench up down clean packages
 
 venv: $(VENV)/.installed
 
@@ -55,7 +55,12 @@ SHARD_B := tests/integration/test_controller.py tests/integration/test_sharing_t
 	tests/integration/test_prolog.py tests/integration/test_healthcheck.py tests/integration/test_nodeagent.py \
 	tests/integration/test_adapter_live.py tests/integration/test_cluster.py
 SHARD_B_ENV := NURO_TEST_PORT_BASE=26800 NURO_TEST_CLUSTER_DIR=$(CURDIR)/.devcluster-test-b
-test: venv lint
+# The dev cluster's Debian packages (lua5.1 among them) before the unit tests too: the job_submit.lua vectors run
+# through lua5.1 there, and on a fresh machine the cluster (which would install it) only comes up afterwards.
+packages: venv
+	$(PY) -c 'from nuro.devcluster.install import ensure_packages; ensure_packages()'
+
+test: venv lint packages
 	rc=0; \
 	$(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 --basetemp=$(BASETEMP) || rc=1; \
 	$(PY) -m pytest tests --ignore=tests/unit $(addprefix --ignore=,$(SHARD_B)) -q --durations=25 \
