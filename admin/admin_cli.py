@@ -20,7 +20,7 @@ from nuro.admin.policy_cli import policy
 from nuro.console import ExitCode, fail
 
 # The one product module that imports the dev wing: it mounts `nuro-admin devcluster` (docs/architecture.md).
-from nuro.devcluster import manager
+from nuro.devcluster import manager, slurmroot
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
 
 state_dir_option = click.option(
@@ -46,7 +46,8 @@ def main(verbose: bool) -> None:
 
 @main.group()
 def devcluster() -> None:
-    """A real multi-node Slurm 22.05 cluster on this machine (munge, MariaDB, slurmdbd, slurmctld, N slurmd)."""
+    """A real multi-node Slurm cluster on this machine (munge, MariaDB, slurmdbd, slurmctld, N slurmd): the host's
+    22.05, or 24.11/26.05 from a cached Debian root filesystem (--slurm)."""
 
 
 @devcluster.command()
@@ -74,18 +75,28 @@ def devcluster() -> None:
     show_default=True,
     help="Seconds to wait for daemons, then for all nodes idle.",
 )
+@click.option(
+    "--slurm",
+    "slurm_version",
+    type=click.Choice(slurmroot.SUPPORTED),
+    default=slurmroot.HOST_VERSION,
+    show_default=True,
+    help="Slurm version: the host's package, or a newer one run from a Debian root filesystem built once "
+    "(~1 min) and cached under /var/cache/nuro/rootfs.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @state_dir_option
-def up(nodes: int, port_base: int, timeout_s: float, as_json: bool, state_dir: Path | None) -> None:
+def up(nodes: int, port_base: int, timeout_s: float, slurm_version: str, as_json: bool, state_dir: Path | None) -> None:
     """Install what is missing and start the cluster; returns when every node is idle."""
     layout = _layout(state_dir)
     try:
-        res = manager.up(layout, nodes, port_base, timeout_s)
+        res = manager.up(layout, nodes, port_base, timeout_s, slurm=slurm_version)
     except (manager.DevClusterError, RuntimeError, OSError) as exc:
         fail(ExitCode.FAILED, str(exc))
     if as_json:
         click.echo(json.dumps({
-            "state_dir": str(res.state_dir), "nodes": res.nodes, "already_running": res.already_running,
+            "state_dir": str(res.state_dir), "slurm": slurm_version, "nodes": res.nodes,
+            "already_running": res.already_running,
             "installed": res.installed, "seconds_to_daemons": round(res.seconds_to_daemons, 2),
             "seconds_to_idle": round(res.seconds_to_idle, 2),
         }))  # fmt: skip
@@ -96,7 +107,8 @@ def up(nodes: int, port_base: int, timeout_s: float, as_json: bool, state_dir: P
         if res.installed:
             click.echo(f"installed: {' '.join(res.installed)}")
         click.echo(
-            f"dev cluster up: {res.nodes} nodes × 8 GPUs idle after {res.seconds_to_idle:.1f} s "
+            f"dev cluster up (Slurm {slurm_version}): {res.nodes} nodes × 8 GPUs idle after "
+            f"{res.seconds_to_idle:.1f} s "
             f"(daemons started in {res.seconds_to_daemons:.1f} s); state in {res.state_dir}"
         )
     click.echo(f'use it from a shell:  eval "$({sys.argv[0]} devcluster env --state-dir {res.state_dir})"')

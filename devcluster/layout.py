@@ -28,6 +28,7 @@ LEAF_SIZE = 4
 CLUSTER_NAME = "nuro"
 DB_USER = "slurm"
 DB_PASSWORD = "nuro-devcluster"  # local loopback-only MariaDB of a throwaway cluster
+DB_NAME = "slurm_acct_db"  # ClusterDescription.db_name's default: what slurmdbd.conf names
 # The dev cluster's S3 (SeaweedFS) identity: a loopback-only throwaway store, like the MariaDB password above.
 S3_ACCESS_KEY = "nuro-dev"
 S3_SECRET_KEY = "nuro-devcluster-s3"
@@ -271,6 +272,11 @@ class Layout:
         return self.root / "influxdb"
 
     @property
+    def slurm_bin(self) -> Path:
+        """Wrappers that run a root filesystem's Slurm clients from the host (``nuro.devcluster.slurmroot``)."""
+        return self.root / "bin"
+
+    @property
     def ports_file(self) -> Path:
         """The port base this state dir was last started with, so ``env`` can name the S3 endpoint while down."""
         return self.etc / "ports.json"
@@ -355,8 +361,9 @@ def emulated_nodes(names: list[str], slurmd_port: Callable[[int], int], dev_dir:
     )
 
 
-def describe(layout: Layout, n_nodes: int, port_base: int) -> ClusterDescription:
-    """The dev cluster: N emulated nodes on 127.0.0.1, 8 fake GPUs each, leaves of 4 under a spine."""
+def describe(layout: Layout, n_nodes: int, port_base: int, plugin_dir: str | None = None) -> ClusterDescription:
+    """The dev cluster: N emulated nodes on 127.0.0.1, 8 fake GPUs each, leaves of 4 under a spine.
+    ``plugin_dir``: a root filesystem's Slurm plugins (``SlurmInstall.plugin_dir``), None for the host's."""
     if n_nodes < 1:
         raise ValueError(f"--nodes must be at least 1, got {n_nodes}")
     ports = PortPlan(port_base)
@@ -382,6 +389,7 @@ def describe(layout: Layout, n_nodes: int, port_base: int) -> ClusterDescription
             prolog=str(layout.etc / "nuro-prolog"),
             epilog=str(layout.etc / "nuro-epilog"),
             healthcheck=str(layout.etc / "nuro-healthcheck"),
+            plugin_dir=plugin_dir,
         ),
         ports=Ports(slurmctld=ports.slurmctld, slurmdbd=ports.slurmdbd, mariadb=ports.mariadb),
         confinement=cgroups.confinement(layout.root),  # its own cgroups (nuro.devcluster.cgroups)

@@ -33,7 +33,7 @@ from nuro.cluster.slurmconf import (
     render_slurmdbd_conf,
     render_topology_conf,
 )
-from nuro.devcluster import cgroups, s3
+from nuro.devcluster import cgroups, rootfs, s3, slurmroot
 from nuro.devcluster.install import ensure_packages
 from nuro.devcluster.layout import (
     DEFAULT_PORT_BASE,
@@ -75,16 +75,34 @@ class UpResult:
     seconds_to_idle: float
 
 
-def recorded_port_base(layout: Layout) -> int | None:
-    """The port base ``up`` last used for this state dir (``etc/ports.json``), None if it never ran."""
+def _ports_record(layout: Layout) -> dict | None:
     try:
-        return int(json.loads(layout.ports_file.read_text())["port_base"])
+        record = json.loads(layout.ports_file.read_text())
+        int(record["port_base"])
+        return record
     except FileNotFoundError:
         return None
     except (ValueError, KeyError, TypeError) as exc:
         raise RuntimeError(
             f"{layout.ports_file} is unreadable ({exc}); run 'devcluster up' again to rewrite it"
         ) from exc
+
+
+def recorded_port_base(layout: Layout) -> int | None:
+    """The port base ``up`` last used for this state dir (``etc/ports.json``), None if it never ran."""
+    record = _ports_record(layout)
+    return None if record is None else int(record["port_base"])
+
+
+def recorded_slurm(layout: Layout) -> str:
+    """The Slurm version ``up`` last started in this state dir (``etc/ports.json``; the host's if never)."""
+    record = _ports_record(layout)
+    return str((record or {}).get("slurm", slurmroot.HOST_VERSION))
+
+
+def _path_with(bin_dir: Path) -> str:
+    rest = [p for p in os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":") if p and p != str(bin_dir)]
+    return ":".join([str(bin_dir), *rest])
 
 
 def env_exports(layout: Layout) -> dict[str, str]:
@@ -102,6 +120,8 @@ def env_exports(layout: Layout) -> dict[str, str]:
         "NURO_STAGING_ROOT": str(layout.staging),
         "NURO_EVENT_LOG": str(layout.events_log),
     }
+    if recorded_slurm(layout) != slurmroot.HOST_VERSION:
+        env["PATH"] = _path_with(layout.slurm_bin)  # the root filesystem's clients (slurmroot.write_wrappers)
     base = recorded_port_base(layout)
     if base is not None:
         env.update(s3.s3_env(PortPlan(base), layout.s3_data))  # admin key: root's flows (members drop AWS_*)
@@ -118,7 +138,14 @@ def metrics_url(ports: PortPlan) -> str:
 
 
 def render_env_sh(layout: Layout) -> str:
-    return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env_exports(layout).items())
+    """``export`` lines; ``PATH`` is prepended to the shell's own, not replaced by this process's."""
+    lines = []
+    for key, value in env_exports(layout).items():
+        if key == "PATH":
+            lines.append(f'export PATH={shlex.quote(str(layout.slurm_bin))}:"$PATH"\n')
+        else:
+            lines.append(f"export {key}={shlex.quote(value)}\n")
+    return "".join(lines)
 
 
 def slurm_env(layout: Layout) -> dict[str, str]:
@@ -226,8 +253,9 @@ def _write_hooks(layout: Layout) -> None:
         metrics_identities.write_team_files(
             influx_ids, layout.etc / "metrics", lambda db: f"influx1://127.0.0.1:{ports.influx}/{db}"
         )
+    exports = {k: v for k, v in env_exports(layout).items() if k != "PATH"}  # hooks keep slurmd's own PATH
     env = {
-        **env_exports(layout),
+        **exports,
         **node_key,
         **metrics_identities.node_env(influx_ids),
         "NURO_CACHE_DIR": str(layout.cache),
@@ -259,9 +287,9 @@ def check_socket_paths(layout: Layout) -> None:
         )
 
 
-def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
-    """Directories, fake GPU device files, munge key and the rendered config files."""
-    desc = describe(layout, n_nodes, port_base)
+def _prepare(layout: Layout, n_nodes: int, port_base: int, slurm: slurmroot.SlurmInstall) -> None:
+    """Directories, fake GPU device files, munge key, the rendered config files and the client wrappers."""
+    desc = describe(layout, n_nodes, port_base, plugin_dir=slurm.plugin_dir())
     check_socket_paths(layout)
     layout.root.mkdir(parents=True, exist_ok=True)
     try:
@@ -272,7 +300,8 @@ def _prepare(layout: Layout, n_nodes: int, port_base: int) -> None:
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o755)  # jobs run as team users: they read slurm.conf and reach the munge socket
     layout.s3_data.mkdir(exist_ok=True)
-    layout.ports_file.write_text(json.dumps({"port_base": port_base}) + "\n")
+    layout.ports_file.write_text(json.dumps({"port_base": port_base, "slurm": slurm.version}) + "\n")
+    slurmroot.write_wrappers(slurm, layout.slurm_bin, layout.slurm_conf)
     layout.munge_dir.mkdir(exist_ok=True)
     layout.munge_dir.chmod(0o711)
     write_key(layout.heartbeat_key)  # agents ↔ controller HMAC key, mode 600, kept across down/up
@@ -345,15 +374,26 @@ def _agents_not_reported(layout: Layout, n_nodes: int, since: float) -> list[str
     return [n for n in node_names(n_nodes) if not fresh(n)]
 
 
-def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -> UpResult:
+def up(
+    layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0, slurm: str = slurmroot.HOST_VERSION
+) -> UpResult:
     if os.geteuid() != 0:
         raise DevClusterError(
             "devcluster up needs root: it installs Debian packages and starts slurmd, which runs jobs as other "
             "users. Run it as root (e.g. sudo .venv/bin/nuro-admin devcluster up)."
         )
     t0 = time.monotonic()
+    try:
+        slurmroot.check_version(slurm)
+    except slurmroot.SlurmRootError as exc:
+        raise DevClusterError(str(exc)) from exc
     running = _check_previous(layout, n_nodes)
     if running is not None:
+        if recorded_slurm(layout) != slurm:
+            raise DevClusterError(
+                f"a dev cluster of Slurm {recorded_slurm(layout)} already runs from {layout.root}. Run "
+                f"'nuro-admin devcluster down --state-dir {layout.root}' first to start Slurm {slurm} there."
+            )
         return UpResult(layout.root, n_nodes, True, [], 0.0, 0.0)
     check_port_plan(PortPlan(port_base), n_nodes)
     if s3.find_weed() is None:
@@ -370,12 +410,16 @@ def up(layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0) -
             f"{port_base + 1000}..{port_base + 999 + n_nodes}: "
             "choose free ones with --port-base (e.g. --port-base 20800) or stop the process holding them."
         )
-    _prepare(layout, n_nodes, port_base)
+    try:  # the root filesystem of a newer Slurm: built once (~1 min), then cached
+        install = slurmroot.resolve(slurm)
+    except (slurmroot.SlurmRootError, rootfs.RootfsError) as exc:
+        raise DevClusterError(f"cannot provide Slurm {slurm}: {exc}") from exc
+    _prepare(layout, n_nodes, port_base, install)
     layout.record.unlink(missing_ok=True)
     t_daemons = time.monotonic()
     argv = [
         sys.executable, "-m", "nuro.devcluster.supervisor",
-        "--state-dir", str(layout.root), "--nodes", str(n_nodes), "--port-base", str(port_base),
+        "--state-dir", str(layout.root), "--nodes", str(n_nodes), "--port-base", str(port_base), "--slurm", slurm,
     ]  # fmt: skip
     with open(layout.supervisor_log, "ab") as out:
         sup = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True)
@@ -490,6 +534,7 @@ def status(layout: Layout) -> dict:
             error = f"could not read node states: {exc}"
     return {
         "state_dir": str(layout.root),
+        "slurm": recorded_slurm(layout),
         "phase": str(record.phase),
         "nodes_configured": record.nodes,
         "port_base": record.port_base,

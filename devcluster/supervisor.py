@@ -46,9 +46,11 @@ from pathlib import Path
 
 import psutil
 
-from nuro.devcluster import cgroups, s3, tsdb
+import nuro
+from nuro.devcluster import cgroups, s3, slurmroot, tsdb
 from nuro.devcluster.layout import (
     CLUSTER_NAME,
+    DB_NAME,
     DB_PASSWORD,
     DB_USER,
     METRICS_DB,
@@ -101,12 +103,22 @@ def _node_tag(pid: int) -> str | None:
 
 
 class Supervisor:
-    def __init__(self, layout: Layout, n_nodes: int, port_base: int) -> None:
+    def __init__(self, layout: Layout, n_nodes: int, port_base: int, slurm: str = slurmroot.HOST_VERSION) -> None:
         self.layout = layout
         self.ports = PortPlan(port_base)
         self.nodes = node_names(n_nodes)
+        install = slurmroot.resolve(slurm, build=False)  # built by `up` before it started us
+        #: The Slurm daemons' root (None: the host's Slurm); clients then run through layout.slurm_bin.
+        self.root_plan = (
+            slurmroot.plan_root(
+                install, layout.root, layout.sockets, Path(sys.prefix), Path(nuro.__file__).resolve().parents[1]
+            )
+            if install.chrooted
+            else None
+        )
+        path = "/usr/sbin:/usr/bin:/sbin:/bin"
         self.env = {
-            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "PATH": f"{layout.slurm_bin}:{path}" if install.chrooted else path,
             "SLURM_CONF": str(layout.slurm_conf),
             "LANG": "C.UTF-8",
         }
@@ -163,6 +175,10 @@ class Supervisor:
         log.info("%s ready", name)
 
     # -- daemons ----------------------------------------------------------------------------------------------
+    def _slurm(self, argv: list[str]) -> list[str]:
+        """A Slurm daemon's argv: as is for the host's Slurm, under chroot in the cluster's root otherwise."""
+        return slurmroot.daemon_argv(self.root_plan, argv)
+
     def start_munge(self) -> None:
         lay = self.layout
         argv = [
@@ -224,12 +240,15 @@ class Supervisor:
             f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';"
             f"GRANT ALL ON *.* TO '{DB_USER}'@'127.0.0.1';FLUSH PRIVILEGES;"
         )
+        # The database first: slurmdbd 24.11+ (MariaDB Connector/C 3.4) fails every query on the handle it reuses
+        # after its own "Unknown database" reconnect (docs/slurm-versions.md); made here, it never reconnects.
+        sql += f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
         res = _quiet(["mariadb", "--no-defaults", f"--socket={lay.mysql_socket}", "-uroot", "-e", sql], self.env)
         if res.returncode != 0:
             raise StartError(f"creating the slurmdbd database user failed: {res.stderr.strip()}")
 
     def start_slurmdbd(self) -> None:
-        proc = self._spawn("slurmdbd", ["slurmdbd", "-D"], "slurmdbd.out")
+        proc = self._spawn("slurmdbd", self._slurm(["slurmdbd", "-D"]), "slurmdbd.out")
         self._ready("slurmdbd", proc, lambda: port_open(self.ports.slurmdbd), 60, "slurmdbd.log")
         listed = _quiet(["sacctmgr", "-n", "-P", "list", "cluster", "format=cluster"], self.env, 30)
         if CLUSTER_NAME not in listed.stdout.split():
@@ -238,12 +257,13 @@ class Supervisor:
                 raise StartError(f"sacctmgr add cluster {CLUSTER_NAME} failed: {res.stderr.strip()}")
 
     def start_slurmctld(self) -> None:
-        proc = self._spawn("slurmctld", ["slurmctld", "-D", "-i"], "slurmctld.out")
+        proc = self._spawn("slurmctld", self._slurm(["slurmctld", "-D", "-i"]), "slurmctld.out")
         self._ready("slurmctld", proc, lambda: port_open(self.ports.slurmctld), 60, "slurmctld.log")
 
     def _spawn_slurmd(self, name: str, save: bool) -> subprocess.Popen:
         env = {**self.env, NODE_TAG: name}
-        return self._spawn(f"slurmd:{name}", ["slurmd", "-D", "-N", name], "slurmd.out", save=save, env=env)
+        argv = self._slurm(["slurmd", "-D", "-N", name])
+        return self._spawn(f"slurmd:{name}", argv, "slurmd.out", save=save, env=env)
 
     def start_slurmds(self) -> None:
         for name in self.nodes:
@@ -424,6 +444,8 @@ class Supervisor:
             req.unlink(missing_ok=True)
 
     def start(self) -> None:
+        if self.root_plan is not None:  # our own mount namespace with the overlay: gone when we all are
+            slurmroot.enter_root(self.root_plan)
         self.start_munge()
         self.start_seaweedfs()
         self.start_influxdb()
@@ -558,6 +580,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--state-dir", required=True, type=Path)
     parser.add_argument("--nodes", required=True, type=int)
     parser.add_argument("--port-base", required=True, type=int)
+    parser.add_argument("--slurm", default=slurmroot.HOST_VERSION, choices=slurmroot.SUPPORTED)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
@@ -565,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     set_child_subreaper()
-    return Supervisor(Layout(args.state_dir), args.nodes, args.port_base).run()
+    return Supervisor(Layout(args.state_dir), args.nodes, args.port_base, args.slurm).run()
 
 
 if __name__ == "__main__":

@@ -167,6 +167,9 @@ class Paths:
     prolog: str = "/usr/local/bin/nuro-prolog"
     epilog: str = "/usr/local/bin/nuro-epilog"
     healthcheck: str = "/usr/local/bin/nuro-healthcheck"
+    #: ``PluginDir``; None leaves Slurm's built-in default (a host package). The dev cluster's newer Slurm names its
+    #: root filesystem's plugin dir, so clients on the host and daemons in the chroot load the same plugins.
+    plugin_dir: str | None = None
 
 
 @dataclass(frozen=True)

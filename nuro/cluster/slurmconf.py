@@ -67,6 +67,7 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
         *([] if emulated else [f"SlurmdPort={ports.slurmd}"]),
         f"SlurmUser={desc.slurm_user}",
         "SlurmdUser=root",
+        *([f"PluginDir={p.plugin_dir}"] if p.plugin_dir else []),
         f"StateSaveLocation={p.state_save}",
         f"SlurmdSpoolDir={p.slurmd_spool}/%n" if emulated else f"SlurmdSpoolDir={p.slurmd_spool}",
         f"SlurmctldPidFile={p.run_dir}/slurmctld.pid",
