@@ -101,7 +101,7 @@ class SlurmInstall:
         """``<state>/bin/<command>``: the root's client with this cluster's slurm.conf unless one is set."""
         argv = " ".join(shlex.quote(a) for a in self.client_argv(command))
         conf = shlex.quote(str(slurm_conf))
-        return f'#!/bin/sh\n: "${{SLURM_CONF:={conf}}}"\nexport SLURM_CONF\nexec {argv} "$@"\n'
+        return f'#!/bin/sh\n[ -n "${{SLURM_CONF:-}}" ] || SLURM_CONF={conf}\nexport SLURM_CONF\nexec {argv} "$@"\n'
 
     def clients(self) -> list[str]:
         """The wrapped commands this root has."""

@@ -24,12 +24,17 @@ Version notes (22.05.8, src/plugins/job_submit/lua/job_submit_lua.c, src/lua/slu
   * Debian's plugin links Lua 5.1: `unpack`, not `table.unpack`; no integer subtype (numbers are doubles).
   * slurm.log_user is string.format(...): always pass "%s", msg so a '%' in a name cannot break it.
   * log_user in slurm_job_modify is discarded (an error in slurmctld's log; works from 23.02): scontrol update users
-    see only the code's text, e.g. "Access/permission denied"; our log_info line has the reason.
+    see only the code's text, e.g. "Access/permission denied"; our log_info line has the reason. 23.02 fixed this
+    (SchedMD bug 14539) in the release that also exported every ESLURM_* code to Lua (bug 14500), so the presence of
+    slurm.ESLURM_INVALID_QOS tells the script that a modify may speak to the user (MODIFY_LOG_USER). Measured on
+    24.11 and 26.05: scontrol update then prints our message above the code's text.
   * unset numbers are NO_VAL / NO_VAL16; "gres" is an alias of tres_per_node (read only if tres_per_node is nil).
   * only a few ESLURM_* codes are exported to Lua (no ESLURM_INVALID_QOS); the table names the one per rule.
   * the script is reloaded when its mtime (1 s resolution) is newer than the loaded copy's.
 ]]
 
+-- 23.02+: log_user from slurm_job_modify reaches the user (see the version notes above).
+local MODIFY_LOG_USER = slurm.ESLURM_INVALID_QOS ~= nil
 local TABLE_FILE = "nuro_policy.lua"
 local TABLE_FORMAT = 1
 -- slurmctld loads us with luaL_loadfile(<dir of slurm.conf>/job_submit.lua): our chunk name is "@<that path>".
@@ -587,7 +592,7 @@ local function admit(P, d, j, modifying)
 	for _, check in ipairs(CHECKS) do
 		local code, rule, msg = check(P, j)
 		if code then
-			if not modifying then
+			if not modifying or MODIFY_LOG_USER then
 				slurm.log_user("%s", msg)
 			end
 			slurm.log_info("nuro: reject %s uid=%s user=%s rule=%s code=%s policy=%s: %s", j.label, tostring(j.uid),

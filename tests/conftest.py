@@ -14,7 +14,14 @@ from nuro.devcluster import manager
 from nuro.devcluster.layout import Layout
 from nuro.devcluster.sshhosts import SSHHosts
 from nuro.slurm import CliBackend
-from tests.integration.conftest import TEST_NODES, TEST_PORT_BASE, TEST_STATE_DIR, LiveCluster, ensure_test_users
+from tests.integration.conftest import (
+    TEST_NODES,
+    TEST_PORT_BASE,
+    TEST_SLURM,
+    TEST_STATE_DIR,
+    LiveCluster,
+    ensure_test_users,
+)
 
 GOLDEN_DIR = Path(__file__).parent / "golden"
 
@@ -63,7 +70,7 @@ def cluster() -> Iterator[LiveCluster]:
     layout = Layout(TEST_STATE_DIR.absolute())
     manager.down(layout, purge=True)
     try:  # up inside the try: a cluster that came up half-way is stopped too (up also stops it when it fails)
-        manager.up(layout, TEST_NODES, TEST_PORT_BASE)
+        manager.up(layout, TEST_NODES, TEST_PORT_BASE, slurm=TEST_SLURM)
         env = manager.env_exports(layout)
         tc = LiveCluster(layout=layout, backend=CliBackend(env=env), env=env)
         ensure_test_users(tc)

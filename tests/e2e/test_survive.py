@@ -23,7 +23,7 @@ from nuro.runs import timeline_report
 from nuro.slurm import JobPhase
 from tests.integration.conftest import LiveCluster, cancel_jobs_of
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
 
 CKPT_INTERVAL_S = 4
 

@@ -29,6 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 TEST_STATE_DIR = Path(os.environ.get("NURO_TEST_CLUSTER_DIR", REPO / ".devcluster-test"))
 TEST_PORT_BASE = int(os.environ.get("NURO_TEST_PORT_BASE", "22800"))
 TEST_NODES = 8
+#: The Slurm version of the session's cluster (``make test SLURM=26.05`` sets it): the host's 22.05 by default.
+TEST_SLURM = os.environ.get("NURO_TEST_SLURM", "22.05")
 TEST_ACCOUNT = "nurotest"
 TEST_USERS = ("nuro-alice", "nuro-bob")
 

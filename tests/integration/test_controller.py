@@ -29,7 +29,7 @@ from tests.integration.conftest import (
     wait_until,
 )
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
 
 BIN = Path(sys.executable).parent
 GRACE_S = 15

@@ -18,7 +18,7 @@ from nuro.lifecycle.platform_events import read_events
 from nuro.slurm import NodeInfo
 from tests.integration.conftest import LiveCluster, wait_until
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
 
 SLEEP_JOB = "#!/bin/bash\nsleep 900\n"
 

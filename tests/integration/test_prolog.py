@@ -23,7 +23,7 @@ from nuro.protocol import jobcomment
 from nuro.slurm import JobPhase
 from tests.integration.conftest import LiveCluster, cancel_jobs_of, wait_until
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
 
 BIN = Path(sys.executable).parent
 
