@@ -128,6 +128,34 @@ def down(purge: bool, state_dir: Path | None) -> None:
 
 
 @devcluster.command()
+@click.option("--build", is_flag=True, help="Build the root filesystems that are missing (root, ~1 min each).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def rootfs(build: bool, as_json: bool) -> None:
+    """The cached Debian root filesystems of the newer Slurm versions: path, Slurm package, build time, size."""
+    from nuro.devcluster import rootfs as rootfs_cache  # noqa: PLC0415 - only this command needs it
+
+    rows = []
+    for version in slurmroot.SUPPORTED[1:]:
+        try:
+            path = rootfs_cache.ensure_rootfs(version) if build else rootfs_cache.cache_dir(version)
+        except rootfs_cache.RootfsError as exc:
+            fail(ExitCode.FAILED, str(exc))
+        record = rootfs_cache.read_record(path) if path.is_dir() else None
+        rows.append({"slurm": version, "path": str(path), "built": record is not None, **(record or {})})
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = Table("slurm", "path", "package", "build s", "disk MB", "built at")
+    for r in rows:
+        if r["built"]:
+            table.add_row(r["slurm"], r["path"], r.get("slurm_package_version", "?"), str(r.get("build_s", "?")),
+                          str(int(r.get("disk_bytes", 0)) // 1_000_000), r.get("built_at", "?"))  # fmt: skip
+        else:
+            table.add_row(r["slurm"], r["path"], "[yellow]not built[/] (devcluster rootfs --build)", "", "", "")
+    Console().print(table)
+
+
+@devcluster.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @state_dir_option
 def status(as_json: bool, state_dir: Path | None) -> None:

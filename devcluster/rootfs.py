@@ -56,11 +56,12 @@ COMMON_PACKAGES: tuple[str, ...] = (
 )
 
 #: Per-version additions: the libraries the host's Python 3.11 links (expat) or loads (``sqlite3``, ``ctypes``) when
-#: a job runs the host's venv through a read-only bind mount. Measured: neither minbase has libexpat1 (the host's
-#: python3.11 then fails to start in a job), sid lacks the other two.
+#: a job runs the host's venv through a read-only bind mount, and git, which nuro's batch script runs inside the job
+#: (``git archive`` of the pinned commit). Measured: neither minbase has libexpat1 (the host's python3.11 then fails
+#: to start in a job), sid lacks the other two; without git every nuro-train job failed at its code checkout.
 EXTRA_PACKAGES: dict[str, tuple[str, ...]] = {
-    "24.11": ("libexpat1", "libffi8", "libsqlite3-0"),
-    "26.05": ("libexpat1", "libffi8", "libsqlite3-0"),
+    "24.11": ("git", "libexpat1", "libffi8", "libsqlite3-0"),
+    "26.05": ("git", "libexpat1", "libffi8", "libsqlite3-0"),
 }
 
 #: Bump when the recipe changes in a way the package list does not show (mounts used while installing, files

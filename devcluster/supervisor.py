@@ -89,8 +89,13 @@ def _quiet(argv: list[str], env: dict[str, str], timeout_s: float = 15.0) -> sub
 
 
 def _node_tag(pid: int) -> str | None:
-    """``NURO_DEVCLUSTER_NODE`` from /proc/PID/environ, read raw: slurmstepd's setproctitle zeroes the start of
-    that area, and psutil's ``environ()`` then returns {} although the variable is still there."""
+    """The dev-cluster node a slurmstepd belongs to.
+
+    ``NURO_DEVCLUSTER_NODE`` from /proc/PID/environ, read raw: slurmstepd's setproctitle zeroes the start of that
+    area, and psutil's ``environ()`` then returns {} although the variable is still there (22.05). Slurm 24.11+
+    leaves nothing readable there at all; their slurmstepd keeps the node's log open instead (``SlurmdLogFile=
+    .../slurmd-%n.log``, seen through the chroot as ``<root>/<path>``), so the name of that file says the node.
+    """
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -99,6 +104,17 @@ def _node_tag(pid: int) -> str | None:
     for item in raw.split(b"\0"):
         if item.startswith(prefix):
             return item[len(prefix) :].decode(errors="replace")
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            name = os.readlink(fd).rsplit("/", 1)[-1]
+        except OSError:
+            continue
+        if name.startswith("slurmd-") and name.endswith(".log"):
+            return name.removeprefix("slurmd-").removesuffix(".log")
     return None
 
 

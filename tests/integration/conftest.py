@@ -113,9 +113,10 @@ def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: floa
     """
     for user in users:
         cluster.run(["scancel", "-u", user], check=False)
-    active = {"PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "REQUEUED", "RESIZING"}
+    # By phase, not the first word of the state: 24.11+ list a cancelled job still ending as
+    # "CANCELLED+COMPLETING", which still holds its nodes (the adapter maps it to COMPLETING).
     wait_until(
-        lambda: not [j for j in cluster.backend.jobs() if j.user in users and j.state.split("+")[0] in active],
+        lambda: not [j for j in cluster.backend.jobs() if j.user in users and not j.phase.is_terminal],
         timeout_s,
         f"the jobs of {', '.join(users)} to end",
     )
