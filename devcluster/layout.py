@@ -361,7 +361,9 @@ def emulated_nodes(names: list[str], slurmd_port: Callable[[int], int], dev_dir:
     )
 
 
-def describe(layout: Layout, n_nodes: int, port_base: int, plugin_dir: str | None = None) -> ClusterDescription:
+def describe(
+    layout: Layout, n_nodes: int, port_base: int, plugin_dir: str | None = None, slurm_version: str = "22.05"
+) -> ClusterDescription:
     """The dev cluster: N emulated nodes on 127.0.0.1, 8 fake GPUs each, leaves of 4 under a spine.
     ``plugin_dir``: a root filesystem's Slurm plugins (``SlurmInstall.plugin_dir``), None for the host's."""
     if n_nodes < 1:
@@ -396,4 +398,5 @@ def describe(layout: Layout, n_nodes: int, port_base: int, plugin_dir: str | Non
         slurm_user="root",
         db_user=DB_USER,
         db_password=DB_PASSWORD,
+        slurm_version=slurm_version,
     )

@@ -289,7 +289,7 @@ def check_socket_paths(layout: Layout) -> None:
 
 def _prepare(layout: Layout, n_nodes: int, port_base: int, slurm: slurmroot.SlurmInstall) -> None:
     """Directories, fake GPU device files, munge key, the rendered config files and the client wrappers."""
-    desc = describe(layout, n_nodes, port_base, plugin_dir=slurm.plugin_dir())
+    desc = describe(layout, n_nodes, port_base, plugin_dir=slurm.plugin_dir(), slurm_version=slurm.version)
     check_socket_paths(layout)
     layout.root.mkdir(parents=True, exist_ok=True)
     try:

@@ -198,8 +198,15 @@ class ClusterDescription:
     db_user: str = "slurm"
     db_password: str = ""
     db_name: str = "slurm_acct_db"
+    #: The Slurm release the files are for ("22.05", "24.11", "26.05"): the renderer uses what each adds and never
+    #: writes a key an older one refuses (24.11 dies parsing ``MetricsType``).
+    slurm_version: str = "22.05"
 
     def __post_init__(self) -> None:
+        try:
+            _ = self.slurm_release
+        except ValueError:
+            raise ValueError(f"slurm_version must look like 22.05, got {self.slurm_version!r}") from None
         names = [n.name for n in self.nodes]
         if not names:
             raise ValueError("a cluster needs at least one node")
@@ -211,6 +218,12 @@ class ClusterDescription:
             unknown = [n for n in sw.nodes if n not in known]
             if unknown:
                 raise ValueError(f"switch {sw.name} lists unknown nodes: {', '.join(unknown)}")
+
+    @property
+    def slurm_release(self) -> tuple[int, int]:
+        """``slurm_version`` as (major, minor), for comparisons: (24, 11)."""
+        major, minor = self.slurm_version.split(".")
+        return int(major), int(minor)
 
     @property
     def total_gpus(self) -> int:

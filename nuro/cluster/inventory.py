@@ -28,6 +28,8 @@ variable                   where         meaning / default
 ``nuro_slurm_timers``      controller    overrides of :class:`~nuro.cluster.description.Timers` (default: by node count)
 ``nuro_slurm_confinement`` controller    overrides of :class:`~nuro.cluster.description.Confinement` (cgroup.conf)
 ``nuro_slurm_user``        controller    SlurmUser (default ``slurm``); ``nuro_partition`` (default ``gpu``)
+``nuro_slurm_version``     controller    the Slurm release installed (default ``22.05``): 25.05+ get PrologTimeout/
+                                         EpilogTimeout, 25.11+ expedited requeue and OpenMetrics
 =========================  ============  =====================================================================
 
 Leaves are written in the order their first node appears; nodes are sorted by name so the output does not depend
@@ -197,6 +199,7 @@ def describe_inventory(
             ports=ports,
             confinement=Confinement(**confinement_given),  # its own checks: plugin name, absolute mountpoint
             slurm_user=str(cv.get("nuro_slurm_user") or "slurm"),
+            slurm_version=str(cv.get("nuro_slurm_version") or "22.05"),
         )
     except ValueError as exc:  # the description's own checks (duplicate names, bad timers)
         raise InventoryError(f"the inventory describes an invalid cluster: {exc}") from exc
@@ -231,7 +234,8 @@ def inventory_from_description(desc: ClusterDescription, controller: str = "ctl"
         "nuro_controller_addr": desc.controller_addr,
         "nuro_partition": desc.partition,
         "nuro_slurm_user": desc.slurm_user,
-        "nuro_slurm_paths": {f.name: getattr(desc.paths, f.name) for f in fields(Paths)},
+        "nuro_slurm_version": desc.slurm_version,
+        "nuro_slurm_paths": {f.name: v for f in fields(Paths) if (v := getattr(desc.paths, f.name)) is not None},
         "nuro_slurm_ports": {f.name: getattr(desc.ports, f.name) for f in fields(Ports)},
         "nuro_slurm_timers": {f.name: getattr(desc.timers, f.name) for f in fields(Timers)},
         "nuro_slurm_confinement": {f.name: getattr(desc.confinement, f.name) for f in fields(Confinement)},

@@ -60,6 +60,7 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
     """The complete slurm.conf. Emulated clusters (nodes with ports) get ``SlurmdParameters=config_overrides``."""
     t, p, ports = desc.timers, desc.paths, desc.ports
     emulated = any(n.port is not None for n in desc.nodes)
+    new_release = desc.slurm_release
     lines = [
         f"ClusterName={desc.cluster_name}",
         f"SlurmctldHost={desc.controller_host}({desc.controller_addr})",
@@ -122,13 +123,33 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
         "JobRequeue=1",
         "EnforcePartLimits=ALL",  # a job that can never fit is refused at sbatch time, not left pending forever
         f"SchedulerParameters=bf_interval={t.bf_interval_s},sched_interval={t.sched_interval_s}",
+        *(
+            [
+                "# 25.11+: a job submitted with --requeue=expedite (nuro's training jobs) is requeued at once when its",
+                "# node fails, without the cred_expire wait; slurmctld serves OpenMetrics gauges on its own port",
+                "SlurmctldParameters=enable_expedited_requeue",
+                "MetricsType=metrics/openmetrics",
+            ]
+            if new_release >= (25, 11)
+            else []
+        ),
         "",
         "# nuro's hooks: admission bridge (job_submit.lua beside this file), prolog/epilog, node health",
         "JobSubmitPlugins=lua",
         "PrologFlags=Alloc",
         "# Above nuro's own hook deadlines (120 s staging / upload flush, plus the health check): those fire first.",
-        "# Slurm 25.05+ also reads PrologTimeout/EpilogTimeout; both default to this value.",
-        f"PrologEpilogTimeout={t.prolog_epilog_timeout_s}",
+        *(
+            [
+                "# 25.05+: one deadline each (the prolog stages data, the epilog flushes uploads)",
+                f"PrologTimeout={t.prolog_epilog_timeout_s}",
+                f"EpilogTimeout={t.prolog_epilog_timeout_s}",
+            ]
+            if new_release >= (25, 5)
+            else [
+                "# Slurm 25.05+ also reads PrologTimeout/EpilogTimeout; both default to this value.",
+                f"PrologEpilogTimeout={t.prolog_epilog_timeout_s}",
+            ]
+        ),
         "# slurmctld counts a batch job whose prolog runs longer than this as missing and requeues it (node failure)",
         f"BatchStartTimeout={t.prolog_epilog_timeout_s}",
         f"Prolog={p.prolog}",
