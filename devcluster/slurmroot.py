@@ -11,8 +11,11 @@ Debian root filesystem (:mod:`nuro.devcluster.rootfs`, built once and cached). F
 * **What the daemons see at the host's paths**: the state dir (recursively, with its cgroup binds), the short
   socket dir (munge socket, slurmd spools), the venv and the checkout (jobs run the host's Python 3.11 and nuro),
   ``/tmp`` and ``/home`` (job output and work dirs), the host's python3.11 binary and standard library, and the
-  host's ``/etc`` at ``/.host-etc`` with ``/etc/passwd`` and ``/etc/group`` linked to it: users made after ``up``
-  (useradd replaces those files) are seen at once, which a bind of the file itself would not do.
+  host's ``/etc`` at ``/.host-etc`` with ``/etc/passwd``, ``group``, ``shadow`` and ``gshadow`` linked to it: users
+  made after ``up`` (useradd replaces those files) are seen at once, which a bind of the file itself would not do.
+  ``shadow`` too: 26.05's slurmd loads the user's login environment for ``--export=ALL,VAR=value`` through
+  ``su - <user>``, whose PAM account check fails ("user env retrieval failed requeued held") for a user the root's
+  own shadow file does not list.
 * **Munge and MariaDB are the host's**: the wire protocols are stable (munge 0.5.15 answers 0.5.16/0.5.18 clients),
   so only Slurm itself comes from the root.
 * **Clients** (``squeue``, ``sbatch``, ``sacctmgr`` ... for root, team users, tests, nuro's own adapter) run on the
@@ -53,7 +56,7 @@ LOADER = "lib64/ld-linux-x86-64.so.2"
 PLUGIN_DIR = "usr/lib/x86_64-linux-gnu/slurm-wlm"
 #: Where the host's /etc is seen inside the root (``/etc/passwd`` and ``/etc/group`` link into it).
 HOST_ETC = "/.host-etc"
-LINKED_ETC = ("passwd", "group")
+LINKED_ETC = ("passwd", "group", "shadow", "gshadow")
 #: The host's Python under a job's venv (its ``pyvenv.cfg`` home is /usr/bin).
 HOST_PYTHON = ("/usr/bin/python3.11", "/usr/lib/python3.11")
 

@@ -98,6 +98,18 @@ def plan_submission(
         raise InvalidSubmission([str(exc)]) from exc
 
 
+#: Slurm 25.11+ requeues a job submitted with ``--requeue=expedite`` at once when its node fails (no ``cred_expire``
+#: wait; slurm.conf's ``enable_expedited_requeue``, which the renderer writes for those releases). Older ones refuse
+#: the flag, so it is added at submit time from the cluster's version; the rendered script keeps ``--requeue``.
+EXPEDITED_REQUEUE_SINCE = (25, 11)
+
+
+def requeue_args(backend: Backend) -> list[str]:
+    """``["--requeue=expedite"]`` where the cluster's Slurm has it (a command-line flag overrides the script's
+    ``#SBATCH --requeue``), else nothing."""
+    return ["--requeue=expedite"] if backend.version().major_minor >= EXPEDITED_REQUEUE_SINCE else []
+
+
 def apply_submission(
     planned: PlannedSubmission,
     backend: Backend,
@@ -121,7 +133,8 @@ def apply_submission(
         os.makedirs(request.output_dir, exist_ok=True)
     except OSError as exc:
         raise InvalidSubmission([f"run_root: cannot create {request.output_dir}: {exc.strerror}"]) from exc
-    return backend.submit(request.script, *request.args, *extra_args), request
+    args = (*request.args, *requeue_args(backend), *extra_args)
+    return backend.submit(request.script, *args), request
 
 
 def preview(request: SbatchRequest, source: PolicySource, user: str) -> Any:

@@ -9,6 +9,8 @@ import pytest
 
 from nuro.cluster.slurmconf import render_slurm_conf
 from nuro.devcluster.layout import Layout, describe
+from nuro.jobspec.submission import requeue_args
+from nuro.slurm.models import SlurmVersion
 
 NEW_KEYS = ("PrologTimeout=", "EpilogTimeout=", "SlurmctldParameters=enable_expedited_requeue", "MetricsType=")
 
@@ -40,3 +42,26 @@ def test_the_default_is_22_05_and_a_bad_version_is_refused(desc) -> None:
     assert desc.slurm_version == "22.05" and desc.slurm_release == (22, 5)
     with pytest.raises(ValueError, match="slurm_version must look like 22.05, got '26'"):
         replace(desc, slurm_version="26")
+
+
+class _Versioned:
+    """The one Backend method requeue_args calls."""
+
+    def __init__(self, version: SlurmVersion) -> None:
+        self._version = version
+
+    def version(self) -> SlurmVersion:
+        return self._version
+
+
+@pytest.mark.parametrize(
+    ("version", "args"),
+    [
+        (SlurmVersion(22, 5, 8), []),
+        (SlurmVersion(24, 11, 5), []),
+        (SlurmVersion(25, 11, 0), ["--requeue=expedite"]),
+        (SlurmVersion(26, 5, 5), ["--requeue=expedite"]),
+    ],
+)
+def test_training_jobs_ask_for_expedited_requeue_where_slurm_has_it(version: SlurmVersion, args: list[str]) -> None:
+    assert requeue_args(_Versioned(version)) == args  # type: ignore[arg-type]
