@@ -66,7 +66,7 @@ def test_refusals_are_classified(backend: Backend) -> None:
     with pytest.raises(InvalidJobId, match="Invalid job id specified"):
         backend.update_qos(999999, "normal")
     healthy = next(n for n in backend.nodes() if not n.is_drained and not n.is_down)
-    with pytest.raises(InvalidState, match="Invalid node state specified"):
+    with pytest.raises(InvalidState, match="Invalid node state (specified|transition)"):  # 26.05: "transition"
         backend.resume(healthy.name)
     with pytest.raises(SubmissionRejected, match="Invalid qos specification"):
         backend.submit("#!/bin/bash\ntrue\n", "--qos=nuro-no-such-qos", "-o", "/dev/null")
