@@ -178,10 +178,12 @@ def mirror_from_sources(texts: Iterable[str]) -> str:
 
 @dataclass(frozen=True)
 class Bind:
-    """A host path made visible at the same path inside the root: read-only unless ``writable``."""
+    """A host path made visible at the same path inside the root: read-only unless ``writable``; ``recursive``
+    (``--rbind``) brings what is mounted below it along (a dev cluster's state dir with its cgroup binds)."""
 
     path: str
     writable: bool = False
+    recursive: bool = False
 
     def __post_init__(self) -> None:
         if not self.path.startswith("/") or self.path.rstrip("/") == "" or "\n" in self.path:
@@ -203,7 +205,7 @@ def mount_argvs(root: Path, binds: Sequence[Bind] = ()) -> list[list[str]]:
     argvs.append(["mount", "-t", "tmpfs", "-o", "mode=755,nosuid,nodev", "tmpfs", str(root / "run")])
     for bind in sorted(binds, key=lambda b: b.path.rstrip("/").count("/")):
         target = str(inside(root, bind.path))
-        argvs.append(["mount", "--bind", bind.path, target])
+        argvs.append(["mount", "--rbind" if bind.recursive else "--bind", bind.path, target])
         if not bind.writable:
             argvs.append(["mount", "-o", "remount,bind,ro", target])
     return argvs
@@ -237,7 +239,7 @@ def top_mounts(points: Iterable[str]) -> list[str]:
 # Side effects: build, mount, unmount
 
 
-def _run(argv: list[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+def run(argv: list[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     log.info("rootfs: %s: %s", what, " ".join(argv))
     env = {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -286,14 +288,19 @@ def mount(root: Path, binds: Sequence[Bind] = ()) -> None:
         if not Path(bind.path).exists():
             raise RootfsError(f"bind source {bind.path} does not exist on the host")
     try:
-        for argv in mount_argvs(root, binds):
-            if argv[:2] == ["mount", "--bind"]:
-                # made just before its mount, not up front: a target below /run must be made in the fresh tmpfs
-                _make_target(root, Path(argv[2]), Path(argv[3]))
-            _run(argv, "mount", timeout_s=30)
+        run_mounts(root, mount_argvs(root, binds))
     except BaseException:
         unmount(root)
         raise
+
+
+def run_mounts(root: Path, argvs: Sequence[list[str]]) -> None:
+    """Run mount commands in order; a bind's target below ``root`` is made just before its mount, not up front (a
+    target below /run must be made in the fresh tmpfs, one below an overlay in its upper layer)."""
+    for argv in argvs:
+        if argv[1] in ("--bind", "--rbind"):
+            _make_target(root, Path(argv[2]), Path(argv[3]))
+        run(argv, "mount", timeout_s=30)
 
 
 def _placeholders(root: Path) -> Path:
@@ -370,7 +377,7 @@ def _remove_tree(path: Path) -> None:
 
 
 def _disk_bytes(path: Path) -> int:
-    out = _run(["du", "-s", "-x", "-B1", str(path)], "measure disk use", timeout_s=300).stdout
+    out = run(["du", "-s", "-x", "-B1", str(path)], "measure disk use", timeout_s=300).stdout
     return int(out.split()[0])
 
 
@@ -380,7 +387,7 @@ def _build(version: str, tmp: Path, mirror: str, final: Path) -> str:
     ``<root>/<final path>`` is made a link to ``/``: a path below ``final`` then names the same file on the host and
     inside the chroot (slurm.conf's ``PluginDir``, which the host-side clients read too)."""
     suite = suite_of(version)
-    _run(debootstrap_argv(suite, tmp, mirror), f"debootstrap {suite}")
+    run(debootstrap_argv(suite, tmp, mirror), f"debootstrap {suite}")
     self_link = inside(tmp, str(final))
     self_link.parent.mkdir(parents=True, exist_ok=True)
     self_link.symlink_to("/")
@@ -395,9 +402,9 @@ def _build(version: str, tmp: Path, mirror: str, final: Path) -> str:
             shutil.copyfile(name, dest)
     with mounted(tmp):  # postinst scripts expect /proc, /dev and a writable /run
         for argv in apt_argvs(tmp, version):
-            _run(argv, f"apt inside the {suite} root")
+            run(argv, f"apt inside the {suite} root")
         query = ["chroot", str(tmp), "dpkg-query", "-W", "-f", "${Version}", "slurmctld"]
-        return _run(query, "read the installed Slurm version").stdout.strip()
+        return run(query, "read the installed Slurm version").stdout.strip()
 
 
 def read_record(rootfs: Path) -> dict | None:

@@ -33,7 +33,6 @@ import ctypes
 import logging
 import os
 import shlex
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,8 +153,13 @@ class RootPlan:
     writable: tuple[str, ...]  # sockets dir, /tmp, /home: read-write, not recursive (the sockets dir holds merged)
     readonly: tuple[str, ...]  # venv, checkout, host python
 
-    def binds(self) -> tuple[str, ...]:
-        return (*self.recursive, *self.writable, *self.readonly)
+    def binds(self) -> list[rootfs.Bind]:
+        """Every host path of the plan as a :class:`rootfs.Bind` (same path inside the root)."""
+        return (
+            [rootfs.Bind(p, writable=True, recursive=True) for p in self.recursive]
+            + [rootfs.Bind(p, writable=True) for p in self.writable]
+            + [rootfs.Bind(p) for p in self.readonly]
+        )
 
 
 def plan_root(
@@ -184,29 +188,16 @@ def _below_any(path: str, parents: Sequence[str]) -> bool:
 
 
 def mount_argvs(plan: RootPlan) -> list[list[str]]:
-    """The mounts of :func:`enter_root`, in order (data: the unit tests pin them)."""
+    """The mounts of :func:`enter_root`, in order (data: the unit tests pin them): the overlay, then the root
+    filesystem's usual set inside it (:func:`rootfs.mount_argvs`), then the host's /etc read-only at HOST_ETC."""
     m = str(plan.merged)
-    argvs = [
-        ["mount", "-t", "overlay", "overlay", "-o",
-         f"lowerdir={plan.lower},upperdir={plan.upper},workdir={plan.work}", m],
-        ["mount", "-t", "proc", "proc", f"{m}/proc"],
-        ["mount", "--rbind", "/sys", f"{m}/sys"],
-        ["mount", "--rbind", "/dev", f"{m}/dev"],
-        ["mount", "-t", "tmpfs", "-o", "mode=755,nosuid,nodev", "tmpfs", f"{m}/run"],
+    layers = f"lowerdir={plan.lower},upperdir={plan.upper},workdir={plan.work}"
+    return [
+        ["mount", "-t", "overlay", "overlay", "-o", layers, m],
+        *rootfs.mount_argvs(plan.merged, plan.binds()),
         ["mount", "--bind", "/etc", f"{m}{HOST_ETC}"],
         ["mount", "-o", "remount,bind,ro", f"{m}{HOST_ETC}"],
-    ]  # fmt: skip
-    binds = (
-        [(p, "--rbind", False) for p in plan.recursive]
-        + [(p, "--bind", False) for p in plan.writable]
-        + [(p, "--bind", True) for p in plan.readonly]
-    )
-    for path, how, ro in sorted(binds, key=lambda b: b[0].rstrip("/").count("/")):
-        target = f"{m}{path}"
-        argvs.append(["mount", how, path, target])
-        if ro:
-            argvs.append(["mount", "-o", "remount,bind,ro", target])
-    return argvs
+    ]
 
 
 def private_mount_namespace() -> None:
@@ -216,15 +207,14 @@ def private_mount_namespace() -> None:
     if libc.unshare(CLONE_NEWNS) != 0:
         err = ctypes.get_errno()
         raise SlurmRootError(f"unshare(CLONE_NEWNS) failed: {os.strerror(err)} (needs root)")
-    _run(["mount", "--make-rprivate", "/"])
+    rootfs.run(["mount", "--make-rprivate", "/"], "private mount namespace", timeout_s=30)
 
 
 def _prepare_upper(plan: RootPlan) -> None:
     """The /etc links, made in the upper layer before the overlay is mounted (the cache is never written):
-    ``/etc/passwd`` -> ``/.host-etc/passwd`` and the same for group."""
+    ``/etc/passwd`` -> ``/.host-etc/passwd`` and the same for each of :data:`LINKED_ETC`."""
     for d in (plan.upper, plan.work, plan.merged):
         d.mkdir(parents=True, exist_ok=True)
-    (plan.upper / HOST_ETC.lstrip("/")).mkdir(exist_ok=True)
     etc = plan.upper / "etc"
     etc.mkdir(exist_ok=True)
     for name in LINKED_ETC:
@@ -237,34 +227,14 @@ def _prepare_upper(plan: RootPlan) -> None:
 def enter_root(plan: RootPlan) -> None:
     """Private mount namespace, then the overlay and its binds (:func:`mount_argvs`). Call once, in the supervisor,
     before the first daemon starts: every child inherits the namespace."""
-    for path in plan.binds():
-        if not Path(path).exists():
-            raise SlurmRootError(f"{path} (bound into the Slurm root) does not exist on the host")
+    for bind in plan.binds():
+        if not Path(bind.path).exists():
+            raise SlurmRootError(f"{bind.path} (bound into the Slurm root) does not exist on the host")
     _prepare_upper(plan)
     private_mount_namespace()
-    for argv in mount_argvs(plan):
-        if argv[1] in ("--bind", "--rbind"):
-            _make_target(Path(argv[2]), Path(argv[3]))  # just before: targets below /run go into its fresh tmpfs
-        _run(argv)
-
-
-def _make_target(source: Path, target: Path) -> None:
-    """An empty dir (or file) to bind ``source`` on, written through the overlay (its upper layer) or the tmpfs."""
-    if target.exists():
-        return
-    if source.is_dir():
-        target.mkdir(parents=True, exist_ok=True)
-    else:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.touch()
+    rootfs.run_mounts(plan.merged, mount_argvs(plan))
 
 
 def daemon_argv(plan: RootPlan | None, argv: list[str]) -> list[str]:
     """``argv`` as the host runs it, or under ``chroot`` in the cluster's root (chroot execs: same PID)."""
     return argv if plan is None else ["chroot", str(plan.merged), *argv]
-
-
-def _run(argv: list[str]) -> None:
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-    if proc.returncode != 0:
-        raise SlurmRootError(f"{' '.join(argv)} failed (exit {proc.returncode}): {proc.stderr.strip()[-800:]}")
