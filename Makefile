@@ -68,19 +68,20 @@ packages: venv
 SLURM ?=
 NEWER_SLURM := 24.11 26.05
 SHARD_C_ENV := NURO_TEST_PORT_BASE=28800 NURO_TEST_CLUSTER_DIR=$(CURDIR)/.devcluster-test-c
+UNIT_TESTS := $(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 --basetemp=$(BASETEMP)
 EVERY_SLURM := $(PY) -m pytest tests --ignore=tests/unit -m every_slurm -q --durations=15
 
 ifneq ($(SLURM),)
 test: venv lint packages
 	rc=0; \
-	$(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 --basetemp=$(BASETEMP) || rc=1; \
+	$(UNIT_TESTS) || rc=1; \
 	NURO_TEST_SLURM=$(SLURM) $(SHARD_C_ENV) $(EVERY_SLURM) --basetemp=$(BASETEMP)-$(SLURM) || rc=1; \
 	$(VENV)/bin/nuro-admin devcluster rootfs; \
 	exit $$rc
 else
 test: venv lint packages
 	rc=0; \
-	$(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 --basetemp=$(BASETEMP) || rc=1; \
+	$(UNIT_TESTS) || rc=1; \
 	$(PY) -m pytest tests --ignore=tests/unit $(addprefix --ignore=,$(SHARD_B)) -q --durations=25 \
 	  --basetemp=$(BASETEMP)-a > $(BASETEMP)-a.log 2>&1 & a=$$!; \
 	$(SHARD_B_ENV) $(PY) -m pytest $(SHARD_B) -q --durations=25 --basetemp=$(BASETEMP)-b > $(BASETEMP)-b.log 2>&1 & \

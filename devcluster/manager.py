@@ -100,11 +100,6 @@ def recorded_slurm(layout: Layout) -> str:
     return str((record or {}).get("slurm", slurmroot.HOST_VERSION))
 
 
-def _path_with(bin_dir: Path) -> str:
-    rest = [p for p in os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin").split(":") if p and p != str(bin_dir)]
-    return ":".join([str(bin_dir), *rest])
-
-
 def env_exports(layout: Layout) -> dict[str, str]:
     """What a shell needs so plain sbatch/squeue/sinfo/sacctmgr and nuro's S3 clients talk to this cluster.
 
@@ -121,7 +116,8 @@ def env_exports(layout: Layout) -> dict[str, str]:
         "NURO_EVENT_LOG": str(layout.events_log),
     }
     if recorded_slurm(layout) != slurmroot.HOST_VERSION:
-        env["PATH"] = _path_with(layout.slurm_bin)  # the root filesystem's clients (slurmroot.write_wrappers)
+        # the root filesystem's clients first (slurmroot.write_wrappers)
+        env["PATH"] = slurmroot.path_with(layout.slurm_bin, os.environ.get("PATH", slurmroot.SYSTEM_PATH))
     base = recorded_port_base(layout)
     if base is not None:
         env.update(s3.s3_env(PortPlan(base), layout.s3_data))  # admin key: root's flows (members drop AWS_*)

@@ -62,6 +62,15 @@ HOST_PYTHON = ("/usr/bin/python3.11", "/usr/lib/python3.11")
 CLONE_NEWNS = 0x00020000
 
 
+SYSTEM_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def path_with(bin_dir: Path, path: str) -> str:
+    """``path`` with the client wrappers' dir first (once): how every host-side caller finds this cluster's Slurm."""
+    rest = [p for p in path.split(":") if p and p != str(bin_dir)]
+    return ":".join([str(bin_dir), *rest])
+
+
 class SlurmRootError(RuntimeError):
     """The requested version cannot run here; the message says what to do."""
 

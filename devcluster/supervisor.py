@@ -132,9 +132,9 @@ class Supervisor:
             if install.chrooted
             else None
         )
-        path = "/usr/sbin:/usr/bin:/sbin:/bin"
+        path = slurmroot.SYSTEM_PATH
         self.env = {
-            "PATH": f"{layout.slurm_bin}:{path}" if install.chrooted else path,
+            "PATH": slurmroot.path_with(layout.slurm_bin, path) if install.chrooted else path,
             "SLURM_CONF": str(layout.slurm_conf),
             "LANG": "C.UTF-8",
         }
