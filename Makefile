@@ -64,9 +64,12 @@ packages: venv
 # controller, detector, prolog/epilog, the e2e crash/resume) run again on each newer version, one after the other,
 # as shard C beside A and B, on a cluster at port base 28800 whose Slurm runs from a cached Debian root filesystem
 # (built on first use, ~1 min each; `nuro-admin devcluster rootfs` shows build time and size).
-# `make test SLURM=26.05` runs the unit tests and only the every_slurm tests, on that version.
+# `make test SLURM=26.05` runs the unit tests and only the every_slurm tests, on that version (TOPOLOGY=block for
+# topology/block). Shard C runs 24.11 on topology/tree (topology.conf) and 26.05 on topology/block (topology.yaml),
+# so the placement test proves both plugins.
 SLURM ?=
-NEWER_SLURM := 24.11 26.05
+TOPOLOGY ?= tree
+NEWER_SLURM := 24.11/tree 26.05/block
 SHARD_C_ENV := NURO_TEST_PORT_BASE=28800 NURO_TEST_CLUSTER_DIR=$(CURDIR)/.devcluster-test-c
 UNIT_TESTS := $(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 --basetemp=$(BASETEMP)
 EVERY_SLURM := $(PY) -m pytest tests --ignore=tests/unit -m every_slurm -q --durations=15
@@ -75,7 +78,8 @@ ifneq ($(SLURM),)
 test: venv lint packages
 	rc=0; \
 	$(UNIT_TESTS) || rc=1; \
-	NURO_TEST_SLURM=$(SLURM) $(SHARD_C_ENV) $(EVERY_SLURM) --basetemp=$(BASETEMP)-$(SLURM) || rc=1; \
+	NURO_TEST_SLURM=$(SLURM) NURO_TEST_TOPOLOGY=$(TOPOLOGY) $(SHARD_C_ENV) $(EVERY_SLURM) \
+	  --basetemp=$(BASETEMP)-$(SLURM) || rc=1; \
 	$(VENV)/bin/nuro-admin devcluster rootfs; \
 	exit $$rc
 else
@@ -86,8 +90,9 @@ test: venv lint packages
 	  --basetemp=$(BASETEMP)-a > $(BASETEMP)-a.log 2>&1 & a=$$!; \
 	$(SHARD_B_ENV) $(PY) -m pytest $(SHARD_B) -q --durations=25 --basetemp=$(BASETEMP)-b > $(BASETEMP)-b.log 2>&1 & \
 	b=$$!; \
-	( crc=0; for v in $(NEWER_SLURM); do echo "== Slurm $$v"; \
-	    NURO_TEST_SLURM=$$v $(SHARD_C_ENV) $(EVERY_SLURM) --basetemp=$(BASETEMP)-c$$v || crc=1; done; \
+	( crc=0; for run in $(NEWER_SLURM); do v=$${run%/*}; echo "== Slurm $$v, topology/$${run#*/}"; \
+	    NURO_TEST_SLURM=$$v NURO_TEST_TOPOLOGY=$${run#*/} $(SHARD_C_ENV) $(EVERY_SLURM) --basetemp=$(BASETEMP)-c$$v \
+	    || crc=1; done; \
 	  $(VENV)/bin/nuro-admin devcluster rootfs; exit $$crc ) > $(BASETEMP)-c.log 2>&1 & c=$$!; \
 	wait $$a || rc=1; echo "== integration shard A"; cat $(BASETEMP)-a.log; \
 	wait $$b || rc=1; echo "== integration shard B (NURO_TEST_PORT_BASE=26800)"; cat $(BASETEMP)-b.log; \

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from nuro.admin.nodes_cli import nodes as nodes_group
 from nuro.admin.policy_cli import policy
+from nuro.cluster.description import TOPOLOGIES
 from nuro.console import ExitCode, fail
 
 # The one product module that imports the dev wing: it mounts `nuro-admin devcluster` (docs/architecture.md).
@@ -84,18 +85,34 @@ def devcluster() -> None:
     help="Slurm version: the host's package, or a newer one run from a Debian root filesystem built once "
     "(~1 min) and cached under /var/cache/nuro/rootfs.",
 )
+@click.option(
+    "--topology",
+    type=click.Choice(TOPOLOGIES),
+    default="tree",
+    show_default=True,
+    help="Placement plugin over the leaves of 4 nodes: tree (topology/tree, --switches) or block (topology/block, "
+    "--segment; Slurm 24.11+).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @state_dir_option
-def up(nodes: int, port_base: int, timeout_s: float, slurm_version: str, as_json: bool, state_dir: Path | None) -> None:
+def up(
+    nodes: int,
+    port_base: int,
+    timeout_s: float,
+    slurm_version: str,
+    topology: str,
+    as_json: bool,
+    state_dir: Path | None,
+) -> None:
     """Install what is missing and start the cluster; returns when every node is idle."""
     layout = _layout(state_dir)
     try:
-        res = manager.up(layout, nodes, port_base, timeout_s, slurm=slurm_version)
+        res = manager.up(layout, nodes, port_base, timeout_s, slurm=slurm_version, topology=topology)
     except (manager.DevClusterError, RuntimeError, OSError) as exc:
         fail(ExitCode.FAILED, str(exc))
     if as_json:
         click.echo(json.dumps({
-            "state_dir": str(res.state_dir), "slurm": slurm_version, "nodes": res.nodes,
+            "state_dir": str(res.state_dir), "slurm": slurm_version, "topology": topology, "nodes": res.nodes,
             "already_running": res.already_running,
             "installed": res.installed, "seconds_to_daemons": round(res.seconds_to_daemons, 2),
             "seconds_to_idle": round(res.seconds_to_idle, 2),

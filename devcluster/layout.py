@@ -362,10 +362,16 @@ def emulated_nodes(names: list[str], slurmd_port: Callable[[int], int], dev_dir:
 
 
 def describe(
-    layout: Layout, n_nodes: int, port_base: int, plugin_dir: str | None = None, slurm_version: str = "22.05"
+    layout: Layout,
+    n_nodes: int,
+    port_base: int,
+    plugin_dir: str | None = None,
+    slurm_version: str = "22.05",
+    topology: str = "tree",
 ) -> ClusterDescription:
     """The dev cluster: N emulated nodes on 127.0.0.1, 8 fake GPUs each, leaves of 4 under a spine.
-    ``plugin_dir``: a root filesystem's Slurm plugins (``SlurmInstall.plugin_dir``), None for the host's."""
+    ``plugin_dir``: a root filesystem's Slurm plugins (``SlurmInstall.plugin_dir``), None for the host's.
+    ``topology``: ``tree`` (topology/tree) or ``block`` (topology/block, 24.11+: the leaves are the blocks)."""
     if n_nodes < 1:
         raise ValueError(f"--nodes must be at least 1, got {n_nodes}")
     ports = PortPlan(port_base)
@@ -399,4 +405,5 @@ def describe(
         db_user=DB_USER,
         db_password=DB_PASSWORD,
         slurm_version=slurm_version,
+        topology=topology,
     )

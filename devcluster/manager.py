@@ -31,7 +31,8 @@ from nuro.cluster.slurmconf import (
     render_hook_wrapper,
     render_slurm_conf,
     render_slurmdbd_conf,
-    render_topology_conf,
+    render_topology,
+    topology_file,
 )
 from nuro.devcluster import cgroups, rootfs, s3, slurmroot
 from nuro.devcluster.install import ensure_packages
@@ -92,6 +93,11 @@ def recorded_port_base(layout: Layout) -> int | None:
     """The port base ``up`` last used for this state dir (``etc/ports.json``), None if it never ran."""
     record = _ports_record(layout)
     return None if record is None else int(record["port_base"])
+
+
+def recorded_topology(layout: Layout) -> str:
+    """The topology plugin kind the cluster in ``layout`` was brought up with (``tree`` when none was recorded)."""
+    return str((_ports_record(layout) or {}).get("topology", "tree"))
 
 
 def recorded_slurm(layout: Layout) -> str:
@@ -283,9 +289,16 @@ def check_socket_paths(layout: Layout) -> None:
         )
 
 
-def _prepare(layout: Layout, n_nodes: int, port_base: int, slurm: slurmroot.SlurmInstall) -> None:
+def _prepare(
+    layout: Layout, n_nodes: int, port_base: int, slurm: slurmroot.SlurmInstall, topology: str = "tree"
+) -> None:
     """Directories, fake GPU device files, munge key, the rendered config files and the client wrappers."""
-    desc = describe(layout, n_nodes, port_base, plugin_dir=slurm.plugin_dir(), slurm_version=slurm.version)
+    try:
+        desc = describe(
+            layout, n_nodes, port_base, plugin_dir=slurm.plugin_dir(), slurm_version=slurm.version, topology=topology
+        )
+    except ValueError as exc:  # e.g. topology=block on 22.05
+        raise DevClusterError(str(exc)) from exc
     check_socket_paths(layout)
     layout.root.mkdir(parents=True, exist_ok=True)
     try:
@@ -296,7 +309,9 @@ def _prepare(layout: Layout, n_nodes: int, port_base: int, slurm: slurmroot.Slur
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o755)  # jobs run as team users: they read slurm.conf and reach the munge socket
     layout.s3_data.mkdir(exist_ok=True)
-    layout.ports_file.write_text(json.dumps({"port_base": port_base, "slurm": slurm.version}) + "\n")
+    layout.ports_file.write_text(
+        json.dumps({"port_base": port_base, "slurm": slurm.version, "topology": topology}) + "\n"
+    )
     slurmroot.write_wrappers(slurm, layout.slurm_bin, layout.slurm_conf)
     layout.munge_dir.mkdir(exist_ok=True)
     layout.munge_dir.chmod(0o711)
@@ -323,12 +338,14 @@ def _prepare(layout: Layout, n_nodes: int, port_base: int, slurm: slurmroot.Slur
     files = {
         layout.slurm_conf: render_slurm_conf(desc),
         layout.etc / "cgroup.conf": render_cgroup_conf(desc),
-        layout.etc / "topology.conf": render_topology_conf(desc),
+        layout.etc / topology_file(desc): render_topology(desc),
         layout.etc / "gres.conf": render_gres_conf(desc),
     }
     for path, text in files.items():
         path.write_text(text)
         path.chmod(0o644)
+    for stale in {"topology.conf", "topology.yaml"} - {topology_file(desc)}:  # another version's (yaml wins if left)
+        (layout.etc / stale).unlink(missing_ok=True)
     layout.slurmdbd_conf.write_text(
         render_slurmdbd_conf(desc, str(layout.run / "slurmdbd.pid"), str(layout.log / "slurmdbd.log"))
     )
@@ -371,7 +388,12 @@ def _agents_not_reported(layout: Layout, n_nodes: int, since: float) -> list[str
 
 
 def up(
-    layout: Layout, n_nodes: int, port_base: int, timeout_s: float = 120.0, slurm: str = slurmroot.HOST_VERSION
+    layout: Layout,
+    n_nodes: int,
+    port_base: int,
+    timeout_s: float = 120.0,
+    slurm: str = slurmroot.HOST_VERSION,
+    topology: str = "tree",
 ) -> UpResult:
     if os.geteuid() != 0:
         raise DevClusterError(
@@ -385,10 +407,11 @@ def up(
         raise DevClusterError(str(exc)) from exc
     running = _check_previous(layout, n_nodes)
     if running is not None:
-        if recorded_slurm(layout) != slurm:
+        if (recorded_slurm(layout), recorded_topology(layout)) != (slurm, topology):
             raise DevClusterError(
-                f"a dev cluster of Slurm {recorded_slurm(layout)} already runs from {layout.root}. Run "
-                f"'nuro-admin devcluster down --state-dir {layout.root}' first to start Slurm {slurm} there."
+                f"a dev cluster of Slurm {recorded_slurm(layout)} (topology/{recorded_topology(layout)}) already "
+                f"runs from {layout.root}. Run 'nuro-admin devcluster down --state-dir {layout.root}' first to "
+                f"start Slurm {slurm} (topology/{topology}) there."
             )
         return UpResult(layout.root, n_nodes, True, [], 0.0, 0.0)
     check_port_plan(PortPlan(port_base), n_nodes)
@@ -410,7 +433,7 @@ def up(
         install = slurmroot.resolve(slurm)
     except (slurmroot.SlurmRootError, rootfs.RootfsError) as exc:
         raise DevClusterError(f"cannot provide Slurm {slurm}: {exc}") from exc
-    _prepare(layout, n_nodes, port_base, install)
+    _prepare(layout, n_nodes, port_base, install, topology)
     layout.record.unlink(missing_ok=True)
     t_daemons = time.monotonic()
     argv = [
@@ -531,6 +554,7 @@ def status(layout: Layout) -> dict:
     return {
         "state_dir": str(layout.root),
         "slurm": recorded_slurm(layout),
+        "topology": recorded_topology(layout),
         "phase": str(record.phase),
         "nodes_configured": record.nodes,
         "port_base": record.port_base,

@@ -35,7 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from nuro.devcluster.install import machine_lock
+from nuro.devcluster.install import InstallError, ensure_packages, machine_lock
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +93,13 @@ class RootfsError(RuntimeError):
 
 # ---------------------------------------------------------------------------------------------------------------
 # Pure parts: names, package lists, rendered commands
+
+
+#: Host packages a build needs (name → file it provides), installed on first use like the dev cluster's own.
+BUILD_TOOLS = {
+    "debootstrap": "/usr/sbin/debootstrap",
+    "debian-archive-keyring": "/usr/share/keyrings/debian-archive-keyring.gpg",
+}
 
 
 def suite_of(version: str) -> str:
@@ -253,6 +260,8 @@ def run(argv: list[str], what: str, timeout_s: float = COMMAND_TIMEOUT_S) -> sub
         )
     except subprocess.TimeoutExpired as exc:
         raise RootfsError(f"{what}: {' '.join(argv)} ran over {timeout_s:.0f} s") from exc
+    except OSError as exc:  # the program itself is missing or not executable
+        raise RootfsError(f"{what}: cannot run {argv[0]}: {exc.strerror}") from exc
     if proc.returncode != 0:
         tail = (proc.stderr.strip() or proc.stdout.strip())[-2000:]
         raise RootfsError(f"{what} failed (exit {proc.returncode}): {' '.join(argv)}\n{tail}")
@@ -430,6 +439,10 @@ def ensure_rootfs(version: str, root: Path = CACHE_ROOT, mirror: str | None = No
         return final
     if os.geteuid() != 0:
         raise RootfsError(f"building {final} needs root (debootstrap, chroot, mount); run as root once")
+    try:  # a fresh machine has no debootstrap (the host side of the build; everything else runs inside)
+        ensure_packages(packages=BUILD_TOOLS)
+    except InstallError as exc:
+        raise RootfsError(f"cannot build {final}: {exc}") from exc
     mirror = mirror or system_mirror()
     root.mkdir(parents=True, exist_ok=True)
     with machine_lock(f"rootfs-{final.name}"):

@@ -19,6 +19,7 @@ from tests.integration.conftest import (
     TEST_PORT_BASE,
     TEST_SLURM,
     TEST_STATE_DIR,
+    TEST_TOPOLOGY,
     LiveCluster,
     ensure_test_users,
 )
@@ -70,7 +71,7 @@ def cluster() -> Iterator[LiveCluster]:
     layout = Layout(TEST_STATE_DIR.absolute())
     manager.down(layout, purge=True)
     try:  # up inside the try: a cluster that came up half-way is stopped too (up also stops it when it fails)
-        manager.up(layout, TEST_NODES, TEST_PORT_BASE, slurm=TEST_SLURM)
+        manager.up(layout, TEST_NODES, TEST_PORT_BASE, slurm=TEST_SLURM, topology=TEST_TOPOLOGY)
         env = manager.env_exports(layout)
         tc = LiveCluster(layout=layout, backend=CliBackend(env=env), env=env)
         ensure_test_users(tc)

@@ -7,6 +7,7 @@ renderer in :mod:`nuro.cluster.slurmconf` stays a pure function that golden test
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 
@@ -47,6 +48,11 @@ HOOK_DEADLINE_S = 120
 HOOK_MARGIN_S = 60
 
 CGROUP_PLUGINS = ("autodetect", "cgroup/v1", "cgroup/v2")
+
+#: How Slurm places a multi-node job (``TopologyPlugin``): ``tree`` (topology/tree: ``--switches=1`` keeps a job on
+#: one leaf switch) or ``block`` (topology/block: ``--segment=N`` keeps every N nodes of a job inside one block; the
+#: leaves are the blocks). Block needs Slurm 24.11+ here (topology.conf ``BlockName``; 25.05+ topology.yaml).
+TOPOLOGIES = ("tree", "block")
 
 
 @dataclass(frozen=True)
@@ -201,12 +207,20 @@ class ClusterDescription:
     #: The Slurm release the files are for ("22.05", "24.11", "26.05"): the renderer uses what each adds and never
     #: writes a key an older one refuses (24.11 dies parsing ``MetricsType``).
     slurm_version: str = "22.05"
+    #: One of :data:`TOPOLOGIES`.
+    topology: str = "tree"
+    #: topology/block's BlockSizes (empty: :attr:`effective_block_sizes` derives them from the leaves).
+    block_sizes: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         try:
             _ = self.slurm_release
         except ValueError:
             raise ValueError(f"slurm_version must look like 22.05, got {self.slurm_version!r}") from None
+        if self.topology not in TOPOLOGIES:
+            raise ValueError(f"topology={self.topology!r}: choose one of {', '.join(TOPOLOGIES)}")
+        if self.topology == "block":
+            self._check_blocks()
         names = [n.name for n in self.nodes]
         if not names:
             raise ValueError("a cluster needs at least one node")
@@ -218,6 +232,48 @@ class ClusterDescription:
             unknown = [n for n in sw.nodes if n not in known]
             if unknown:
                 raise ValueError(f"switch {sw.name} lists unknown nodes: {', '.join(unknown)}")
+
+    def _check_blocks(self) -> None:
+        if self.slurm_release < (24, 11):
+            raise ValueError(
+                f"topology=block needs Slurm 24.11 or newer (topology/block with --segment); this cluster runs "
+                f"{self.slurm_version}: use topology=tree (--switches) there"
+            )
+        leaves = self.leaves
+        if not leaves:
+            raise ValueError("topology=block needs leaf switches (the blocks): the description has none")
+        sizes = self.effective_block_sizes
+        smallest = min(len(sw.nodes) for sw in leaves)
+        if sizes[0] < 1 or sizes[0] > smallest:
+            raise ValueError(
+                f"block_sizes={list(sizes)}: the base block size must be 1..{smallest} (the smallest leaf's nodes)"
+            )
+        for low, high in itertools.pairwise(sizes):
+            if high <= low or high % low or (high // low) & (high // low - 1):
+                raise ValueError(
+                    f"block_sizes={list(sizes)}: each size must be the one before times a power of two "
+                    f"(Slurm's BlockSizes rule), {high} after {low} is not"
+                )
+
+    @property
+    def leaves(self) -> tuple[Switch, ...]:
+        """The switches that hold nodes (topology/tree's leaves, topology/block's blocks)."""
+        return tuple(sw for sw in self.switches if sw.nodes)
+
+    @property
+    def effective_block_sizes(self) -> tuple[int, ...]:
+        """``block_sizes``, or the smallest leaf's node count doubled while the leaves together still hold it
+        (8 nodes in leaves of 4: ``(4, 8)``, so a job of up to 8 nodes spans two neighbouring blocks)."""
+        if self.block_sizes:
+            return self.block_sizes
+        leaves = self.leaves
+        if not leaves:
+            return ()
+        sizes = [min(len(sw.nodes) for sw in leaves)]
+        total = sum(len(sw.nodes) for sw in leaves)
+        while sizes[-1] * 2 <= total:
+            sizes.append(sizes[-1] * 2)
+        return tuple(sizes)
 
     @property
     def slurm_release(self) -> tuple[int, int]:

@@ -30,6 +30,8 @@ variable                   where         meaning / default
 ``nuro_slurm_user``        controller    SlurmUser (default ``slurm``); ``nuro_partition`` (default ``gpu``)
 ``nuro_slurm_version``     controller    the Slurm release installed (default ``22.05``): 25.05+ get PrologTimeout/
                                          EpilogTimeout, 25.11+ expedited requeue and OpenMetrics
+``nuro_topology``          controller    ``tree`` (default; ``--switches``) or ``block`` (24.11+; ``--segment``,
+                                         the leaves are the blocks); ``nuro_block_sizes``: BlockSizes list
 =========================  ============  =====================================================================
 
 Leaves are written in the order their first node appears; nodes are sorted by name so the output does not depend
@@ -200,6 +202,8 @@ def describe_inventory(
             confinement=Confinement(**confinement_given),  # its own checks: plugin name, absolute mountpoint
             slurm_user=str(cv.get("nuro_slurm_user") or "slurm"),
             slurm_version=str(cv.get("nuro_slurm_version") or "22.05"),
+            topology=str(cv.get("nuro_topology") or "tree"),
+            block_sizes=tuple(int(n) for n in cv.get("nuro_block_sizes") or ()),
         )
     except ValueError as exc:  # the description's own checks (duplicate names, bad timers)
         raise InventoryError(f"the inventory describes an invalid cluster: {exc}") from exc
@@ -235,6 +239,8 @@ def inventory_from_description(desc: ClusterDescription, controller: str = "ctl"
         "nuro_partition": desc.partition,
         "nuro_slurm_user": desc.slurm_user,
         "nuro_slurm_version": desc.slurm_version,
+        "nuro_topology": desc.topology,
+        **({"nuro_block_sizes": list(desc.block_sizes)} if desc.block_sizes else {}),
         "nuro_slurm_paths": {f.name: v for f in fields(Paths) if (v := getattr(desc.paths, f.name)) is not None},
         "nuro_slurm_ports": {f.name: getattr(desc.ports, f.name) for f in fields(Ports)},
         "nuro_slurm_timers": {f.name: getattr(desc.timers, f.name) for f in fields(Timers)},
@@ -250,7 +256,9 @@ def inventory_from_description(desc: ClusterDescription, controller: str = "ctl"
     }
 
 
-RENDERED_FILES = ("slurm.conf", "cgroup.conf", "topology.conf", "gres.conf")
+#: topology.conf up to 24.11, topology.yaml from 25.05 (:func:`nuro.cluster.slurmconf.topology_file`): both are
+#: named; asking for the one the version does not read is an error that names the right one.
+RENDERED_FILES = ("slurm.conf", "cgroup.conf", "topology.conf", "topology.yaml", "gres.conf")
 
 
 def render_file(desc: ClusterDescription, name: str) -> str:
@@ -258,11 +266,16 @@ def render_file(desc: ClusterDescription, name: str) -> str:
     renderers = {
         "slurm.conf": slurmconf.render_slurm_conf,
         "cgroup.conf": slurmconf.render_cgroup_conf,
-        "topology.conf": slurmconf.render_topology_conf,
+        "topology.conf": slurmconf.render_topology,
+        "topology.yaml": slurmconf.render_topology,
         "gres.conf": slurmconf.render_gres_conf,
     }
     if name not in renderers:
         raise InventoryError(f"unknown file {name!r}; nuro renders {', '.join(RENDERED_FILES)}")
+    if name.startswith("topology.") and name != slurmconf.topology_file(desc):
+        raise InventoryError(
+            f"{name} is not read by Slurm {desc.slurm_version}: its topology goes in {slurmconf.topology_file(desc)}"
+        )
     return renderers[name](desc)
 
 

@@ -108,8 +108,7 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
         f"TaskPlugin={'task/cgroup,task/affinity' if desc.confinement.task_affinity else 'task/cgroup'}",
         "MpiDefault=none",
         "",
-        "# Placement: gang allocation is Slurm's own; topology/tree makes --switches=1 keep a job on one leaf",
-        "TopologyPlugin=topology/tree",
+        *_topology_lines(desc),
         "",
         "# Priority (fair share across team accounts) and QOS preemption that requeues, never kills",
         "PriorityType=priority/multifactor",
@@ -202,8 +201,36 @@ def render_cgroup_conf(desc: ClusterDescription) -> str:
     return HEADER + "\n".join(lines) + "\n"
 
 
-def render_topology_conf(desc: ClusterDescription) -> str:
-    """topology.conf for topology/tree: leaves list nodes, upper switches list switches."""
+#: The one topology the rendered topology.yaml defines (25.05+), the cluster default every partition uses.
+TOPOLOGY_NAME = "nuro"
+
+
+def topology_file(desc: ClusterDescription) -> str:
+    """The file Slurm reads the topology from: ``topology.yaml`` from 25.05 (it wins over topology.conf there, and
+    is the form the newer features are documented in), ``topology.conf`` before."""
+    return "topology.yaml" if desc.slurm_release >= (25, 5) else "topology.conf"
+
+
+def _topology_lines(desc: ClusterDescription) -> list[str]:
+    """slurm.conf's placement lines. With topology.yaml (25.05+) the file names the plugin, so no TopologyPlugin."""
+    why = {
+        "tree": "topology/tree makes --switches=1 keep a job on one leaf",
+        "block": "topology/block makes --segment=N keep every N nodes of a job inside one block (a leaf)",
+    }[desc.topology]
+    lines = [f"# Placement: gang allocation is Slurm's own; {why}"]
+    if topology_file(desc) == "topology.yaml":
+        return [*lines, f"# The topology ({desc.topology}) is in topology.yaml beside this file"]
+    return [*lines, f"TopologyPlugin=topology/{desc.topology}"]
+
+
+def render_topology(desc: ClusterDescription) -> str:
+    """The text of :func:`topology_file`: the leaf/spine tree or the blocks (leaves), in the version's format."""
+    if topology_file(desc) == "topology.yaml":
+        return HEADER + _topology_yaml(desc)
+    if desc.topology == "block":
+        lines = [f"BlockName={sw.name} Nodes={compress_hostlist(list(sw.nodes))}" for sw in desc.leaves]
+        lines.append(f"BlockSizes={','.join(str(n) for n in desc.effective_block_sizes)}")
+        return HEADER + "\n".join(lines) + "\n"
     lines = []
     for sw in desc.switches:
         parts = [f"SwitchName={sw.name}"]
@@ -213,6 +240,24 @@ def render_topology_conf(desc: ClusterDescription) -> str:
             parts.append(f"Switches={compress_hostlist(list(sw.switches))}")
         lines.append(" ".join(parts))
     return HEADER + "\n".join(lines) + "\n"
+
+
+def _topology_yaml(desc: ClusterDescription) -> str:
+    """topology.yaml (topology.yaml(5)): one topology, the cluster default, of the description's kind."""
+    head = [f"- topology: {TOPOLOGY_NAME}", "  cluster_default: true"]
+    if desc.topology == "block":
+        body = ["  block:", "    block_sizes:", *(f"      - {n}" for n in desc.effective_block_sizes), "    blocks:"]
+        for sw in desc.leaves:
+            body += [f"    - block: {sw.name}", f"      nodes: {compress_hostlist(list(sw.nodes))}"]
+    else:
+        body = ["  tree:", "    switches:"]
+        for sw in desc.switches:
+            body.append(f"    - switch: {sw.name}")
+            if sw.switches:
+                body.append(f"      children: {compress_hostlist(list(sw.switches))}")
+            if sw.nodes:
+                body.append(f"      nodes: {compress_hostlist(list(sw.nodes))}")
+    return "\n".join(head + body) + "\n"
 
 
 def render_gres_conf(desc: ClusterDescription) -> str:

@@ -126,15 +126,17 @@ def parse_scontrol_show_oneliner(text: str) -> list[dict[str, str]]:
 
 
 def parse_scontrol_show_topology(text: str) -> dict[str, str]:
-    """Map node name → its lowest-level switch from ``scontrol show topology`` (topology/tree).
+    """Map node name → its lowest-level switch or block from ``scontrol show topology``.
 
-    Input lines look like ``SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=gpu[001-004] Switches=(null)``; a spine
-    also lists every node below it, so the switch with the lowest Level wins. Empty output (topology/none, or
+    topology/tree lines look like ``SwitchName=leaf01 Level=0 LinkSpeed=1 Nodes=gpu[001-004] Switches=(null)``; a
+    spine also lists every node below it, so the switch with the lowest Level wins. topology/block (24.11+) lines
+    look like ``BlockName=leaf01 BlockIndex=0 Nodes=gpu[001-004] BlockSize=4``, plus ``AggregatedBlock=leaf[01-02]``
+    lines for the higher block sizes, which are not a node's own block. Empty output (topology/none or flat, or
     "No topology information available") gives an empty map.
     """
     best: dict[str, tuple[int, str]] = {}
     for rec in parse_scontrol_show_oneliner(text):
-        name = rec.get("SwitchName")
+        name = rec.get("SwitchName") or rec.get("BlockName")
         if not name:
             continue
         level = as_int(rec.get("Level"), default=0)

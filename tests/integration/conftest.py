@@ -31,6 +31,9 @@ TEST_PORT_BASE = int(os.environ.get("NURO_TEST_PORT_BASE", "22800"))
 TEST_NODES = 8
 #: The Slurm version of the session's cluster (``make test SLURM=26.05`` sets it): the host's 22.05 by default.
 TEST_SLURM = os.environ.get("NURO_TEST_SLURM", "22.05")
+#: Its placement plugin: ``tree`` (topology/tree) by default, ``block`` (topology/block, 24.11+) when
+#: NURO_TEST_TOPOLOGY says so (CI runs 26.05 with block, so the placement test proves both).
+TEST_TOPOLOGY = os.environ.get("NURO_TEST_TOPOLOGY", "tree")
 TEST_ACCOUNT = "nurotest"
 TEST_USERS = ("nuro-alice", "nuro-bob")
 

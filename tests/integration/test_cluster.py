@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nuro.slurm import JobInfo, JobPhase, SlurmError
-from tests.integration.conftest import TEST_ACCOUNT, LiveCluster, wait_until
+from tests.integration.conftest import TEST_ACCOUNT, TEST_TOPOLOGY, LiveCluster, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -58,8 +58,15 @@ def test_four_node_gang_starts_together(cluster: LiveCluster, shared_tmp: Path) 
     assert max(starts) - min(starts) < 5.0, f"tasks started {max(starts) - min(starts):.3f} s apart"
 
 
-def test_switches_one_lands_on_a_single_leaf(cluster: LiveCluster, shared_tmp: Path) -> None:
-    """With gpu001 busy, leaf01 has only 3 free nodes: a 4-node --switches=1 job must take leaf02 whole."""
+#: How a job asks to stay within one leaf: topology/tree's --switches, topology/block's --segment (whole job = one
+#: segment, so all of it in one block).
+ONE_LEAF = {"tree": "--switches=1@0:10", "block": "--segment=4"}
+
+
+@pytest.mark.every_slurm
+def test_a_gang_asking_for_one_leaf_lands_on_a_single_leaf(cluster: LiveCluster, shared_tmp: Path) -> None:
+    """With gpu001 busy, leaf01 has only 3 free nodes: a 4-node job that asks for one leaf (--switches=1 on
+    topology/tree, --segment=4 on topology/block) must take leaf02 whole. The adapter reads either topology."""
     leaf_of = {n.name: n.switch for n in cluster.backend.nodes()}
     assert leaf_of["gpu001"] == "leaf01" and leaf_of["gpu008"] == "leaf02", leaf_of
     blocker = cluster.backend.submit(
@@ -67,7 +74,7 @@ def test_switches_one_lands_on_a_single_leaf(cluster: LiveCluster, shared_tmp: P
     )
     try:
         _wait_phase(cluster, blocker, {JobPhase.RUNNING})
-        script = "#!/bin/bash\n#SBATCH --nodes=4 --exclusive --switches=1@0:10\nsrun hostname\n"
+        script = f"#!/bin/bash\n#SBATCH --nodes=4 --exclusive {ONE_LEAF[TEST_TOPOLOGY]}\nsrun hostname\n"
         job, _ = _run_to_end(cluster, script, shared_tmp / "leaf.out")
         leaves = {leaf_of[n] for n in job.nodes}
         assert leaves == {"leaf02"}, f"job ran on {job.nodes} across {leaves}"

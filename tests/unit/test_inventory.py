@@ -60,7 +60,7 @@ def test_dev_cluster_description_round_trips(tmp_path: Path, n_nodes: int) -> No
     for name, render in (
         ("slurm.conf", slurmconf.render_slurm_conf),
         ("cgroup.conf", slurmconf.render_cgroup_conf),
-        ("topology.conf", slurmconf.render_topology_conf),
+        ("topology.conf", slurmconf.render_topology),
         ("gres.conf", slurmconf.render_gres_conf),
     ):
         assert render_file(back, name) == render(desc)
@@ -136,5 +136,7 @@ def test_inventory_errors_name_what_to_fix(hostvars_patch: dict, groups_patch: d
 
 
 def test_unknown_file_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(InventoryError, match="nuro renders slurm.conf, cgroup.conf, topology.conf, gres.conf"):
+    with pytest.raises(
+        InventoryError, match="nuro renders slurm.conf, cgroup.conf, topology.conf, topology.yaml, gres.conf"
+    ):
         render_file(describe(Layout(tmp_path), 1, 16800), "slurmdbd.conf")  # holds the db password: not here

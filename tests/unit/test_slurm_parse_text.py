@@ -80,6 +80,16 @@ def test_topology_maps_each_node_to_its_leaf() -> None:
     assert parse_scontrol_show_topology("No topology information available\n") == {}
 
 
+def test_topology_block_maps_each_node_to_its_base_block() -> None:
+    """26.05 topology/block (captured live): the aggregated block of size 8 lists every node but is no one's own."""
+    text = read("v26.05/scontrol_show_topology_block.txt")
+    assert "AggregatedBlock=" in text
+    assert parse_scontrol_show_topology(text) == {
+        **{f"gpu00{i}": "leaf01" for i in range(1, 5)},
+        **{f"gpu00{i}": "leaf02" for i in range(5, 9)},
+    }
+
+
 def test_attach_switches_to_sinfo_nodes() -> None:
     nodes, _ = parse_sinfo_json(read("sinfo_8nodes.json"))
     with_switch = attach_switches(nodes, parse_scontrol_show_topology(read("scontrol_show_topology.txt")))

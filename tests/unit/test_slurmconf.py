@@ -23,7 +23,7 @@ from nuro.cluster.slurmconf import (
     render_gres_conf,
     render_slurm_conf,
     render_slurmdbd_conf,
-    render_topology_conf,
+    render_topology,
 )
 
 
@@ -63,7 +63,7 @@ def _real_hosts() -> ClusterDescription:
 def test_rendered_configs_match_golden(golden, name: str, desc: ClusterDescription) -> None:
     golden(f"{name}.slurm.conf", render_slurm_conf(desc))
     golden(f"{name}.cgroup.conf", render_cgroup_conf(desc))
-    golden(f"{name}.topology.conf", render_topology_conf(desc))
+    golden(f"{name}.topology.conf", render_topology(desc))
     golden(f"{name}.gres.conf", render_gres_conf(desc))
     golden(f"{name}.slurmdbd.conf", render_slurmdbd_conf(desc, "/run/slurmdbd.pid", "/var/log/slurmdbd.log"))
 
@@ -80,7 +80,7 @@ def test_emulated_nodes_collapse_into_one_line_with_a_port_range() -> None:
 
 
 def test_topology_for_500_nodes_has_125_leaves_under_one_spine() -> None:
-    lines = render_topology_conf(_emulated(500)).splitlines()[1:]
+    lines = render_topology(_emulated(500)).splitlines()[1:]
     assert len(lines) == 126
     assert lines[0] == "SwitchName=leaf001 Nodes=gpu[001-004]"
     assert lines[-1] == "SwitchName=spine Switches=leaf[001-125]"

@@ -6,11 +6,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
-from nuro.cluster.slurmconf import render_slurm_conf
+from nuro.cluster.inventory import InventoryError, describe_inventory, inventory_from_description, render_file
+from nuro.cluster.slurmconf import TOPOLOGY_NAME, render_slurm_conf, render_topology, topology_file
 from nuro.devcluster.layout import Layout, describe
 from nuro.jobspec.submission import requeue_args
 from nuro.slurm.models import SlurmVersion
+from tests.unit.test_inventory import _flatten
 
 NEW_KEYS = ("PrologTimeout=", "EpilogTimeout=", "SlurmctldParameters=enable_expedited_requeue", "MetricsType=")
 
@@ -65,3 +68,63 @@ class _Versioned:
 )
 def test_training_jobs_ask_for_expedited_requeue_where_slurm_has_it(version: SlurmVersion, args: list[str]) -> None:
     assert requeue_args(_Versioned(version)) == args  # type: ignore[arg-type]
+
+
+# ---- topology: tree or block, topology.conf before 25.05 and topology.yaml from it ------------------------------
+
+
+def test_topology_file_follows_the_release(desc) -> None:
+    assert topology_file(replace(desc, slurm_version="24.11")) == "topology.conf"
+    assert topology_file(replace(desc, slurm_version="26.05")) == "topology.yaml"
+
+
+def test_yaml_tree_is_the_same_leaves_and_spine_as_topology_conf(tmp_path: Path) -> None:
+    eight = describe(Layout(tmp_path / "dc8"), 8, 22800)
+    conf = render_topology(replace(eight, slurm_version="24.11"))
+    assert "SwitchName=leaf01 Nodes=gpu[001-004]" in conf
+    doc = yaml.safe_load(render_topology(replace(eight, slurm_version="26.05")))
+    assert doc == [{"topology": TOPOLOGY_NAME, "cluster_default": True, "tree": {"switches": [
+        {"switch": "leaf01", "nodes": "gpu[001-004]"},
+        {"switch": "leaf02", "nodes": "gpu[005-008]"},
+        {"switch": "spine", "children": "leaf[01-02]"},
+    ]}}]  # fmt: skip
+    lines = _keys(render_slurm_conf(replace(eight, slurm_version="26.05")))
+    assert not [line for line in lines if line.startswith("TopologyPlugin=")], "topology.yaml names the plugin"
+    assert "TopologyPlugin=topology/tree" in _keys(render_slurm_conf(replace(eight, slurm_version="24.11")))
+
+
+def test_block_topology_makes_the_leaves_blocks_with_doubling_sizes(tmp_path: Path) -> None:
+    eight = describe(Layout(tmp_path / "dc8"), 8, 22800, slurm_version="26.05", topology="block")
+    assert eight.effective_block_sizes == (4, 8)
+    doc = yaml.safe_load(render_topology(eight))
+    assert doc[0]["block"] == {"block_sizes": [4, 8], "blocks": [
+        {"block": "leaf01", "nodes": "gpu[001-004]"}, {"block": "leaf02", "nodes": "gpu[005-008]"}]}  # fmt: skip
+    conf = render_topology(replace(eight, slurm_version="24.11"))
+    assert conf.splitlines()[1:] == ["BlockName=leaf01 Nodes=gpu[001-004]", "BlockName=leaf02 Nodes=gpu[005-008]",
+                                     "BlockSizes=4,8"]  # fmt: skip
+    assert "TopologyPlugin=topology/block" in _keys(render_slurm_conf(replace(eight, slurm_version="24.11")))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"slurm_version": "22.05"}, "topology=block needs Slurm 24.11 or newer"),
+        ({"block_sizes": (8,)}, r"base block size must be 1\.\.4"),
+        ({"block_sizes": (4, 12)}, "times a power of two"),
+        ({"block_sizes": (2, 2)}, "times a power of two"),
+        ({"topology": "fat-tree"}, "choose one of tree, block"),
+    ],
+)
+def test_bad_topology_is_refused_with_what_to_fix(tmp_path: Path, changes: dict, message: str) -> None:
+    base = describe(Layout(tmp_path / "dc8"), 8, 22800, slurm_version="26.05", topology="block")
+    with pytest.raises(ValueError, match=message):
+        replace(base, **changes)
+
+
+def test_inventory_names_only_the_topology_file_the_release_reads(tmp_path: Path) -> None:
+    block = describe(Layout(tmp_path / "dc8"), 8, 22800, slurm_version="26.05", topology="block")
+    back = describe_inventory(*_flatten(inventory_from_description(block)))
+    assert replace(back, db_password=block.db_password) == block
+    assert render_file(back, "topology.yaml") == render_topology(block)
+    with pytest.raises(InventoryError, match="its topology goes in topology.yaml"):
+        render_file(back, "topology.conf")
