@@ -15,7 +15,11 @@ host (``devcluster kill-node``). Every phase is measured from the kill:
 
 Slurm alone = the controller paused (SIGSTOP by its recorded PID) for the round: only SlurmdTimeout notices.
 
-    python -m bench.bench_resume [--rounds 3] [--baseline-rounds 1] [--port-base 28800]
+Per Slurm version (``--slurm 22.05,26.05``: one cluster after the other, same job, same box): 25.11+ gets the job
+submitted with ``--requeue=expedite`` and ``enable_expedited_requeue``, so the requeued job is eligible at once
+instead of ``cred_expire + 1`` s later; the summary gives each version's phases and the ratio of first-step times.
+
+    python -m bench.bench_resume [--rounds 3] [--baseline-rounds 1] [--port-base 28800] [--slurm 22.05,26.05]
 """
 
 from __future__ import annotations
@@ -115,34 +119,35 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--baseline-rounds", type=int, default=1)
     ap.add_argument("--port-base", type=int, default=28800)
+    ap.add_argument("--slurm", default="22.05", help="comma-separated Slurm versions, one cluster each (22.05,26.05)")
     args = ap.parse_args()
     rows: list[dict] = []
-    with cluster(8, args.port_base, "resume") as (layout, env, _up):
-        work = Path(tempfile.mkdtemp(prefix="nuro-bench-resume-", dir="/tmp"))
-        work.chmod(0o755)
-        dataset, repo = scenario.prepare(env, work)
-        time.sleep(4)  # the controller's restart grace has passed
-        for i in range(args.rounds + args.baseline_rounds):
-            nuro = i < args.rounds
-            row = _round(layout, env, work, dataset, repo, nuro)
-            rows.append(row)
-            print(f"{row['mode']} {i + 1}: {row}", flush=True)
-    nuro_rows = [r for r in rows if r["mode"] == "nuro"]
-    base_rows = [r for r in rows if r["mode"] == "slurm_alone"]
-    summary = {
-        mode: {k: _p50(rs, k) for k in (*PHASES, "lost_steps", "lost_s")}
-        for mode, rs in (("nuro", nuro_rows), ("slurm_alone", base_rows))
-    }
-    n, b = summary["nuro"]["first_step"], summary["slurm_alone"]["first_step"]
-    save(
-        "resume",
-        {
-            "ckpt_interval_s": CKPT_INTERVAL_S,
-            "rounds": rows,
-            "p50_seconds_from_kill": summary,
-            "first_step_slurm_alone_over_nuro": round(b / n, 2) if n and b else None,
-        },
-    )
+    versions = [v.strip() for v in args.slurm.split(",") if v.strip()]
+    for version in versions:
+        with cluster(8, args.port_base, "resume", slurm=version) as (layout, env, _up):
+            work = Path(tempfile.mkdtemp(prefix="nuro-bench-resume-", dir="/tmp"))
+            work.chmod(0o755)
+            dataset, repo = scenario.prepare(env, work)
+            time.sleep(4)  # the controller's restart grace has passed
+            for i in range(args.rounds + args.baseline_rounds):
+                nuro = i < args.rounds
+                row = {"slurm": version, **_round(layout, env, work, dataset, repo, nuro)}
+                rows.append(row)
+                print(f"{version} {row['mode']} {i + 1}: {row}", flush=True)
+    by_version = {}
+    for version in versions:
+        mine = [r for r in rows if r["slurm"] == version]
+        summary = {
+            mode: {k: _p50([r for r in mine if r["mode"] == mode], k) for k in (*PHASES, "lost_steps", "lost_s")}
+            for mode in ("nuro", "slurm_alone")
+        }
+        n, b = summary["nuro"]["first_step"], summary["slurm_alone"]["first_step"]
+        by_version[version] = {**summary, "first_step_slurm_alone_over_nuro": round(b / n, 2) if n and b else None}
+    result: dict = {"ckpt_interval_s": CKPT_INTERVAL_S, "rounds": rows, "p50_seconds_from_kill": by_version}
+    if len(versions) == 2:  # the older over the newer: > 1 means the newer Slurm resumes faster
+        old, new = (by_version[v]["nuro"]["first_step"] for v in versions)
+        result[f"first_step_{versions[0]}_over_{versions[1]}"] = round(old / new, 2) if old and new else None
+    save("resume", result)
 
 
 if __name__ == "__main__":

@@ -26,11 +26,13 @@ RESULTS = REPO / "bench" / "results"
 
 
 @contextmanager
-def cluster(nodes: int, port_base: int, name: str) -> Iterator[tuple[Layout, dict[str, str], manager.UpResult]]:
-    """A fresh cluster in its own state dir; stopped and purged afterwards."""
+def cluster(
+    nodes: int, port_base: int, name: str, slurm: str = "22.05"
+) -> Iterator[tuple[Layout, dict[str, str], manager.UpResult]]:
+    """A fresh cluster (of Slurm ``slurm``) in its own state dir; stopped and purged afterwards."""
     layout = Layout(REPO / ".devcluster-bench" / name)
     manager.down(layout, purge=True)
-    res = manager.up(layout, nodes, port_base, timeout_s=300)
+    res = manager.up(layout, nodes, port_base, timeout_s=300, slurm=slurm)
     try:
         yield layout, manager.env_exports(layout), res
     finally:

@@ -35,7 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nuro.metrics.model import GPU, GPU_TAGS, SELF, SELF_TAGS, TRAIN, TRAIN_TAGS
+from nuro.metrics.model import GPU, GPU_TAGS, SELF, SELF_TAGS, SLURMCTLD, SLURMCTLD_TAGS, TRAIN, TRAIN_TAGS
+from nuro.slurm.openmetrics import FIELDS as SLURMCTLD_FIELDS
+from nuro.slurm.openmetrics import SUMS as SLURMCTLD_SUMS
 
 # Field names per measurement. model.py names them in its docstring only (tags have constants there); keep this
 # table in step with it. ``train`` also carries free-form custom scalars, which no dashboard may rely on.
@@ -43,8 +45,14 @@ SCHEMA_FIELDS: Mapping[str, tuple[str, ...]] = {
     TRAIN: ("step", "loss", "step_time_s", "samples_per_s"),
     GPU: ("util_pct", "mem_used_bytes", "mem_total_bytes", "temp_c", "sm_clock_mhz", "power_w"),
     SELF: ("written", "dropped", "buffered", "errors"),
+    SLURMCTLD: (*SLURMCTLD_FIELDS.values(), *SLURMCTLD_SUMS.values()),
 }
-SCHEMA_TAGS: Mapping[str, tuple[str, ...]] = {TRAIN: TRAIN_TAGS, GPU: GPU_TAGS, SELF: SELF_TAGS}
+SCHEMA_TAGS: Mapping[str, tuple[str, ...]] = {
+    TRAIN: TRAIN_TAGS,
+    GPU: GPU_TAGS,
+    SELF: SELF_TAGS,
+    SLURMCTLD: SLURMCTLD_TAGS,
+}
 
 VarValue = str | Sequence[str]
 

@@ -70,6 +70,7 @@ from nuro.devcluster.procs import (
 from nuro.devcluster.record import Phase, RunRecord, write_record
 from nuro.devcluster.restart import RestartBook
 from nuro.metrics import identities
+from nuro.metrics.sink import ENV_URL as ENV_METRICS_URL
 from nuro.protocol.heartbeat import load_key, write_node_key
 
 log = logging.getLogger("nuro.devcluster.supervisor")
@@ -124,6 +125,8 @@ class Supervisor:
         self.ports = PortPlan(port_base)
         self.nodes = node_names(n_nodes)
         install = slurmroot.resolve(slurm, build=False)  # built by `up` before it started us
+        #: 25.11+ serves OpenMetrics on slurmctld's port (the renderer enables it): the controller reads them.
+        self.openmetrics = tuple(int(part) for part in slurm.split(".")) >= (25, 11)
         #: The Slurm daemons' root (None: the host's Slurm); clients then run through layout.slurm_bin.
         self.root_plan = (
             slurmroot.plan_root(
@@ -301,6 +304,8 @@ class Supervisor:
         ]  # fmt: skip
         if lay.teams_yaml.exists():
             argv += ["--policy", str(lay.teams_yaml)]
+        if self.openmetrics:
+            argv += ["--slurm-metrics-url", f"http://127.0.0.1:{self.ports.slurmctld}"]
         return argv
 
     def agent_argv(self, node: str) -> list[str]:
@@ -330,7 +335,12 @@ class Supervisor:
     def controller_env(self) -> dict[str, str]:
         """The controller's environment with the dev cluster's test hooks: a wall-clock offset file
         (``daemon.OffsetClock``) and the fault mark (``engine.FAULT_MARK``). Production sets neither."""
-        return {**self.env, CLOCK_OFFSET_ENV: str(self.clock_offset_file()), FAULT_MARK_ENV: FAULT_MARK}
+        env = {**self.env, CLOCK_OFFSET_ENV: str(self.clock_offset_file()), FAULT_MARK_ENV: FAULT_MARK}
+        if self.openmetrics:  # slurmctld's metrics go to the cluster's influxd, as the nodes' identity (write only)
+            ids = identities.read_identities(self.layout.influx_dir)
+            env[ENV_METRICS_URL] = f"influx1://127.0.0.1:{self.ports.influx}/{METRICS_DB}"
+            env.update(identities.node_env(ids) if ids else {})
+        return env
 
     def clock_offset_file(self) -> Path:
         return self.layout.run / "controller-clock-offset"

@@ -55,8 +55,8 @@ from nuro.jobspec.record import comment_json, export_lines, job_env, run_record
 from nuro.jobspec.render import HELPER_LINES, checkout_lines, code_exports
 from nuro.jobspec.sbatch_args import SbatchArgError, Word, is_option, parse_options, read_option, script_directives
 from nuro.jobspec.spec import SpecError, split_code_flag
-from nuro.jobspec.submission import DEFAULT_RUN_ROOT
-from nuro.slurm import CliBackend, SlurmCommandNotFound, SubmitCommand
+from nuro.jobspec.submission import DEFAULT_RUN_ROOT, requeue_args
+from nuro.slurm import CliBackend, SlurmCommandNotFound, SlurmError, SubmitCommand
 
 PROG = "nuro-sbatch"
 PLATFORM: dict[str, Opt] = {o.flag: o for o in SPEC_OPTIONS if o.sbatch}
@@ -392,7 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FieldError, PinError, CodePinError) as exc:
         return say(ExitCode.INVALID, str(exc), prog=PROG)
     meta = platform_metadata(values, team, dataset, code)
+    backend = CliBackend(env=job_env(meta))
     front = [f"--account={team}", *([f"--qos={values['tier']}"] if values.get("tier") else [])]
+    front += _expedited_requeue(backend)
     if dataset is not None and code is not None:  # a record only with both pins (rule 6)
         front.append(f"--comment={comment_json(meta)}")
     new_script = preamble = None
@@ -426,12 +428,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             script_part = [*lead, *([parsed.script] if parsed.script else []), *parsed.script_args]
         command = SubmitCommand((*front, *tokens, *script_part), stdin_bytes)
-        return CliBackend(env=job_env(meta)).submit_command(command)  # sbatch's own status (and output)
+        return backend.submit_command(command)  # sbatch's own status (and output)
     except SlurmCommandNotFound:
         return say(ExitCode.FAILED, "sbatch not found on PATH", prog=PROG)
     finally:
         if tmp_dir:
             shutil.rmtree(tmp_dir, ignore_errors=True)
+
+
+def _expedited_requeue(backend: CliBackend) -> list[str]:
+    """``--requeue=expedite`` before the user's own words where the cluster has it (25.11+): a training job hit by
+    a node failure restarts at once. The user's own ``--requeue``/``--no-requeue`` comes later and wins (the bridge
+    forces requeue on team jobs either way). No Slurm to ask (a dry run on a laptop): nothing added."""
+    try:
+        return requeue_args(backend)
+    except SlurmError:
+        return []
 
 
 if __name__ == "__main__":

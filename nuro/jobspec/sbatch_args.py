@@ -28,7 +28,7 @@ input r i|job-name r J|kill-on-invalid-dep r|licenses r L|mail-type r|mail-user 
 mem-per-cpu r|mem-per-gpu r|mincpus r|network r|nice o|no-kill o k|no-requeue n|nodefile r F|nodelist r w|
 nodes r N|ntasks r n|ntasks-per-core r|ntasks-per-gpu r|ntasks-per-node r|ntasks-per-socket r|ntasks-per-tres r|
 open-mode r|output r o|overcommit n O|oversubscribe n s|parsable n|partition r p|power r|prefer r|priority r|
-profile r|propagate o|qos r q|quiet n Q|reboot n|requeue n|reservation r|signal r|sockets-per-node r|spread-job n|
+profile r|propagate o|qos r q|quiet n Q|reboot n|requeue o|reservation r|signal r|sockets-per-node r|spread-job n|
 switches r|tasks-per-node r|test-only n|thread-spec r|threads-per-core r|time r t|time-min r|tmp r|uid r|
 use-min-nodes n|verbose n v|version n V|usage n|wait n W|wait-all-nodes r|wckey r|wrap r
 """

@@ -8,6 +8,9 @@ low-cardinality identifiers; fields are the values.
   step_time_s, samples_per_s, and custom scalars (float).
 - ``gpu`` (node agent, 1 Hz): tags node, gpu (index), uuid, model, and job, team, run while a job holds the GPU
   (``nuro.protocol.gpujobs``); fields util_pct, mem_used_bytes, mem_total_bytes, temp_c, sm_clock_mhz, power_w.
+- ``slurmctld`` (nuro-controller, every ``slurm_metrics_interval_s``, Slurm 25.11+): tag controller
+  (slurmctld's host:port); fields from slurmctld's OpenMetrics (``nuro.slurm.openmetrics.FIELDS``):
+  jobs_pending, jobs_running, gpus_alloc, gpus_total, nodes_drain, sched_cycle_last_us, bf_cycle_last_us, …
 - ``nuro_metrics`` (every buffered writer, on each flush): tags source (``rank<N>`` or ``agent``), node, and team,
   run, job when a run's; fields written, dropped, buffered, errors (cumulative ints).
 
@@ -24,10 +27,12 @@ from dataclasses import dataclass, field
 TRAIN = "train"
 GPU = "gpu"
 SELF = "nuro_metrics"
+SLURMCTLD = "slurmctld"
 
 TRAIN_TAGS = ("team", "run", "job", "restart", "rank")
 GPU_TAGS = ("node", "gpu", "uuid", "model", "job", "team", "run")
 SELF_TAGS = ("source", "node", "team", "run", "job")
+SLURMCTLD_TAGS = ("controller",)
 
 FieldValue = float | int | bool | str
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,127}")

@@ -431,8 +431,8 @@ def parse_sbatch_args(user: str, argv: Sequence[str]) -> JobRequest:
     while i < len(args):
         arg = args[i]
         i += 1
-        if arg in ("--requeue", "--no-requeue"):
-            values["requeue"] = arg == "--requeue"
+        if arg in ("--requeue", "--no-requeue", "--requeue=expedite"):  # =expedite: 25.11+ (requeue, sooner)
+            values["requeue"] = arg != "--no-requeue"
             continue
         if arg in _IGNORED_FLAGS:
             continue

@@ -20,6 +20,10 @@ miss_limit: 3                     # intervals of silence before a node is declar
 detector_tick_s: 0.25             # how often the detector judges (its own loop, independent of interval_s)
 event_log: /var/log/nuro/events.jsonl  # append-only JSONL journal (nuro.lifecycle.platform_events); unset = log lines
 only
+slurm_metrics_url: http://ctl:6817  # Slurm 25.11+ with MetricsType=metrics/openmetrics: slurmctld's own address and
+                                  # port; its counts and scheduler statistics go to $NURO_METRICS_URL's sink as
+                                  # `slurmctld` points (nuro.slurm.openmetrics); unset = not read
+slurm_metrics_interval_s: 10      # one scrape (three GETs) per interval
 
 Relative paths are resolved beside the config file.
 """
@@ -59,6 +63,8 @@ class ControllerConfig(BaseModel):
     miss_limit: int = Field(default=3, ge=2, le=100)
     detector_tick_s: float = Field(default=0.25, gt=0, le=10)
     event_log: Path | None = None
+    slurm_metrics_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+/?$")
+    slurm_metrics_interval_s: float = Field(default=10.0, ge=1, le=3600)
 
     @model_validator(mode="after")
     def _something_to_do(self) -> ControllerConfig:

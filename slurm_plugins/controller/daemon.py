@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -49,6 +50,8 @@ from types import MappingProxyType
 import click
 
 from nuro.lifecycle.platform_events import EventLog
+from nuro.metrics.buffer import BufferedWriter
+from nuro.metrics.sink import ENV_URL, sink_from_env
 from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol import marks
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
@@ -65,6 +68,7 @@ from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
 from nuro.slurm_plugins.controller.isolation import Isolator
 from nuro.slurm_plugins.controller.liveness import LivenessConfig
 from nuro.slurm_plugins.controller.ratelog import RateLog, once
+from nuro.slurm_plugins.controller.slurm_metrics import SlurmMetricsLoop
 
 log = logging.getLogger("nuro.controller")
 
@@ -355,6 +359,12 @@ def _setup_logging(fmt: LogFormat, verbose: bool) -> None:
 )
 @click.option("--miss-limit", type=click.IntRange(2, 100), default=None, help="Silent intervals before lost [3].")
 @click.option("--event-log", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSONL event log.")
+@click.option(
+    "--slurm-metrics-url",
+    default=None,
+    help="slurmctld's http://host:port (25.11+, MetricsType=metrics/openmetrics): its counts and scheduler "
+    "statistics go to $NURO_METRICS_URL as `slurmctld` points.",
+)
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     config_path: Path | None,
@@ -369,6 +379,7 @@ def main(
     heartbeat_interval_s: float | None,
     miss_limit: int | None,
     event_log: Path | None,
+    slurm_metrics_url: str | None,
     verbose: bool,
 ) -> None:
     """Borrowing with lending limits, checkpoint-confirmed reclaim and urgent preemption, fair-share priority, and
@@ -378,7 +389,7 @@ def main(
             "policy": policy_path, "interval_s": interval_s, "log_format": log_format,
             "heartbeat_port": heartbeat_port, "heartbeat_bind": heartbeat_bind,
             "heartbeat_key_file": heartbeat_key_file, "heartbeat_interval_s": heartbeat_interval_s,
-            "miss_limit": miss_limit, "event_log": event_log,
+            "miss_limit": miss_limit, "event_log": event_log, "slurm_metrics_url": slurm_metrics_url,
         }  # fmt: skip
         updates = {k: v for k, v in flags.items() if v is not None}
         if dry_run:
@@ -440,6 +451,7 @@ def main(
             "failure detector started: udp %s:%d interval_s=%s miss_limit=%d event_log=%s",
             cfg.heartbeat_bind, receiver.port, cfg.heartbeat_interval_s, cfg.miss_limit, cfg.event_log,
         )  # fmt: skip
+    _start_slurm_metrics(cfg, stop)  # its own daemon thread; at most one buffered point is lost at exit
     if policy is None:
         log.info("no policy: only the failure detector runs")
         _wait_interruptibly(stop)
@@ -464,6 +476,28 @@ def main(
     if detector_thread is not None:
         detector_thread.join(5)
     log.info("nuro-controller stopped after %d cycles", controller.cycles)
+
+
+def _start_slurm_metrics(cfg: ControllerConfig, stop: threading.Event) -> threading.Thread | None:
+    """The OpenMetrics loop (``slurm_metrics.SlurmMetricsLoop``) in its own thread, when a URL is configured and
+    ``$NURO_METRICS_URL`` names a sink; otherwise None (logged)."""
+    if not cfg.slurm_metrics_url:
+        return None
+    if not os.environ.get(ENV_URL):
+        log.warning("slurm_metrics_url=%s but no $%s: slurmctld metrics not read", cfg.slurm_metrics_url, ENV_URL)
+        return None
+    try:
+        writer = BufferedWriter(sink_from_env(), self_tags={"source": "controller", "node": socket.gethostname()})
+    except Exception as exc:  # noqa: BLE001 (any sink failure: the controller's other loops run on)
+        log.warning("slurmctld metrics off: cannot open the metrics sink %s (%s)", os.environ.get(ENV_URL), exc)
+        return None
+    loop = SlurmMetricsLoop(cfg.slurm_metrics_url, writer.add, cfg.slurm_metrics_interval_s)
+    thread = threading.Thread(
+        target=_keep_running, args=("slurm metrics", lambda: loop.run(stop), stop), name="slurm-metrics", daemon=True
+    )
+    thread.start()
+    log.info("slurmctld metrics: %s every %s s", cfg.slurm_metrics_url, cfg.slurm_metrics_interval_s)
+    return thread
 
 
 def _wait_interruptibly(stop: threading.Event, tick_s: float = 0.5) -> None:

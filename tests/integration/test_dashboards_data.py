@@ -3,8 +3,8 @@
 Why real: InfluxQL that parses in review can still fail on the server (subqueries, ``top()`` with tags, math
 between aggregates) or return nothing (a tag compared as a field, a wrong quote). The data is what the SDK and the
 node agent write: a 2-node run with 2 ranks (one per node), 8 GPUs per node, 60 s at 1 Hz, plus each writer's
-``nuro_metrics`` counters, written as plain line protocol over HTTP. A second team's run checks that the team and
-run filters keep it out.
+``nuro_metrics`` counters and the controller's ``slurmctld`` points, written as plain line protocol over HTTP. A
+second team's run checks that the team and run filters keep it out.
 """
 
 from __future__ import annotations
@@ -163,6 +163,18 @@ def _self_lines(t0_ns: int, seconds: int) -> list[str]:
     return lines
 
 
+def _slurmctld_lines(t0_ns: int, seconds: int) -> list[str]:
+    """What nuro-controller writes from slurmctld's OpenMetrics (Slurm 25.11+), every 10 s."""
+    lines = []
+    for s in range(0, seconds, 10):
+        fields = (
+            f"jobs_pending={12 - s // 10}i,jobs_running={4 + s // 10}i,gpus_alloc={8 * (4 + s // 10)}i,gpus_total=64i,"
+            f"sched_cycle_last_us={900 + 37 * s}i,bf_cycle_last_us={5400 + 11 * s}i"
+        )
+        lines.append(f"slurmctld,controller=127.0.0.1:6817 {fields} {t0_ns + s * 10**9}")
+    return lines
+
+
 @pytest.fixture(scope="module")
 def data(influx_url: str) -> TimeRange:
     """Write the run (plus a second run of the team and another team's run); return the range that covers it."""
@@ -174,6 +186,7 @@ def data(influx_url: str) -> TimeRange:
         *_train_lines(t0_ns, OTHER_TEAM, OTHER_RUN, OTHER_JOB, ranks=1, seconds=10),
         *_gpu_lines(t0_ns, SECONDS),
         *_self_lines(t0_ns, SECONDS),
+        *_slurmctld_lines(t0_ns, SECONDS),
     ]
     for i in range(0, len(lines), 5000):
         _post(influx_url, f"/write?db={DB}&precision=ns", "\n".join(lines[i : i + 5000]).encode())

@@ -112,8 +112,8 @@ def test_views_cover_what_the_issue_asks() -> None:
     assert [v.name for v in variables(by_uid["nuro-team"])] == ["team"]
     assert [v.name for v in variables(by_uid["nuro-run"])][:3] == ["team", "run", "job"]
     cluster = " ".join(q.query for q in extract_queries(by_uid["nuro-cluster"]))
-    for field in ("util_pct", "mem_used_bytes", "temp_c"):
-        assert field in cluster
+    for field in ("util_pct", "mem_used_bytes", "temp_c", "jobs_pending", "gpus_alloc", "sched_cycle_last_us"):
+        assert field in cluster  # the last three: slurmctld's OpenMetrics (Slurm 25.11+, issue 14)
     run = extract_queries(by_uid["nuro-run"])
     assert {m for q in run for m in measurements(q.query)} == {"train", "gpu", "nuro_metrics"}
     assert any('GROUP BY time($__interval), "rank"' in q.query and '"loss"' in q.query for q in run)
