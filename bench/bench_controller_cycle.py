@@ -9,7 +9,9 @@ holds with one ``sprio`` and sends only what changed). The controllers run as th
 budget, ``--budget-s``); issue 13's target is a first cycle after a start ≤ 1 s of Slurm calls at 500 nodes / 5,000
 pending (``--jobs 5000``; submitted from ``--submit-threads`` threads).
 
-    python -m bench.bench_controller_cycle [--nodes 500] [--jobs 1200] [--cycles 10] [--budget-s 1.0]
+``--slurm 26.05`` runs it on that version's cluster (the result file is then ``controller_cycle_<N>_<version>``).
+
+    python -m bench.bench_controller_cycle [--nodes 500] [--jobs 1200] [--cycles 10] [--budget-s 1.0] [--slurm V]
 """
 
 from __future__ import annotations
@@ -54,9 +56,10 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=1.0, help="the controllers' apply budget [1.0, as shipped]")
     # 8 saturated munged (4 threads) beside 500 slurmd on 2 cores: "Munge encode failed ... temporarily unavailable"
     ap.add_argument("--submit-threads", type=int, default=2, help="parallel sbatch [2]")
+    ap.add_argument("--slurm", default="22.05", help="Slurm version of the cluster [22.05]")
     args = ap.parse_args()
     ensure_unix_users(POLICY_USERS)
-    with cluster(args.nodes, args.port_base, f"cycle{args.nodes}") as (layout, env, _up):
+    with cluster(args.nodes, args.port_base, f"cycle{args.nodes}", slurm=args.slurm) as (layout, env, _up):
         policy_raw = scaled_policy(args.nodes * 8)
         policy_path = layout.root / "teams.yaml"
         policy_path.write_text(yaml.safe_dump(policy_raw))
@@ -92,8 +95,9 @@ def main() -> None:
 
         first = reports[0]
         save(
-            f"controller_cycle_{args.nodes}",
+            f"controller_cycle_{args.nodes}" + ("" if args.slurm == "22.05" else f"_{args.slurm}"),
             {
+                "slurm": args.slurm,
                 "nodes": args.nodes,
                 "gpus": args.nodes * 8,
                 "jobs": len(snap.jobs),

@@ -15,7 +15,9 @@ Nodes are rotated so no node loses more than 2 heartbeats in 10 minutes (3 would
 The job is submitted excluding every node but the planned victim and one spare, so it lands on one of the two and
 is requeued onto the other (the node it landed on is the one killed).
 
-    python -m bench.bench_detection [--kills 20] [--baseline-kills 4] [--nodes 16] [--port-base 28800]
+Per Slurm version with ``--slurm 22.05 26.05`` (one cluster after the other): each version's p50/p99 and ratio.
+
+    python -m bench.bench_detection [--kills 20] [--baseline-kills 4] [--nodes 16] [--port-base 28800] [--slurm V...]
 """
 
 from __future__ import annotations
@@ -144,8 +146,19 @@ def main() -> None:
     ap.add_argument("--baseline-kills", type=int, default=4)
     ap.add_argument("--nodes", type=int, default=16)
     ap.add_argument("--port-base", type=int, default=28800)
+    ap.add_argument("--slurm", nargs="+", default=["22.05"], help="Slurm versions, one cluster each [22.05]")
     args = ap.parse_args()
-    with cluster(args.nodes, args.port_base, "detection") as (layout, env, _up):
+    results = {version: _measure(args, version) for version in args.slurm}
+    if len(results) == 1:
+        (only,) = results.values()
+        save("detection", only)
+    else:
+        save("detection", {"nodes": args.nodes, "by_slurm": results})
+
+
+def _measure(args: argparse.Namespace, version: str) -> dict:
+    """Every round on one cluster of Slurm ``version``; the summary ``save`` writes for it."""
+    with cluster(args.nodes, args.port_base, "detection", slurm=version) as (layout, env, _up):
         backend = CliBackend(env=env)
         names = node_names(args.nodes)
         losses = dict.fromkeys(names, 0)
@@ -189,18 +202,16 @@ def main() -> None:
         if nuro_s["detect_s"]["n"] and base_s["detect_s"]["n"]
         else None
     )
-    save(
-        "detection",
-        {
-            "nodes": args.nodes,
-            "heartbeat": {"interval_s": 1.0, "miss_limit": 3, "detector_tick_s": 0.25},
-            "slurm": conf,
-            "nuro": nuro_s,
-            "slurm_alone": base_s,
-            "detect_p50_slurm_alone_over_nuro": ratio,
-            "rows": rows,
-        },
-    )
+    return {
+        "nodes": args.nodes,
+        "slurm_version": version,
+        "heartbeat": {"interval_s": 1.0, "miss_limit": 3, "detector_tick_s": 0.25},
+        "slurm": conf,
+        "nuro": nuro_s,
+        "slurm_alone": base_s,
+        "detect_p50_slurm_alone_over_nuro": ratio,
+        "rows": rows,
+    }
 
 
 if __name__ == "__main__":

@@ -3,7 +3,10 @@
 Baseline in the same run: the bare `squeue --json` + `sinfo --json` calls the snapshot is built from (no parsing).
 The ratio is what nuro's parsing and typing add.
 
-    python bench/bench_snapshot.py [--nodes 8 500] [--jobs 1000]
+Per Slurm version with ``--slurm 22.05 24.11 26.05`` (one cluster after the other, same box): the JSON grew between
+versions, so the bare calls and the parse are measured on each.
+
+    python bench/bench_snapshot.py [--nodes 8 500] [--jobs 1000] [--slurm 22.05 26.05]
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1000)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--port-base", type=int, default=28800)
+    ap.add_argument("--slurm", nargs="+", default=["22.05"], help="Slurm versions, one cluster each [22.05]")
     args = ap.parse_args()
     rows = []
-    for n in args.nodes:
-        with cluster(n, args.port_base, f"snap{n}") as (_layout, env, up):
+    for version, n in ((v, n) for v in args.slurm for n in args.nodes):
+        with cluster(n, args.port_base, f"snap{n}", slurm=version) as (_layout, env, up):
             backend = CliBackend(env=env)
             for _ in range(args.jobs):
                 backend.submit("#!/bin/bash\ntrue\n", "--hold", "--nodes=1")
@@ -32,6 +36,7 @@ def main() -> None:
             nuro = median_s(backend.read_snapshot, args.repeat)
             rows.append(
                 {
+                    "slurm": version,
                     "nodes": n,
                     "jobs_queued": len(snap.jobs),
                     "nodes_in_snapshot": len(snap.nodes),

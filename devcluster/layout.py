@@ -125,6 +125,10 @@ def bin_dir() -> Path:
     return Path(sys.executable).parent
 
 
+#: How many rendezvous ports a dev cluster reserves (:attr:`PortPlan.rdzv_base`): jobs use base + job id mod this.
+RDZV_SPAN = 400
+
+
 @dataclass(frozen=True)
 class PortPlan:
     """Loopback ports, all derived from one base so a clash is fixed with one flag (``--port-base``)."""
@@ -179,6 +183,13 @@ class PortPlan:
     def influx_rpc(self) -> int:
         """influxd's RPC/backup listener (base+88, echo of 8088): it cannot be disabled, only moved to loopback."""
         return self.base + 88
+
+    @property
+    def rdzv_base(self) -> int:
+        """torchrun rendezvous ports of this cluster's jobs: base+500 .. base+899 (``RDZV_SPAN``), exported as
+        ``NURO_RDZV_PORT_BASE``/``SPAN``. Every emulated node is 127.0.0.1, so two dev clusters side by side (the
+        test shards) would otherwise give their job 1 the same port and join each other's rendezvous."""
+        return self.base + 500
 
     def all(self, n_nodes: int) -> dict[str, int]:
         ports = {"mariadb": self.mariadb, "slurmctld": self.slurmctld, "slurmdbd": self.slurmdbd}

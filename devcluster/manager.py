@@ -40,6 +40,7 @@ from nuro.devcluster.layout import (
     DEFAULT_PORT_BASE,
     GPUS_PER_NODE,
     METRICS_DB,
+    RDZV_SPAN,
     SUN_PATH_MAX,
     Layout,
     PortPlan,
@@ -56,6 +57,7 @@ from nuro.healthcheck.statusfile import read_status
 from nuro.metrics import identities as metrics_identities
 from nuro.metrics.base import ENV_URL as ENV_METRICS_URL
 from nuro.objectstore import ENV_CREDENTIALS as ENV_S3_CREDENTIALS
+from nuro.protocol.contract import ENV_RDZV_PORT_BASE, ENV_RDZV_PORT_SPAN
 from nuro.protocol.heartbeat import write_key
 from nuro.slurm import CliBackend
 
@@ -129,6 +131,9 @@ def env_exports(layout: Layout) -> dict[str, str]:
         env.update(s3.s3_env(PortPlan(base), layout.s3_data))  # admin key: root's flows (members drop AWS_*)
         env[ENV_S3_CREDENTIALS] = str(layout.s3_credentials)  # without AWS_*: the user's team key (docs/security.md)
         env[ENV_METRICS_URL] = metrics_url(PortPlan(base))
+        # the cluster's own torchrun rendezvous ports (PortPlan.rdzv_base): its nodes all share 127.0.0.1
+        env[ENV_RDZV_PORT_BASE] = str(PortPlan(base).rdzv_base)
+        env[ENV_RDZV_PORT_SPAN] = str(RDZV_SPAN)
         env.update(metrics_identities.admin_env(layout.influx_dir))  # admin: root only (members use their team's)
         env[metrics_identities.ENV_CREDENTIALS] = str(layout.etc / "metrics")  # <team>.env, as etc/s3
     return env

@@ -47,7 +47,17 @@ from pathlib import Path
 
 import psutil
 
-from nuro.protocol.contract import EXIT_REQUEUE, PG_TIMEOUT_S, PREEMPT_SIGNAL, TIME_LIMIT_SIGNAL, rdzv_port
+from nuro.protocol.contract import (
+    ENV_RDZV_PORT_BASE,
+    ENV_RDZV_PORT_SPAN,
+    EXIT_REQUEUE,
+    PG_TIMEOUT_S,
+    PREEMPT_SIGNAL,
+    RDZV_PORT_BASE,
+    RDZV_PORT_SPAN,
+    TIME_LIMIT_SIGNAL,
+    rdzv_port,
+)
 from nuro.slurm import CliBackend, HostlistError, SlurmError, expand_hostlist, parse_node_addr
 from nuro.wrappers.launch_outcome import (
     Evidence,
@@ -138,7 +148,14 @@ def plan_torchrun(
     addr = env.get("NURO_RDZV_ADDR") or rdzv_addr
     if not addr:
         raise LaunchError("no rendezvous address: export NURO_RDZV_ADDR (the first node's NodeAddr)")
-    port = int(env.get("NURO_RDZV_PORT") or rdzv_port(job_id))
+    port = int(
+        env.get("NURO_RDZV_PORT")
+        or rdzv_port(
+            job_id,
+            int(env.get(ENV_RDZV_PORT_BASE) or RDZV_PORT_BASE),
+            int(env.get(ENV_RDZV_PORT_SPAN) or RDZV_PORT_SPAN),
+        )
+    )
     argv = (
         python, "-m", "torch.distributed.run",
         f"--nnodes={num_nodes}", f"--node-rank={node_id}", f"--nproc-per-node={nproc_per_node}",

@@ -39,6 +39,8 @@ from nuro.jobspec.codepin import CodePin
 from nuro.jobspec.pins import DatasetPin
 from nuro.jobspec.record import comment_json, export_lines, job_env, run_record
 from nuro.protocol.contract import (
+    ENV_RDZV_PORT_BASE,
+    ENV_RDZV_PORT_SPAN,
     EXIT_REQUEUE,
     PREEMPT_SIGNAL,
     RDZV_PORT_BASE,
@@ -238,7 +240,8 @@ def _launch_lines(spec: JobSpec, facts: ClusterFacts) -> list[str]:
         'NURO_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "NURO_RDZV_ADDR=$(scontrol show node -o \"$NURO_RDZV_HOST\" | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')",
         ': "${NURO_RDZV_ADDR:=$NURO_RDZV_HOST}"',
-        f"NURO_RDZV_PORT=$(({facts.rdzv_port_base} + SLURM_JOB_ID % {facts.rdzv_port_span}))",
+        f"NURO_RDZV_PORT=$((${{{ENV_RDZV_PORT_BASE}:-{facts.rdzv_port_base}}} + SLURM_JOB_ID % "
+        f"${{{ENV_RDZV_PORT_SPAN}:-{facts.rdzv_port_span}}}))",
         'export NURO_RDZV_ADDR NURO_RDZV_PORT NURO_LAUNCH_DIR="$NURO_JOB_DIR/launch"',
         'cd "$NURO_CODE_DIR" || nuro_fail "cannot enter $NURO_CODE_DIR"',
         *[f"export {key}={_q(value)}" for key, value in spec.env],

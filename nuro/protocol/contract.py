@@ -33,9 +33,13 @@ TIME_LIMIT_SIGNAL = "USR2"
 PG_TIMEOUT_S = 60
 
 #: torchrun's rendezvous port is ``RDZV_PORT_BASE + job_id % RDZV_PORT_SPAN``: two jobs sharing a node rarely
-#: collide, and the script, the launcher and an operator compute the same port from the job id alone.
+#: collide, and the script, the launcher and an operator compute the same port from the job id alone. A site (or a
+#: dev cluster, whose nodes all share 127.0.0.1) moves the range with ``NURO_RDZV_PORT_BASE``/``_SPAN`` in the job's
+#: environment.
 RDZV_PORT_BASE = 29500
 RDZV_PORT_SPAN = 1000
+ENV_RDZV_PORT_BASE = "NURO_RDZV_PORT_BASE"
+ENV_RDZV_PORT_SPAN = "NURO_RDZV_PORT_SPAN"
 
 #: The job comment's top-level keys (canonical JSON, ``nuro.protocol.jobcomment``), by writer.
 COMMENT_RUN = "nuro"  # submit: the run's metadata

@@ -83,7 +83,7 @@ fi
 NURO_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 NURO_RDZV_ADDR=$(scontrol show node -o "$NURO_RDZV_HOST" | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
 : "${NURO_RDZV_ADDR:=$NURO_RDZV_HOST}"
-NURO_RDZV_PORT=$((29500 + SLURM_JOB_ID % 1000))
+NURO_RDZV_PORT=$((${NURO_RDZV_PORT_BASE:-29500} + SLURM_JOB_ID % ${NURO_RDZV_PORT_SPAN:-1000}))
 export NURO_RDZV_ADDR NURO_RDZV_PORT NURO_LAUNCH_DIR="$NURO_JOB_DIR/launch"
 cd "$NURO_CODE_DIR" || nuro_fail "cannot enter $NURO_CODE_DIR"
 python3 -m nuro.wrappers.launch --step -- \

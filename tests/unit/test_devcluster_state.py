@@ -62,6 +62,8 @@ def test_env_exports_point_plain_slurm_tools_and_s3_clients_at_the_cluster(tmp_p
         "export AWS_SECRET_ACCESS_KEY=nuro-devcluster-s3\n"
         f"export NURO_S3_CREDENTIALS={tmp_path}/etc/s3\n"
         "export NURO_METRICS_URL=influx1://127.0.0.1:10886/nuro\n"
+        "export NURO_RDZV_PORT_BASE=11300\n"  # the cluster's own rendezvous ports (base+500, span 400)
+        "export NURO_RDZV_PORT_SPAN=400\n"
         f"export NURO_METRICS_CREDENTIALS={tmp_path}/etc/metrics\n"  # no admin metrics token: no users.json yet
     )
 
