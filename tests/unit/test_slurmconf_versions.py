@@ -128,3 +128,23 @@ def test_inventory_names_only_the_topology_file_the_release_reads(tmp_path: Path
     assert render_file(back, "topology.yaml") == render_topology(block)
     with pytest.raises(InventoryError, match="its topology goes in topology.yaml"):
         render_file(back, "topology.conf")
+
+
+def test_ansible_lookup_renders_the_release_and_topology_the_controller_names(tmp_path: Path) -> None:
+    """The roles' lookup passes nuro_slurm_version/nuro_topology through (it dropped them before: every release
+    rendered as 22.05), and names topology.yaml for 25.05+ as the role's nuro_topology_file does."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "nuro_slurm_config", Path(__file__).resolve().parents[2] / "ansible/plugins/lookup/nuro_slurm_config.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    block = describe(Layout(tmp_path / "dc8"), 8, 22800, slurm_version="26.05", topology="block")
+    hostvars, groups = _flatten(inventory_from_description(block))
+    conf, topo = module.LookupModule().run(
+        ["slurm.conf", "topology.yaml"], variables={"hostvars": hostvars, "groups": groups}
+    )
+    assert "SlurmctldParameters=enable_expedited_requeue" in conf
+    assert topo == render_topology(block)

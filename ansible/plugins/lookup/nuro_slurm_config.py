@@ -51,7 +51,7 @@ _raw:
 CONTROLLER_KEYS = (
     "ansible_host", "nuro_cluster_name", "nuro_controller_hostname", "nuro_controller_addr", "nuro_partition",
     "nuro_slurm_user", "nuro_slurm_paths", "nuro_slurm_ports", "nuro_slurm_timers", "nuro_topology_root",
-    "nuro_slurm_confinement",
+    "nuro_slurm_confinement", "nuro_slurm_version", "nuro_topology", "nuro_block_sizes",
 )  # fmt: skip
 
 
