@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from nuro.jobspec.submission import EXPEDITED_REQUEUE_SINCE, requeue_args
 from nuro.policy import load_policy
 from nuro.policy.admission import JobRequest, decide
 from nuro.policy.luatable import TABLE_FILE, render_lua_table
@@ -223,6 +224,18 @@ def test_modify_requeue_off_is_forced_back_on(cluster: LiveCluster, bridge: Path
     out = _update(cluster, "bob", job, "requeue=0")
     assert out.returncode == 0, out.stderr
     assert _job(cluster, job)["Requeue"] == "1"
+
+
+def test_expedited_requeue_survives_the_bridge_where_slurm_has_it(cluster: LiveCluster, bridge: Path) -> None:
+    """What nuro-train/nuro-sbatch add on 25.11+ (``requeue_args``): the bridge forces requeue on team jobs, and must
+    leave the expedite flag standing. Older releases get no flag (their sbatch refuses ``--requeue=expedite``)."""
+    extra = requeue_args(cluster.backend)
+    job = _held(cluster, "bob", "--gpus-per-node=1", *extra)
+    assert _job(cluster, job)["Requeue"] == "1"
+    [entry] = json.loads(cluster.run(["squeue", "--json", "-j", job]).stdout)["jobs"]
+    flags = entry.get("flags", [])
+    assert ("EXPEDITED_REQUEUE" in flags) == bool(extra), (TEST_SLURM, extra, flags)
+    assert bool(extra) == (tuple(int(p) for p in TEST_SLURM.split(".")) >= EXPEDITED_REQUEUE_SINCE)
 
 
 def test_modify_cannot_choose_the_borrow_qos(cluster: LiveCluster, bridge: Path) -> None:
