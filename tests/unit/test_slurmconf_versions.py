@@ -11,7 +11,11 @@ import yaml
 from nuro.cluster.inventory import InventoryError, describe_inventory, inventory_from_description, render_file
 from nuro.cluster.slurmconf import TOPOLOGY_NAME, render_slurm_conf, render_topology, topology_file
 from nuro.devcluster.layout import Layout, describe
+from nuro.jobspec.sbatch_args import SbatchArgError, parse_options
 from nuro.jobspec.submission import requeue_args
+from nuro.login.sbatch_cli import _expedited_requeue
+from nuro.policy.admission import parse_sbatch_args
+from nuro.slurm import SlurmCommandNotFound
 from nuro.slurm.models import SlurmVersion
 from tests.unit.test_inventory import _flatten
 
@@ -68,6 +72,26 @@ class _Versioned:
 )
 def test_training_jobs_ask_for_expedited_requeue_where_slurm_has_it(version: SlurmVersion, args: list[str]) -> None:
     assert requeue_args(_Versioned(version)) == args  # type: ignore[arg-type]
+
+
+def test_the_expedite_flag_is_a_requeue_to_the_preview_and_the_option_reader() -> None:
+    """What nuro-sbatch puts before the user's words must parse like the requeue it is (26.05's sbatch takes
+    ``--requeue[=expedite]``), in the admission preview and in the option reader."""
+    assert parse_sbatch_args("alice", ["--requeue=expedite", "--gpus=1"]).requeue is True
+    assert parse_sbatch_args("alice", ["--requeue=expedite", "--no-requeue"]).requeue is False  # the user's wins
+    assert [(w.name, w.value) for w in parse_options(["--requeue=expedite", "--requeue"])] == [
+        ("requeue", "expedite"), ("requeue", None)]  # fmt: skip
+    with pytest.raises(SbatchArgError, match="--no-requeue takes no value"):
+        parse_options(["--no-requeue=x"])
+
+
+def test_nuro_sbatch_asks_slurm_and_adds_nothing_without_it() -> None:
+    class _NoSlurm:
+        def version(self) -> SlurmVersion:
+            raise SlurmCommandNotFound("'sinfo' not found", argv=["sinfo"])
+
+    assert _expedited_requeue(_NoSlurm()) == []  # type: ignore[arg-type]
+    assert _expedited_requeue(_Versioned(SlurmVersion(26, 5, 5))) == ["--requeue=expedite"]  # type: ignore[arg-type]
 
 
 # ---- topology: tree or block, topology.conf before 25.05 and topology.yaml from it ------------------------------
