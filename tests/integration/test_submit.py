@@ -28,6 +28,7 @@ from nuro.policy.plan import build_plan
 from nuro.policy.sacctmgr import apply_plan, write_atomic
 from nuro.policy.slurm_state import read_state
 from nuro.protocol import jobcomment
+from nuro.protocol.contract import ENV_RDZV_PORT_BASE, ENV_RDZV_PORT_SPAN, RDZV_PORT_BASE, RDZV_PORT_SPAN, rdzv_port
 from nuro.slurm import JobPhase
 from tests.integration.conftest import POLICY_USERS, LiveCluster, cancel_jobs_of, wait_until
 
@@ -204,7 +205,13 @@ def test_submit_renders_a_two_node_torchrun_job_on_the_pinned_commit(cluster, te
     job = finished(cluster, job_id)
     log = log_text(shared / "runs" / "ddp" / f"slurm-{job_id}.out", "nuro: run finished")
     assert job.phase == JobPhase.COMPLETED, log
-    port = 29500 + job_id % 1000
+    # the cluster's own rendezvous range (devcluster exports it: its nodes all share 127.0.0.1), else the default
+    port = rdzv_port(
+        job_id,
+        int(cluster.env.get(ENV_RDZV_PORT_BASE, RDZV_PORT_BASE)),
+        int(cluster.env.get(ENV_RDZV_PORT_SPAN, RDZV_PORT_SPAN)),
+    )
+    assert port != rdzv_port(job_id) or ENV_RDZV_PORT_BASE not in cluster.env
     code_dir = shared / "runs" / "ddp" / str(job_id) / "code"
     for node in ("0", "1"):
         assert (f"torchrun node={node} nnodes=2 nproc=1 backend=c10d endpoint=127.0.0.1:{port} id={job_id} "
