@@ -59,8 +59,12 @@ log = logging.getLogger("nuro.prolog")
 DEFAULT_DEADLINE_S = 240.0
 #: Each Slurm call of ``refuse`` (at most four: comment, update, requeuehold, hold).
 REFUSE_CALL_TIMEOUT_S = 15.0
+#: After a requeuehold, how long the prolog waits before it exits 0. slurmctld tells slurmd to end the job through
+#: its own agent, after our call returns; a prolog exit that comes first lets slurmd launch the batch script for a
+#: moment (seen once on 24.11 with three clusters on 2 cores: the refused job's script printed before the kill).
+REFUSE_SETTLE_S = 2.0
 #: Kept out of the checks' share of the deadline: a refusal's Slurm calls and the GPU claim after the checks.
-RESERVE_S = 4 * REFUSE_CALL_TIMEOUT_S
+RESERVE_S = 4 * REFUSE_CALL_TIMEOUT_S + REFUSE_SETTLE_S
 #: Every S3 call of the prolog: a short connect, a read timeout per socket read, few retries (first try included).
 PROLOG_STORE = {"connect_timeout_s": 5.0, "read_timeout_s": 20.0, "max_attempts": 3}
 
@@ -190,6 +194,7 @@ def refuse(job_id: int, why: str) -> None:
         log.warning("job=%d node=%s refuse: reason not recorded: %s", job_id, node, exc)
     try:
         backend.requeue(job_id, hold=True)
+        time.sleep(REFUSE_SETTLE_S)  # let slurmctld's terminate reach slurmd before our exit lets the launch go on
     except SlurmError as exc:
         log.info("job=%d node=%s requeuehold refused (%s): holding it where it is", job_id, node, exc)
         try:
