@@ -13,6 +13,7 @@ place. The field names and units are fixed here (:data:`FIELDS`); captured outpu
 
 from __future__ import annotations
 
+import http.client
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
@@ -89,7 +90,7 @@ def fetch(base_url: str, endpoint: str, timeout_s: float = 5.0) -> str:
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 (the admin's URL, http only)
             return resp.read().decode("utf-8", errors="replace")
-    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+    except (urllib.error.URLError, http.client.HTTPException, OSError, TimeoutError) as exc:  # not HTTP at all too
         raise OpenMetricsError(f"{url}: {getattr(exc, 'reason', exc)}") from exc
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from nuro.devcluster.layout import PortPlan
+from nuro.metrics.model import SLURMCTLD, Query
+from nuro.metrics.sink import sink_from_env
 from nuro.slurm import (
     Backend,
     InvalidJobId,
@@ -17,7 +20,8 @@ from nuro.slurm import (
     SubmissionRejected,
     make_backend,
 )
-from tests.integration.conftest import TEST_SLURM, LiveCluster, wait_until
+from nuro.slurm.openmetrics import OpenMetricsError, scrape
+from tests.integration.conftest import TEST_PORT_BASE, TEST_SLURM, LiveCluster, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
 
@@ -107,3 +111,23 @@ def test_single_job_reads_agree_with_the_snapshot(backend: Backend) -> None:
         backend.cancel(job_id)
     with pytest.raises(InvalidJobId):
         backend.job_comment(999999)
+
+
+def test_slurmctld_openmetrics_reach_the_metrics_sink_where_slurm_serves_them(cluster: LiveCluster) -> None:
+    """25.11+: the dev cluster's controller reads slurmctld's OpenMetrics every 10 s into the cluster's influxd
+    (``slurmctld`` points, nuro.slurm.openmetrics); before 25.11 slurmctld serves none and nothing is written."""
+    serves = tuple(int(part) for part in TEST_SLURM.split(".")) >= (25, 11)
+    base = f"http://127.0.0.1:{PortPlan(TEST_PORT_BASE).slurmctld}"
+    if not serves:
+        with pytest.raises(OpenMetricsError):
+            scrape(base, timeout_s=5)
+        return
+    assert scrape(base)["gpus_total"] == 8 * 8  # slurmctld itself answers, 8 nodes x 8 GPUs
+    sink = sink_from_env(cluster.env)
+    try:
+        rows = wait_until(lambda: sink.query(Query(SLURMCTLD, limit=1)), 30, "a slurmctld point in the sink")
+    finally:
+        sink.close()
+    (row,) = rows
+    assert row.tags == {"controller": base.removeprefix("http://")}
+    assert row.fields["gpus_total"] == 64 and "jobs_pending" in row.fields and "sched_cycle_last_us" in row.fields
