@@ -125,6 +125,11 @@ def bin_dir() -> Path:
     return Path(sys.executable).parent
 
 
+def metrics_url(ports: PortPlan) -> str:
+    """``NURO_METRICS_URL`` for the dev cluster's influxd (read by ``nuro.metrics.sink.sink_from_env``)."""
+    return f"influx1://127.0.0.1:{ports.influx}/{METRICS_DB}"
+
+
 #: How many rendezvous ports a dev cluster reserves (:attr:`PortPlan.rdzv_base`): jobs use base + job id mod this.
 RDZV_SPAN = 400
 

@@ -39,7 +39,6 @@ from nuro.devcluster.install import ensure_packages
 from nuro.devcluster.layout import (
     DEFAULT_PORT_BASE,
     GPUS_PER_NODE,
-    METRICS_DB,
     RDZV_SPAN,
     SUN_PATH_MAX,
     Layout,
@@ -49,6 +48,7 @@ from nuro.devcluster.layout import (
     describe,
     ensure_sockets_dir,
     longest_socket_path,
+    metrics_url,
     node_names,
 )
 from nuro.devcluster.procs import stop_child, stop_processes, wait_for
@@ -137,11 +137,6 @@ def env_exports(layout: Layout) -> dict[str, str]:
         env.update(metrics_identities.admin_env(layout.influx_dir))  # admin: root only (members use their team's)
         env[metrics_identities.ENV_CREDENTIALS] = str(layout.etc / "metrics")  # <team>.env, as etc/s3
     return env
-
-
-def metrics_url(ports: PortPlan) -> str:
-    """``NURO_METRICS_URL`` for the dev cluster's influxd (read by ``nuro.metrics.sink.sink_from_env``)."""
-    return f"influx1://127.0.0.1:{ports.influx}/{METRICS_DB}"
 
 
 def render_env_sh(layout: Layout) -> str:

@@ -47,6 +47,8 @@ from pathlib import Path
 import psutil
 
 import nuro
+from nuro.cluster.description import release_of
+from nuro.cluster.slurmconf import OPENMETRICS_SINCE
 from nuro.devcluster import cgroups, s3, slurmroot, tsdb
 from nuro.devcluster.layout import (
     CLUSTER_NAME,
@@ -57,6 +59,7 @@ from nuro.devcluster.layout import (
     Layout,
     PortPlan,
     bin_dir,
+    metrics_url,
     node_names,
 )
 from nuro.devcluster.procs import (
@@ -70,7 +73,7 @@ from nuro.devcluster.procs import (
 from nuro.devcluster.record import Phase, RunRecord, write_record
 from nuro.devcluster.restart import RestartBook
 from nuro.metrics import identities
-from nuro.metrics.sink import ENV_URL as ENV_METRICS_URL
+from nuro.metrics.base import ENV_URL as ENV_METRICS_URL
 from nuro.protocol.heartbeat import load_key, write_node_key
 
 log = logging.getLogger("nuro.devcluster.supervisor")
@@ -126,7 +129,7 @@ class Supervisor:
         self.nodes = node_names(n_nodes)
         install = slurmroot.resolve(slurm, build=False)  # built by `up` before it started us
         #: 25.11+ serves OpenMetrics on slurmctld's port (the renderer enables it): the controller reads them.
-        self.openmetrics = tuple(int(part) for part in slurm.split(".")) >= (25, 11)
+        self.openmetrics = release_of(slurm) >= OPENMETRICS_SINCE
         #: The Slurm daemons' root (None: the host's Slurm); clients then run through layout.slurm_bin.
         self.root_plan = (
             slurmroot.plan_root(
@@ -338,7 +341,7 @@ class Supervisor:
         env = {**self.env, CLOCK_OFFSET_ENV: str(self.clock_offset_file()), FAULT_MARK_ENV: FAULT_MARK}
         if self.openmetrics:  # slurmctld's metrics go to the cluster's influxd, as the nodes' identity (write only)
             ids = identities.read_identities(self.layout.influx_dir)
-            env[ENV_METRICS_URL] = f"influx1://127.0.0.1:{self.ports.influx}/{METRICS_DB}"
+            env[ENV_METRICS_URL] = metrics_url(self.ports)
             env.update(identities.node_env(ids) if ids else {})
         return env
 

@@ -48,9 +48,8 @@ from nuro.healthcheck.checks import evaluate
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport
 from nuro.healthcheck.run import DEFAULT_PATH, HealthSettings, disk_free_bytes, disk_state, make_probe
 from nuro.healthcheck.statusfile import STATUS_FORMAT, read_status, write_status
-from nuro.metrics.buffer import BufferedWriter
+from nuro.metrics.buffer import writer_from_env
 from nuro.metrics.model import GPU, Point
-from nuro.metrics.sink import ENV_URL, sink_from_env
 from nuro.protocol import heartbeat as hb
 from nuro.protocol.gpujobs import gpu_tags
 from nuro.protocol.nodeenv import load_node_env
@@ -429,20 +428,11 @@ def _upload_workers(staging_root: str) -> list[Worker]:
 
 
 def _metrics_writer(node: str) -> MetricsWriter | None:
-    """A BufferedWriter to ``$NURO_METRICS_URL``'s sink, or None when the node env names no sink.
-
-    Only an explicit URL enables telemetry: the SQLite default would silently fill a file on every node. A sink
-    that cannot be opened is logged and telemetry stays off; the agent's real job (heartbeats) goes on.
-    """
-    if not os.environ.get(ENV_URL, "").strip():
-        return None
-    try:
-        sink = sink_from_env()
-        writer = BufferedWriter(sink, self_tags={"source": "agent", "node": node})
-    except Exception as exc:  # noqa: BLE001 - telemetry is optional; the agent must start anyway
-        log.warning("gpu telemetry off: cannot open the metrics sink %s (%s)", os.environ.get(ENV_URL), exc)
-        return None
-    log.info("gpu telemetry on node=%s sink=%s", node, getattr(sink, "name", "?"))
+    """The agent's ``gpu`` points' writer (``buffer.writer_from_env``): None when the node env names no sink or it
+    cannot be opened; the agent's real job (heartbeats) goes on either way."""
+    writer = writer_from_env({"source": "agent", "node": node}, "gpu telemetry")
+    if writer is not None:
+        log.info("gpu telemetry on node=%s sink=%s", node, getattr(writer.sink, "name", "?"))
     return writer
 
 

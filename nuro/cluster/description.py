@@ -49,6 +49,13 @@ HOOK_MARGIN_S = 60
 
 CGROUP_PLUGINS = ("autodetect", "cgroup/v1", "cgroup/v2")
 
+
+def release_of(version: str) -> tuple[int, int]:
+    """A Slurm release ``"24.11"`` as ``(24, 11)``, for comparisons; ValueError unless it is MAJOR.MINOR."""
+    major, minor = version.split(".")
+    return int(major), int(minor)
+
+
 #: How Slurm places a multi-node job (``TopologyPlugin``): ``tree`` (topology/tree: ``--switches=1`` keeps a job on
 #: one leaf switch) or ``block`` (topology/block: ``--segment=N`` keeps every N nodes of a job inside one block; the
 #: leaves are the blocks). Block needs Slurm 24.11+ here (topology.conf ``BlockName``; 25.05+ topology.yaml).
@@ -278,8 +285,7 @@ class ClusterDescription:
     @property
     def slurm_release(self) -> tuple[int, int]:
         """``slurm_version`` as (major, minor), for comparisons: (24, 11)."""
-        major, minor = self.slurm_version.split(".")
-        return int(major), int(minor)
+        return release_of(self.slurm_version)
 
     @property
     def total_gpus(self) -> int:

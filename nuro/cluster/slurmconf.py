@@ -17,6 +17,10 @@ from nuro.slurm.hostlist import compress as compress_hostlist
 
 #: Byte-identical since the first release (the module was nuro.slurmconf then): a changed header would change every
 #: deployed file, and the Ansible rollout would drain every node for a comment.
+#: slurmctld serves OpenMetrics on its own port from this release (``MetricsType=metrics/openmetrics``), and
+#: expedited requeue arrives with it; 24.11 dies parsing ``MetricsType``.
+OPENMETRICS_SINCE = (25, 11)
+
 HEADER = "# Rendered by nuro (nuro.slurmconf). Edit the cluster description, not this file.\n"
 
 
@@ -129,7 +133,7 @@ def render_slurm_conf(desc: ClusterDescription) -> str:
                 "SlurmctldParameters=enable_expedited_requeue",
                 "MetricsType=metrics/openmetrics",
             ]
-            if new_release >= (25, 11)
+            if new_release >= OPENMETRICS_SINCE
             else []
         ),
         "",

@@ -29,8 +29,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from nuro.metrics.base import MetricsSink, SinkUnavailable
+from nuro.metrics.base import ENV_URL, MetricsSink, SinkUnavailable
 from nuro.metrics.model import SELF, Point
+from nuro.metrics.sink import sink_from_env
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +323,20 @@ class BufferedWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def writer_from_env(self_tags: Mapping[str, str], what: str) -> BufferedWriter | None:
+    """A ``BufferedWriter`` to ``$NURO_METRICS_URL``'s sink, or None: when the environment names no sink (only an
+    explicit URL turns a daemon's telemetry on; the SQLite default would silently fill a file on every node), or
+    when it cannot be opened (logged as ``<what> off``; the daemon's real work goes on without it)."""
+    url = os.environ.get(ENV_URL, "").strip()
+    if not url:
+        return None
+    try:
+        return BufferedWriter(sink_from_env(), self_tags=self_tags)
+    except Exception as exc:  # noqa: BLE001 - telemetry is optional; the caller must start anyway
+        log.warning("%s off: cannot open the metrics sink %s (%s)", what, url, exc)
+        return None
 
 
 def write_all(sink: MetricsSink, points: Sequence[Point], batch: int = 5_000) -> None:

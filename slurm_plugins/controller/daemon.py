@@ -50,8 +50,8 @@ from types import MappingProxyType
 import click
 
 from nuro.lifecycle.platform_events import EventLog
-from nuro.metrics.buffer import BufferedWriter
-from nuro.metrics.sink import ENV_URL, sink_from_env
+from nuro.metrics.base import ENV_URL
+from nuro.metrics.buffer import writer_from_env
 from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol import marks
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
@@ -483,13 +483,9 @@ def _start_slurm_metrics(cfg: ControllerConfig, stop: threading.Event) -> thread
     ``$NURO_METRICS_URL`` names a sink; otherwise None (logged)."""
     if not cfg.slurm_metrics_url:
         return None
-    if not os.environ.get(ENV_URL):
-        log.warning("slurm_metrics_url=%s but no $%s: slurmctld metrics not read", cfg.slurm_metrics_url, ENV_URL)
-        return None
-    try:
-        writer = BufferedWriter(sink_from_env(), self_tags={"source": "controller", "node": socket.gethostname()})
-    except Exception as exc:  # noqa: BLE001 (any sink failure: the controller's other loops run on)
-        log.warning("slurmctld metrics off: cannot open the metrics sink %s (%s)", os.environ.get(ENV_URL), exc)
+    writer = writer_from_env({"source": "controller", "node": socket.gethostname()}, "slurmctld metrics")
+    if writer is None:
+        log.warning("slurmctld metrics not read from %s: $%s names no usable sink", cfg.slurm_metrics_url, ENV_URL)
         return None
     loop = SlurmMetricsLoop(cfg.slurm_metrics_url, writer.add, cfg.slurm_metrics_interval_s)
     thread = threading.Thread(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from nuro.cluster.description import release_of
+from nuro.cluster.slurmconf import OPENMETRICS_SINCE
 from nuro.devcluster.layout import PortPlan
 from nuro.metrics.model import SLURMCTLD, Query
 from nuro.metrics.sink import sink_from_env
@@ -116,7 +118,7 @@ def test_single_job_reads_agree_with_the_snapshot(backend: Backend) -> None:
 def test_slurmctld_openmetrics_reach_the_metrics_sink_where_slurm_serves_them(cluster: LiveCluster) -> None:
     """25.11+: the dev cluster's controller reads slurmctld's OpenMetrics every 10 s into the cluster's influxd
     (``slurmctld`` points, nuro.slurm.openmetrics); before 25.11 slurmctld serves none and nothing is written."""
-    serves = tuple(int(part) for part in TEST_SLURM.split(".")) >= (25, 11)
+    serves = release_of(TEST_SLURM) >= OPENMETRICS_SINCE
     base = f"http://127.0.0.1:{PortPlan(TEST_PORT_BASE).slurmctld}"
     if not serves:
         with pytest.raises(OpenMetricsError):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from nuro.cluster.description import release_of
 from nuro.jobspec.submission import EXPEDITED_REQUEUE_SINCE, requeue_args
 from nuro.policy import load_policy
 from nuro.policy.admission import JobRequest, decide
@@ -235,7 +236,7 @@ def test_expedited_requeue_survives_the_bridge_where_slurm_has_it(cluster: LiveC
     jobs = json.loads(cluster.run(["squeue", "--json", "-j", job]).stdout)["jobs"]  # 22.05 ignores -j
     flags = next(j for j in jobs if str(j["job_id"]) == job).get("flags", [])
     assert ("EXPEDITED_REQUEUE" in flags) == bool(extra), (TEST_SLURM, extra, flags)
-    assert bool(extra) == (tuple(int(p) for p in TEST_SLURM.split(".")) >= EXPEDITED_REQUEUE_SINCE)
+    assert bool(extra) == (release_of(TEST_SLURM) >= EXPEDITED_REQUEUE_SINCE)
 
 
 def test_modify_cannot_choose_the_borrow_qos(cluster: LiveCluster, bridge: Path) -> None:
