@@ -8,9 +8,13 @@ Rules (``choose_deletions``):
 | one of the newest ``keep`` committed steps  | yes   |
 | tagged (``tags/<tag>`` points at it)        | yes   |
 | newer than the newest committed step        | yes — in flight, or torn but maybe still uploading |
-| older than a kept committed step, otherwise | deleted (committed, torn or given-up alike) |
+| uncommitted, with fewer than ``keep`` committed steps newer than it | yes — it would be kept once committed |
+| older than the ``keep`` newest committed steps, otherwise | deleted (committed, torn or given-up alike) |
 
-So nothing is deleted unless a newer committed checkpoint exists, and an upload in progress is never touched.
+So nothing is deleted that would be kept were it committed: two workers of one node (the job's inline one and the
+node agent) may commit steps out of order, and the older step still uploading must not lose its objects because a
+newer one committed first. A step removed anyway (``keep`` newer steps committed meanwhile) is given up by its
+uploader (``nuro.checkpoint.upload``: its part vanished, a newer step is committed), never waited on.
 """
 
 from __future__ import annotations
@@ -61,7 +65,7 @@ def choose_deletions(steps: Iterable[StepState], keep: int, tagged: Iterable[int
         raise ValueError(f"keep must be at least 1 (NURO_CKPT_KEEP), got {keep}")
     states = sorted(steps, key=lambda s: s.step)
     committed = [s.step for s in states if s.committed]
-    if not committed:
+    if len(committed) < keep:  # every committed step is kept, and so would any uncommitted one be once committed
         return []
     kept = set(committed[-keep:]) | set(tagged)
     oldest_kept_committed = min(committed[-keep:])

@@ -78,6 +78,10 @@ class PermanentUploadError(Exception):
     """The request can never be fulfilled as written (a file changed or vanished); retrying will not help."""
 
 
+class Superseded(PermanentUploadError):
+    """The step's uploaded objects were removed by retention after newer steps committed: nothing is left to do."""
+
+
 @dataclass(frozen=True)
 class Owner:
     """Whose checkpoint root is uploading, from the job record (never from the request): the S3 prefix is
@@ -334,6 +338,9 @@ class UploadWorker:
                 else:
                     self._wait_for_peers(key)
                     report.waiting.append((sd.job_id, sd.step))
+        except Superseded as exc:  # expected under out-of-order commits: not an error
+            self._abandon(sd, f"superseded: {exc}", logging.INFO)
+            report.abandoned.append((sd.job_id, sd.step))
         except (ManifestError, PermanentUploadError, UnsafePath) as exc:
             self._abandon(sd, str(exc))
             report.abandoned.append((sd.job_id, sd.step))
@@ -356,8 +363,8 @@ class UploadWorker:
             req, team=owner.team, run=owner.run, job_id=owner.job_id, restart=owner.restart, keep=owner.keep
         )
 
-    def _abandon(self, sd: StepDir, reason: str) -> None:
-        self._say_once(sd.job_id, f"checkpoint upload abandoned job={sd.job_id} step={sd.step}: {reason}")
+    def _abandon(self, sd: StepDir, reason: str, level: int = logging.ERROR) -> None:
+        self._say_once(sd.job_id, f"checkpoint upload abandoned job={sd.job_id} step={sd.step}: {reason}", level)
         try:
             sd.mark(L.ABANDONED_FILE, {"reason": reason[:2000], "at": utc_now()})
         except OSError as exc:
@@ -388,12 +395,15 @@ class UploadWorker:
             return True
         if self._given_up_remotely(req):
             raise PermanentUploadError(f"incomplete.json of job {req.job_id}.{req.restart} exists for this step")
-        if not self._upload_files(sd, req, owner):
-            self.store.put(
-                L.part_key(req.team, req.run, req.step, req.part), dumps(PartRecord.from_request(req).to_json_obj())
-            )
+        earlier = self._upload_files(sd, req, owner)
+        part_key = L.part_key(req.team, req.run, req.step, req.part)
+        if not earlier:
+            self.store.put(part_key, dumps(PartRecord.from_request(req).to_json_obj()))
             self._save_state(sd, req, part_written=True)
-        keys = list(self.store.list(L.parts_prefix(req.team, req.run, req.step)))
+        keys = [o.key for o in self.store.list(L.parts_prefix(req.team, req.run, req.step))]
+        if earlier and part_key not in keys:  # written by an earlier pass, gone now: never wait on it forever
+            self._part_vanished(sd, req)
+            return False
         if len(keys) < req.parts_expected:  # cheap check first: one LIST, no GETs, while peers are still uploading
             return False
         parts = self._parts_of_attempt(req)
@@ -410,6 +420,20 @@ class UploadWorker:
         )  # fmt: skip
         sd.mark(L.DONE_FILE, {"state": "committed", "at": utc_now(), "by": "us" if created else "peer"})
         return True
+
+    def _part_vanished(self, sd: StepDir, req: UploadRequest) -> None:
+        """Our part record, written by an earlier pass, is no longer in S3. Retention removes an uncommitted step
+        once ``keep`` newer steps are committed (another worker of the node committed them first): then the step is
+        superseded (``Superseded``). Otherwise someone deleted it: upload the whole part again."""
+        newer = [s.step for s in list_steps(self.store, req.team, req.run) if s.committed and s.step > req.step]
+        if newer:
+            raise Superseded(
+                f"its uploaded part was removed from S3 after newer steps committed (newest {max(newer)}): "
+                "retention superseded it"
+            )
+        log.warning("checkpoint job=%s step=%d: its part record vanished from S3; uploading it again", sd.job_id,
+                    sd.step)  # fmt: skip
+        sd.write(L.state_file(req.part), b"{}")
 
     def _state(self, sd: StepDir, req: UploadRequest) -> dict:
         """What earlier passes stored for this attempt: {"files": {path: sha256}, "part_written": bool}. A state
@@ -582,4 +606,4 @@ def prune_local(jd: JobDir, committed_step: int) -> list[int]:
     return removed
 
 
-__all__ = ["FlushResult", "Owner", "PassReport", "PermanentUploadError", "UploadWorker", "prune_local"]
+__all__ = ["FlushResult", "Owner", "PassReport", "PermanentUploadError", "Superseded", "UploadWorker", "prune_local"]

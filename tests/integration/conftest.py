@@ -59,6 +59,17 @@ class LiveCluster:
         res = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=30, check=True)
         return int(res.stdout.strip().split(";")[0])
 
+    def wait_job_showing_output(self, job_id: int, output: Path, timeout_s: float):  # noqa: ANN201 - a JobInfo
+        """Wait for a job to end; on timeout cancel it and fail with what it printed (the test may delete it)."""
+        from nuro.slurm.errors import JobWaitTimeout
+
+        try:
+            return self.backend.wait_for_job(job_id, timeout_s=timeout_s)
+        except JobWaitTimeout as exc:
+            self.run(["scancel", str(job_id)], check=False)
+            text = output.read_text(errors="replace")[-4000:] if output.exists() else "(no output file)"
+            raise AssertionError(f"{exc}\n--- {output.name} ---\n{text}") from None
+
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.25):
     """Poll until ``predicate()`` is truthy; fail the test with ``what`` (what we waited for) on timeout."""

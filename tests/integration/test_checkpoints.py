@@ -8,6 +8,8 @@ Processes are few (torch costs ~5 s of CPU to import): one subprocess for the SI
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import shutil
@@ -28,7 +30,7 @@ from nuro.checkpoint import layout as L
 from nuro.checkpoint.manifest import FileEntry, UploadRequest, dumps, parse_part
 from nuro.checkpoint.restore import load_manifest, restore_latest
 from nuro.checkpoint.retention import tag_step
-from nuro.checkpoint.staging import write_request
+from nuro.checkpoint.staging import read_request, write_request
 from nuro.checkpoint.upload import UploadWorker
 from nuro.checkpoint.verify import check_remote_shard
 from nuro.devcluster import s3
@@ -290,6 +292,39 @@ def test_retention_keeps_last_k_and_tagged_and_never_in_flight(store: ObjectStor
     ck.close()
     assert _steps_in_s3(store, run) == [1, 4, 5, 99]
     assert store.exists(L.manifest_key(TEAM, run, 1))
+
+
+def test_two_workers_committing_out_of_order_never_strand_the_older_step(store: ObjectStore, tmp_path: Path) -> None:
+    """The job's inline worker and the node agent share a node: a newer step may commit before an older one. The
+    older step keeps its objects while it would still be kept (keep 3); once ``keep`` newer steps committed and
+    retention removed it, its uploader gives it up as superseded instead of waiting on its vanished part."""
+    root = tmp_path / "staging"
+    job = root / "701"
+    for keep, steps, older_commits in ((3, (1, 2), True), (1, (1,), False)):
+        run = _run()
+        _stage(job, 0, {"__0_0.distcp": b"zero" * 64}, run=run, keep=keep, parts_expected=2)  # waits for a peer
+        first = UploadWorker(store, root, job_dirs=[job], trust="request")
+        assert first.run_once().waiting == [("701", 0)]  # part 0 uploaded and recorded; part 1 never comes
+        for step in steps:  # the node agent commits newer steps meanwhile
+            _stage(job, step, {"__0_0.distcp": bytes([step]) * 64}, run=run, keep=keep)
+        other = UploadWorker(store, root, job_dirs=[job], trust="request")
+        while any(s > 0 for s in other.pending("701")):
+            other.run_once()
+        step0 = job / "ckpt" / L.step_name(0)
+        if older_commits:  # still within keep: its part stays; the peer's part arrives and it commits late
+            assert store.exists(L.part_key(TEAM, run, 0, 0))
+            (step0 / "__1_0.distcp").write_bytes(b"peer" * 64)  # the other node's part arrives
+            peer = FileEntry("__1_0.distcp", 256, hashlib.sha256(b"peer" * 64).hexdigest())
+            write_request(step0, dataclasses.replace(read_request(step0), part=1, files=(peer,)))
+            UploadWorker(store, root, job_dirs=[job], trust="request").run_once()
+            assert store.exists(L.manifest_key(TEAM, run, 0))
+        else:  # retention took it: given up as superseded, not pending forever
+            assert not store.exists(L.part_key(TEAM, run, 0, 0))
+            last = UploadWorker(store, root, job_dirs=[job], trust="request")  # the first one's backoff is its own
+            rep = last.run_once()
+            assert rep.abandoned == [("701", 0)] and last.pending("701") == []
+            assert "superseded" in (step0 / L.ABANDONED_FILE).read_text()
+        shutil.rmtree(job)
 
 
 _GLOO_WORKER = r"""

@@ -190,7 +190,7 @@ def test_a_slurm_job_checkpoints_and_its_successor_restores_from_the_node_cache(
                 user="nuro-alice",
             )  # fmt: skip
             job_id = int(res.stdout.strip())
-            job = cluster.backend.wait_for_job(job_id, timeout_s=180)
+            job = cluster.wait_job_showing_output(job_id, out, timeout_s=180)
             text = out.read_text() if out.exists() else ""
             assert job.phase is JobPhase.COMPLETED, text
             results.append(next(line for line in text.splitlines() if line.startswith("RESULT")))

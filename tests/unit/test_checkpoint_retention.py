@@ -23,8 +23,22 @@ def _steps(spec: str) -> list[StepState]:
         ("1c 2t 3c 4t 5t", 1, (), [1, 2]),  # newer uncommitted (in flight) steps stay
         ("1c 2t 3c 4c", 2, (), [1, 2]),  # a torn step older than the kept ones goes too
         ("3c 1c 2c", 1, (), [1, 2]),  # order of input does not matter
+        ("0t 1c 2c", 3, (), []),  # an older step still uploading while newer ones committed: kept (3 would fit)
+        ("0t 1c 2c 3c", 3, (), [0]),  # ... but not once `keep` newer steps are committed
+        ("0t 1c 2t 3c", 2, (), [0]),
     ],
-    ids=["last-k", "tagged-kept", "fewer-than-k", "none-committed", "in-flight", "torn-old", "unsorted"],
+    ids=[
+        "last-k",
+        "tagged-kept",
+        "fewer-than-k",
+        "none-committed",
+        "in-flight",
+        "torn-old",
+        "unsorted",
+        "older-in-flight-fits",
+        "older-superseded",
+        "older-superseded-gaps",
+    ],  # fmt: skip
 )
 def test_choose_deletions(spec: str, keep: int, tagged: tuple[int, ...], want: list[int]) -> None:
     assert choose_deletions(_steps(spec), keep, tagged) == want
