@@ -92,7 +92,7 @@ class SnapshotDataset:
                 "set NURO_DATASET and NURO_DATASET_DIGEST)"
             )
         self.name, self.digest = name, digest
-        self._given_store = store
+        self._store_config = store.config if store is not None else None  # a worker makes its own client of it
         self._store: ObjectStore | None = store
         self._pid = os.getpid()
         self.manifest: Manifest = load_manifest(self.store, name, digest)[0]
@@ -113,15 +113,18 @@ class SnapshotDataset:
     # -- per process --------------------------------------------------------------------------------------------
     @property
     def store(self) -> ObjectStore:
+        """This process's S3 client. A forked DataLoader worker makes its own (a boto3 client's connection pool
+        must not be shared across processes: interleaved responses fail their checksums) and its own open shards."""
         if self._store is None or os.getpid() != self._pid:
-            if os.getpid() != self._pid:  # a forked DataLoader worker: its own client, its own open shards
+            if os.getpid() != self._pid:
                 self._pid, self._open = os.getpid(), OrderedDict()
-            self._store = self._given_store or ObjectStore.from_env()
+            cfg = self._store_config
+            self._store = ObjectStore(cfg) if cfg is not None else ObjectStore.from_env()
         return self._store
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_store=None, _given_store=None, _open=OrderedDict(), _pid=-1)  # rebuilt in the worker
+        state.update(_store=None, _open=OrderedDict(), _pid=-1)  # rebuilt in the worker (spawn)
         return state
 
     def __len__(self) -> int:
