@@ -333,6 +333,11 @@ class Layout:
         return self.root / "staging"
 
     @property
+    def datacache(self) -> Path:
+        """The node-local dataset shard cache stand-in (``NURO_DATA_CACHE_DIR``): one dir per team below it."""
+        return self.root / "datacache"
+
+    @property
     def events_log(self) -> Path:
         """nuro's event log (``nuro.lifecycle.platform_events``): node_lost, node_down, jobs_requeued, …"""
         return self.log / "events.jsonl"

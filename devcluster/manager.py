@@ -121,6 +121,7 @@ def env_exports(layout: Layout) -> dict[str, str]:
         "NURO_DEVCLUSTER_DIR": str(layout.root),
         "NURO_AGENT_STATUS_DIR": str(layout.agents_dir),
         "NURO_STAGING_ROOT": str(layout.staging),
+        "NURO_DATA_CACHE_DIR": str(layout.datacache),
         "NURO_EVENT_LOG": str(layout.events_log),
     }
     if recorded_slurm(layout) != slurmroot.HOST_VERSION:
@@ -269,6 +270,7 @@ def _write_hooks(layout: Layout) -> None:
     }
     layout.cache.mkdir(exist_ok=True)
     layout.staging.mkdir(exist_ok=True)
+    layout.datacache.mkdir(mode=0o755, exist_ok=True)
     layout.agents_dir.mkdir(parents=True, exist_ok=True)
     fd = os.open(layout.nuro_env, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:

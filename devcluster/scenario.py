@@ -105,6 +105,7 @@ def submit(
     ckpt_keep: int = 100,
     progress_every_s: float = 1.0,
     name: str | None = None,
+    script_args: tuple[str, ...] = (),
 ) -> Run:
     name = name or f"ddp-{int(time.time() * 1000) % 10**9}"
     argv = [
@@ -112,6 +113,7 @@ def submit(
         "--gpus-per-node", "1", "--time", "15:00", "--dataset", dataset, "--code", str(repo), "--script", "train.py",
         "--arg", "--steps", "--arg", str(steps), "--arg", "--step-time", "--arg", str(step_time_s),
         "--arg", "--progress-every-s", "--arg", str(progress_every_s),
+        *(w for a in script_args for w in ("--arg", a)),
         "--python", sys.executable, "--ckpt-interval", str(ckpt_interval_s), "--ckpt-keep", str(ckpt_keep),
         "--run-root", str(work / "runs"),
         "--env", "GLOO_SOCKET_IFNAME=lo", "--json",

@@ -249,11 +249,27 @@ def record_gpus(rec: JobRecord) -> None:
         claim(staging_root(), rec, gpus)
 
 
+def prepare_data_cache(rec: JobRecord) -> None:
+    """The team's shard cache dir on this node (``NURO_DATA_CACHE_DIR``/<account>, root:nuro-<team> 2770), so
+    every job of the team shares one copy of each shard and no other team can read it (nuro.datasets.cache)."""
+    base = os.environ.get("NURO_DATA_CACHE_DIR")
+    if not base or rec.team is None:
+        return
+    from nuro.datasets.cache import ensure_team_dir  # lazy: the TaskProlog must start fast
+
+    if ensure_team_dir(base, rec.team) is None:
+        log.info("job=%s team=%s has no Unix group here: its jobs cache datasets privately", rec.job_id, rec.team)
+
+
 def task_env() -> str:
-    """``--task`` (Slurm TaskProlog, as the job's user): the ``export`` line that tells the job's processes their
-    staging dir; slurmstepd adds it to each task's environment."""
+    """``--task`` (Slurm TaskProlog, as the job's user): the ``export`` lines that tell the job's processes their
+    staging dir and the node's dataset cache; slurmstepd adds them to each task's environment."""
     job = os.environ.get("SLURM_JOB_ID", "")
-    return f"export NURO_STAGING_DIR={staging_root() / job}" if job.isdigit() else ""
+    if not job.isdigit():
+        return ""
+    lines = [f"export NURO_STAGING_DIR={staging_root() / job}"]
+    lines += [f"export {k}={os.environ[k]}" for k in ("NURO_DATA_CACHE_DIR", "NURO_DATA_CACHE_GB") if os.environ.get(k)]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,6 +308,10 @@ def main(argv: list[str] | None = None) -> int:
             stage(rec, deadline)
         except Exception as exc:  # staging is an optimisation: the job restores from S3 without it
             log.exception("job=%s checkpoint staging failed (job allowed to start): %s", job, exc)
+        try:
+            prepare_data_cache(rec)
+        except Exception as exc:  # the cache is an optimisation: the job reads from S3 without it
+            log.exception("job=%s dataset cache dir not prepared (job allowed to start): %s", job, exc)
         try:
             record_gpus(rec)
         except Exception as exc:  # telemetry only: the job's GPUs stay untagged

@@ -1,7 +1,9 @@
 """The demo's training job: a small MLP trained with DDP (gloo on CPU, NCCL on GPUs) on the pinned snapshot.
 
 Everything that makes it survive is the nuro SDK, a few lines each:
-- data: ``PinnedDataset.from_env()`` reads exactly the snapshot the job was submitted with (verified bytes);
+- data: ``SnapshotDataset`` reads exactly the snapshot the job was submitted with (verified bytes, through the node's
+  shard cache); ``SnapshotLoader`` deals it to the ranks in an order that does not depend on their number, and its
+  position goes into the checkpoint, so a requeued or resized run continues with exactly the samples not yet seen;
 - ``Checkpointer``: async checkpoints every ``NURO_CKPT_INTERVAL_S`` (snapshot in memory → node-local staging →
   background upload → manifest last), and ``restore`` of the newest valid one after a requeue;
 - ``PreemptionGuard``: on USR1 (preemption) or USR2 (time limit) every rank stops at the same step, checkpoints,
@@ -16,7 +18,6 @@ Everything that makes it survive is the nuro SDK, a few lines each:
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import time
 from datetime import timedelta
@@ -26,9 +27,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from nuro.datasets.reader import PinnedDataset
 from nuro.lifecycle import run_events
 from nuro.wrappers.sdk.checkpointer import Checkpointer
+from nuro.wrappers.sdk.data import SnapshotDataset, SnapshotLoader
 from nuro.wrappers.sdk.metrics import MetricsLogger
 from nuro.wrappers.sdk.preemption import PreemptionGuard
 
@@ -40,7 +41,15 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--step-time", type=float, default=0.1, help="extra seconds per step (stands in for a big model)")
     p.add_argument("--progress-every-s", type=float, default=5.0, help="how often rank 0 records its step")
+    p.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes per rank")
+    p.add_argument("--sample-log", help="append 'restart step epoch indices' per step to PATH.rank<r> (tests)")
     return p.parse_args()
+
+
+def decode(sample: dict[str, bytes]) -> torch.Tensor:
+    """One sample (one ``rows/<i>.f32`` file) as a tensor of 16 features and the target."""
+    (data,) = sample.values()
+    return torch.from_numpy(np.frombuffer(data, dtype="<f4").copy())
 
 
 def save_committed(ckpt: Checkpointer, state: dict, step: int, metrics: MetricsLogger | None = None) -> bool:
@@ -65,14 +74,13 @@ def main() -> int:
     rank = dist.get_rank() if world > 1 else 0
     run_events.record_later("started", world=world)
 
-    table = np.load(io.BytesIO(PinnedDataset.from_env().read("train.npy")))
-    x, y = torch.from_numpy(table[:, :-1].copy()), torch.from_numpy(table[:, -1].copy())
+    loader = SnapshotLoader(SnapshotDataset(transform=decode), args.batch, seed=0, num_workers=args.loader_workers)
 
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(x.shape[1], 64), nn.ReLU(), nn.Linear(64, 1))
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))
     net = nn.parallel.DistributedDataParallel(model) if world > 1 else model
     opt = torch.optim.SGD(net.parameters(), lr=args.lr)
-    state = {"model": model.state_dict(), "progress": {"step": 0}}
+    state = {"model": model.state_dict(), "progress": {"step": 0}, "loader": loader.state_dict()}
 
     ckpt = Checkpointer()
     t_restore = time.monotonic()
@@ -80,6 +88,7 @@ def main() -> int:
     start = 0
     if restored is not None:
         model.load_state_dict(state["model"])
+        loader.load_state_dict(state["loader"])
         start = restored + 1
         run_events.record_later("restored", step=restored, seconds=round(time.monotonic() - t_restore, 3))
         if rank == 0:
@@ -89,16 +98,20 @@ def main() -> int:
 
     last_progress = 0.0
     step = start
+    batches = loader.batches()
     for step in range(start, args.steps):
-        g = torch.Generator().manual_seed(step * world + rank)  # deterministic per step and rank
-        idx = torch.randint(0, len(x), (args.batch,), generator=g)
-        loss = nn.functional.mse_loss(net(x[idx]).squeeze(1), y[idx])
+        rows = next(batches)  # (batch, 17): this rank's share of the global order
+        loss = nn.functional.mse_loss(net(rows[:, :-1]).squeeze(1), rows[:, -1])
         opt.zero_grad()
         loss.backward()
         opt.step()
         time.sleep(args.step_time)
         state["progress"]["step"] = step
-        metrics.log(step, loss=loss.item(), samples=args.batch)
+        state["loader"] = loader.state_dict()  # after the step that used the batch: a resume continues after it
+        metrics.log(step, loss=loss.item(), samples=len(rows), data_wait_s=loader.last_wait_s)
+        if args.sample_log:
+            with open(f"{args.sample_log}.rank{rank}", "a") as fh:
+                fh.write(f"{ckpt.env.restart_count} {step} {','.join(map(str, loader.last_indices))}\n")
         if step == start:
             run_events.record_later("first_step", step=step)
         if rank == 0:

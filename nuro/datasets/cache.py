@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import grp
 import hashlib
 import logging
 import os
@@ -40,6 +41,8 @@ from pathlib import Path
 
 from nuro.datasets.errors import IntegrityError
 from nuro.datasets.manifest import validate_digest
+from nuro.safeio import safefs
+from nuro.safeio.credfile import team_group
 
 log = logging.getLogger(__name__)
 
@@ -280,20 +283,16 @@ def ensure_team_dir(base: str | Path, team: str) -> Path | None:
     the job's word. Nothing is followed: an existing symlink or file at the name raises ``UnsafePath``. None when
     the team has no Unix group on this node (then each job caches privately, in a dir of its own user).
     """
-    import grp
-
-    from nuro.safeio import safefs
-    from nuro.safeio.credfile import team_group
-
     path = cache_root(base, team)
     try:
         gid = grp.getgrnam(team_group(team)).gr_gid
     except KeyError:
         return None
     Path(base).mkdir(mode=0o755, parents=True, exist_ok=True)
-    with safefs.opened(safefs.open_dir(base)) as base_fd, safefs.opened(
-        safefs.mkdir_at(base_fd, path.name, 0o700)
-    ) as fd:
+    with (
+        safefs.opened(safefs.open_dir(base)) as base_fd,
+        safefs.opened(safefs.mkdir_at(base_fd, path.name, 0o700)) as fd,
+    ):
         safefs.fchown(fd, 0, gid)
         os.fchmod(fd, _DIR_MODE)
         with safefs.opened(safefs.mkdir_at(fd, "sha256", 0o700)) as sub:

@@ -126,7 +126,7 @@ def open_sink(team: str | None = None) -> Any:
 
 
 # -- pure views --------------------------------------------------------------------------------------------------
-TRAIN_COLUMNS = ("step", "loss", "samples_per_s", "step_time_s")
+TRAIN_COLUMNS = ("step", "loss", "samples_per_s", "step_time_s", "data_wait_s")
 
 
 def _rank(row: Row) -> int:
@@ -215,18 +215,21 @@ def _num(v: Any, fmt: str) -> str:
     return format(v, fmt) if isinstance(v, int | float) and not isinstance(v, bool) else "—"
 
 
+def _seconds(v: Any) -> str:
+    return _num(v, ".3f") + (" s" if isinstance(v, int | float) and not isinstance(v, bool) else "")
+
+
 def render_metrics(summary: Mapping[str, Any]) -> Group:
     """Rich tables: latest values per rank, then GPU utilisation of the job's nodes."""
     title = (f"job {summary['job_id']} {summary['team'] or '-'}/{summary['run'] or '-'} ({summary['state']}): "
              "latest per rank")  # fmt: skip
     ranks = Table(title=title, title_justify="left")
-    for col in ("rank", "restart", "step", "loss", "samples/s", "step time"):
+    for col in ("rank", "restart", "step", "loss", "samples/s", "step time", "data wait"):
         ranks.add_column(col, justify="right")
     for r in summary["ranks"]:
         ranks.add_row(
             str(r["rank"]), str(r.get("restart", 0)), _num(r.get("step"), "d"), _num(r.get("loss"), ".4f"),
-            _num(r.get("samples_per_s"), ".1f"), _num(r.get("step_time_s"), ".3f") + (" s" if "step_time_s" in r
-                                                                                      else ""),
+            _num(r.get("samples_per_s"), ".1f"), _seconds(r.get("step_time_s")), _seconds(r.get("data_wait_s")),
         )  # fmt: skip
     parts: list[Any] = [ranks if summary["ranks"] else Text(f"job {summary['job_id']}: no training metrics yet")]
     if summary["gpus"]:

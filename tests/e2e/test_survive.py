@@ -42,14 +42,40 @@ def test_a_crashed_node_is_detected_and_the_run_resumes_from_its_checkpoint(
 ) -> None:
     work, dataset, repo = prepared
     store = ObjectStore.from_env(cluster.env)
-    run = scenario.submit(cluster.env, work, dataset, repo, steps=200, ckpt_interval_s=CKPT_INTERVAL_S)
+    sample_log = work / "runs" / "samples"
+    run = scenario.submit(cluster.env, work, dataset, repo, steps=200, ckpt_interval_s=CKPT_INTERVAL_S,
+                          script_args=("--sample-log", str(sample_log)))  # fmt: skip
     with contextlib.ExitStack() as on_failure:  # a failed check must not leave the node dead for the next tests
-        _check_recovery(cluster, run, store, on_failure)
+        restored = _check_recovery(cluster, run, store, on_failure)
+    _check_samples_exactly_once(sample_log, restored)
+
+
+def _check_samples_exactly_once(sample_log: Path, restored: int, world: int = 2, batch: int = 64) -> None:
+    """The data the run trained on, pieced together as the model saw it (steps up to the restored checkpoint from
+    the first attempt, the rest from the second): every epoch reads each sample at most once, and every epoch that
+    finished (the one the node was lost in included) reads every sample exactly once."""
+    attempts: dict[int, dict[int, list[int]]] = {}
+    for path in sample_log.parent.glob(f"{sample_log.name}.rank*"):
+        for line in path.read_text().splitlines():
+            restart, step, idx = line.split(" ")
+            attempts.setdefault(int(restart), {}).setdefault(int(step), []).extend(map(int, idx.split(",")))
+    first, second = attempts[0], attempts[1]
+    trained = {s: v for s, v in first.items() if s <= restored} | {s: v for s, v in second.items() if s > restored}
+    assert sorted(trained) == list(range(max(trained) + 1)), "a step with no data"
+    samples = 8192  # examples/train_ddp/make_dataset.py
+    per_epoch = samples // (world * batch)
+    for epoch in range(max(trained) // per_epoch + 1):
+        seen = [i for s in range(epoch * per_epoch, (epoch + 1) * per_epoch) for i in trained.get(s, [])]
+        assert len(seen) == len(set(seen)), f"epoch {epoch}: a sample was read twice"
+        if (epoch + 1) * per_epoch <= max(trained) + 1:
+            assert sorted(seen) == list(range(samples)), f"epoch {epoch}: samples skipped"
+    print(f"data: {len(trained)} steps, resumed after step {restored}, every sample once per epoch")
 
 
 def _check_recovery(
     cluster: LiveCluster, run: scenario.Run, store: ObjectStore, on_failure: contextlib.ExitStack
-) -> None:
+) -> int:
+    """Check detection, requeue and resume; the step the run resumed from."""
     env, backend = cluster.env, cluster.backend
     victim = None
     try:
@@ -100,6 +126,7 @@ def _check_recovery(
     on_failure.pop_all()
     scenario.revive_node(env, victim)
     scenario.wait_for(f"{victim} to be resumed", lambda: in_service(cluster, victim), 60)
+    return restored
 
 
 def _revive_quietly(env: dict[str, str], node: str) -> None:

@@ -56,7 +56,7 @@ def _cache_from_env(team: str | None) -> ShardCache | None:
         budget = int(float(raw) * GiB) if raw else DEFAULT_BUDGET_BYTES
     except ValueError:
         raise InvalidInput(f"NURO_DATA_CACHE_GB={raw!r} is not a number of GiB") from None
-    return ShardCache(cache_root(base, team or f"user-{os.getuid()}"), budget)
+    return ShardCache(cache_root(base, team or f"user_{os.getuid()}"), budget)  # no team: private to the user
 
 
 class SnapshotDataset:
@@ -103,8 +103,8 @@ class SnapshotDataset:
         #: the shard each sample is read from (its first file's): what the block shuffle groups by
         self.groups: list[int] = [shard_ids[self.files[s[0]].shard] for s in self.samples]
         self.transform = transform
-        if cache is True:
-            cache = _cache_from_env(team or RunEnv.from_env().team)
+        if cache is True:  # the team's dir: the job's Slurm account (the prolog made that one), else NURO_TEAM
+            cache = _cache_from_env(team or os.environ.get("SLURM_JOB_ACCOUNT") or RunEnv.from_env().team)
         self.cache: ShardCache | None = cache or None
         self.open_shards = max(1, open_shards)
         self._open: OrderedDict[str, CachedShard] = OrderedDict()
@@ -227,6 +227,7 @@ class SnapshotLoader:
         self.dataloader_kwargs = dataloader_kwargs
         self.last_wait_s = 0.0  # how long the last batch kept the training loop waiting
         self.wait_s_total = 0.0
+        self.last_indices: list[int] = []  # the dataset indices of the last batch (what this rank just read)
 
     @property
     def epoch(self) -> int:
@@ -267,6 +268,8 @@ class SnapshotLoader:
             self.last_wait_s = time.perf_counter() - t0
             self.wait_s_total += self.last_wait_s
             n = min(self.batch_size, left)
+            done = len(indices) - left
+            self.last_indices = indices[done : done + n]
             left -= n
             self.state = self.state.advanced(n * self.world_size, self.world_size)
             yield batch
