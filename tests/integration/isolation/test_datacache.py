@@ -1,0 +1,96 @@
+"""The node's dataset shard cache across teams, as members on the real cluster: a team shares one copy of each
+shard, and no other team can read, list, plant or remove anything in it.
+
+The prolog makes ``NURO_DATA_CACHE_DIR/<account>`` ``root:nuro-<team>`` 2770 for a job of that team (a real job
+here); members then read a shared snapshot through ``SnapshotDataset`` as their own Unix users with their team's S3
+key (``member_env``: no admin key).
+"""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import stat
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+from nuro.datasets.snapshot import snapshot
+from nuro.objectstore import ObjectStore
+from tests.integration.conftest import LiveCluster
+from tests.integration.isolation.conftest import ATTACKER, ATTACKER_TEAM, VICTIM, VICTIM_TEAM, as_user
+
+pytestmark = pytest.mark.usefixtures("teams", "passthrough")
+
+_READ = """
+import json, sys
+from nuro.wrappers.sdk.data import SnapshotDataset
+name, digest, team = sys.argv[1:4]
+try:
+    ds = SnapshotDataset(name, digest, team=team)
+    n = sum(len(b) for i in range(len(ds)) for b in ds[i].values())
+    print(json.dumps({"bytes": n, "fetches": ds.cache.stats.fetches, "hits": ds.cache.stats.hits}))
+except PermissionError as exc:
+    print(json.dumps({"denied": str(exc)}))
+"""
+
+
+def _read(cluster: LiveCluster, user: str, snap: tuple[str, str], team: str) -> dict:
+    res = as_user(cluster, user, [sys.executable, "-c", _READ, *snap, team])
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_a_teams_cache_is_shared_by_its_members_and_closed_to_other_teams(cluster: LiveCluster, shared: Path) -> None:
+    base = Path(cluster.env["NURO_DATA_CACHE_DIR"])
+    # a real job of the victim's team: its prolog makes the team's dir, its TaskProlog tells the job where it is
+    out = shared / "job.out"
+    job = cluster.sbatch_as(VICTIM, ["--nodes=1", f"--output={out}"], "#!/bin/bash\n"
+                            'stat -c "%U %G %a" "$NURO_DATA_CACHE_DIR/$SLURM_JOB_ACCOUNT"\n')  # fmt: skip
+    info = cluster.wait_job_showing_output(job, out, timeout_s=120)
+    assert info.phase.name == "COMPLETED" and out.read_text().split() == ["root", f"nuro-{VICTIM_TEAM}", "2770"]
+
+    # a shared snapshot (admin-written, every team may read it)
+    tree = shared / "tree"
+    for i in range(24):
+        (tree / f"d{i % 3}").mkdir(parents=True, exist_ok=True)
+        (tree / f"d{i % 3}" / f"{i:03d}.bin").write_bytes(os.urandom(2000 + i))
+    res = snapshot(ObjectStore.from_env(cluster.env), tree, f"cache-{uuid.uuid4().hex[:6]}", target_bytes=8192)
+    snap = (res.name, res.digest)
+    from nuro.datasets.cache import ensure_team_dir
+
+    ensure_team_dir(base, ATTACKER_TEAM)  # what the prolog does for a job of the attacker's team
+
+    first = _read(cluster, ATTACKER, snap, ATTACKER_TEAM)
+    assert first["fetches"] == res.shards and first["bytes"] == res.total_bytes
+    again = _read(cluster, "bob", snap, ATTACKER_TEAM)  # another member of the same team: the copy is shared
+    assert again["fetches"] == 0 and again["hits"] == res.shards
+    mine = base / ATTACKER_TEAM / "sha256"
+    gid = grp.getgrnam(f"nuro-{ATTACKER_TEAM}").gr_gid
+    assert all(p.stat().st_gid == gid and not p.stat().st_mode & stat.S_IRWXO for p in mine.iterdir())
+
+    # the victim team cannot read the attacker's cache, nor the attacker the victim's: each fetches its own copy
+    denied = _read(cluster, VICTIM, snap, ATTACKER_TEAM)
+    assert "NURO_DATA_CACHE_DIR" in denied["denied"] or "Permission denied" in denied["denied"], denied
+    theirs = _read(cluster, VICTIM, snap, VICTIM_TEAM)
+    assert theirs["fetches"] == res.shards
+    victim_dir = base / VICTIM_TEAM / "sha256"
+    before = {p.name: p.read_bytes() for p in victim_dir.iterdir()}
+    attack = textwrap.dedent(f"""
+        import os, sys
+        d = {str(victim_dir)!r}
+        for what, fn in (("list", lambda: os.listdir(d)), ("plant", lambda: open(d + "/" + "0" * 64, "wb")),
+                         ("remove", lambda: os.unlink(d + "/" + {sorted(before)[0]!r}))):
+            try:
+                fn()
+                print(what, "ok")
+            except PermissionError:
+                print(what, "denied")
+    """)  # fmt: skip
+    res_attack = as_user(cluster, ATTACKER, [sys.executable, "-c", attack])
+    assert res_attack.stdout.split() == ["list", "denied", "plant", "denied", "remove", "denied"], res_attack
+    assert {p.name: p.read_bytes() for p in victim_dir.iterdir()} == before
