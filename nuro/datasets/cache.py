@@ -6,13 +6,16 @@ arrival (size and sha256 while it is written, before it is renamed into place). 
 again against the manifest on every read (``nuro.datasets.loader``): a copy damaged on disk later is thrown away
 and fetched again (``discard``), never served.
 
-Concurrency, between every rank and DataLoader worker of every job on the node, with ``flock`` on one lock file
-per shard (``<hex>.lock``, kept: removing a lock file that another process may have open is the classic race):
+Concurrency, between every rank and DataLoader worker of every job on the node, with ``flock`` on two lock files
+per shard (kept: removing a lock file that another process may have open is the classic race):
 
-- a reader holds a *shared* lock for as long as it has the shard open (``CachedShard``), so eviction, which needs
-  the *exclusive* lock without waiting, never removes a shard in use;
-- a reader that finds no copy trades its shared lock for the exclusive one, checks again and fetches: whoever asks
-  at the same time waits on the lock and then reads that one copy. One GET per shard per node.
+- ``<hex>.lock``, the *use* lock: a reader holds it shared for as long as it has the shard open (``CachedShard``,
+  a DataLoader worker keeps a few open); eviction takes it exclusive *without waiting*, so it never removes a shard
+  in use. Nobody ever waits for it exclusively: readers keep it for minutes, and a waiter would deadlock the loader
+  (workers holding shards open wait for the batch the waiter owes them).
+- ``<hex>.fetch``, the *fetch* lock: held exclusive only while one process downloads the shard. A reader that finds
+  no copy takes it, checks again and fetches; whoever asks at the same time waits on it (seconds) and then reads
+  that one copy. One GET per shard per node.
 
 Eviction keeps the cache under ``budget_bytes``: after each fetch the least recently opened shards (their mtime,
 touched on open) go first, skipping any that is in use; a cache whose shards are all in use stays over budget until
@@ -35,7 +38,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,36 +128,45 @@ class ShardCache:
     def open(self, digest: str, size: int, fetch: Fetch) -> CachedShard:
         """The local copy of shard ``digest`` (``size`` bytes), fetched with ``fetch`` if absent; verified."""
         data_path, lock_path = self._paths(digest)
-        lock_fd = os.open(lock_path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, _DATA_MODE)
+        lock_fd = self._lock_file(lock_path)
         try:
-            with contextlib.suppress(PermissionError):
-                os.fchmod(lock_fd, _DATA_MODE)  # whoever created it; umask must not keep the team out
-            fetched = False
-            while True:
-                fcntl.flock(lock_fd, fcntl.LOCK_SH)
-                fd = self._open_data(data_path, size)
-                if fd is not None:
-                    if not fetched:
-                        self.stats.hits += 1
-                    return CachedShard(digest, fd, lock_fd, size)
-                fcntl.flock(lock_fd, fcntl.LOCK_UN)
-                fcntl.flock(lock_fd, fcntl.LOCK_EX)
-                try:
-                    probe = self._open_data(data_path, size)  # another process fetched it while we waited
-                    if probe is not None:
-                        os.close(probe)
-                    else:
+            fcntl.flock(lock_fd, fcntl.LOCK_SH)  # in use from here on: eviction leaves it alone
+            fd = self._open_data(data_path, size)
+            if fd is None:
+                with self._fetch_lock(digest):
+                    fd = self._open_data(data_path, size, remove_bad=True)  # fetched while we waited?
+                    if fd is None:
                         self._fetch(digest, size, data_path, fetch)
-                        fetched = True
-                finally:
-                    fcntl.flock(lock_fd, fcntl.LOCK_UN)
-                if fetched:
-                    self._evict(keep=data_path.name)
+                        fd = self._open_data(data_path, size)
+                        if fd is None:
+                            raise OSError(f"dataset cache: {data_path} vanished right after it was fetched")
+                self._evict(keep=data_path.name)
+            else:
+                self.stats.hits += 1
+            return CachedShard(digest, fd, lock_fd, size)
         except BaseException:
             os.close(lock_fd)
             raise
 
-    def _open_data(self, path: Path, size: int) -> int | None:
+    def _lock_file(self, path: Path) -> int:
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, _DATA_MODE)
+        with contextlib.suppress(PermissionError):
+            os.fchmod(fd, _DATA_MODE)  # whoever created it; umask must not keep the team out
+        return fd
+
+    @contextlib.contextmanager
+    def _fetch_lock(self, digest: str) -> Iterator[None]:
+        data_path, _ = self._paths(digest)
+        fd = self._lock_file(data_path.with_name(f"{data_path.name}.fetch"))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held only while one process downloads: a short wait
+            yield
+        finally:
+            os.close(fd)
+
+    def _open_data(self, path: Path, size: int, remove_bad: bool = False) -> int | None:
+        """The copy open for reading, or None when it is missing or not a whole regular file (removed when
+        ``remove_bad``: only under the fetch lock, so a copy fetched again meanwhile is never the one removed)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -162,11 +174,12 @@ class ShardCache:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_size != size:  # not ours, or truncated: fetch it again
             os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
+            if remove_bad:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             return None
         with contextlib.suppress(OSError):
-            os.utime(path, follow_symlinks=False)  # least recently used = oldest mtime
+            os.utime(fd)  # least recently used = oldest mtime
         return fd
 
     def _fetch(self, digest: str, size: int, data_path: Path, fetch: Fetch) -> None:
@@ -200,17 +213,18 @@ class ShardCache:
 
     # -- damage and eviction -----------------------------------------------------------------------------------
     def discard(self, shard: CachedShard) -> None:
-        """Throw away a copy whose bytes failed their check: the next ``open`` fetches it again."""
+        """Throw away a copy whose bytes failed their check: the next ``open`` fetches it again. Under the fetch
+        lock, and only if the file is still the copy we read (not one fetched again meanwhile); other readers keep
+        their open copy and find the damage themselves."""
         data_path, _ = self._paths(shard.digest)
-        lock_fd = shard.lock_fd
-        os.close(shard.fd)
-        shard.fd = -1
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)  # converts our shared lock; waits for other readers to let go
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(data_path)
-            self.stats.discarded += 1
-            log.warning("dataset cache: discarded damaged shard %s", shard.digest)
+            with self._fetch_lock(shard.digest):
+                mine = os.fstat(shard.fd).st_ino
+                with contextlib.suppress(FileNotFoundError):
+                    if os.stat(data_path, follow_symlinks=False).st_ino == mine:
+                        os.unlink(data_path)
+                self.stats.discarded += 1
+                log.warning("dataset cache: discarded damaged shard %s", shard.digest)
         finally:
             shard.close()
 

@@ -32,18 +32,20 @@ def _open(cache: ShardCache, i: int, slow_s: float = 0.0) -> CachedShard:
     return cache.open(digest, len(data), fetch)
 
 
-def _reader(root: str, out: mp.Queue) -> None:
+def _reader(root: str, out: mp.Queue, everyone: mp.Barrier) -> None:
     cache = ShardCache(Path(root))
     shard = _open(cache, 1, slow_s=0.3)
     ok = shard.read(0, 4096) == _shard(1)[1]
+    everyone.wait(30)  # keep it open until all have it, like DataLoader workers keep their current shards
     shard.close()
     out.put((cache.stats.fetches, ok))
 
 
 def test_sixteen_processes_asking_at_once_fetch_once(tmp_path: Path) -> None:
+    """None of them waits on a lock that a reader keeps while it has the shard open (that deadlocked a loader)."""
     ctx = mp.get_context("fork")
-    out = ctx.Queue()
-    procs = [ctx.Process(target=_reader, args=(str(tmp_path), out)) for _ in range(16)]
+    out, everyone = ctx.Queue(), ctx.Barrier(16)
+    procs = [ctx.Process(target=_reader, args=(str(tmp_path), out, everyone)) for _ in range(16)]
     for p in procs:
         p.start()
     results = [out.get(timeout=60) for _ in procs]
