@@ -361,6 +361,21 @@ def main(rank, run, root, port, s3_port):
     want = state(2)
     assert all(torch.equal(got[k], want[k]) for k in want), "restored tensors differ"
     fresh.close()
+
+    # step 2's rank-0 shard torn in S3: rank 0's node still has its good local copy (the shared staging root), the
+    # other node has none and must download it: both must agree on step 1, not fail nor load different steps
+    from nuro.checkpoint import layout as L
+    if rank == 0:
+        store.put(L.shard_key("vision", run, 2, "__0_0.distcp"), b"torn")
+    dist.barrier()
+    where = Path(root) / ("shared" if rank == 0 else "other") / str(780 + rank)
+    again = Checkpointer(team="vision", run=run, store=store, staging_dir=where, upload="inline")
+    got = {"shared": torch.zeros(128, 128), f"own{rank}": torch.zeros(64)}
+    assert again.restore(got) == 1, again.restore_skipped
+    want = state(1)
+    assert all(torch.equal(got[k], want[k]) for k in want), "step 1's tensors differ"
+    assert [s for s, _ in again.restore_skipped] == [2], again.restore_skipped
+    again.close()
     dist.destroy_process_group()
 
 if __name__ == "__main__":
@@ -370,6 +385,9 @@ if __name__ == "__main__":
 
 
 def test_two_process_gloo_group_commits_one_manifest_of_two_parts(store: ObjectStore, tmp_path: Path) -> None:
+    """Two gloo ranks as two nodes commit one manifest of two parts and restore it; then, with a shard of the
+    newest step torn in S3 that only one node has a good local copy of, both fall back together to the step
+    before (issue 15: rank 0 alone used to choose, and the other node's failure failed the whole restore)."""
     run = _run()
     script = tmp_path / "gloo_worker.py"
     script.write_text(_GLOO_WORKER)

@@ -168,6 +168,8 @@ class Checkpointer:
         self._worker: UploadWorker | None = None
         self._last_recorded: int | None = None
         self.timings: dict[int, dict[str, float]] = {}
+        #: steps the last ``restore`` passed over because some node could not load them, and why
+        self.restore_skipped: list[tuple[int, str]] = []
         if self.upload == "inline" and self.local_rank == 0:
             self._worker = UploadWorker(self.store, self.staging_root, job_dirs=[self.staging_dir], trust="request")
             self._start_thread("nuro-ckpt-upload", lambda: self._worker.run(self._stop, 0.5))  # type: ignore[union-attr]
@@ -377,15 +379,45 @@ class Checkpointer:
 
     def restore(self, state_dict: dict[str, Any]) -> int | None:
         """Load the newest valid checkpoint into ``state_dict`` in place (every rank, in step); its step, or None
-        when the run has no valid checkpoint yet. Later saves of steps at or below it are skipped."""
+        when the run has no valid checkpoint yet. Later saves of steps at or below it are skipped.
+
+        Every node must be able to load the step chosen: rank 0 picks the newest step valid on its node (its local
+        copies first), each other node's leader materialises that step too, and if any node cannot (a shard torn in
+        S3 that rank 0 had a good local copy of), all ranks fall back together to the newest valid step below it.
+        """
         import torch.distributed.checkpoint as dcp  # lazy: torch is the optional 'train' extra
 
+        max_step: int | None = None
+        self.restore_skipped = []
+        while True:
+            path, step = self._choose_step(max_step)
+            if not self._dist or step < 0:
+                break
+            errors, path = self._materialise_everywhere(step, path)
+            if not errors:
+                break
+            why = "; ".join(errors)
+            self.restore_skipped.append((step, why))
+            log.warning("restore: step %d cannot be loaded on every node (%s); all ranks fall back below it", step,
+                        why)  # fmt: skip
+            max_step = step - 1
+        if step < 0 or path is None:
+            return None
+        dcp.load(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
+        self._last_saved_step = step
+        log.info("restored step=%d from %s", step, path)
+        return step
+
+    def _choose_step(self, max_step: int | None) -> tuple[Path | None, int]:
+        """Rank 0's newest valid step at or below ``max_step`` (its path there), broadcast: (path, step) with step
+        -1 for none. Raises CheckpointError when rank 0 could not look (store or disk error)."""
         path, step, error = None, -1, ""
         if self.rank == 0:
             try:
                 found = restore_latest(
-                    self.store, self.team, self.run, local_roots=self.local_roots(), dest=self.staging_dir / "restore"
-                )
+                    self.store, self.team, self.run, local_roots=self.local_roots(), dest=self.staging_dir / "restore",
+                    max_step=max_step,
+                )  # fmt: skip
                 if found is not None:
                     path, step = found.path, found.step
             except (CheckpointError, ObjectStoreError, OSError) as exc:
@@ -393,30 +425,28 @@ class Checkpointer:
         if self._dist:
             step = self._broadcast(step if not error else -2)
             if step == -2:
-                error = error or "rank 0 could not restore (see its log)"
-            elif step >= 0 and self.local_rank == 0 and self.rank != 0:
-                try:
-                    manifest = load_manifest(self.store, self.team, self.run, step)
-                    path = restore_step(
-                        self.store, manifest, local_roots=self.local_roots(), dest=self.staging_dir / "restore"
-                    ).path
-                except (CheckpointError, ObjectStoreError, OSError) as exc:
-                    error = f"rank {self.rank}: {exc}"
-            gathered: list[Any] = [None] * self.world_size
-            self._dist.all_gather_object(gathered, (str(path) if path else None, error), group=self._ctl_group)
-            errors = [e for _, e in gathered if e]
-            if errors:
-                raise CheckpointError("restore failed: " + "; ".join(errors))
-            node_leader = self.rank - self.local_rank  # torchrun numbers the ranks of a node contiguously
-            path = Path(gathered[node_leader][0]) if gathered[node_leader][0] else None
+                raise CheckpointError("restore failed: " + (error or "rank 0 could not restore (see its log)"))
         elif error:
             raise CheckpointError(f"restore failed: {error}")
-        if step < 0 or path is None:
-            return None
-        dcp.load(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
-        self._last_saved_step = step
-        log.info("restored step=%d from %s", step, path)
-        return step
+        return path, step
+
+    def _materialise_everywhere(self, step: int, path: Path | None) -> tuple[list[str], Path | None]:
+        """Each node's leader (other than rank 0's) materialises ``step``; every rank learns every node's outcome.
+        Returns (the errors, this node's path of the step)."""
+        error = ""
+        if self.local_rank == 0 and self.rank != 0:
+            try:
+                manifest = load_manifest(self.store, self.team, self.run, step)
+                path = restore_step(
+                    self.store, manifest, local_roots=self.local_roots(), dest=self.staging_dir / "restore"
+                ).path
+            except (CheckpointError, ObjectStoreError, OSError) as exc:
+                error = f"rank {self.rank}: {exc}"
+        gathered: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(gathered, (str(path) if path else None, error), group=self._ctl_group)
+        errors = [e for _, e in gathered if e]
+        node_leader = self.rank - self.local_rank  # torchrun numbers the ranks of a node contiguously
+        return errors, Path(gathered[node_leader][0]) if gathered[node_leader][0] else None
 
     # -- shutdown ----------------------------------------------------------------------------------------------
     def flush(self, timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S) -> FlushResult | None:
