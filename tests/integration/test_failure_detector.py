@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro.devcluster import manager
+from nuro.devcluster import cgroups, manager
 from nuro.lifecycle.platform_events import read_events
 from nuro.slurm import NodeInfo
 from tests.integration.conftest import LiveCluster, wait_until
@@ -36,6 +36,9 @@ def test_killed_node_goes_down_and_drained_fast_and_its_requeue_job_runs_elsewhe
     )
     victim = job.nodes[0]
     restore.append(victim)
+    # RUNNING in slurmctld comes before the node has started anything (prolog, launch RPC): on a busy machine a kill
+    # right away finds no job process. Wait until the job's processes are in the node's cgroups.
+    wait_until(lambda: cgroups.node_processes(cluster.layout.root, victim), 30, f"the job's processes on {victim}")
     killed = manager.kill_node(cluster.layout, victim)
     names = {k["name"] for k in killed["killed"]}
     # the job's slurmstepd, or the slurmd child about to become it when the kill lands mid double-fork
