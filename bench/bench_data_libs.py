@@ -12,11 +12,15 @@ Measured in one run:
    streaming coordinates a node's ranks and workers through POSIX shared memory named per node, so two "nodes" on
    one host must not see each other's) x ``--workers`` DataLoader workers, ``--epochs`` epochs, batch ``--batch``,
    shuffled: samples/s per epoch (all nodes), process start to first batch, S3 bytes per node, and which samples
-   each epoch read (repeats, misses);
-3. resume: 2 ranks read ``k`` batches mid-epoch and save the loader state; 1 rank loads it and reads the rest of
-   the epoch. Exact = nothing read twice and nothing of the uninterrupted epoch skipped;
+   each epoch read (repeats, misses). Streaming twice: as shipped, and with the boto3 client that
+   ``StreamingDataset.__init__`` made for ``index.json`` dropped before the DataLoader forks its workers (as shipped,
+   every worker inherits it: one keep-alive connection read by several processes);
+3. resume: 2 ranks read ``k`` batches mid-epoch and save the loader state; 1 rank (then 3 ranks) load it and
+   read the rest of the epoch. Exact = nothing read twice and nothing of the uninterrupted epoch skipped;
 4. integrity: a byte flipped in a node's cached shard; a byte flipped in a shard in the store; the same with the
    index/manifest rewritten to match. Reported: which samples came back with wrong bytes, which error was raised.
+   And with streaming's default ``validate_hash=None``: every sample's sha256 after a cold read through the
+   inherited client (1 node, all workers), as shipped and with a client per worker.
 
 Runs in a venv that has both nuro and streaming (the project venv must not get streaming's dependencies)::
 
@@ -42,6 +46,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -75,8 +80,11 @@ def frame_of(labels):
 def by_column(sample):  # nuro: {"000012/front.jpg": b"..", "000012/labels.json": b".."} -> {"front": b"..", ...}
     return {p.rsplit("/", 1)[1].split(".")[0]: v for p, v in sample.items()}
 
-def as_row(s):  # what a batch carries: the sample's bytes and which frame it was
-    return torch.tensor([sum(len(s[c]) for c in cols), frame_of(s["labels"])])
+def as_row(s):  # what a batch carries: the sample's bytes, which frame it was (and 56 bits of its sha256)
+    row = [sum(len(s[c]) for c in cols), frame_of(s["labels"])]
+    if args.get("digests"):
+        row.append(int(hashlib.sha256(b"".join(s[c] for c in cols)).hexdigest()[:14], 16))
+    return torch.tensor(row)
 
 if args["lib"] == "nuro":
     from nuro.wrappers.sdk.data import SnapshotDataset, SnapshotLoader
@@ -95,6 +103,9 @@ else:
         return cls(remote=args["remote"], local=args["local"], validate_hash=args["validate_hash"], **kw)
     def make_loader():
         ds = open_dataset(Rows, shuffle=True, shuffle_seed=args["seed"], batch_size=args["batch"])
+        if args.get("client_per_worker"):  # drop the boto3 client that fetched index.json before the workers fork
+            for stream in ds.streams:
+                stream._downloader.clean_up()
         return StreamingDataLoader(ds, batch_size=args["batch"], num_workers=args["workers"])
 
 out = {"import_s": time.perf_counter() - t0}
@@ -114,6 +125,8 @@ if args["mode"] == "read":
             n += len(batch)
             nbytes += int(batch[:, 0].sum())
             ids += batch[:, 1].tolist()
+            if args.get("digests"):
+                out.setdefault("digests", []).extend(batch[:, 1:3].tolist())
             if args.get("steps") and step + 1 == args["steps"]:
                 break
         out["epochs"].append({"seconds": time.perf_counter() - t, "samples": n, "bytes": nbytes, "ids": ids})
@@ -165,18 +178,30 @@ class Runner:
     def __init__(self, env: dict[str, str], cache: Path, port_base: int, isolate: bool) -> None:
         self.env, self.cache, self.isolate = env, cache, isolate
         self.port = port_base + 90  # torch.distributed rendezvous for streaming's ranks (a new one per launch)
+        # TMPDIR per node, short: torch passes a batch's tensors over a Unix socket under it (sun_path: 108 bytes)
+        self.tmp_root = Path(tempfile.mkdtemp(prefix="nbl-"))
 
     def local(self, lib: str, node: int | str) -> Path:
         return self.cache / lib / f"node{node}"
 
-    def run(self, lib: str, ranks: list[int], world: int, args: dict, nodes: list[int | str] | None = None) -> list:
+    def run(
+        self,
+        lib: str,
+        ranks: list[int],
+        world: int,
+        args: dict,
+        nodes: list | None = None,
+        tolerate: bool = False,
+        timeout_s: float = 3600,
+    ) -> list:
+        """One process per rank; their results. ``tolerate``: a failed rank gives ``{"error": its stderr's end}``,
+        one with no result after ``timeout_s`` is killed (its process group: the rank and its DataLoader workers)."""
         self.port += 1
         procs = []
         for rank, node in zip(ranks, nodes or ranks, strict=True):
-            tmp = self.cache / "tmp" / f"{lib}-node{node}-{self.port}"
-            tmp.mkdir(parents=True)
+            tmp = tempfile.mkdtemp(dir=self.tmp_root)
             local = self.local(lib, node)
-            penv = {**self.env, "TMPDIR": str(tmp), "NURO_DATA_CACHE_DIR": str(local), "RANK": str(rank),
+            penv = {**self.env, "TMPDIR": tmp, "NURO_DATA_CACHE_DIR": str(local), "RANK": str(rank),
                     "WORLD_SIZE": str(world), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
                     "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port), "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
             a = json.dumps({**args, "lib": lib, "rank": rank, "world": world, "local": str(local)})
@@ -184,13 +209,30 @@ class Runner:
             if self.isolate:  # a node's own /dev/shm: streaming names its shared memory per node, not per host
                 argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
                         'mount -t tmpfs -o size=8g tmpfs /dev/shm && exec "$@"', "sh", *argv]  # fmt: skip
-            procs.append(subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+            procs.append(subprocess.Popen(argv, env=penv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                          start_new_session=True))  # fmt: skip
         results = []
+        deadline = time.monotonic() + timeout_s
         for p in procs:
-            out, err = p.communicate(timeout=3600)
+            hung = False
+            try:
+                out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung = True
+                os.killpg(p.pid, signal.SIGKILL)
+                out, err = p.communicate()
             line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
             if p.returncode != 0 or line is None:
-                raise SystemExit(f"{lib} rank failed ({p.returncode}):\n{err[-4000:]}")
+                if not tolerate:
+                    raise SystemExit(f"{lib} rank failed ({p.returncode}):\n{err[-4000:]}")
+                lines = [x.strip() for x in err.splitlines() if "Error:" in x or "Exception:" in x]
+                error = (lines or [f"exit {p.returncode}"])[-1][:400]
+                if hung:
+                    error = f"hung: no result after {timeout_s:.0f} s, killed" + (
+                        f" (last error: {error})" if lines else ""
+                    )
+                results.append({"error": error, "stderr": err[-6000:]})
+                continue
             results.append(json.loads(line[7:]))
         return results
 
@@ -286,6 +328,7 @@ def main() -> None:
         os.environ.update({k: env[k] for k in ("S3_ENDPOINT_URL", "AWS_DEFAULT_REGION", "AWS_CONFIG_FILE")})
         os.environ.update({k: v for k, v in env3.items() if k.startswith("AWS_")})
         runner = Runner(env, cache, args.port_base, isolate=not args.no_isolate)
+        stack.callback(shutil.rmtree, runner.tmp_root, True)
 
         # 1. conversion
         name = f"bench-libs-{os.getpid()}"
@@ -301,27 +344,50 @@ def main() -> None:
         # 2. reading, cold node caches, 2 epochs
         nuro_args = {"name": name, "digest": snap.digest, "group": GROUP, "columns": list(COLUMNS), "seed": SEED,
                      "batch": args.batch, "workers": args.workers, "epochs": args.epochs, "mode": "read"}  # fmt: skip
-        st_args = {**nuro_args, "remote": remote, "validate_hash": "sha256"}
+        shipped_args = {**nuro_args, "remote": remote, "validate_hash": "sha256"}
+        # StreamingDataset.__init__ fetches index.json with a boto3 client that the DataLoader workers then inherit
+        # through fork (one keep-alive connection, several processes): as shipped, and with that client dropped
+        st_args = {**shipped_args, "client_per_worker": True}
         ranks = list(range(args.nodes))
         nuro = runner.run("nuro", ranks, args.nodes, nuro_args)
         nuro_fetched = fetched({}, cached(cache / "nuro")) / args.nodes
+        shipped = runner.run("streaming", ranks, args.nodes, shipped_args, [f"shipped{r}" for r in ranks], True)
         stream = runner.run("streaming", ranks, args.nodes, st_args)
         stream_fetched = sum(tree_bytes(runner.local("streaming", r)) for r in ranks) / args.nodes
 
-        # 3. resume mid-epoch: 2 ranks -> 1 rank
+        # 3. resume mid-epoch: --nodes ranks save after k batches; 1 rank (and 3 ranks) continue from that state
         per_rank_batches = args.frames // args.nodes // args.batch
         k = max(1, per_rank_batches // 2)
-        resume = {"steps_before_save_per_rank": k, "ranks_before": args.nodes, "ranks_after": 1}
+        resume: dict = {"steps_before_save_per_rank": k, "ranks_before": args.nodes}
         for lib, a, reference in (("nuro", nuro_args, nuro), ("streaming", st_args, stream)):
             before = runner.run(lib, ranks, args.nodes, {**a, "epochs": 1, "steps": k})
             saved = before[0]["state"]
-            after = runner.run(lib, [0], 1, {**a, "epochs": 1, "state": saved}, nodes=["resume"])
             first = [i for r in before for i in r["epochs"][0]["ids"]]
             ref = [i for r in reference for i in r["epochs"][0]["ids"]]
-            resume[lib] = {"saved_state": saved, **resume_check(first, after[0]["epochs"][0]["ids"], ref)}
+            resume[lib] = {"saved_state": saved}
+            for world in (1, 3):
+                nodes = [f"resume{world}-{r}" for r in range(world)]
+                after = runner.run(lib, list(range(world)), world, {**a, "epochs": 1, "state": saved}, nodes, True)
+                errors = [r["error"] for r in after if "error" in r]
+                rest = [i for r in after if "error" not in r for i in r["epochs"][0]["ids"]]
+                out = {"error": errors[0]} if errors else resume_check(first, rest, ref)
+                if lib == "nuro" and not errors:  # by design: the last (n - position) % W samples wait (drop_last)
+                    out["drop_last_tail"] = (args.frames - saved["position"]) % world
+                resume[lib][f"to_{world}_ranks"] = out
 
         # 4. integrity
         expected = expected_digests(root)
+        # the inherited client, without validate_hash (the default): are the bytes served right? 1 node, all samples
+        forked_client = {}
+        for label, extra in (("as_shipped", {}), ("client_per_worker", {"client_per_worker": True})):
+            a = {**shipped_args, **extra, "validate_hash": None, "digests": True, "epochs": 1}
+            r = runner.run("streaming", [0], 1, a, [f"check-{label}"], True, timeout_s=600)[0]
+            if "error" in r:
+                forked_client[label] = {"error": r["error"]}
+                continue
+            wrong = sum(1 for f, d in r["digests"] if int(expected[f][:14], 16) != d)
+            forked_client[label] = {"samples": len(r["digests"]), "samples_with_wrong_bytes": wrong,
+                                    "epoch_s": round(r["epochs"][0]["seconds"], 2)}  # fmt: skip
         one = {**nuro_args, "mode": "integrity", "workers": 0}
         sone = {**st_args, "mode": "integrity", "workers": 0}
         integ: dict[str, dict] = {}
@@ -332,7 +398,7 @@ def main() -> None:
             )
 
         check("byte_flipped_in_node_cache", "nuro", {**one, "shard": 0, "damage_local": True}, "0")
-        check("byte_flipped_in_node_cache", "streaming", {**sone, "shard": 0, "damage_local": True}, "resume")
+        check("byte_flipped_in_node_cache", "streaming", {**sone, "shard": 0, "damage_local": True}, "resume1-0")
         # the last shard of each, read by nodes with empty caches
         manifest = load_manifest(store, name, snap.digest)[0]
         nuro_last = {**one, "shard": len(manifest.shards) - 1, "damage_local": False}
@@ -360,6 +426,13 @@ def main() -> None:
     ns, ss = summarize(nuro, total, args.epochs, None), summarize(stream, total, args.epochs, None)
     for s in (ns, ss):
         s.pop("s3_bytes_per_epoch_x_dataset")
+    shipped_errors = [r["error"] for r in shipped if "error" in r]
+    if shipped_errors:
+        shipped_summary: dict = {"error": shipped_errors[0], "ranks_failed": len(shipped_errors)}
+    else:
+        shipped_summary = summarize(shipped, total, args.epochs, None)
+        shipped_summary.pop("s3_bytes_per_epoch_x_dataset")
+        shipped_summary["epoch_seconds_per_rank"] = [[round(e["seconds"], 1) for e in r["epochs"]] for r in shipped]
     result = {
         "set": {"frames": args.frames, "frame_kib": args.frame_kib, "mib": round(total / MiB, 1),
                 "nuro_shards": snap.shards, "mds_shards": len(index["shards"]), "nodes": args.nodes,
@@ -372,7 +445,8 @@ def main() -> None:
             "nuro": {**ns, "import_s": round(max(r["import_s"] for r in nuro), 2),
                      "s3_bytes_per_node_x_dataset": round(nuro_fetched / total, 3),
                      "coverage": [coverage(nuro, e, args.frames) for e in epochs]},
-            "streaming_validate_hash=sha256": {**ss, "import_s": round(max(r["import_s"] for r in stream), 2),
+            "streaming_as_shipped": shipped_summary,
+            "streaming_client_per_worker": {**ss, "import_s": round(max(r["import_s"] for r in stream), 2),
                      "s3_bytes_per_node_x_dataset": round(stream_fetched / total, 3),
                      "coverage": [coverage(stream, e, args.frames) for e in epochs]},
             "streaming_over_nuro_samples_per_s": [
@@ -380,7 +454,7 @@ def main() -> None:
                 for n, s in zip(ns["epochs"], ss["epochs"], strict=True)],
         },
         "resume": resume,
-        "integrity": integ,
+        "integrity": {**integ, "inherited_client_validate_hash=None_1_node": forked_client},
         "machine": f"{os.cpu_count()} CPUs",
     }  # fmt: skip
     if args.out:
