@@ -15,12 +15,12 @@ from itertools import groupby
 from nuro.cluster.description import ClusterDescription, NodeSpec
 from nuro.slurm.hostlist import compress as compress_hostlist
 
-#: Byte-identical since the first release (the module was nuro.slurmconf then): a changed header would change every
-#: deployed file, and the Ansible rollout would drain every node for a comment.
 #: slurmctld serves OpenMetrics on its own port from this release (``MetricsType=metrics/openmetrics``), and
 #: expedited requeue arrives with it; 24.11 dies parsing ``MetricsType``.
 OPENMETRICS_SINCE = (25, 11)
 
+#: Byte-identical since the first release (the module was nuro.slurmconf then): a changed header would change every
+#: deployed file, and the Ansible rollout would drain every node for a comment.
 HEADER = "# Rendered by nuro (nuro.slurmconf). Edit the cluster description, not this file.\n"
 
 

@@ -78,8 +78,8 @@ class CacheStats:
 class CachedShard:
     """An open, verified local shard; holds a shared lock until ``close`` so eviction leaves it alone."""
 
-    def __init__(self, digest: str, fd: int, lock_fd: int, size: int) -> None:
-        self.digest, self.fd, self.lock_fd, self.size = digest, fd, lock_fd, size
+    def __init__(self, digest: str, fd: int, lock_fd: int) -> None:
+        self.digest, self.fd, self.lock_fd = digest, fd, lock_fd
 
     def read(self, offset: int, length: int) -> bytes:
         """``length`` bytes at ``offset``; fewer if the copy was truncated on disk (the caller's check fails)."""
@@ -121,8 +121,12 @@ class ShardCache:
         return bool(self.root.stat().st_mode & stat.S_ISGID)
 
     def _paths(self, digest: str) -> tuple[Path, Path]:
+        """The shard's data file and its use lock."""
         hex_ = validate_digest(digest).removeprefix("sha256:")
-        return self.dir / hex_, self.dir / f"{hex_}.lock"
+        return self.dir / hex_, self._use_lock(hex_)
+
+    def _use_lock(self, name: str) -> Path:
+        return self.dir / f"{name}.lock"
 
     # -- open -----------------------------------------------------------------------------------------------------
     def open(self, digest: str, size: int, fetch: Fetch) -> CachedShard:
@@ -143,7 +147,7 @@ class ShardCache:
                 self._evict(keep=data_path.name)
             else:
                 self.stats.hits += 1
-            return CachedShard(digest, fd, lock_fd, size)
+            return CachedShard(digest, fd, lock_fd)
         except BaseException:
             os.close(lock_fd)
             raise
@@ -190,10 +194,11 @@ class ShardCache:
         try:
             with contextlib.suppress(PermissionError):
                 os.fchmod(fd, _DATA_MODE)
-            for chunk in fetch():
-                h.update(chunk)
-                n += len(chunk)
-                os.write(fd, chunk)
+            with open(fd, "wb", closefd=False) as out:  # write() of a file object writes all of a chunk
+                for chunk in fetch():
+                    h.update(chunk)
+                    n += len(chunk)
+                    out.write(chunk)
             os.close(fd)
             fd = -1
             actual = "sha256:" + h.hexdigest()
@@ -230,13 +235,24 @@ class ShardCache:
 
     def usage(self) -> tuple[int, list[os.DirEntry]]:
         """Bytes of cached shards and their entries (no temporaries, no lock files)."""
-        entries = [e for e in os.scandir(self.dir) if len(e.name) == 64 and e.is_file(follow_symlinks=False)]
+        entries, _ = self._scan()
         return sum(e.stat(follow_symlinks=False).st_size for e in entries), entries
+
+    def _scan(self) -> tuple[list[os.DirEntry], list[os.DirEntry]]:
+        """One listing of the cache dir: the shards, and the temporaries of fetches (``.part``)."""
+        shards, temps = [], []
+        for e in os.scandir(self.dir):
+            if e.name.endswith(".part"):
+                temps.append(e)
+            elif len(e.name) == 64 and e.is_file(follow_symlinks=False):
+                shards.append(e)
+        return shards, temps
 
     def _evict(self, keep: str) -> None:
         with self._lock:
-            total, entries = self.usage()
-            self._remove_stale_temps()
+            entries, temps = self._scan()
+            total = sum(e.stat(follow_symlinks=False).st_size for e in entries)
+            self._remove_stale(temps)
             if total <= self.budget_bytes:
                 return
             for entry in sorted(entries, key=lambda e: e.stat(follow_symlinks=False).st_mtime):
@@ -255,7 +271,7 @@ class ShardCache:
     def _try_remove(self, name: str) -> bool:
         """Remove one shard if nobody has it open (exclusive lock without waiting)."""
         try:
-            lock_fd = os.open(self.dir / f"{name}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            lock_fd = os.open(self._use_lock(name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
             lock_fd = -1
         try:
@@ -274,13 +290,13 @@ class ShardCache:
             if lock_fd >= 0:
                 os.close(lock_fd)
 
-    def _remove_stale_temps(self) -> None:
+    @staticmethod
+    def _remove_stale(temps: list[os.DirEntry]) -> None:
         now = time.time()
-        for entry in os.scandir(self.dir):
-            if entry.name.endswith(".part"):
-                with contextlib.suppress(OSError):
-                    if now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S:
-                        os.unlink(entry.path)
+        for entry in temps:
+            with contextlib.suppress(OSError):
+                if now - entry.stat(follow_symlinks=False).st_mtime > STALE_TEMP_S:
+                    os.unlink(entry.path)
 
 
 def cache_root(base: str | Path, team: str) -> Path:

@@ -126,9 +126,6 @@ def open_sink(team: str | None = None) -> Any:
 
 
 # -- pure views --------------------------------------------------------------------------------------------------
-TRAIN_COLUMNS = ("step", "loss", "samples_per_s", "step_time_s", "data_wait_s")
-
-
 def _rank(row: Row) -> int:
     r = row.tags.get("rank", "0")
     return int(r) if str(r).isdigit() else -1

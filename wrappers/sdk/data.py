@@ -26,23 +26,22 @@ global position, the same for any world size.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from nuro.datasets.cache import DEFAULT_BUDGET_BYTES, CachedShard, ShardCache, cache_root
-from nuro.datasets.errors import DatasetNotFound, IntegrityError, InvalidInput
+from nuro.datasets.cache import DEFAULT_BUDGET_BYTES, CachedShard, GiB, ShardCache, cache_root
+from nuro.datasets.errors import DatasetNotFound, InvalidInput
 from nuro.datasets.manifest import FileEntry, Manifest, shard_key
 from nuro.datasets.order import DEFAULT_WINDOW, LoaderState, epoch_order, rank_positions
+from nuro.datasets.reader import check_file, file_ok, pin_from_env, read_range
 from nuro.datasets.refs import load_manifest
 from nuro.datasets.samples import Sample, group_samples
 from nuro.objectstore import ObjectStore
 from nuro.wrappers.sdk.runenv import RunEnv
 
-GiB = 1024**3
 #: Shards one process keeps open (and shared-locked against eviction) at a time.
 DEFAULT_OPEN_SHARDS = 8
 
@@ -84,13 +83,8 @@ class SnapshotDataset:
         team: str | None = None,
         open_shards: int = DEFAULT_OPEN_SHARDS,
     ) -> None:
-        name = name or os.environ.get("NURO_DATASET")
-        digest = digest or os.environ.get("NURO_DATASET_DIGEST")
         if not name or not digest:
-            raise DatasetNotFound(
-                "no dataset: pass name= and digest=, or run under nuro-train submit / nuro-sbatch --dataset (which "
-                "set NURO_DATASET and NURO_DATASET_DIGEST)"
-            )
+            name, digest = pin_from_env()
         self.name, self.digest = name, digest
         self._store_config = store.config if store is not None else None  # a worker makes its own client of it
         self._store: ObjectStore | None = store
@@ -108,16 +102,19 @@ class SnapshotDataset:
         self.cache: ShardCache | None = cache or None
         self.open_shards = max(1, open_shards)
         self._open: OrderedDict[str, CachedShard] = OrderedDict()
-        self.gets = 0  # ranged GETs made by this process (the path without a cache)
 
     # -- per process --------------------------------------------------------------------------------------------
+    def _this_process(self) -> None:
+        """In a forked DataLoader worker, forget the parent's S3 client (a boto3 client's connection pool must not
+        be shared across processes: interleaved responses fail their checksums) and its open shards."""
+        if os.getpid() != self._pid:
+            self._pid, self._open, self._store = os.getpid(), OrderedDict(), None
+
     @property
     def store(self) -> ObjectStore:
-        """This process's S3 client. A forked DataLoader worker makes its own (a boto3 client's connection pool
-        must not be shared across processes: interleaved responses fail their checksums) and its own open shards."""
-        if self._store is None or os.getpid() != self._pid:
-            if os.getpid() != self._pid:
-                self._pid, self._open = os.getpid(), OrderedDict()
+        """This process's S3 client (``_this_process``)."""
+        self._this_process()
+        if self._store is None:
             cfg = self._store_config
             self._store = ObjectStore(cfg) if cfg is not None else ObjectStore.from_env()
         return self._store
@@ -141,20 +138,18 @@ class SnapshotDataset:
         if entry is None:
             raise DatasetNotFound(f"{self.name}@{self.digest} has no file {path!r}")
         if self.cache is None:
-            self.gets += 1
-            data = self.store.get_range(shard_key(entry.shard, self.name), entry.offset, entry.length)
-            return self._checked(entry, data, "the store")
+            return check_file(self.name, self.digest, entry, read_range(self.store, self.name, entry))
         shard = self._shard(entry.shard)
         data = shard.read(entry.offset, entry.length)
-        if self._ok(entry, data):
+        if file_ok(entry, data):
             return data
         self._open.pop(entry.shard, None)
         self.cache.discard(shard)  # damaged on this node's disk: fetch it again, once
-        return self._checked(entry, self._shard(entry.shard).read(entry.offset, entry.length), "a fresh fetch")
+        return check_file(self.name, self.digest, entry, self._shard(entry.shard).read(entry.offset, entry.length))
 
     def _shard(self, digest: str) -> CachedShard:
         assert self.cache is not None
-        _ = self.store  # after a fork: drop the parent's handles before using any
+        self._this_process()
         shard = self._open.get(digest)
         if shard is not None:
             self._open.move_to_end(digest)
@@ -165,18 +160,6 @@ class SnapshotDataset:
         while len(self._open) > self.open_shards:
             self._open.popitem(last=False)[1].close()
         return shard
-
-    @staticmethod
-    def _ok(entry: FileEntry, data: bytes) -> bool:
-        return len(data) == entry.length and "sha256:" + hashlib.sha256(data).hexdigest() == entry.sha256
-
-    def _checked(self, entry: FileEntry, data: bytes, source: str) -> bytes:
-        if not self._ok(entry, data):
-            raise IntegrityError(
-                f"{self.name}@{self.digest}: file {entry.path} from {source} is not the snapshot's bytes (expected "
-                f"{entry.length} bytes with {entry.sha256}): shard {entry.shard} was altered"
-            )
-        return data
 
     def close(self) -> None:
         while self._open:
