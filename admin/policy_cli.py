@@ -25,7 +25,7 @@ from nuro.policy.luatable import render_lua_table
 from nuro.policy.model import Policy, PolicyError, load_policy
 from nuro.policy.plan import Plan, PlanConflict, build_plan
 from nuro.policy.sacctmgr import apply_plan, lua_table_path, read_text_or_none, verify, write_atomic
-from nuro.policy.slurm_state import policy_in_force, read_state
+from nuro.policy.slurm_state import policy_in_force, read_cluster_facts, read_state
 from nuro.slurm import CliBackend
 from nuro.slurm.errors import SlurmError
 
@@ -90,11 +90,21 @@ def apply(teams_yaml: Path, dry_run: bool, prune: bool, as_json: bool, lua_path:
             f"[bold red]error reading Slurm's accounting state:[/] {escape(str(exc))}",
         )
     lua_file = lua_path or lua_table_path()
-    lua_text = render_lua_table(pol)
+    try:
+        facts = read_cluster_facts(backend)
+    except SlurmError as exc:
+        payload["error"] = str(exc)
+        _exit(
+            ExitCode.FAILED,
+            as_json,
+            payload,
+            f"[bold red]error reading Slurm's nodes and topology:[/] {escape(str(exc))}",
+        )
+    lua_text = render_lua_table(pol, **facts)
     old_lua = read_text_or_none(lua_file)
     lua_state = "unchanged" if old_lua == lua_text else ("new" if old_lua is None else "changed")
     payload.update(plan.to_dict())
-    payload["lua_table"] = {"path": str(lua_file), "state": lua_state, "written": False}
+    payload["lua_table"] = {"path": str(lua_file), "state": lua_state, "written": False, "cluster": facts}
     if not as_json:
         _print_plan(plan, lua_file, lua_state)
     if dry_run:

@@ -14,7 +14,9 @@ wins):
 The comment is read by `scan` below: a nuro record only in the canonical form nuro.protocol.jobcomment reads (the one parser
 of every nuro component), so this bridge and the Python readers never see different records.
   then for team jobs: default QOS g-<team> and account <team>, requeue forced on; for 2..leaf_nodes nodes without
-  --switches: req_switch=1 with wait4switch=switch_wait_s (a hint that never blocks longer than that).
+  --switches/--segment, the table's topology_hint: "switches" (topology/tree) req_switch=1 with
+  wait4switch=switch_wait_s (a hint that never blocks longer than that); "segment" (topology/block, Slurm 25.11.2+)
+  segment_size = the job's fixed node count; "none" nothing.
 
 Fail operational: without a readable table (missing, syntax error, other format) jobs pass unchanged and each
 submission logs an error; Slurm's QOS limits still hold. A Lua runtime error here also lets the job through
@@ -462,6 +464,10 @@ local function view(P, d, r, uid)
 		return given(d[k]) or (r and given(r[k]))
 	end
 	local j = { account = str("account"), qos = str("qos"), switches = num("req_switch") }
+	-- segment_size: 25.11.2+ (nil on older Slurm, where the field is unknown); 0 is "none asked"
+	if (num("segment_size") or 0) > 0 then
+		j.segment = num("segment_size")
+	end
 	if not r or d.user_id == r.user_id then
 		j.user = d.user_name
 	end
@@ -615,10 +621,18 @@ local function admit(P, d, j, modifying)
 	if requeue then
 		table.insert(changes, requeue)
 	end
-	if not modifying and not j.switches and j.nodes >= 2 and j.nodes <= P.leaf_nodes then
-		d.req_switch = 1
-		d.wait4switch = P.switch_wait_s
-		table.insert(changes, "switches=1@" .. P.switch_wait_s .. "s")
+	-- Topology hint (admission rule 7): one leaf for a gang that fits one. tree: req_switch=1 waiting at most
+	-- switch_wait_s; block (a Lua that can set segment_size): the whole job one segment, for a fixed node count only.
+	local hint = P.topology_hint or "switches"
+	if not modifying and not j.switches and not j.segment and j.nodes >= 2 and j.nodes <= P.leaf_nodes then
+		if hint == "switches" then
+			d.req_switch = 1
+			d.wait4switch = P.switch_wait_s
+			table.insert(changes, "switches=1@" .. P.switch_wait_s .. "s")
+		elseif hint == "segment" and given(d.min_nodes) == j.nodes then
+			d.segment_size = j.nodes
+			table.insert(changes, "segment=" .. j.nodes)
+		end
 	end
 	slurm.log_debug("nuro: accept %s uid=%s user=%s team=%s gpus=%d set=%s", j.label, tostring(j.uid),
 		tostring(j.user), tostring(j.team), j.gpus, table.concat(changes, ","))

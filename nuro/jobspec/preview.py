@@ -3,8 +3,10 @@
 The bridge reads ``nuro_policy.lua`` beside slurm.conf. That file is Lua; the preview instead builds the same table
 from the teams.yaml it was generated from (``--policy PATH`` or ``NURO_POLICY``) with
 ``nuro.policy.luatable.policy_table`` and runs ``nuro.policy.admission.decide`` on it: one rule set, one data file
-(ARCHITECTURE principle 5). When the Lua table beside ``$SLURM_CONF`` is readable, its ``digest`` line is compared
-with the preview's, so a stale teams.yaml is reported instead of silently previewing another policy.
+(ARCHITECTURE principle 5). When the Lua table beside ``$SLURM_CONF`` is readable, the preview takes the cluster
+facts ``policy apply`` read from Slurm (leaf size, GPUs per node, the topology hint: ``CLUSTER_FACTS``) from it, and
+its ``digest`` line is compared with the preview's, so a stale teams.yaml is reported instead of silently previewing
+another policy.
 
 The preview reads the job the way sbatch sends it: the script's ``#SBATCH`` lines first, then the command line
 (later wins). ``SBATCH_*`` input environment variables are not read (documented limitation).
@@ -22,6 +24,14 @@ from typing import Any
 from nuro.jobspec.sbatch_args import Word, admission_args
 
 _LUA_DIGEST = re.compile(r'^\s*digest = "(sha256:[0-9a-f]{64})",\s*$', re.MULTILINE)
+#: The table's top-level cluster facts (``nuro.policy.luatable.policy_table``'s keyword arguments) and how each
+#: one's line reads; the table is rendered two spaces deep at the top level, one key per line.
+CLUSTER_FACTS = {
+    "leaf_nodes": ("leaf_size", re.compile(r"^  leaf_nodes = (\d+),$", re.MULTILINE)),
+    "gpus_per_node": ("gpus_per_node", re.compile(r"^  gpus_per_node = (\d+),$", re.MULTILINE)),
+    "switch_wait_s": ("switch_wait_s", re.compile(r"^  switch_wait_s = (\d+),$", re.MULTILINE)),
+    "topology_hint": ("hint", re.compile(r'^  topology_hint = "(switches|segment|none)",$', re.MULTILINE)),
+}
 
 
 @dataclass(frozen=True)
@@ -46,8 +56,17 @@ class PreviewError(ValueError):
     """The policy cannot be loaded for the preview."""
 
 
-def bridge_table_digest(env: Mapping[str, str] | None = None) -> str | None:
-    """The ``digest`` of ``nuro_policy.lua`` beside ``$SLURM_CONF``, or None when unreadable."""
+@dataclass(frozen=True)
+class BridgeTable:
+    """What the preview reads from the bridge's ``nuro_policy.lua``: its digest and the cluster facts in it
+    (``policy_table`` keyword → value; only those found)."""
+
+    digest: str | None
+    facts: Mapping[str, Any]
+
+
+def read_bridge_table(env: Mapping[str, str] | None = None) -> BridgeTable | None:
+    """The ``nuro_policy.lua`` beside ``$SLURM_CONF`` (digest and cluster facts), or None when unreadable."""
     from nuro.policy.luatable import TABLE_FILE  # lazy: nuro.policy loads pydantic (~0.25 s); only previews need it
 
     conf = (env if env is not None else os.environ).get("SLURM_CONF") or "/etc/slurm/slurm.conf"
@@ -56,7 +75,12 @@ def bridge_table_digest(env: Mapping[str, str] | None = None) -> str | None:
     except OSError:
         return None
     m = _LUA_DIGEST.search(text)
-    return m.group(1) if m else None
+    facts: dict[str, Any] = {}
+    for key, (kwarg, line) in CLUSTER_FACTS.items():
+        found = line.search(text)
+        if found:
+            facts[kwarg] = found.group(1) if key == "topology_hint" else int(found.group(1))
+    return BridgeTable(digest=m.group(1) if m else None, facts=facts)
 
 
 def load_policy_source(path: str | None, env: Mapping[str, str] | None = None) -> PolicySource | None:
@@ -77,7 +101,11 @@ def load_policy_source(path: str | None, env: Mapping[str, str] | None = None) -
         policy = load_policy(chosen)
     except (OSError, PolicyError) as exc:
         raise PreviewError(f"cannot load the policy {chosen} for the preview: {exc}") from exc
-    return PolicySource(table=policy_table(policy), path=chosen, bridge_digest=bridge_table_digest(env))
+    bridge = read_bridge_table(env)
+    facts = bridge.facts if bridge is not None else {}
+    return PolicySource(
+        table=policy_table(policy, **facts), path=chosen, bridge_digest=None if bridge is None else bridge.digest
+    )
 
 
 def user_team(source: PolicySource | None, user: str) -> str | None:
@@ -143,7 +171,8 @@ __all__ = [
     "PolicySource",
     "PreviewError",
     "admission_dict",
-    "bridge_table_digest",
+    "BridgeTable",
+    "read_bridge_table",
     "decide_words",
     "describe",
     "load_policy_source",

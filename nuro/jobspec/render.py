@@ -15,8 +15,8 @@ Choices, and why:
 * requeue: ``--requeue`` plus the budget inside the job (T6): the script requeues itself on ``EXIT_REQUEUE`` or a
   stop signal while ``SLURM_RESTART_COUNT`` < budget, so restarts work with the controller down.
 * output: ``--open-mode=append``: a requeued job keeps its job id and must not truncate earlier attempts' log.
-* topology: ``--switches=1@<wait>`` for 2..leaf nodes: the bridge adds the same hint; rendering it makes the script
-  self-describing.
+* topology: ``--switches=1@<wait>`` (tree) or ``--segment=<nodes>`` (block) for 2..leaf nodes, as the bridge's
+  table says: the bridge adds the same hint; rendering it makes the script self-describing.
 * code: ``git archive <commit>`` into the job dir, not ``git worktree add``: read-only on the user's repository (no
   worktree records, locks or clean-up after killed jobs, works on read-only mounts), the archive carries its commit
   id, which the job verifies (``git get-tar-commit-id``), and nothing uncommitted can leak in. The cost: the
@@ -71,19 +71,27 @@ class ClusterFacts:
     Attributes:
         leaf_nodes: nodes under one leaf switch; jobs of 2..leaf_nodes get ``--switches=1@<switch_wait_s>``.
         switch_wait_s: how long such a job waits for one leaf before Slurm places it across leaves.
+        topology_hint: ``switches`` (topology/tree), ``segment`` (topology/block: ``--segment=<nodes>``, the whole
+            job one segment, so one block) or ``none``; as the bridge's table says (``policy apply`` reads it from
+            the cluster).
         rdzv_port_base, rdzv_port_span: the torchrun rendezvous port is base + job id mod span (two jobs sharing
             a first node must not collide; below the ephemeral range).
     """
 
     leaf_nodes: int = 4
     switch_wait_s: int = 60
+    topology_hint: str = "switches"
     rdzv_port_base: int = RDZV_PORT_BASE
     rdzv_port_span: int = RDZV_PORT_SPAN
 
     @classmethod
     def from_policy_table(cls, table: Mapping[str, Any]) -> ClusterFacts:
         """The facts the job_submit bridge uses (``nuro.policy.luatable.policy_table``)."""
-        return cls(leaf_nodes=int(table["leaf_nodes"]), switch_wait_s=int(table["switch_wait_s"]))
+        return cls(
+            leaf_nodes=int(table["leaf_nodes"]),
+            switch_wait_s=int(table["switch_wait_s"]),
+            topology_hint=str(table.get("topology_hint", "switches")),
+        )
 
 
 @dataclass(frozen=True)
@@ -315,8 +323,10 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         _directive("--open-mode", "append"),
         _directive("--output", f"{run_dir}/slurm-%j.out"),
     ]
-    if 2 <= spec.nodes <= facts.leaf_nodes:
+    if 2 <= spec.nodes <= facts.leaf_nodes and facts.topology_hint == "switches":
         head.append(_directive("--switches", f"1@{_wait_time(facts.switch_wait_s)}"))
+    elif 2 <= spec.nodes <= facts.leaf_nodes and facts.topology_hint == "segment":
+        head.append(_directive("--segment", spec.nodes))
     body = [
         "# The run record (team, dataset digest, commit, ...) is the job comment, given on sbatch's command line.",
         "set -uo pipefail",

@@ -22,7 +22,11 @@ Rules (first failing check wins; root is let through unchanged, see docs/job_sub
 | 4c | pin_required | ``require_pinning``, a team job asks for GPUs, no ``nuro`` record | reject, ACCESS_DENIED |
 | 5 | team defaults | team job without ``--qos`` / ``--account`` | QOS ``g-<team>``, account ``<team>`` |
 | 6 | requeue | team job | requeue forced on |
-| 7 | switch hint | 2..leaf_nodes nodes and no ``--switches`` | ``--switches=1@<switch_wait_s>`` |
+| 7 | topology hint | 2..leaf_nodes nodes, no ``--switches``/``--segment`` | see below |
+
+Rule 7 follows the table's ``topology_hint``: ``switches`` (topology/tree) adds ``--switches=1@<switch_wait_s>``;
+``segment`` (topology/block, Slurm 25.11.2+) adds ``--segment=<nodes>`` to a job of a fixed node count; ``none``
+adds nothing.
 
 (``pin_changed``, a modify-only rule of the bridge, has no preview: ``decide`` judges submissions.) The comment is read
 by ``read_comment`` through the one parser ``nuro.protocol.jobcomment`` (canonical form only; its scanner mirrors the
@@ -90,6 +94,8 @@ class JobRequest:
     #: ``--switches=<count>[@<wait>]``; None: not given.
     switches: int | None = None
     switch_wait_s: int | None = None
+    #: ``--segment=<nodes>`` (topology/block); None: not given.
+    segment: int | None = None
     #: ``--comment``: nuro's run record (compact JSON with a ``nuro`` key) or any other text; None: not given.
     comment: str | None = None
 
@@ -98,6 +104,11 @@ class JobRequest:
         """The node count the GPU cap and the switch hint use: the upper end of ``--nodes``, at least 1."""
         n = self.max_nodes if self.max_nodes is not None else self.nodes if self.nodes is not None else 1
         return max(n, 1)
+
+    @property
+    def fixed_nodes(self) -> bool:
+        """``--nodes=N`` (or ``N-N``): one node count, the only kind a whole-job segment fits."""
+        return self.nodes is not None and (self.max_nodes is None or self.max_nodes == self.nodes)
 
     @property
     def total_gpus(self) -> int:
@@ -137,6 +148,7 @@ class Admission:
     requeue: bool | None = None
     switches: int | None = None
     switch_wait_s: int | None = None
+    segment: int | None = None
     team: str | None = None
     gpus: int = 0
     reason: Reason | None = None
@@ -272,6 +284,7 @@ def decide(
             requeue=request.requeue,
             switches=request.switches,
             switch_wait_s=request.switch_wait_s,
+            segment=request.segment,
         )
     users, teams = table["users"], table["teams"]
     own_team = users.get(request.user)
@@ -340,6 +353,7 @@ def decide(
         requeue=request.requeue,
         switches=request.switches,
         switch_wait_s=request.switch_wait_s,
+        segment=request.segment,
         team=team,
         gpus=gpus,
     )
@@ -355,10 +369,17 @@ def decide(
         if request.requeue is not True:
             result = replace(result, requeue=True)
             changes.append("requeue=1")
-    # 7. topology hint: keep a job that fits one leaf on one leaf, but never wait longer than switch_wait_s
-    if request.switches is None and 2 <= nodes <= table["leaf_nodes"]:
-        result = replace(result, switches=1, switch_wait_s=table["switch_wait_s"])
-        changes.append(f"switches=1@{table['switch_wait_s']}s")
+    # 7. topology hint: keep a job that fits one leaf on one leaf. topology/tree: --switches=1, never waiting longer
+    # than switch_wait_s; topology/block: the whole job one segment (a fixed node count only: Slurm refuses a
+    # segment that does not divide the job). No hint when the job chose its own placement.
+    hint = table.get("topology_hint", "switches")
+    if request.switches is None and request.segment is None and 2 <= nodes <= table["leaf_nodes"]:
+        if hint == "switches":
+            result = replace(result, switches=1, switch_wait_s=table["switch_wait_s"])
+            changes.append(f"switches=1@{table['switch_wait_s']}s")
+        elif hint == "segment" and request.fixed_nodes:
+            result = replace(result, segment=nodes)
+            changes.append(f"segment={nodes}")
     return replace(result, changes=tuple(changes))
 
 
@@ -406,7 +427,8 @@ _VALUED = {
     "-N": "nodes", "--nodes": "nodes", "-n": "tasks", "--ntasks": "tasks", "--ntasks-per-node": "tasks_per_node",
     "--sockets-per-node": "sockets_per_node", "-A": "account", "--account": "account", "-q": "qos", "--qos": "qos",
     "-G": "gpus", "--gpus": "gpus", "--gpus-per-node": "gpus_per_node", "--gpus-per-task": "gpus_per_task",
-    "--gpus-per-socket": "gpus_per_socket", "--gres": "gres", "--switches": "switches", "--comment": "comment",
+    "--gpus-per-socket": "gpus_per_socket", "--gres": "gres", "--switches": "switches", "--segment": "segment",
+    "--comment": "comment",
 }  # fmt: skip
 #: Options that do not change admission but are fine to pass (value taken from the next word when not given with =).
 _IGNORED_VALUED = {"-J", "--job-name", "-o", "--output", "-e", "--error", "-t", "--time", "--wrap", "-c",
@@ -455,7 +477,7 @@ def parse_sbatch_args(user: str, argv: Sequence[str]) -> JobRequest:
         if key == "nodes":
             lo, _, hi = value.partition("-")
             values["nodes"], values["max_nodes"] = int(lo), int(hi or lo)
-        elif key in ("tasks", "tasks_per_node", "sockets_per_node"):
+        elif key in ("tasks", "tasks_per_node", "sockets_per_node", "segment"):
             values[key] = int(value)
         elif key in ("account", "qos", "comment"):
             values[key] = value

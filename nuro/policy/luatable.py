@@ -17,6 +17,7 @@ Table layout (``format`` = 1; job_submit.lua refuses to use any other format and
 | ``cluster_gpus``, ``grace_s`` | from teams.yaml |
 | ``leaf_nodes``, ``gpus_per_node``, ``leaf_gpus`` | leaf-switch capacity (topology/tree) |
 | ``switch_wait_s`` | the wait bound of the ``--switches=1`` hint (``job_desc.wait4switch``) |
+| ``topology_hint`` | how a job of 2..leaf_nodes nodes is kept in one leaf (``topology_hint``) |
 | ``users`` | user name → team name |
 | ``teams`` | team → ``quota_gpus``, ``borrow_limit_gpus``, ``max_gpus`` (sum), ``guaranteed_qos``, ``borrow_qos`` |
 | ``qos_team`` | QOS name (``g-<team>``, ``b-<team>``) → team: O(1) "whose QOS is this" |
@@ -34,6 +35,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 from nuro.policy.model import Policy
@@ -43,6 +46,27 @@ TABLE_FILE = "nuro_policy.lua"
 TABLE_FORMAT = 1
 #: How long a job with the automatic ``--switches=1`` hint waits for a single leaf before Slurm places it anyway.
 DEFAULT_SWITCH_WAIT_S = 60
+#: The topology hints the bridge can add (see ``topology_hint``).
+TOPOLOGY_HINTS = ("switches", "segment", "none")
+#: The first Slurm whose job_submit/lua can set ``job_desc.segment_size`` (CHANGELOG/slurm-25.11.md, 25.11.2:
+#: "job_submit/lua - Expose the job_desc's segment_size in lua"; 24.11's plugin has no such field).
+LUA_SEGMENT_SINCE = (25, 11, 2)
+
+
+def topology_hint(kind: str, version: tuple[int, ...]) -> str:
+    """Which hint keeps a small gang in one leaf on this cluster: ``kind`` is ``scontrol show topology``'s
+    (``tree``, ``block`` or ``none``; ``nuro.slurm.parse_text.topology_kind``), ``version`` Slurm's (major, minor,
+    micro).
+
+    Why not ``--switches`` everywhere: topology/block ignores it (its placement knows only segments), so on a block
+    cluster the old hint promised a single leaf and gave none.
+    """
+    if kind == "tree":
+        return "switches"
+    if kind == "block" and tuple(version) >= LUA_SEGMENT_SINCE:
+        return "segment"
+    return "none"
+
 
 #: Rule name → (Slurm error code constant, message template). Codes are constants the 22.05 Lua plugin exports
 #: (src/lua/slurm_lua.c: ESLURM_ACCESS_DENIED, ESLURM_ACCOUNTING_POLICY, ESLURM_INVALID_ACCOUNT, ...); there is no
@@ -140,8 +164,35 @@ def _who(accounts: tuple[str, ...], users: tuple[str, ...]) -> str:
     return " and ".join(parts)
 
 
+def cluster_facts(
+    node_switches: Sequence[str | None], gpus_per_node: Sequence[int], kind: str, version: tuple[int, ...]
+) -> dict[str, Any]:
+    """``policy_table``'s cluster keyword arguments from what Slurm says (pure; ``policy apply`` reads the inputs).
+
+    Args:
+        node_switches: each node's leaf switch or base block (None: in no leaf).
+        gpus_per_node: each node's configured GPUs.
+        kind: ``tree``, ``block`` or ``none`` (``nuro.slurm.parse_text.topology_kind``).
+        version: Slurm's (major, minor, micro).
+
+    Returns:
+        ``leaf_size`` (the largest leaf, 1 without any: then no job gets a hint), ``gpus_per_node`` (the most any
+        node has, at least 1) and ``hint`` (``topology_hint``).
+    """
+    leaves = Counter(switch for switch in node_switches if switch)
+    return {
+        "leaf_size": max(leaves.values(), default=1),
+        "gpus_per_node": max(max(gpus_per_node, default=0), 1),
+        "hint": topology_hint(kind, version) if leaves else "none",
+    }
+
+
 def policy_table(
-    policy: Policy, leaf_size: int = 4, gpus_per_node: int = 8, switch_wait_s: int = DEFAULT_SWITCH_WAIT_S
+    policy: Policy,
+    leaf_size: int = 4,
+    gpus_per_node: int = 8,
+    switch_wait_s: int = DEFAULT_SWITCH_WAIT_S,
+    hint: str = "switches",
 ) -> dict[str, Any]:
     """The policy table as plain data: exactly what ``render_lua_table`` writes and ``decide`` reads.
 
@@ -150,10 +201,13 @@ def policy_table(
         leaf_size: nodes per leaf switch (topology/tree); a job on at most this many nodes gets the switch hint.
         gpus_per_node: GPUs per node (only recorded: leaf capacity in GPUs).
         switch_wait_s: seconds a hinted job waits for one leaf before Slurm places it across leaves.
+        hint: the topology hint (``topology_hint``): ``switches``, ``segment`` or ``none``.
 
     Raises:
-        ValueError: a non-positive leaf_size, gpus_per_node or switch_wait_s.
+        ValueError: a non-positive leaf_size, gpus_per_node or switch_wait_s, or an unknown hint.
     """
+    if hint not in TOPOLOGY_HINTS:
+        raise ValueError(f"hint must be one of {TOPOLOGY_HINTS}, got {hint!r}")
     for name, value in (("leaf_size", leaf_size), ("gpus_per_node", gpus_per_node), ("switch_wait_s", switch_wait_s)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -188,6 +242,7 @@ def policy_table(
         "gpus_per_node": gpus_per_node,
         "leaf_gpus": leaf_size * gpus_per_node,
         "switch_wait_s": switch_wait_s,
+        "topology_hint": hint,
         "users": dict(sorted(users.items())),
         "teams": dict(sorted(teams.items())),
         "qos_team": dict(sorted(qos_team.items())),
@@ -238,14 +293,18 @@ def _lua_value(value: Any, indent: int) -> str:
 
 
 def render_lua_table(
-    policy: Policy, leaf_size: int = 4, gpus_per_node: int = 8, switch_wait_s: int = DEFAULT_SWITCH_WAIT_S
+    policy: Policy,
+    leaf_size: int = 4,
+    gpus_per_node: int = 8,
+    switch_wait_s: int = DEFAULT_SWITCH_WAIT_S,
+    hint: str = "switches",
 ) -> str:
     """The Lua 5.1 chunk for ``nuro_policy.lua`` (see the module docstring for the layout).
 
     Write it atomically (temp file + ``os.replace``) beside slurm.conf: job_submit.lua re-reads it on every
     submission, so a half-written file would be seen.
     """
-    table = policy_table(policy, leaf_size, gpus_per_node, switch_wait_s)
+    table = policy_table(policy, leaf_size, gpus_per_node, switch_wait_s, hint)
     header = (
         "-- nuro job_submit policy table. Generated by nuro.policy.luatable from teams.yaml: do not edit,\n"
         "-- run `nuro-admin policy apply`. job_submit.lua reads it with dofile on every submission (Lua 5.1);\n"
@@ -256,11 +315,15 @@ def render_lua_table(
 
 __all__ = [
     "DEFAULT_SWITCH_WAIT_S",
+    "LUA_SEGMENT_SINCE",
     "PIN_FIELDS",
     "RULES",
     "TABLE_FILE",
     "TABLE_FORMAT",
+    "TOPOLOGY_HINTS",
+    "cluster_facts",
     "lua_string",
     "policy_table",
+    "topology_hint",
     "render_lua_table",
 ]

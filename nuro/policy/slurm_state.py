@@ -23,6 +23,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nuro.policy.luatable import cluster_facts
 from nuro.slurm import CliBackend
 from nuro.slurm._fields import tres_to_dict
 from nuro.slurm.parse_text import parse_sacctmgr_parsable, parse_slurm_duration_s
@@ -213,6 +214,20 @@ def read_state(backend: CliBackend) -> SlurmState:
         len(state.users),
     )
     return state
+
+
+def read_cluster_facts(backend: CliBackend) -> dict:
+    """The policy table's cluster facts (``luatable.cluster_facts``: leaf size, GPUs per node, topology hint) as Slurm
+    has them now. Why read, not assume: the bridge's switch or segment hint must fit this cluster's leaves and
+    topology plugin, and a table rendered for 4-node leaves on a cluster of 16-node leaves hints the wrong gangs."""
+    nodes = backend.nodes()
+    version = backend.version()
+    return cluster_facts(
+        [n.switch for n in nodes],
+        [n.gpus_total for n in nodes],
+        backend.topology_kind(),
+        (version.major, version.minor, version.micro),
+    )
 
 
 def _gpu_limit(q: QosState | None) -> int | None:

@@ -71,6 +71,7 @@ from nuro.slurm.parse import (
     parse_squeue_format,
     parse_squeue_json,
     parse_version,
+    topology_kind,
 )
 from nuro.slurm.pyslurm_backend import BackendPreference, PyslurmBackend, make_backend
 from nuro.slurm.states import SLURM_STATES, JobPhase, to_phase
@@ -129,6 +130,7 @@ __all__ = [
     "parse_scontrol_partitions",
     "parse_scontrol_show_oneliner",
     "parse_scontrol_show_topology",
+    "topology_kind",
     "parse_sinfo_json",
     "parse_squeue_format",
     "parse_squeue_json",

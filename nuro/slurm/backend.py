@@ -92,6 +92,7 @@ from nuro.slurm.parse import (
     parse_squeue_one_field,
     parse_version,
     partitions_from_nodes,
+    topology_kind,
 )
 from nuro.slurm.parse_text import ONE_FIELD_FORMAT, fixed_fields_format, parse_squeue_fixed_fields
 from nuro.slurm.states import JobPhase
@@ -350,6 +351,7 @@ class CliBackend(Backend):
         self.timeout_s = timeout_s
         self.bin_dir = bin_dir
         self._topology: dict[str, str] | None = None
+        self._topology_kind = "none"
         self._version: SlurmVersion | None = None
         self._squeue_json: bool = True
         self._calls = 0
@@ -451,16 +453,23 @@ class CliBackend(Backend):
         return parse_squeue_format(self.run(["squeue", "-h", "-a", "-t", "all", "-o", SQUEUE_FALLBACK_FORMAT]).stdout)
 
     def topology(self) -> dict[str, str]:
-        """Node → leaf switch, read once from ``scontrol show topology`` and cached."""
+        """Node → leaf switch (or base block), read once from ``scontrol show topology`` and cached."""
         if self._topology is None:
             try:
-                self._topology = parse_scontrol_show_topology(self.run(["scontrol", "show", "topology"]).stdout)
+                text = self.run(["scontrol", "show", "topology"]).stdout
             except (SlurmUnavailable, SlurmTimeout):
                 raise  # transient: do not cache an empty topology
             except SlurmError as exc:
                 log.warning("scontrol show topology failed: nodes will have switch=None error=%s", exc)
-                self._topology = {}
+                text = ""
+            self._topology = parse_scontrol_show_topology(text)
+            self._topology_kind = topology_kind(text)
         return self._topology
+
+    def topology_kind(self) -> str:
+        """``tree``, ``block`` or ``none`` (no topology plugin, or it could not be read); cached with ``topology``."""
+        self.topology()
+        return self._topology_kind
 
     def _job_entry(self, job_id: int) -> dict[str, str]:
         """One job from ``squeue --json`` as scontrol-named fields; raises ``InvalidJobId`` if slurmctld has none.

@@ -66,6 +66,7 @@ from nuro.slurm.parse_text import (
     parse_squeue_format,
     parse_squeue_one_field,
     parse_version,
+    topology_kind,
 )
 from nuro.slurm.states import JobPhase, to_phase
 
@@ -84,6 +85,7 @@ __all__ = [
     "parse_scontrol_partitions",
     "parse_scontrol_show_oneliner",
     "parse_scontrol_show_topology",
+    "topology_kind",
     "parse_sinfo_json",
     "parse_squeue_fixed_fields",
     "parse_squeue_format",

@@ -146,6 +146,17 @@ def parse_scontrol_show_topology(text: str) -> dict[str, str]:
     return {node: switch for node, (_, switch) in best.items()}
 
 
+def topology_kind(text: str) -> str:
+    """``tree`` (``SwitchName=`` lines), ``block`` (``BlockName=`` lines) or ``none``, from ``scontrol show topology``
+    (the same records ``parse_scontrol_show_topology`` reads)."""
+    records = parse_scontrol_show_oneliner(text)
+    if any("BlockName" in rec for rec in records):
+        return "block"
+    if any("SwitchName" in rec for rec in records):
+        return "tree"
+    return "none"
+
+
 def parse_node_addr(text: str) -> str | None:
     """The first node's ``NodeAddr`` in ``scontrol show node -o NAME`` output; None when there is none (no such node,
     or an empty address)."""

@@ -3,13 +3,14 @@
 -- nuro.policy.admission (the Python preview) uses the same data.
 return {
   format = 1,
-  digest = "sha256:b66586d791f1551b2396dd0359b954e3a878a25d87f23a50f17fa9609245e8aa",
+  digest = "sha256:e35d8dbc5e73aca4e5f3eadae467db19d5d2bad1fd3f0ead147b9c04852fa6bf",
   cluster_gpus = 64,
   grace_s = 60,
   leaf_nodes = 4,
   gpus_per_node = 8,
   leaf_gpus = 32,
   switch_wait_s = 60,
+  topology_hint = "switches",
   users = {
     alice = "perception",
     bob = "perception",

@@ -25,12 +25,12 @@ from nuro.cluster.description import release_of
 from nuro.jobspec.submission import EXPEDITED_REQUEUE_SINCE, requeue_args
 from nuro.policy import load_policy
 from nuro.policy.admission import JobRequest, decide
-from nuro.policy.luatable import TABLE_FILE, render_lua_table
+from nuro.policy.luatable import LUA_SEGMENT_SINCE, TABLE_FILE, policy_table, render_lua_table
 from nuro.policy.model import Policy
-from nuro.policy.slurm_state import SlurmState, read_state
+from nuro.policy.slurm_state import SlurmState, read_cluster_facts, read_state
 from nuro.protocol import jobcomment
 from nuro.slurm.parse_text import parse_scontrol_show_oneliner
-from tests.integration.conftest import TEST_SLURM, LiveCluster
+from tests.integration.conftest import TEST_SLURM, TEST_TOPOLOGY, LiveCluster
 from tests.luabridge import install_script
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
@@ -124,10 +124,17 @@ def _with(update: dict) -> Policy:
     return Policy.model_validate({**POLICY.model_dump(), **update})
 
 
+def _segment(record: dict[str, str]) -> int | None:
+    """The job's segment size (``scontrol show job``'s ``SegmentSize=``, shown only when one was asked)."""
+    size = int(record.get("SegmentSize", "0") or 0)
+    return size or None
+
+
 @contextmanager
-def _table(etc: Path, policy: Policy) -> Iterator[None]:
-    """``policy``'s table installed for the duration (the bridge dofile's it on every submission)."""
-    install_script(etc, TABLE_FILE, render_lua_table(policy))
+def _table(etc: Path, policy: Policy, **facts: object) -> Iterator[None]:
+    """``policy``'s table (with ``policy_table``'s cluster ``facts``) installed for the duration (the bridge
+    dofile's it on every submission)."""
+    install_script(etc, TABLE_FILE, render_lua_table(policy, **facts))
     try:
         yield
     finally:
@@ -237,6 +244,22 @@ def test_expedited_requeue_survives_the_bridge_where_slurm_has_it(cluster: LiveC
     flags = next(j for j in jobs if str(j["job_id"]) == job).get("flags", [])
     assert ("EXPEDITED_REQUEUE" in flags) == bool(extra), (TEST_SLURM, extra, flags)
     assert bool(extra) == (release_of(TEST_SLURM) >= EXPEDITED_REQUEUE_SINCE)
+
+
+def test_a_small_gang_gets_the_one_leaf_hint_this_cluster_can_honour(cluster: LiveCluster, bridge: Path) -> None:
+    """The table ``policy apply`` renders from this cluster (its leaves, plugin and version): topology/tree gets
+    ``--switches=1@60``; topology/block gets the whole job as one segment where the Lua can set ``segment_size``
+    (25.11.2+), and nothing before (24.11 ignores --switches on block, and has no segment_size in Lua)."""
+    facts = read_cluster_facts(cluster.backend)
+    with _table(bridge, POLICY, **facts):
+        job = _held(cluster, "alice", "-N2", "--gpus-per-node=1")
+    record = _job(cluster, job)
+    want = decide(JobRequest(user="alice", nodes=2, max_nodes=2, gpus_per_node=1), policy_table(POLICY, **facts))
+    block_hint = "segment" if release_of(TEST_SLURM) >= LUA_SEGMENT_SINCE else "none"
+    assert facts["hint"] == ("switches" if TEST_TOPOLOGY == "tree" else block_hint), (TEST_SLURM, facts)
+    assert (facts["leaf_size"], facts["gpus_per_node"]) == (4, 8), facts
+    assert _switches(record) == ((1, 60) if want.switches else (None, None)), record
+    assert _segment(record) == want.segment, record
 
 
 def test_modify_cannot_choose_the_borrow_qos(cluster: LiveCluster, bridge: Path) -> None:

@@ -18,7 +18,16 @@ import pytest
 from nuro.datasets import manifest
 from nuro.policy import load_policy, parse_policy
 from nuro.policy.admission import JobRequest, Reason, decide, gpu_count, parse_sbatch_args, read_nuro
-from nuro.policy.luatable import PIN_FIELDS, RULES, TABLE_FILE, lua_string, policy_table, render_lua_table
+from nuro.policy.luatable import (
+    PIN_FIELDS,
+    RULES,
+    TABLE_FILE,
+    cluster_facts,
+    lua_string,
+    policy_table,
+    render_lua_table,
+    topology_hint,
+)
 from nuro.policy.model import NAME, Policy
 from tests.luabridge import LUA, STUB_PRELUDE, lua_value
 
@@ -156,7 +165,7 @@ for _, case in ipairs(dofile(arg[2])) do
   local name = "SUCCESS"
   for k, v in pairs(CODES) do if v == rc then name = k end end
   print(table.concat({case.id, name, s(d.qos), s(d.account), s(d.requeue), s(d.req_switch), s(d.wait4switch),
-    table.concat(user_msg, "\n"), table.concat(errors, "\n")}, "\t"))
+    table.concat(user_msg, "\n"), table.concat(errors, "\n"), s(d.segment_size)}, "\t"))
 end
 """
 )
@@ -219,7 +228,7 @@ def test_lua_bridge_matches_vectors(tmp_path: Path) -> None:
         got.update(_run_lua(tmp_path / str(n), cases, render_lua_table(policy)))
     problems = []
     for v in VECTORS["vectors"]:
-        code, qos, account, requeue, switch, wait, msg, errors = got[v["id"]]
+        code, qos, account, requeue, switch, wait, msg, errors, _segment = got[v["id"]]
         want = v["expect"]
         if errors:
             problems.append(f"{v['id']}: logged errors: {errors}")
@@ -252,7 +261,7 @@ def test_lua_bridge_matches_vectors(tmp_path: Path) -> None:
 def test_lua_bridge_without_usable_table_lets_jobs_through(tmp_path: Path, table_text: str | None) -> None:
     req = parse_sbatch_args("alice", ["-N6", "--gpus-per-node=8", "--qos=g-prediction", "--no-requeue"])
     got = _run_lua(tmp_path, [{"id": "x", "uid": 1000, "desc": _job_desc("alice", req)}], table_text)
-    code, qos, account, requeue, switch, _wait, msg, errors = got["x"]
+    code, qos, account, requeue, switch, _wait, msg, errors, _segment = got["x"]
     assert (code, qos, account, requeue, switch, msg) == ("SUCCESS", "g-prediction", "", "0", str(NO_VAL), "")
     assert "no usable policy table" in errors and "job passes unchanged" in errors
 
@@ -374,3 +383,87 @@ def test_lua_modify_matches_vectors(tmp_path: Path) -> None:
     got = {row.split("\t")[0]: row.split("\t")[1:] for row in out.stdout.splitlines()}
     want = {v["id"]: ["0", ""] if v["expect"]["verdict"] == "accept" else ["2002", v["expect"]["rule"]] for v in MODIFY}
     assert got == want
+
+
+# --- rule 7 on topology/block: the segment hint ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "version", "hint"),
+    [
+        ("tree", (22, 5, 8), "switches"),
+        ("tree", (26, 5, 5), "switches"),
+        ("block", (24, 11, 5), "none"),  # 24.11's Lua has no segment_size
+        ("block", (25, 11, 1), "none"),
+        ("block", (25, 11, 2), "segment"),  # CHANGELOG/slurm-25.11.md: segment_size exposed in job_desc
+        ("block", (26, 5, 5), "segment"),
+        ("none", (26, 5, 5), "none"),
+    ],
+)
+def test_topology_hint_follows_the_plugin_and_the_lua_api(kind: str, version: tuple, hint: str) -> None:
+    assert topology_hint(kind, version) == hint
+
+
+def test_cluster_facts_come_from_the_leaves_and_the_nodes() -> None:
+    switches = ["leaf1"] * 4 + ["leaf2"] * 6 + [None]
+    facts = cluster_facts(switches, [8] * 10 + [4], "tree", (22, 5, 8))
+    assert facts == {"leaf_size": 6, "gpus_per_node": 8, "hint": "switches"}
+    # no leaves at all (no topology plugin): no job gets a hint
+    assert cluster_facts([None, None], [0, 0], "none", (26, 5, 5)) == {
+        "leaf_size": 1,
+        "gpus_per_node": 1,
+        "hint": "none",
+    }
+    table = policy_table(POLICY, **cluster_facts(["b1"] * 4 + ["b2"] * 4, [8] * 8, "block", (26, 5, 5)))
+    assert (table["topology_hint"], table["leaf_nodes"]) == ("segment", 4)
+    with pytest.raises(ValueError, match="hint must be one of"):
+        policy_table(POLICY, hint="leaf")
+
+
+SEGMENT_CASES = [
+    # (id, sbatch args, expected segment, expected changes tail)
+    ("two-nodes", ["-N2", "--gpus-per-node=8"], 2, "segment=2"),
+    ("leaf-whole", ["-N4", "--gpus-per-node=1"], 4, "segment=4"),
+    ("node-range", ["-N2-3", "--gpus-per-node=1"], None, None),  # a range: no segment divides every size
+    ("own-segment", ["-N4", "--gpus-per-node=1", "--segment=2"], 2, None),  # the user's own wins
+    ("own-switches", ["-N2", "--gpus-per-node=1", "--switches=1"], None, None),
+    ("above-leaf", ["-N5", "--gpus-per-node=1"], None, None),
+    ("one-node", ["-N1", "--gpus-per-node=8"], None, None),
+]
+
+
+@pytest.mark.parametrize(("case_id", "args", "segment", "change"), SEGMENT_CASES, ids=[c[0] for c in SEGMENT_CASES])
+def test_block_clusters_get_a_segment_hint_not_switches(case_id, args, segment, change) -> None:
+    table = policy_table(POLICY, hint="segment")
+    got = decide(parse_sbatch_args("alice", args), table)
+    assert got.accepted
+    assert got.segment == segment
+    assert got.switches == (1 if "--switches=1" in args else None)
+    hints = [c for c in got.changes if c.startswith(("segment=", "switches="))]
+    assert hints == ([change] if change else [])
+
+
+def test_no_hint_table_adds_no_topology_change() -> None:
+    got = decide(parse_sbatch_args("alice", ["-N2", "--gpus-per-node=8"]), policy_table(POLICY, hint="none"))
+    assert got.accepted and got.switches is None and got.segment is None
+    assert got.changes == ("qos=g-perception", "account=perception", "requeue=1")
+
+
+@needs_lua
+def test_lua_bridge_sets_the_same_segment_hint(tmp_path: Path) -> None:
+    """The Lua under the stub with a block table: segment_size as the preview decides (the live check on 26.05 is
+    tests/integration/test_job_submit_bridge.py)."""
+    cases = []
+    for case_id, args, _segment, _change in SEGMENT_CASES:
+        req = parse_sbatch_args("alice", args)
+        desc = _job_desc("alice", req)
+        desc["segment_size"] = req.segment if req.segment is not None else 0  # 25.11+: 0 when not asked
+        cases.append({"id": case_id, "uid": 1000, "desc": desc})
+    got = _run_lua(tmp_path, cases, render_lua_table(POLICY, hint="segment"))
+    table = policy_table(POLICY, hint="segment")
+    for case_id, args, _segment, _change in SEGMENT_CASES:
+        code, _qos, _account, _requeue, switch, _wait, _msg, errors, segment = got[case_id]
+        want = decide(parse_sbatch_args("alice", args), table)
+        assert (code, errors) == ("SUCCESS", ""), case_id
+        assert int(segment) == (want.segment or 0), case_id
+        assert (None if switch == str(NO_VAL) else int(switch)) == want.switches, case_id

@@ -12,12 +12,12 @@ import pytest
 from nuro.jobspec import build_spec
 from nuro.jobspec.codepin import CodePin, digest_bytes
 from nuro.jobspec.pins import DatasetPin
-from nuro.jobspec.preview import PolicySource
+from nuro.jobspec.preview import PolicySource, load_policy_source
 from nuro.jobspec.render import ClusterFacts, Pins, RenderError, render_submission, slurm_time
 from nuro.jobspec.submission import preview
 from nuro.login.sbatch_cli import insert_preamble, platform_metadata, render_preamble
 from nuro.policy import load_policy
-from nuro.policy.luatable import policy_table
+from nuro.policy.luatable import TABLE_FILE, policy_table, render_lua_table
 from nuro.protocol import jobcomment
 from nuro.protocol.contract import EXIT_REQUEUE
 
@@ -126,6 +126,26 @@ def test_switch_hint_only_when_the_job_fits_one_leaf(nodes: int, leaf: int, want
     req = render_submission(build_spec(BASE, {"nodes": nodes}), CLEAN, ClusterFacts(leaf_nodes=leaf))
     lines = [x for x in req.script.splitlines() if x.startswith("#SBATCH --switches")]
     assert lines == ([f"#SBATCH --switches={want}"] if want else [])
+
+
+@pytest.mark.parametrize(("hint", "want"), [("segment", "#SBATCH --segment=2"), ("none", None)])
+def test_block_clusters_render_a_segment_or_nothing(hint: str, want: str | None) -> None:
+    req = render_submission(build_spec(BASE, {"nodes": 2}), CLEAN, ClusterFacts(leaf_nodes=4, topology_hint=hint))
+    lines = [x for x in req.script.splitlines() if x.startswith(("#SBATCH --segment", "#SBATCH --switches"))]
+    assert lines == ([want] if want else [])
+
+
+def test_preview_takes_the_cluster_facts_from_the_bridges_table(tmp_path: Path) -> None:
+    """policy apply renders the table from the cluster (leaf size, hint); the preview must judge with the same facts,
+    and then agrees with the bridge's digest."""
+    policy_file = REPO / "examples/policy/teams.yaml"
+    (tmp_path / "slurm.conf").write_text("")
+    (tmp_path / TABLE_FILE).write_text(render_lua_table(load_policy(policy_file), leaf_size=8, hint="segment"))
+    source = load_policy_source(str(policy_file), {"SLURM_CONF": str(tmp_path / "slurm.conf")})
+    assert source is not None and source.matches_bridge is True
+    assert (source.table["leaf_nodes"], source.table["topology_hint"]) == (8, "segment")
+    facts = ClusterFacts.from_policy_table(source.table)
+    assert (facts.leaf_nodes, facts.topology_hint) == (8, "segment")
 
 
 def test_run_root_is_required_and_time_formats() -> None:

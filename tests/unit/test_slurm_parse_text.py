@@ -23,6 +23,7 @@ from nuro.slurm.parse import (
     parse_squeue_json,
     parse_squeue_one_field,
     parse_version,
+    topology_kind,
 )
 from nuro.slurm.parse_text import parse_squeue_fixed_fields
 
@@ -88,6 +89,13 @@ def test_topology_block_maps_each_node_to_its_base_block() -> None:
         **{f"gpu00{i}": "leaf01" for i in range(1, 5)},
         **{f"gpu00{i}": "leaf02" for i in range(5, 9)},
     }
+
+
+def test_topology_kind_names_the_plugin() -> None:
+    assert topology_kind(read("scontrol_show_topology.txt")) == "tree"
+    assert topology_kind(read("v26.05/scontrol_show_topology_block.txt")) == "block"
+    assert topology_kind(read("v24.11/scontrol_show_topology.txt")) == "tree"
+    assert topology_kind("") == topology_kind("No topology information available\n") == "none"
 
 
 def test_attach_switches_to_sinfo_nodes() -> None:
