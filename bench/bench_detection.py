@@ -35,6 +35,7 @@ from bench.common import cluster, save
 from nuro.devcluster import manager
 from nuro.devcluster.layout import Layout, node_names
 from nuro.devcluster.record import read_record
+from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, DEFAULT_MISS_LIMIT
 from nuro.slurm import CliBackend
 
 SLEEP_JOB = "#!/bin/bash\nsleep 3600\n"
@@ -205,7 +206,7 @@ def _measure(args: argparse.Namespace, version: str) -> dict:
     return {
         "nodes": args.nodes,
         "slurm_version": version,
-        "heartbeat": {"interval_s": 1.0, "miss_limit": 3, "detector_tick_s": 0.25},
+        "heartbeat": {"interval_s": DEFAULT_INTERVAL_S, "miss_limit": DEFAULT_MISS_LIMIT, "detector_tick_s": 0.25},
         "slurm": conf,
         "nuro": nuro_s,
         "slurm_alone": base_s,

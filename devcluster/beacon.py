@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 
-from nuro.protocol.heartbeat import Heartbeat, encode, load_key
+from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, Heartbeat, encode, load_key
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--node", required=True)
     ap.add_argument("--controller", required=True, help="HOST:PORT of the controller's heartbeat receiver")
     ap.add_argument("--key-file", required=True)
-    ap.add_argument("--interval-s", type=float, default=1.0)
+    ap.add_argument("--interval-s", type=float, default=DEFAULT_INTERVAL_S)
     for ignored in ("--status-dir", "--probe", "--expect-gpus", "--env-file", "--log-file", "--staging-root"):
         ap.add_argument(ignored, default=None)
     args = ap.parse_args(argv)

@@ -74,13 +74,14 @@ from nuro.devcluster.record import Phase, RunRecord, write_record
 from nuro.devcluster.restart import RestartBook
 from nuro.metrics import identities
 from nuro.metrics.base import ENV_URL as ENV_METRICS_URL
-from nuro.protocol.heartbeat import load_key, write_node_key
+from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, load_key, write_node_key
 
 log = logging.getLogger("nuro.devcluster.supervisor")
 
 NODE_TAG = "NURO_DEVCLUSTER_NODE"  # in each slurmd's environment, inherited by its slurmstepds
 CLOCK_OFFSET_ENV = "NURO_CONTROLLER_CLOCK_OFFSET_FILE"  # read by nuro-controller (daemon.wall_clock_from_env)
 FAULT_MARK_ENV = "NURO_CONTROLLER_TEST_FAULT_MARK"  # read by nuro-controller (engine.FAULT_MARK)
+BIG_CLUSTER_NODES = 64  # above this many nodes the agents beat at 1 s (see Supervisor.beat_s)
 FAULT_MARK = "nuro-test-fault-3b7e"  # a job comment containing this makes the dev controller's decide raise
 
 
@@ -130,6 +131,9 @@ class Supervisor:
         install = slurmroot.resolve(slurm, build=False)  # built by `up` before it started us
         #: 25.11+ serves OpenMetrics on slurmctld's port (the renderer enables it): the controller reads them.
         self.openmetrics = release_of(slurm) >= OPENMETRICS_SINCE
+        # Agents beat at the product's interval, except on the big emulated clusters of the benches: 500 agent
+        # processes waking 4 times a second would take a good part of this box's 2 cores from what is measured.
+        self.beat_s = DEFAULT_INTERVAL_S if n_nodes <= BIG_CLUSTER_NODES else 1.0
         #: The Slurm daemons' root (None: the host's Slurm); clients then run through layout.slurm_bin.
         self.root_plan = (
             slurmroot.plan_root(
@@ -303,7 +307,7 @@ class Supervisor:
         argv = [
             sys.executable, "-m", "nuro.slurm_plugins.controller.daemon",
             "--heartbeat-port", str(self.ports.heartbeat), "--heartbeat-key", str(lay.heartbeat_key),
-            "--event-log", str(lay.events_log),
+            "--event-log", str(lay.events_log), "--heartbeat-interval-s", str(self.beat_s),
         ]  # fmt: skip
         if lay.teams_yaml.exists():
             argv += ["--policy", str(lay.teams_yaml)]
@@ -320,7 +324,7 @@ class Supervisor:
             head = [sys.executable, "-m", "nuro.healthcheck.agent"]
         return head + [
             "--node", node, "--controller", f"127.0.0.1:{self.ports.heartbeat}",
-            "--key-file", str(self.node_key_file(node)), "--interval-s", "1.0", "--probe", "none",
+            "--key-file", str(self.node_key_file(node)), "--interval-s", str(self.beat_s), "--probe", "none",
             "--status-dir", str(lay.agents_dir), "--env-file", str(lay.nuro_env),
             "--staging-root", str(lay.staging), "--log-file", str(lay.log / f"agent-{node}.log"),
         ]  # fmt: skip

@@ -2,7 +2,8 @@
 
 Command line (the dev cluster starts it exactly like this)::
 
-    nuro-nodeagent --node NAME --controller HOST:PORT --key-file PATH [--interval-s 1.0] [--status-dir DIR]
+    nuro-nodeagent --node NAME --controller HOST:PORT --key-file PATH [--interval-s 0.25] [--probe-interval-s 1.0]
+                   [--status-dir DIR]
                    [--probe auto|nvml|none] [--expect-gpus N] [--env-file PATH] [--log-file PATH]
                    [--staging-root DIR]
 
@@ -13,9 +14,10 @@ Threads, and why each is separate:
   ``healthy``/``problems`` from the latest probe evaluation, and rewrites ``<status-dir>/<node>.json``
   atomically. UDP on a non-blocking socket: a restarting controller or a full socket buffer costs one lost
   datagram, never a stalled agent.
-* **probe loop**: reads the GPUs (bounded, see ``NvmlProbe``), the staging disk, and evaluates the pure checks at the
-  same interval. A hung NVML call therefore never delays a heartbeat; if the probe loop itself produces nothing for
-  ``stale_after_s``, the heartbeat carries the problem "health probe stale for N s".
+* **probe loop**: reads the GPUs (bounded, see ``NvmlProbe``), the staging disk, and evaluates the pure checks
+  every ``probe_interval_s`` (1 s: a beat is cheap, an NVML read is not, so beats go 4× as often). A hung NVML call
+  therefore never delays a heartbeat; if the probe loop itself produces nothing for ``stale_after_s``, the
+  heartbeat carries the problem "health probe stale for N s".
 * **GPU telemetry** (only when ``NURO_METRICS_URL`` is set in the node env): after each probe the report becomes one
   ``gpu`` point per GPU (``gpu_points``), handed to a ``BufferedWriter`` whose own thread writes to the sink. ``add``
   never blocks, so a slow or dead TSDB costs dropped points (counted in its ``nuro_metrics`` self-report,
@@ -172,8 +174,10 @@ class AgentConfig:
     """Everything the agent needs besides its probe, socket and workers.
 
     Attributes:
-        interval_s: seconds between heartbeats (and between probes).
-        stale_after_s: a probe verdict older than this is itself a problem; None = 5 intervals + the probe timeout.
+        interval_s: seconds between heartbeats.
+        probe_interval_s: seconds between probes.
+        stale_after_s: a probe verdict older than this is itself a problem; None = 5 probe intervals + the probe
+            timeout.
         status_dir: where ``<node>.json`` goes; None = no status file.
     """
 
@@ -181,6 +185,7 @@ class AgentConfig:
     controller: tuple[str, int]
     key: bytes
     interval_s: float = hb.DEFAULT_INTERVAL_S
+    probe_interval_s: float = hb.DEFAULT_PROBE_INTERVAL_S
     status_dir: str | None = None
     health: HealthSettings = field(default_factory=HealthSettings)
     probe_timeout_s: float = 5.0
@@ -189,8 +194,10 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
             raise ValueError(f"--interval-s must be > 0, got {self.interval_s}")
+        if self.probe_interval_s <= 0:
+            raise ValueError(f"--probe-interval-s must be > 0, got {self.probe_interval_s}")
         if self.stale_after_s is None:
-            self.stale_after_s = 5 * self.interval_s + self.probe_timeout_s
+            self.stale_after_s = 5 * self.probe_interval_s + self.probe_timeout_s
 
 
 class Agent:
@@ -289,7 +296,7 @@ class Agent:
                 self.probe_once()
             except Exception:  # a probe bug must not end health reporting; the staleness check shows it
                 log.exception("probe failed; retrying next interval")
-            stop.wait(max(0.0, self.config.interval_s - (self.monotonic() - started)))
+            stop.wait(max(0.0, self.config.probe_interval_s - (self.monotonic() - started)))
 
     # -- beating ---------------------------------------------------------------------------------------------------
     def _resolve(self) -> tuple[str, int] | None:
@@ -377,8 +384,8 @@ class Agent:
         ]
         for t in threads:
             t.start()
-        # The first beat waits (at most one interval) for the first verdict, so it already carries real health.
-        self._first_probe.wait(self.config.interval_s)
+        # The first beat waits (at most one probe interval) for the first verdict, so it carries real health.
+        self._first_probe.wait(self.config.probe_interval_s)
         log.info(
             "agent started node=%s controller=%s:%d interval_s=%g boot=%d workers=%s",
             self.config.node,
@@ -436,12 +443,24 @@ def _metrics_writer(node: str) -> MetricsWriter | None:
     return writer
 
 
+#: The node env's heartbeat interval (Ansible renders it from the same variable as the controller's).
+ENV_INTERVAL = "NURO_HEARTBEAT_INTERVAL_S"
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="nuro-nodeagent", description="nuro node agent: heartbeats, GPU health, workers")
     p.add_argument("--node", required=True, help="this node's Slurm name")
     p.add_argument("--controller", required=True, help="HOST:PORT of the controller's heartbeat UDP socket")
     p.add_argument("--key-file", required=True, help="this node's own heartbeat key (mode 600)")
-    p.add_argument("--interval-s", type=float, default=hb.DEFAULT_INTERVAL_S)
+    p.add_argument(
+        "--interval-s",
+        type=float,
+        help=f"seconds between heartbeats (default $NURO_HEARTBEAT_INTERVAL_S or {hb.DEFAULT_INTERVAL_S}; the "
+        "controller's heartbeat_interval_s must be the same)",
+    )
+    p.add_argument(
+        "--probe-interval-s", type=float, default=hb.DEFAULT_PROBE_INTERVAL_S, help="seconds between GPU probes"
+    )
     p.add_argument("--status-dir", help="write <dir>/<node>.json each beat (default $NURO_AGENT_STATUS_DIR)")
     p.add_argument("--probe", choices=("auto", "nvml", "none"), help="GPU probe (default $NURO_HEALTH_PROBE or auto)")
     p.add_argument("--expect-gpus", type=int, help="GPUs this node must have (default $NURO_EXPECT_GPUS)")
@@ -473,7 +492,8 @@ def main(argv: list[str] | None = None) -> int:
             node=args.node,
             controller=parse_controller(args.controller),
             key=hb.load_key(args.key_file),
-            interval_s=args.interval_s,
+            interval_s=args.interval_s or float(os.environ.get(ENV_INTERVAL) or hb.DEFAULT_INTERVAL_S),
+            probe_interval_s=args.probe_interval_s,
             status_dir=args.status_dir or settings.agent_status_dir,
             health=settings,
             probe_timeout_s=args.probe_timeout_s,

@@ -15,8 +15,8 @@ heartbeat_bind: 127.0.0.1         # listen address: the controller's cluster-net
                                   # is on); loopback by default so nothing is exposed by accident
 heartbeat_key_file: /etc/nuro/heartbeat.key  # the master HMAC key (mode 600); each agent holds only its node's key,
                                   # derived from it (nuro.protocol.heartbeat.node_key)
-heartbeat_interval_s: 1.0         # the agents' send interval
-miss_limit: 3                     # intervals of silence before a node is declared lost
+heartbeat_interval_s: 0.25        # the agents' send interval (nuro-nodeagent --interval-s must match)
+miss_limit: 4                     # intervals of silence before a node is declared lost (0.25 × 4: about 1 s)
 detector_tick_s: 0.25             # how often the detector judges (its own loop, independent of interval_s)
 event_log: /var/log/nuro/events.jsonl  # append-only JSONL journal (nuro.lifecycle.platform_events); unset = log lines
 only
@@ -35,6 +35,8 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, DEFAULT_MISS_LIMIT
 
 
 class LogFormat(StrEnum):
@@ -59,8 +61,8 @@ class ControllerConfig(BaseModel):
     heartbeat_port: int | None = Field(default=None, ge=1, le=65535)
     heartbeat_bind: str = "127.0.0.1"
     heartbeat_key_file: Path | None = None
-    heartbeat_interval_s: float = Field(default=1.0, gt=0, le=60)
-    miss_limit: int = Field(default=3, ge=2, le=100)
+    heartbeat_interval_s: float = Field(default=DEFAULT_INTERVAL_S, gt=0, le=60)
+    miss_limit: int = Field(default=DEFAULT_MISS_LIMIT, ge=2, le=100)
     detector_tick_s: float = Field(default=0.25, gt=0, le=10)
     event_log: Path | None = None
     slurm_metrics_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+/?$")

@@ -355,9 +355,9 @@ def _setup_logging(fmt: LogFormat, verbose: bool) -> None:
     help="Shared HMAC key file (mode 600).",
 )  # fmt: skip
 @click.option(
-    "--heartbeat-interval-s", type=click.FloatRange(min=0.05, max=60), default=None, help="Agents' interval [1]."
+    "--heartbeat-interval-s", type=click.FloatRange(min=0.05, max=60), default=None, help="Agents' interval [0.25]."
 )
-@click.option("--miss-limit", type=click.IntRange(2, 100), default=None, help="Silent intervals before lost [3].")
+@click.option("--miss-limit", type=click.IntRange(2, 100), default=None, help="Silent intervals before lost [4].")
 @click.option("--event-log", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSONL event log.")
 @click.option(
     "--slurm-metrics-url",

@@ -28,7 +28,12 @@ def test_detector_only_config_resolves_key_and_event_log_beside_it(tmp_path: Pat
     cfg = load_config(cfg_file)
     assert cfg.policy is None and cfg.detector_on
     assert cfg.heartbeat_key_file == tmp_path / "hb.key" and cfg.event_log == tmp_path / "log" / "events.jsonl"
-    assert cfg.heartbeat_bind == "127.0.0.1" and cfg.miss_limit == 3 and cfg.detector_tick_s == 0.25
+    assert (
+        cfg.heartbeat_bind == "127.0.0.1"
+        and cfg.miss_limit == 4
+        and cfg.heartbeat_interval_s == 0.25
+        and cfg.detector_tick_s == 0.25
+    )
 
 
 @pytest.mark.parametrize(
