@@ -367,6 +367,19 @@ def read_verdicts(directory: Path) -> list[Outcome]:
     return out
 
 
+def should_settle(kind: Kind, num_nodes: int, stop_signal: str | None) -> bool:
+    """Whether this node waits for the others' verdicts before exiting (``settle``).
+
+    Only a *consequence* verdict (REQUEUE, STOPPED: it lost a peer) of a multi-node step waits, so its early exit
+    cannot make srun (``--kill-on-bad-exit``) kill the node with the root cause before that one wrote its verdict.
+    Never after a TERM/INT to this launcher: Slurm is already tearing the whole step down (scancel, a node failure,
+    the time limit), every node got the same signal, and waiting only keeps this node COMPLETING until KillWait's
+    SIGKILL. Measured on a node loss (26.05): the surviving node's launcher sat out the whole 5 s settle, which
+    delayed the requeued job's next start by as much.
+    """
+    return kind in (Kind.REQUEUE, Kind.STOPPED) and num_nodes > 1 and stop_signal not in ("TERM", "INT")
+
+
 def settle(directory: Path, num_nodes: int, timeout_s: float) -> None:
     """Wait until every node wrote a verdict or ``timeout_s`` passed (only for consequence verdicts)."""
     deadline = time.monotonic() + timeout_s
@@ -405,7 +418,7 @@ def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         if vdir is not None:
             try:  # the verdict helps the fold; failing to write it must never change this node's exit status
                 write_verdict(vdir, outcome)
-                if outcome.kind in (Kind.REQUEUE, Kind.STOPPED) and plan.num_nodes > 1:  # a consequence: wait
+                if should_settle(outcome.kind, plan.num_nodes, sigs.first_stop):
                     settle(vdir, plan.num_nodes, args.settle_s)
             except OSError as exc:
                 log.warning("verdict not written to %s (%s): the step falls back to srun's status", vdir, exc)

@@ -203,3 +203,21 @@ def test_node_mode_kills_workers_its_torchrun_left_behind(fake, tmp_path: Path) 
     while psutil.pid_exists(orphan) and psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, f"orphan {orphan} still running"
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("kind", "nodes", "stop", "want"),
+    [
+        ("requeue", 2, None, True),  # lost a peer: give the root cause's node time to write its verdict
+        ("stopped", 4, None, True),
+        ("requeue", 2, "TERM", False),  # Slurm is tearing the step down (node failure, scancel): do not hold the node
+        ("stopped", 2, "INT", False),
+        ("requeue", 1, None, False),  # nobody to wait for
+        ("failure", 2, None, False),  # a root cause never waits
+        ("done", 2, None, False),
+    ],
+)
+def test_only_an_unsignalled_consequence_verdict_waits_for_the_others(kind, nodes, stop, want) -> None:
+    from nuro.wrappers.launch_outcome import Kind
+
+    assert launch.should_settle(Kind(kind), nodes, stop) is want
