@@ -59,6 +59,7 @@ from nuro.slurm.hostlist import expand as expand_hostlist
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
 from nuro.slurm.parse import (
     attach_switches,
+    newest_data_parser,
     parse_node_addr,
     parse_sacct_exitcodes,
     parse_sacct_json,
@@ -129,6 +130,7 @@ __all__ = [
     "parse_sbatch_parsable",
     "parse_scontrol_partitions",
     "parse_scontrol_show_oneliner",
+    "newest_data_parser",
     "parse_scontrol_show_topology",
     "topology_kind",
     "parse_sinfo_json",

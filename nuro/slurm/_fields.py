@@ -48,20 +48,28 @@ def text_to_dt(value: str | None) -> datetime | None:
     return naive.astimezone().astimezone(UTC)
 
 
+#: How data_parser's ``+complex`` output (24.11+) writes an infinite number: a string, where the default output has
+#: ``{"infinite": true}``.
+_INFINITE_TEXT = {"infinity", "-infinity", "infinite", "unlimited", "nan"}
+
+
 def as_int(value: object, default: int = 0) -> int:
-    """Int from a JSON number, a numeric string, or newer Slurm's {"set","number"} wrapper; else ``default``."""
+    """Int from a JSON number, a numeric string, or newer Slurm's {"set","number"} wrapper; else ``default``.
+    Infinite or unset (``{"infinite": true}``, ``"Infinity"`` of the ``+complex`` output, ``None``) is ``default``."""
     if isinstance(value, dict):
         if not value.get("set", True) or value.get("infinite"):
             return default
         value = value.get("number")
     if value is None or isinstance(value, bool):
         return default
+    if isinstance(value, str) and value.strip().lower() in _INFINITE_TEXT:
+        return default
     try:
         return int(value)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         try:
             return int(float(str(value)))
-        except ValueError:
+        except (ValueError, OverflowError):
             return default
 
 

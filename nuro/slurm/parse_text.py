@@ -288,6 +288,16 @@ def parse_sbatch_parsable(text: str) -> int:
 _VERSION = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
 
 
+_DATA_PARSER = re.compile(r"^\s*data_parser/(v(\d+)\.(\d+)\.(\d+))\s*$", re.MULTILINE)
+
+
+def newest_data_parser(text: str) -> str | None:
+    """The newest ``data_parser/vX.Y.Z`` in ``squeue --json=list`` output (as ``vX.Y.Z``), None when it lists none
+    (a Slurm that does not know ``--json=list``, or an error text)."""
+    found = [(tuple(int(g) for g in m.groups()[1:]), m.group(1)) for m in _DATA_PARSER.finditer(text or "")]
+    return max(found)[1] if found else None
+
+
 def parse_version(text: str) -> SlurmVersion:
     """Parse "slurm 22.05.8" / "slurm-wlm 22.05.8" / "22.05.8" → SlurmVersion(22, 5, 8)."""
     match = _VERSION.search(text or "")

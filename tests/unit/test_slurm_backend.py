@@ -332,3 +332,25 @@ def test_a_job_that_just_left_slurmctld_is_an_invalid_job_id(tmp_path: Path) -> 
     for read in (backend.job_comment, backend.job_state, backend.job_record):
         with pytest.raises(InvalidJobId, match="lists no job 12"):
             read(12)
+
+
+def test_the_bulk_job_read_asks_24_11_and_later_for_plain_numbers(tmp_path: Path) -> None:
+    """From 24.11 the snapshot's squeue is ``--json=<newest parser>+complex``, chosen once from ``--json=list``;
+    22.05 (the fixture above) keeps ``--json``."""
+    fake = (
+        FakeSlurm(tmp_path)
+        .on("squeue --json=list", stdout="data_parser/v0.0.42\ndata_parser/v0.0.40\ndata_parser/v0.0.41\n")
+        .on("squeue --json=v0.0.42+complex", file="v26.05/squeue_held_complex.json")
+        .on("sinfo --version", stdout="slurm-wlm 24.11.5\n")
+    )
+    backend = fake.backend()
+    assert [j.job_id for j in backend.jobs()] == [1, 2, 3]
+    backend.jobs()
+    argvs = fake.argvs()
+    assert argvs.count(["squeue", "--json=list"]) == 1
+    assert argvs.count(["squeue", "--json=v0.0.42+complex", "-t", "all"]) == 2
+
+
+def test_22_05_keeps_plain_json(fake: FakeSlurm) -> None:
+    fake.backend().jobs()
+    assert ["squeue", "--json", "-t", "all"] in fake.argvs() and ["squeue", "--json=list"] not in fake.argvs()

@@ -15,6 +15,7 @@ import pytest
 
 from nuro.slurm import JobInfo, JobPhase
 from nuro.slurm.parse import (
+    newest_data_parser,
     parse_per_job_errors,
     parse_sacct_exitcodes,
     parse_sacct_json,
@@ -135,3 +136,30 @@ def test_text_outputs_unchanged(version: str) -> None:
         "gpu003": "leaf02",
         "gpu004": "leaf02",
     }
+
+
+def test_the_complex_json_reads_into_the_same_jobs() -> None:
+    """26.05: the bulk read's ``--json=v0.0.45+complex`` (plain numbers, "Infinity", nulls) and the default output
+    of the same three held jobs parse into equal jobs."""
+    plain = parse_squeue_json(_read("26.05", "squeue_held_plain.json"))
+    complex_ = parse_squeue_json(_read("26.05", "squeue_held_complex.json"))
+    assert [j.job_id for j in plain] == [1, 2, 3]
+    assert complex_ == plain
+    assert all(j.phase == JobPhase.PENDING for j in plain)
+    assert '"Infinity"' in _read("26.05", "squeue_held_complex.json")  # the case as_int must survive
+
+
+def test_the_newest_data_parser_is_chosen_from_the_list() -> None:
+    listed = "data_parser/v0.0.42\ndata_parser/v0.0.40\ndata_parser/v0.0.41\n"  # 24.11.5's stdout, verbatim
+    assert newest_data_parser(listed) == "v0.0.42"
+    assert newest_data_parser("data_parser/v0.0.9\ndata_parser/v0.0.45\n") == "v0.0.45"
+    assert newest_data_parser("") is None
+    assert newest_data_parser("squeue: unrecognized option '--json=list'") is None
+
+
+@pytest.mark.parametrize("text", ["Infinity", "infinite", "-Infinity", "NaN"])
+def test_an_infinite_number_of_the_complex_output_is_the_default(text: str) -> None:
+    from nuro.slurm._fields import as_int
+
+    assert as_int(text, default=7) == 7
+    assert as_int(1e400, default=7) == 7  # float("inf") from a JSON 1e400: never an OverflowError
