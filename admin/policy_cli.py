@@ -76,30 +76,18 @@ def apply(teams_yaml: Path, dry_run: bool, prune: bool, as_json: bool, lua_path:
         payload["problems"] = exc.problems
         _exit(ExitCode.INVALID, as_json, payload, f"[bold red]invalid policy:[/] {escape(str(exc))}")
     backend = CliBackend(timeout_s=timeout_s)
+    reading = "accounting state"
     try:
         plan = build_plan(pol, read_state(backend), prune=prune)
+        reading = "nodes and topology"  # the policy table's cluster facts
+        facts = read_cluster_facts(backend)
     except PlanConflict as exc:
         payload["problems"] = exc.problems
         _exit(ExitCode.FAILED, as_json, payload, f"[bold red]error:[/] {escape(str(exc))}")
     except SlurmError as exc:
         payload["error"] = str(exc)
-        _exit(
-            ExitCode.FAILED,
-            as_json,
-            payload,
-            f"[bold red]error reading Slurm's accounting state:[/] {escape(str(exc))}",
-        )
+        _exit(ExitCode.FAILED, as_json, payload, f"[bold red]error reading Slurm's {reading}:[/] {escape(str(exc))}")
     lua_file = lua_path or lua_table_path()
-    try:
-        facts = read_cluster_facts(backend)
-    except SlurmError as exc:
-        payload["error"] = str(exc)
-        _exit(
-            ExitCode.FAILED,
-            as_json,
-            payload,
-            f"[bold red]error reading Slurm's nodes and topology:[/] {escape(str(exc))}",
-        )
     lua_text = render_lua_table(pol, **facts)
     old_lua = read_text_or_none(lua_file)
     lua_state = "unchanged" if old_lua == lua_text else ("new" if old_lua is None else "changed")
