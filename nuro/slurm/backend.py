@@ -580,9 +580,26 @@ class CliBackend(Backend):
         self._topology = None
 
     def nodes(self) -> list[NodeInfo]:
-        """One ``sinfo --json``, with switches attached from the cached topology."""
-        nodes, _ = parse_sinfo_json(self.run(["sinfo", "--json"]).stdout)
+        """One node read (``nodes_argv``), with switches attached from the cached topology."""
+        nodes, _ = parse_sinfo_json(self.run(self.nodes_argv()).stdout)
         return attach_switches(nodes, self.topology())
+
+    def nodes_argv(self) -> list[str]:
+        """The node read: ``sinfo --json`` on 22.05 (one record per node); from 24.11 ``scontrol --json show nodes``
+        (with the jobs read's ``+complex`` parser).
+
+        Why not sinfo there: 24.11+'s ``sinfo --json`` groups alike nodes into one record, and "alike" ignores the
+        drain reason, the allocated CPUs and the configured GRES (sinfo/opts.c's default match keys): five drained
+        nodes with two different reasons all read as the first one's reason (measured on a 26.05 dev cluster), and
+        an admin's drain could pass for nuro's own. ``scontrol``'s JSON is one record per node, in the same
+        ``nodes`` document 22.05's sinfo prints; 0.105 s at 500 nodes on 26.05 (sinfo's grouped answer: 0.02 s).
+        """
+        try:
+            newer = self.version().major_minor >= COMPLEX_JSON_SINCE
+        except SlurmError as exc:  # sinfo --version is local; if even it fails, the node read will say why
+            log.debug("no Slurm version (%s): nodes from sinfo --json", exc)
+            newer = False
+        return ["scontrol", self.jobs_json_option(), "show", "nodes"] if newer else ["sinfo", "--json"]
 
     def site_factors(self) -> dict[int, int]:
         """One ``sprio -h -o '%i|%S'``: every pending job's SiteFactor. {} when sprio cannot tell (e.g. the
@@ -622,9 +639,9 @@ class CliBackend(Backend):
         """
         taken_at = datetime.now(UTC)
         start = time.monotonic()
-        sinfo = _in_daemon_thread(self.run, ["sinfo", "--json"])
+        node_read = _in_daemon_thread(self.run, self.nodes_argv())
         jobs = self.jobs()
-        nodes, _ = parse_sinfo_json(sinfo.result().stdout)
+        nodes, _ = parse_sinfo_json(node_read.result().stdout)
         partitions = self.partitions(nodes, max_age_s=SNAPSHOT_PARTITIONS_MAX_AGE_S)
         nodes = attach_switches(nodes, self.topology())
         log.debug(

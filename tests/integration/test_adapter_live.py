@@ -53,6 +53,25 @@ def test_snapshot_of_the_dev_cluster(backend: Backend) -> None:
     assert len(default) == 1 and default[0].state == "UP"
 
 
+def test_each_node_has_its_own_drain_reason(backend: Backend) -> None:
+    """Two idle nodes drained with different reasons read back with their own. 24.11+'s ``sinfo --json`` groups
+    alike nodes and gave both the first one's reason (an admin's drain could pass for nuro's); the adapter reads
+    ``scontrol --json show nodes`` there (``CliBackend.nodes_argv``)."""
+    idle = [n.name for n in backend.nodes() if n.base_state == "IDLE" and not n.is_drained and not n.is_down]
+    pair = idle[-2:]
+    assert len(pair) == 2, idle
+    reasons = {pair[0]: "adapter test one", pair[1]: "adapter test two"}
+    try:
+        for node, reason in reasons.items():
+            assert backend.drain(node, reason).ok
+        for read in (backend.nodes(), backend.read_snapshot().nodes):
+            got = {n.name: n.reason for n in read if n.name in reasons}
+            assert {k: (v or "").split(" [")[0] for k, v in got.items()} == reasons, got
+    finally:
+        for node in pair:
+            backend.resume(node)
+
+
 def test_submit_find_update_cancel_account(backend: Backend) -> None:
     script = "#!/bin/bash\ntrue\n"
     job_id = backend.submit(
