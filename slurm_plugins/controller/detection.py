@@ -2,8 +2,10 @@
 
 It runs in its own loop (every ``tick_s``, 0.25 s by default), beside and independent of the policy cycle, so a slow
 policy cycle (a 0.3 s snapshot at 500 nodes, a hung sacctmgr) never delays detection. Its only regular Slurm call is
-one ``sinfo --json`` every ``node_poll_s`` (2 s) for node states and reasons: the pure rules need to know whether a
-drain reason is ours before resuming; when it acts it also reads ``squeue --json`` once (which jobs ran on the lost
+one node read (``backend.nodes()``) every ``node_poll_s`` (2 s) for node states and reasons: the pure rules need to
+know whether a drain reason is ours before resuming. Before it acts it reads the node list again (unless it did
+this tick): a detection (1 s) is shorter than the poll, and an admin's drain set in between must be seen. When it
+acts it also reads ``squeue --json`` once (which jobs ran on the lost
 node, for the event log) and re-reads nodes on the next tick.
 
 Fail operational: if Slurm cannot be reached the detector keeps the last node list (and logs a warning); if the
@@ -139,7 +141,13 @@ class FailureDetector:
         if now - self._nodes_at >= self.node_poll_s:
             self._refresh_nodes(now)
         dropping = self._kernel_dropping(now)
-        actions, self.state = assess(self.state, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping)
+        before = self.state
+        actions, self.state = assess(before, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping)
+        if actions and self._nodes_at < now:
+            # Judge again on a node list read now: the poll may be up to node_poll_s old, longer than a detection
+            # (1 s), and an admin's drain set meanwhile must be seen, kept in the reason and never resumed.
+            self._refresh_nodes(now)
+            actions, self.state = assess(before, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping)
         if now - self._stats_at >= STATS_EVERY_S:
             self._log_stats(now)
         if self.state.faults or self._faults_logged:
