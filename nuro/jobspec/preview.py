@@ -24,14 +24,11 @@ from typing import Any
 from nuro.jobspec.sbatch_args import Word, admission_args
 
 _LUA_DIGEST = re.compile(r'^\s*digest = "(sha256:[0-9a-f]{64})",\s*$', re.MULTILINE)
-#: The table's top-level cluster facts (``nuro.policy.luatable.policy_table``'s keyword arguments) and how each
-#: one's line reads; the table is rendered two spaces deep at the top level, one key per line.
-CLUSTER_FACTS = {
-    "leaf_nodes": ("leaf_size", re.compile(r"^  leaf_nodes = (\d+),$", re.MULTILINE)),
-    "gpus_per_node": ("gpus_per_node", re.compile(r"^  gpus_per_node = (\d+),$", re.MULTILINE)),
-    "switch_wait_s": ("switch_wait_s", re.compile(r"^  switch_wait_s = (\d+),$", re.MULTILINE)),
-    "topology_hint": ("hint", re.compile(r'^  topology_hint = "(switches|segment|none)",$', re.MULTILINE)),
-}
+#: The table's top-level cluster facts → ``nuro.policy.luatable.policy_table``'s keyword for each; the table is
+#: rendered two spaces deep at the top level, one key per line.
+CLUSTER_FACTS = {"leaf_nodes": "leaf_size", "gpus_per_node": "gpus_per_node", "switch_wait_s": "switch_wait_s",
+                 "topology_hint": "hint"}  # fmt: skip
+_LUA_FACT = re.compile(r"^  (" + "|".join(CLUSTER_FACTS) + r') = (?:(\d+)|"(switches|segment|none)"),$', re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -75,11 +72,9 @@ def read_bridge_table(env: Mapping[str, str] | None = None) -> BridgeTable | Non
     except OSError:
         return None
     m = _LUA_DIGEST.search(text)
-    facts: dict[str, Any] = {}
-    for key, (kwarg, line) in CLUSTER_FACTS.items():
-        found = line.search(text)
-        if found:
-            facts[kwarg] = found.group(1) if key == "topology_hint" else int(found.group(1))
+    facts: dict[str, Any] = {
+        CLUSTER_FACTS[key]: int(number) if number else word for key, number, word in _LUA_FACT.findall(text)
+    }
     return BridgeTable(digest=m.group(1) if m else None, facts=facts)
 
 

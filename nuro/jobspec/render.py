@@ -323,10 +323,11 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         _directive("--open-mode", "append"),
         _directive("--output", f"{run_dir}/slurm-%j.out"),
     ]
-    if 2 <= spec.nodes <= facts.leaf_nodes and facts.topology_hint == "switches":
-        head.append(_directive("--switches", f"1@{_wait_time(facts.switch_wait_s)}"))
-    elif 2 <= spec.nodes <= facts.leaf_nodes and facts.topology_hint == "segment":
-        head.append(_directive("--segment", spec.nodes))
+    if 2 <= spec.nodes <= facts.leaf_nodes:
+        if facts.topology_hint == "switches":
+            head.append(_directive("--switches", f"1@{_wait_time(facts.switch_wait_s)}"))
+        elif facts.topology_hint == "segment":
+            head.append(_directive("--segment", spec.nodes))
     body = [
         "# The run record (team, dataset digest, commit, ...) is the job comment, given on sbatch's command line.",
         "set -uo pipefail",

@@ -468,9 +468,9 @@ class CliBackend(Backend):
         shapes; a Slurm that lists no parser, or fails to, keeps plain ``--json``.
         """
         if self._jobs_json is None:
+            found = None
             try:
-                found = None
-                if self.version().major_minor >= COMPLEX_JSON_SINCE:
+                if self._newer_json():
                     found = newest_data_parser(self.run(["squeue", "--json=list"]).stdout)
             except (SlurmUnavailable, SlurmTimeout):
                 return "--json"  # transient: decide again on the next read
@@ -594,12 +594,16 @@ class CliBackend(Backend):
         an admin's drain could pass for nuro's own. ``scontrol``'s JSON is one record per node, in the same
         ``nodes`` document 22.05's sinfo prints; 0.105 s at 500 nodes on 26.05 (sinfo's grouped answer: 0.02 s).
         """
+        return ["scontrol", self.jobs_json_option(), "show", "nodes"] if self._newer_json() else ["sinfo", "--json"]
+
+    def _newer_json(self) -> bool:
+        """Slurm ≥ ``COMPLEX_JSON_SINCE`` (the reads above change there); False when even ``sinfo --version`` (local)
+        fails: the read itself will then say why."""
         try:
-            newer = self.version().major_minor >= COMPLEX_JSON_SINCE
-        except SlurmError as exc:  # sinfo --version is local; if even it fails, the node read will say why
-            log.debug("no Slurm version (%s): nodes from sinfo --json", exc)
-            newer = False
-        return ["scontrol", self.jobs_json_option(), "show", "nodes"] if newer else ["sinfo", "--json"]
+            return self.version().major_minor >= COMPLEX_JSON_SINCE
+        except SlurmError as exc:
+            log.debug("no Slurm version (%s): the 22.05 reads", exc)
+            return False
 
     def site_factors(self) -> dict[int, int]:
         """One ``sprio -h -o '%i|%S'``: every pending job's SiteFactor. {} when sprio cannot tell (e.g. the
