@@ -136,6 +136,8 @@ class FailureDetector:
     def tick(self) -> list[tuple[NodeAction, ActionResult | None]]:
         """Take the queued beats, judge, apply. Returns what was applied (result None in dry-run)."""
         self.ticks += 1
+        if hasattr(self.receiver, "pump"):
+            self.receiver.pump()  # beats the kernel holds count before "now" (heartbeats.py: a descheduled controller)
         now, wall = self.monotonic(), self.clock()
         beats = self.receiver.drain()
         if now - self._nodes_at >= self.node_poll_s:

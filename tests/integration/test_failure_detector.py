@@ -8,6 +8,7 @@ test leaves its nodes idle and resumed for the rest of the session.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -94,15 +95,21 @@ def test_an_admin_drained_node_is_never_resumed(cluster: LiveCluster, restore: l
 def test_a_flapping_node_is_held_drained(cluster: LiveCluster, restore: list[str]) -> None:
     node = "gpu008"
     restore.append(node)
+    # Losses of this node in the flap window before this test (another test's kill, or a loss the detector declared
+    # on a CI host stalled for a second) count too: the hold may then come before the 3rd kill, never later.
+    earlier = [e for e in read_events(cluster.layout.events_log, since=time.time() - 600, node=node)
+               if e["kind"] == "node_lost"]  # fmt: skip
     for loss in range(1, 4):
         killed = manager.kill_node(cluster.layout, node)
         wait_until(lambda: "DOWN" in _node(cluster, node).flags, 15, f"{node} DOWN (loss {loss})")
         manager.revive_node(cluster.layout, node)
-        if loss < 3:
-            wait_until(lambda: _node(cluster, node).state == "IDLE", 20, f"{node} resumed after loss {loss}")
+        if (_node(cluster, node).reason or "").startswith("nuro: flapping"):
+            break
+        wait_until(lambda: _node(cluster, node).state == "IDLE", 20, f"{node} resumed after loss {loss}")
     revived = time.time()
     reason = _node(cluster, node).reason or ""
-    assert reason.startswith("nuro: flapping (3 losses in 600 s), held 30 s until"), reason
+    assert re.match(r"nuro: flapping \(\d+ losses in 600 s\), held 30 s until", reason), reason
+    assert loss == 3 or earlier, f"held after {loss} losses, with none before the test: {reason}"
     # beating again: its agent writes its status again (the killed agent's file is still there). Slurm may show it
     # DOWN+DRAIN or DRAIN by then: a slurmd that registers before the agent's first beat is put DOWN again.
     status = cluster.layout.agents_dir / f"{node}.json"

@@ -104,3 +104,48 @@ def test_a_wall_clock_step_changes_neither_freshness_nor_arrival_times() -> None
 def test_stop_joins_the_thread(receiver) -> None:
     receiver.stop()
     assert not receiver._thread.is_alive()
+
+
+def test_pump_reads_what_the_kernel_holds_when_the_thread_has_not_run() -> None:
+    """A descheduled receiver thread leaves beats in the kernel's buffer; ``pump`` (the detector calls it before it
+    takes the time it judges at) reads them from the caller's thread."""
+    rx = HeartbeatReceiver("127.0.0.1", 0, MASTER)  # never started: its thread stands for one that has not run
+    try:
+        now = time.time()
+        for seq in (1, 2, 3):
+            _send(rx.port, _signed("gpu005", seq, now))
+        _wait(lambda: rx.pump() > 0 or bool(rx._beats))
+        rx.pump()
+        assert [b.seq for b in rx.drain()] == [1, 2, 3]
+        assert rx.pump() == 0
+    finally:
+        rx.stop()
+
+
+def test_a_starved_receiver_thread_costs_no_node_its_liveness() -> None:
+    """The CI case: the controller wakes after a stall with beats unread in the kernel; the tick judges with them."""
+    from nuro.slurm.models import NodeInfo
+    from nuro.slurm_plugins.controller.detection import FailureDetector
+    from nuro.slurm_plugins.controller.liveness import LivenessConfig
+
+    class _Backend:
+        def nodes(self) -> list[NodeInfo]:
+            return [NodeInfo(name="gpu006", state="IDLE", flags=frozenset({"IDLE"}))]
+
+    mono = [100.0]
+    rx = HeartbeatReceiver("127.0.0.1", 0, MASTER, monotonic=lambda: mono[0])  # not started
+    try:
+        det = FailureDetector(
+            _Backend(), rx, LivenessConfig(interval_s=0.25, miss_limit=4), dry_run=True,  # type: ignore[arg-type]
+            monotonic=lambda: mono[0], node_poll_s=2.0,
+        )  # fmt: skip
+        _send(rx.port, _signed("gpu006", 1, time.time()))
+        _wait(lambda: rx.pump() > 0)  # seq 1 arrived at t=100, when the detector started
+        assert det.tick() == []
+        _send(rx.port, _signed("gpu006", 2, time.time()))  # seq 2 reaches the kernel at about t=100.75 ...
+        time.sleep(0.05)
+        mono[0] += 1.5  # ... and the controller wakes at t=101.5: seq 1 is 1.5 s old (> 1 s), seq 2 was never read
+        assert det.tick() == [], "a beat the kernel held was not counted: the node was declared lost"
+        assert det.state.nodes["gpu006"].seq == 2
+    finally:
+        rx.stop()
