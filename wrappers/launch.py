@@ -41,7 +41,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +59,7 @@ from nuro.protocol.contract import (
     rdzv_port,
 )
 from nuro.slurm import CliBackend, HostlistError, SlurmError, expand_hostlist, parse_node_addr
+from nuro.wrappers.direct import Workers, plan_workers
 from nuro.wrappers.launch_outcome import (
     Evidence,
     Kind,
@@ -395,7 +396,8 @@ def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                                  dir=env.get("NURO_STAGING_DIR") or None))  # fmt: skip
     try:
         name = env.get("SLURMD_NODENAME") or socket.gethostname()
-        local = args.local_addr or env.get("NURO_LOCAL_ADDR") or node_addr(name)
+        # direct workers never advertise this node's address (rank 0 serves the store at NURO_RDZV_ADDR): no scontrol
+        local = "" if args.launcher == "direct" else args.local_addr or env.get("NURO_LOCAL_ADDR") or node_addr(name)
         rdzv = None if env.get("NURO_RDZV_ADDR") else node_addr(first_node(env) or name)
         plan = plan_torchrun(env, args.script, nproc_per_node=args.nproc_per_node, python=args.python,
                              local_addr=local, rdzv_addr=rdzv, error_file=str(work / "agent-error.json"),
@@ -403,12 +405,16 @@ def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                              stop_dir=str(work / "stops"))  # fmt: skip
         base = verdict_base(env, args.verdict_dir)
         vdir = attempt_dir(base, env) if base else None
-        log.warning("node=%d/%d job=%s argv=%s", plan.node_id, plan.num_nodes, env.get("SLURM_JOB_ID"),
-                    " ".join(plan.argv))  # fmt: skip
+        if args.launcher == "torchrun":
+            log.warning("node=%d/%d job=%s argv=%s", plan.node_id, plan.num_nodes, env.get("SLURM_JOB_ID"),
+                        " ".join(plan.argv))  # fmt: skip
         t0 = time.monotonic()
-        rc, tail, sigs = _run_torchrun(plan, env)
-        evidence = collect_evidence(rc, tail, work / "agent-error.json", work / "logs", sigs.first_stop,
-                                    work / "stops")  # fmt: skip
+        if args.launcher == "direct":
+            rc, sigs, evidence = _run_direct(plan, args, env, work)
+        else:
+            rc, tail, sigs = _run_torchrun(plan, env)
+            evidence = collect_evidence(rc, tail, work / "agent-error.json", work / "logs", sigs.first_stop,
+                                        work / "stops")  # fmt: skip
         outcome = classify(evidence)
         outcome = Outcome(outcome.kind, outcome.exit_code, outcome.why, node=plan.node_id, at=time.time(),
                           details={"torchrun_rc": rc, "signals": sigs.received,
@@ -457,15 +463,63 @@ def _run_torchrun(plan: TorchrunPlan, env: Mapping[str, str]) -> tuple[int, str,
 
     handlers = dict.fromkeys((*_STOP_SIGNALS, *_TRAINING_SIGNALS), on_signal)
     rc = wait_relaying(proc, handlers, poll_s=1.0, on_poll=remember_descendants)
+    _kill_left(seen.values(), "torchrun")
+    return rc, out.text() + err.text(), sigs
+
+
+def _run_direct(
+    plan: TorchrunPlan, args: argparse.Namespace, env: Mapping[str, str], work: Path
+) -> tuple[int, _Signals, Evidence]:
+    """Start this node's workers without torchrun's agent (``wrappers.direct``), forward signals like the torchrun
+    path (USR1/USR2 to the workers, TERM/INT too), and kill what they leave behind once they are gone."""
+    addr, port = plan.env["NURO_RDZV_ADDR"], int(plan.env["NURO_RDZV_PORT"])
+    specs = plan_workers(
+        args.script, python=args.python, node_id=plan.node_id, num_nodes=plan.num_nodes,
+        nproc_per_node=args.nproc_per_node, master_addr=addr, master_port=port,
+        job_id=int(env["SLURM_JOB_ID"]), error_dir=str(work),
+        base_env={k: v for k, v in plan.env.items() if k != "TORCHELASTIC_ERROR_FILE"},
+    )  # fmt: skip
+    log.warning("node=%d/%d job=%s ranks=%s master=%s:%d argv=%s", plan.node_id, plan.num_nodes,
+                env.get("SLURM_JOB_ID"), ",".join(str(s.rank) for s in specs), addr, port,
+                " ".join(specs[0].argv))  # fmt: skip
+    sigs = _Signals()
+    try:
+        workers = Workers(specs, env, _ignore_training_signals, _Tail)
+    except OSError as exc:
+        raise LaunchError(f"cannot start the training with {args.python!r}: {exc}; check entrypoint.python") from exc
+    seen: dict[int, psutil.Process] = {}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        sigs.received.append(name)
+        if signum in _STOP_SIGNALS and sigs.first_stop is None:
+            sigs.first_stop = name
+        log.warning("forwarded SIG%s to pids=%s", name, workers.signal_all(signum))
+
+    def remember_descendants() -> None:
+        for pid in workers.pids():
+            seen.update((p.pid, p) for p in [*descendants(pid)] if p.pid not in seen)
+
+    handlers = dict.fromkeys((*_STOP_SIGNALS, *_TRAINING_SIGNALS), on_signal)
+    rc = wait_relaying(workers, handlers, poll_s=1.0, on_poll=remember_descendants)  # type: ignore[arg-type]
+    _kill_left(seen.values(), "the workers")
+    stop_dir = work / "stops"
+    stopped = frozenset(
+        int(p.name.removeprefix("rank-")) for p in stop_dir.glob("rank-*") if p.name.removeprefix("rank-").isdigit()
+    )  # fmt: skip
+    return rc, sigs, workers.evidence(rc, sigs.first_stop, stopped)
+
+
+def _kill_left(procs: Iterable[psutil.Process], whose: str) -> None:
+    """SIGKILL the processes (seen while the training ran) that are still alive: left behind by ``whose``."""
     left = []
-    for p in seen.values():
+    for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
                 p.kill()
                 left.append(p.pid)
     if left:
-        log.warning("killed %d process(es) torchrun left behind: %s", len(left), left)
-    return rc, out.text() + err.text(), sigs
+        log.warning("killed %d process(es) %s left behind: %s", len(left), whose, left)
 
 
 # --- step mode ---------------------------------------------------------------------------------------------------
@@ -512,7 +566,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--step", action="store_true", help="Batch-step mode: run the given srun command and fold.")
     p.add_argument("--nproc-per-node", type=int, default=1, help="Workers on this node (GPUs per node; 1 on CPU).")
-    p.add_argument("--python", default=sys.executable, help="Interpreter for torchrun (default: this one).")
+    p.add_argument("--python", default=sys.executable, help="Interpreter for the training (default: this one).")
+    p.add_argument("--launcher", choices=("torchrun", "direct"), default="torchrun",
+                   help="torchrun: under torchrun's agent; direct: nuro-launch starts the workers itself with "
+                   "torchrun's variables (no agent: ~2 s less to a restarted job's first step). nuro-train renders "
+                   "direct.")  # fmt: skip
     p.add_argument("--local-addr", default=None, help="This node's address (default: its Slurm NodeAddr).")
     p.add_argument("--pg-timeout-s", type=int, default=int(os.environ.get("NURO_PG_TIMEOUT_S") or PG_TIMEOUT_S),
                    help="Collective timeout given to the training (NURO_PG_TIMEOUT_S; default 60).")  # fmt: skip

@@ -233,7 +233,8 @@ def code_exports(code: CodePin, job_dir: str) -> list[str]:
 
 
 def _launch_lines(spec: JobSpec, facts: ClusterFacts) -> list[str]:
-    """Section 4: ``nuro-launch`` on every node (one srun task each) runs torchrun; ``nuro-launch --step`` around
+    """Section 4: ``nuro-launch`` on every node (one srun task each) starts the workers with torchrun's variables
+    (``--launcher=direct``: no torchrun agent, see ``wrappers.direct``); ``nuro-launch --step`` around
     the srun relays the batch shell's signals and folds the nodes' verdicts into the exit ``nuro_finish`` acts on
     (srun's own status is the maximum over tasks, so a node killed by --kill-on-bad-exit would hide a 75)."""
     nproc = spec.gpus_per_node if spec.gpus_per_node > 0 else 1
@@ -243,7 +244,7 @@ def _launch_lines(spec: JobSpec, facts: ClusterFacts) -> list[str]:
     script_args = "".join(f" {_q(a)}" for a in args)
     python = _q(spec.python)
     return [
-        "# 4. launch: nuro-launch per node (srun) runs torchrun, rendezvous on the first node of the allocation;",
+        "# 4. launch: nuro-launch per node (srun) starts the workers, rendezvous on the first node of the allocation;",
         "#    nuro-launch --step folds the nodes' verdicts: 0 done, 75 restart me, else the training's failure",
         'NURO_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "NURO_RDZV_ADDR=$(scontrol show node -o \"$NURO_RDZV_HOST\" | sed -n 's/.* NodeAddr=\\([^ ]*\\).*/\\1/p')",
@@ -255,7 +256,7 @@ def _launch_lines(spec: JobSpec, facts: ClusterFacts) -> list[str]:
         *[f"export {key}={_q(value)}" for key, value in spec.env],
         f"{python} -m nuro.wrappers.launch --step -- \\",
         '  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \\',
-        f"  {python} -m nuro.wrappers.launch --nproc-per-node={nproc} -- \\",
+        f"  {python} -m nuro.wrappers.launch --launcher=direct --nproc-per-node={nproc} -- \\",
         f"    {_q(spec.script)}{script_args} &",
         "NURO_STEP_PID=$!",
     ]

@@ -88,7 +88,7 @@ else
 fi
 [ -z "$NURO_STOP_REASON" ] || nuro_finish "$NURO_EXIT_REQUEUE"  # stopped before the launch
 
-# 4. launch: nuro-launch per node (srun) runs torchrun, rendezvous on the first node of the allocation;
+# 4. launch: nuro-launch per node (srun) starts the workers, rendezvous on the first node of the allocation;
 #    nuro-launch --step folds the nodes' verdicts: 0 done, 75 restart me, else the training's failure
 NURO_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 NURO_RDZV_ADDR=$(scontrol show node -o "$NURO_RDZV_HOST" | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
@@ -98,7 +98,7 @@ export NURO_RDZV_ADDR NURO_RDZV_PORT NURO_LAUNCH_DIR="$NURO_JOB_DIR/launch"
 cd "$NURO_CODE_DIR" || nuro_fail "cannot enter $NURO_CODE_DIR"
 /shared/venvs/torch/bin/python -m nuro.wrappers.launch --step -- \
   srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-  /shared/venvs/torch/bin/python -m nuro.wrappers.launch --nproc-per-node=1 -- \
+  /shared/venvs/torch/bin/python -m nuro.wrappers.launch --launcher=direct --nproc-per-node=1 -- \
     train.py &
 NURO_STEP_PID=$!
 

@@ -79,7 +79,7 @@ else
 fi
 [ -z "$NURO_STOP_REASON" ] || nuro_finish "$NURO_EXIT_REQUEUE"  # stopped before the launch
 
-# 4. launch: nuro-launch per node (srun) runs torchrun, rendezvous on the first node of the allocation;
+# 4. launch: nuro-launch per node (srun) starts the workers, rendezvous on the first node of the allocation;
 #    nuro-launch --step folds the nodes' verdicts: 0 done, 75 restart me, else the training's failure
 NURO_RDZV_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 NURO_RDZV_ADDR=$(scontrol show node -o "$NURO_RDZV_HOST" | sed -n 's/.* NodeAddr=\([^ ]*\).*/\1/p')
@@ -91,7 +91,7 @@ export NCCL_DEBUG=WARN
 export OMP_NUM_THREADS=4
 python3 -m nuro.wrappers.launch --step -- \
   srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \
-  python3 -m nuro.wrappers.launch --nproc-per-node=8 -- \
+  python3 -m nuro.wrappers.launch --launcher=direct --nproc-per-node=8 -- \
     train.py --epochs 90 --lr=3e-4 &
 NURO_STEP_PID=$!
 

@@ -4,8 +4,8 @@ values never run.
 Set-up: ``nuro-admin policy apply examples/policy/teams.yaml`` (accounts, QOS, associations and the bridge's table),
 then a git repository owned by alice (git refuses repositories of other users) in a directory every job user can
 reach. Jobs run as alice through the real entry points (``nuro-sbatch``, the ``submit`` command), not the library.
-There is no torch on this machine: the repository carries a stand-in ``torch/distributed/run.py`` that prints the
-arguments torchrun got on each node and runs the script, so the rendered launch line is exercised as it is.
+The rendered launch line starts the script on each node through ``nuro-launch --launcher=direct`` (no torch is
+needed: the script prints the rank, world and rendezvous address the launcher gave it), exercised as it is.
 Teardown removes every nuro-managed Slurm object again (other modules expect none).
 """
 
@@ -41,23 +41,12 @@ VECTORS = json.loads((REPO / "tests" / "vectors" / "admission.json").read_text()
 GIT_ID = {"GIT_AUTHOR_NAME": "alice", "GIT_AUTHOR_EMAIL": "a@x", "GIT_COMMITTER_NAME": "alice",
           "GIT_COMMITTER_EMAIL": "a@x"}  # fmt: skip
 
-FAKE_TORCHRUN = """import argparse, os, subprocess, sys
-p = argparse.ArgumentParser()
-for flag in ("--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--node-rank",
-             "--local-addr", "--max-restarts", "--monitor-interval", "--log-dir", "--tee"):
-    p.add_argument(flag)
-p.add_argument("script")
-p.add_argument("args", nargs=argparse.REMAINDER)
-a = p.parse_args()
-node = os.environ.get("SLURM_NODEID", "?")
-print(f"torchrun node={node} nnodes={a.nnodes} nproc={a.nproc_per_node} backend={a.rdzv_backend} "
-      f"endpoint={a.rdzv_endpoint} id={a.rdzv_id} cwd={os.getcwd()}", flush=True)
-sys.exit(subprocess.call([sys.executable, a.script, *a.args], env=dict(os.environ, RANK=node)))
-"""
 TRAIN = """import os, sys
 restart = os.environ.get("SLURM_RESTART_COUNT", "0")
 print(f"train rank={os.environ['RANK']} version={open('VERSION').read().strip()} restart={restart} "
-      f"dataset={os.environ['NURO_DATASET_DIGEST']} ckpt={os.environ['NURO_CKPT_INTERVAL_S']}", flush=True)
+      f"dataset={os.environ['NURO_DATASET_DIGEST']} ckpt={os.environ['NURO_CKPT_INTERVAL_S']} "
+      f"world={os.environ['WORLD_SIZE']} master={os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+      f"node={os.environ['SLURM_NODEID']} cwd={os.getcwd()}", flush=True)
 if "--requeue-once" in sys.argv and restart == "0":
     sys.exit(int(os.environ["NURO_EXIT_REQUEUE"]))
 """
@@ -116,11 +105,9 @@ def alice_git(cluster: LiveCluster, repo: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def repo(cluster: LiveCluster, shared: Path) -> Path:
-    """alice's repository: VERSION=A at HEAD, a stand-in torch, a training script and a batch script."""
+    """alice's repository: VERSION=A at HEAD, a training script and a batch script."""
     r = shared / "vision"
-    for rel, text in (("torch/__init__.py", ""), ("torch/distributed/__init__.py", ""),
-                      ("torch/distributed/run.py", FAKE_TORCHRUN), ("train.py", TRAIN), ("VERSION", "A\n"),
-                      ("job.sh", JOB_SH)):  # fmt: skip
+    for rel, text in (("train.py", TRAIN), ("VERSION", "A\n"), ("job.sh", JOB_SH)):
         (r / rel).parent.mkdir(parents=True, exist_ok=True)
         (r / rel).write_text(text)
     subprocess.run(["chown", "-R", "alice", str(r)], check=True)
@@ -189,7 +176,7 @@ def submit_cmd(cluster: LiveCluster, *args: str, cwd: Path | None = None) -> sub
     return as_user(cluster, "alice", [sys.executable, "-c", code, *args], cwd=cwd)
 
 
-def test_submit_renders_a_two_node_torchrun_job_on_the_pinned_commit(cluster, teams, repo, shared, digest) -> None:
+def test_submit_renders_a_two_node_job_on_the_pinned_commit(cluster, teams, repo, shared, digest) -> None:
     pinned = alice_git(cluster, repo, "rev-parse", "HEAD")
     path = spec_file(shared, repo, "ddp", digest)
     dry = submit_cmd(cluster, str(path), "--dry-run", "--policy", str(POLICY))
@@ -214,9 +201,8 @@ def test_submit_renders_a_two_node_torchrun_job_on_the_pinned_commit(cluster, te
     assert port != rdzv_port(job_id) or ENV_RDZV_PORT_BASE not in cluster.env
     code_dir = shared / "runs" / "ddp" / str(job_id) / "code"
     for node in ("0", "1"):
-        assert (f"torchrun node={node} nnodes=2 nproc=1 backend=c10d endpoint=127.0.0.1:{port} id={job_id} "
-                f"cwd={code_dir}") in log  # fmt: skip
-        assert f"train rank={node} version=B restart=0 dataset={digest} ckpt=300" in log
+        assert (f"train rank={node} version=B restart=0 dataset={digest} ckpt=300 world=2 master=127.0.0.1:{port} "
+                f"node={node} cwd={code_dir}") in log  # fmt: skip
     assert "nuro: run finished" in log
 
 
