@@ -84,15 +84,16 @@ def fit_problems(problems: Sequence[str], make: Callable[[tuple[str, ...]], byte
 
 
 def build_heartbeat(
-    node: str, boot_ms: int, seq: int, sent: float, problems: Sequence[str], key: bytes
+    node: str, boot_ms: int, seq: int, sent: float, problems: Sequence[str], key: bytes, stopping_s: float = 0.0
 ) -> tuple[hb.Heartbeat, bytes]:
-    """The heartbeat for one beat and its signed datagram; problems are shortened to fit ``hb.MAX_DATAGRAM``."""
+    """The heartbeat for one beat and its signed datagram; problems are shortened to fit ``hb.MAX_DATAGRAM``.
+    ``stopping_s`` > 0 only in the last beat of a clean stop (``heartbeat.DEFAULT_STOP_GRACE_S``)."""
 
     def make(cut: tuple[str, ...]) -> bytes:
-        return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut), key)
+        return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, cut, stopping_s), key)
 
     cut = fit_problems(problems, make)
-    beat = hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut)
+    beat = hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut, stopping_s=stopping_s)
     return beat, hb.encode(beat, key)
 
 
@@ -179,6 +180,8 @@ class AgentConfig:
         stale_after_s: a probe verdict older than this is itself a problem; None = 5 probe intervals + the probe
             timeout.
         status_dir: where ``<node>.json`` goes; None = no status file.
+        stop_grace_s: the silence announced in the last beat of a clean stop (0: announce none, so the stop is a
+            loss like a crash).
     """
 
     node: str
@@ -190,12 +193,15 @@ class AgentConfig:
     health: HealthSettings = field(default_factory=HealthSettings)
     probe_timeout_s: float = 5.0
     stale_after_s: float | None = None
+    stop_grace_s: float = hb.DEFAULT_STOP_GRACE_S
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
             raise ValueError(f"--interval-s must be > 0, got {self.interval_s}")
         if self.probe_interval_s <= 0:
             raise ValueError(f"--probe-interval-s must be > 0, got {self.probe_interval_s}")
+        if not 0 <= self.stop_grace_s <= hb.MAX_STOP_GRACE_S:
+            raise ValueError(f"--stop-grace-s must be within 0..{hb.MAX_STOP_GRACE_S:.0f}, got {self.stop_grace_s}")
         if self.stale_after_s is None:
             self.stale_after_s = 5 * self.probe_interval_s + self.probe_timeout_s
 
@@ -317,12 +323,13 @@ class Agent:
                 log.info("heartbeat send recovered node=%s", self.config.node)
             self._send_error = error
 
-    def beat_once(self) -> hb.Heartbeat:
+    def beat_once(self, stopping_s: float = 0.0) -> hb.Heartbeat:
         """Send one heartbeat and write the status file; never blocks, never raises for network errors."""
         self.seq += 1
         now = self.clock()
         problems = self.current_problems()
-        beat, data = build_heartbeat(self.config.node, self.boot_ms, self.seq, now, problems, self.config.key)
+        beat, data = build_heartbeat(self.config.node, self.boot_ms, self.seq, now, problems, self.config.key,
+                                     stopping_s)  # fmt: skip
         addr = self._resolve()
         if addr is not None:
             try:
@@ -403,6 +410,10 @@ class Agent:
                 next_at = self.monotonic()
                 delay = 0
             stop.wait(delay)
+        if self.config.stop_grace_s > 0:
+            # a clean stop (SIGTERM: systemctl stop/restart, an upgrade) says so, so the controller does not take
+            # the node for dead while the agent is away; a crash sends nothing and is a loss
+            self.beat_once(stopping_s=min(self.config.stop_grace_s, hb.MAX_STOP_GRACE_S))
         for t in threads:
             t.join(timeout=2.0)  # a hung NVML call cannot be joined; its thread is a daemon
         if self.metrics is not None:
@@ -468,6 +479,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", help="append logs here instead of stderr")
     p.add_argument("--staging-root", help="run the checkpoint upload worker over this staging dir")
     p.add_argument("--probe-timeout-s", type=float, default=5.0)
+    p.add_argument(
+        "--stop-grace-s", type=float, default=hb.DEFAULT_STOP_GRACE_S,
+        help="silence the last beat of a clean stop announces, so a restart is no node loss (0: none; at most "
+        f"{hb.MAX_STOP_GRACE_S:.0f})",
+    )  # fmt: skip
     return p
 
 
@@ -497,6 +513,7 @@ def main(argv: list[str] | None = None) -> int:
             status_dir=args.status_dir or settings.agent_status_dir,
             health=settings,
             probe_timeout_s=args.probe_timeout_s,
+            stop_grace_s=args.stop_grace_s,
         )
         hb.Heartbeat(config.node, 0, 0, 0.0)  # validates the node name now, not at the first beat
         probe = make_probe(settings.probe, timeout_s=args.probe_timeout_s)

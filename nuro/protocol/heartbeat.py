@@ -20,7 +20,9 @@ the clear in front of the body so the receiver can pick the key and check the MA
 of junk costs one length check, one split and one MAC per datagram, never a JSON parse). json is compact, sorted,
 and holds ``v`` (format), ``node`` (must equal the clear one), ``boot`` (agent start time, ms: a restarted agent
 starts a new sequence), ``seq``, ``sent`` (Unix s), ``healthy`` (bool: the agent's last probe passed),
-``problems`` (short texts when not healthy).
+``problems`` (short texts when not healthy), ``stopping_s`` (only in an agent's last beat before a clean stop: "I am
+stopping on purpose, expect silence for up to this long", so a restart of the agent (an upgrade, ``systemctl restart``)
+is not a node loss; a controller that does not know the key ignores it, as parsers ignore every unknown key).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ DEFAULT_INTERVAL_S = 0.25
 DEFAULT_MISS_LIMIT = 4  # intervals of silence before a node is declared lost
 #: GPU probes stay at 1 s: NVML reads cost far more than a datagram, and health needs no faster verdict.
 DEFAULT_PROBE_INTERVAL_S = 1.0
+#: The silence a cleanly stopping agent announces (its last beat's ``stopping_s``): a restart takes ~1-2 s (systemd's
+#: RestartSec=1 and Python's start); a node that stays silent longer is judged lost as usual, only later.
+DEFAULT_STOP_GRACE_S = 15.0
+#: The most a controller honours, whatever a beat says (a node key is no licence to hide a dead node for long).
+MAX_STOP_GRACE_S = 60.0
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NODE_BYTES = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAC_LEN = 64
@@ -75,12 +82,15 @@ class Heartbeat:
     sent: float
     healthy: bool = True
     problems: tuple[str, ...] = field(default_factory=tuple)
+    stopping_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not is_node_name(self.node):
             raise BadHeartbeat(f"node name {self.node!r} is not a valid Slurm node name")
         if self.seq < 0 or self.boot < 0:
             raise BadHeartbeat("boot and seq must be non-negative")
+        if not 0.0 <= self.stopping_s <= MAX_STOP_GRACE_S:  # also refuses NaN
+            raise BadHeartbeat(f"stopping_s={self.stopping_s} is outside 0..{MAX_STOP_GRACE_S:.0f} s")
 
 
 def load_key(path: str | Path) -> bytes:
@@ -163,7 +173,10 @@ def mac(key: bytes, signed: bytes) -> bytes:
 def encode(hb: Heartbeat, key: bytes) -> bytes:
     """The signed datagram; ``key`` is the node's own key (``node_key``)."""
     body = json.dumps(
-        {"v": FORMAT, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(hb).items()}},
+        {
+            "v": FORMAT,
+            **{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(hb).items() if k != "stopping_s" or v},
+        },  # only a stopping agent's last beat carries it
         separators=(",", ":"),
         sort_keys=True,
     ).encode()
@@ -223,6 +236,7 @@ def parse_body(node: str, body: bytes) -> Heartbeat:
             sent=float(raw["sent"]),
             healthy=bool(raw.get("healthy", True)),
             problems=tuple(str(p) for p in raw.get("problems", ())),
+            stopping_s=float(raw.get("stopping_s", 0.0)),
         )
     except BadHeartbeat:
         raise

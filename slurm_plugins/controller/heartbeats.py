@@ -232,7 +232,8 @@ class HeartbeatReceiver:
             self.guard.check(hb, self.reference_wall(mono))
         except BadHeartbeat as exc:
             return self._reject(reject_reason(exc), source, mono, str(exc))
-        beat = Beat(hb.node, hb.boot, hb.seq, hb.sent, mono, hb.healthy, hb.problems, received_wall=self.clock())
+        beat = Beat(hb.node, hb.boot, hb.seq, hb.sent, mono, hb.healthy, hb.problems, received_wall=self.clock(),
+                    stopping_s=hb.stopping_s)  # fmt: skip
         with self._lock:
             self._beats.append(beat)
             self.accepted += 1

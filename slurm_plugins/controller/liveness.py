@@ -13,6 +13,10 @@ Rules (``interval`` = heartbeat interval, ``timeout`` = ``miss_limit`` × ``inte
 - a beat says ``healthy=false`` → DRAIN, reason ``nuro: unhealthy: <the agent's problems>``;
 - we drained/downed it, it now beats healthy for ≥ 2 intervals and its hold has passed → RESUME, only if Slurm's
   reason still starts with ``nuro:``;
+- its agent's last beat said it was stopping on purpose (``stopping_s``, a clean stop or restart of the agent) → not
+  lost while that announced silence lasts (capped at ``MAX_STOP_GRACE_S``); still silent after it → lost as above,
+  the reason saying so. Without this an agent restart (an upgrade, ``systemctl restart``: ~1-2 s) downed the node and
+  requeued its jobs. A crashed agent announces nothing: that silence is a loss, as a dead host's is;
 - it never sent a beat → nothing (agent not deployed there: Slurm's SlurmdTimeout is the only detector);
 - the controller started less than one timeout ago → nothing (soft state is rebuilt from the next beats first);
 - more than half of the beating nodes (and ≥ 4) fall silent at once → nothing for them (mass-loss guard: more
@@ -52,7 +56,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from types import MappingProxyType
 
-from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, DEFAULT_MISS_LIMIT
+from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, DEFAULT_MISS_LIMIT, MAX_STOP_GRACE_S
 from nuro.slurm.models import NodeInfo
 
 REASON_PREFIX = "nuro:"
@@ -125,6 +129,7 @@ class Beat:
     healthy: bool = True
     problems: tuple[str, ...] = ()
     received_wall: float | None = None
+    stopping_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,7 @@ class NodeLiveness:
         losses: loss times inside the flap window.
         flap_level: how many flap holds in a row (sets the back-off).
         hold_until: do not resume before this.
+        quiet_until: its agent announced a clean stop: silence until then is no loss (0: none announced).
     """
 
     last_beat: float
@@ -155,6 +161,7 @@ class NodeLiveness:
     flap_level: int = 0
     hold_until: float = 0.0
     last_beat_wall: float = 0.0
+    quiet_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -241,6 +248,8 @@ def _absorb(prev: NodeLiveness | None, beats: list[Beat], cfg: LivenessConfig) -
             healthy=b.healthy,
             problems=tuple(b.problems),
             healthy_since=(streak_start if streak_start is not None else b.received) if b.healthy else None,
+            # a stopping beat opens a quiet period; any other beat (the restarted agent's first) closes it
+            quiet_until=b.received + min(b.stopping_s, MAX_STOP_GRACE_S) if b.stopping_s > 0 else 0.0,
         )
     if cur is None:
         raise ValueError("_absorb needs a previous state or at least one beat")
@@ -286,8 +295,11 @@ def assess(
     actions: list[NodeAction] = []
     suppressed: tuple[str, ...] = ()
     if now - state.started_at >= cfg.timeout_s:  # restart grace: judge nobody before one full timeout
-        newly_silent = [n for n, cur in nodes.items() if cur.lost_at is None and now - cur.last_beat > cfg.timeout_s]
-        alive = [n for n, cur in nodes.items() if cur.lost_at is None]
+        # nodes whose agent announced a clean stop are neither silent nor alive for the mass-loss guard: a rolling
+        # restart of agents must not hide a real loss beside it, nor count as one
+        judged = {n: cur for n, cur in nodes.items() if cur.lost_at is None and now >= cur.quiet_until}
+        newly_silent = [n for n, cur in judged.items() if now - cur.last_beat > cfg.timeout_s]
+        alive = list(judged)
         mass = len(newly_silent) >= cfg.mass_loss_min and len(newly_silent) > cfg.mass_loss_fraction * len(alive)
         if newly_silent and (mass or hold_losses):
             suppressed = tuple(sorted(newly_silent))
@@ -314,6 +326,9 @@ def _judge(
     wall = now if wall is None else wall
     silent = now - cur.last_beat
     admin = _admin_drained(snode)
+    # 0. Quiet: its agent said it was stopping on purpose, and the silence it announced has not run out.
+    if silent > cfg.timeout_s and cur.lost_at is None and now < cur.quiet_until:
+        return cur, []
     # 1. Lost: silent for longer than the timeout, first time since it was last alive.
     if silent > cfg.timeout_s and cur.lost_at is None:
         losses = tuple(t for t in cur.losses if now - t <= cfg.flap_window_s) + (now,)
@@ -326,7 +341,8 @@ def _judge(
                 f"until {_iso(wall + hold)}"
             )
         else:
-            reason = f"nuro: no heartbeat for {silent:.1f} s (last seq {cur.seq})"
+            said = "; its agent said it was stopping" if cur.quiet_until else ""
+            reason = f"nuro: no heartbeat for {silent:.1f} s (last seq {cur.seq}{said})"
         if admin is not None:
             reason = f"{reason} {ADMIN_MARK} {admin})"
         cause = Cause.FLAPPING if flapping else Cause.LOST

@@ -8,7 +8,10 @@ test leaves its nodes idle and resumed for the rest of the session.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import time
 from pathlib import Path
 
@@ -120,6 +123,23 @@ def test_a_flapping_node_is_held_drained(cluster: LiveCluster, restore: list[str
     flaps = [e for e in read_events(cluster.layout.events_log, since=killed["at"] - 1, node=node)]
     assert any(e["kind"] == "node_flapping" and e["hold_s"] >= 29 for e in flaps), flaps
     wait_until(lambda: _node(cluster, node).state == "IDLE", 40, f"{node} resumed when its 30 s hold ended")
+
+
+def test_an_agent_restart_is_no_node_loss(cluster: LiveCluster, restore: list[str]) -> None:
+    """SIGTERM to a node's agent (what systemctl restart or an upgrade does): its last beat announces the silence, the
+    supervisor starts it again (1 s back-off, as systemd's RestartSec), and the node is never taken down."""
+    node = "gpu005"
+    restore.append(node)
+    status = cluster.layout.agents_dir / f"{node}.json"
+    before = json.loads(status.read_text())
+    t0 = time.time()
+    os.kill(int(before["pid"]), signal.SIGTERM)
+    wait_until(lambda: json.loads(status.read_text())["boot"] != before["boot"], 30, f"{node}'s agent restarted")
+    time.sleep(2)  # > the 1 s timeout once more: a detector that ignored the announcement would have acted by now
+    after = _node(cluster, node)
+    assert "DOWN" not in after.flags and not after.is_drained, after
+    lost = [e for e in read_events(cluster.layout.events_log, since=t0, node=node) if e["kind"] == "node_lost"]
+    assert not lost, lost
 
 
 def test_nuro_env_and_exports_name_the_agent_dirs_and_event_log(cluster: LiveCluster) -> None:

@@ -302,3 +302,45 @@ def test_hold_losses_keeps_silent_nodes_alive_and_lists_them() -> None:
     assert acts == [] and state.suppressed == ("gpu001",)
     acts, _ = assess(state, [], slurm, 5.25, CFG)
     assert [a.node for a in acts] == ["gpu001", "gpu001"]  # once the kernel stops dropping, silence counts again
+
+
+def test_an_agent_that_says_it_is_stopping_is_not_lost_while_it_restarts() -> None:
+    """A clean agent stop (an upgrade, systemctl restart) announces its silence; the restarted agent's beats end it."""
+    sim = Sim()
+    sim.run(5, ("gpu001", "gpu002"))
+    sim.seq["gpu001"] += 1
+    last = Beat("gpu001", 1, sim.seq["gpu001"], sim.now, sim.now, stopping_s=15.0)
+    assert sim.step([last]) == []
+    assert sim.run(10, ("gpu002",)) == []  # 10 s of silence, 3 s is the timeout: still not lost
+    restarted = Beat("gpu001", 2, 1, sim.now, sim.now)
+    assert sim.step([restarted], 0.25) == []
+    assert sim.state.nodes["gpu001"].quiet_until == 0.0  # the new agent's beat closed the quiet period
+    acts = sim.run(4, ("gpu002",))  # the new agent dies without a word: an ordinary loss again
+    assert [(a.node, a.kind) for a in acts] == [("gpu001", NodeActionKind.DOWN), ("gpu001", NodeActionKind.DRAIN)]
+    assert "stopping" not in acts[0].reason
+
+
+def test_an_agent_that_said_it_was_stopping_and_never_came_back_is_lost_after_the_silence_it_announced() -> None:
+    sim = Sim()
+    sim.run(5, ("gpu001", "gpu002"))
+    sim.seq["gpu001"] += 1
+    sim.step([Beat("gpu001", 1, sim.seq["gpu001"], sim.now, sim.now, stopping_s=600.0)])  # capped at 60 s
+    assert sim.run(59.5, ("gpu002",)) == []
+    acts = sim.run(1, ("gpu002",))
+    assert [(a.node, a.kind) for a in acts] == [("gpu001", NodeActionKind.DOWN), ("gpu001", NodeActionKind.DRAIN)]
+    assert acts[0].reason.endswith("; its agent said it was stopping)"), acts[0].reason
+
+
+def test_stopping_agents_neither_trip_nor_hide_behind_the_mass_loss_guard() -> None:
+    """A rolling restart of 3 agents of 5 and one real death beside it: the dead node is still declared lost."""
+    names = tuple(f"gpu00{i}" for i in range(1, 6))
+    sim = Sim(names)
+    sim.run(5, names)
+    stops = []
+    for n in names[:3]:
+        sim.seq[n] += 1
+        stops.append(Beat(n, 1, sim.seq[n], sim.now, sim.now, stopping_s=15.0))
+    sim.step(stops)
+    acts = sim.run(4, ("gpu005",))  # gpu004 died; gpu001-003 are restarting
+    assert [(a.node, a.kind) for a in acts] == [("gpu004", NodeActionKind.DOWN), ("gpu004", NodeActionKind.DRAIN)]
+    assert sim.state.suppressed == ()

@@ -222,3 +222,32 @@ def test_run_beats_restarts_workers_and_stops(monkeypatch: pytest.MonkeyPatch) -
     t.join(5)
     assert not t.is_alive() and sock.closed and worker.calls == 2
     assert json.loads(sock.sent[-1][0].partition(b" ")[2])["seq"] == agent.seq  # <mac>.<node> <json>
+    last = hb.decode(sock.sent[-1][0], KEY)
+    assert last.stopping_s == hb.DEFAULT_STOP_GRACE_S  # a clean stop says so: the restart is no node loss
+    assert all(hb.decode(d, KEY).stopping_s == 0 for d, _ in sock.sent[:-1])
+
+
+def test_a_stop_grace_of_zero_announces_nothing_and_out_of_range_ones_are_refused() -> None:
+    sock = FakeSocket()
+    config = AgentConfig(node="gpu001", controller=("127.0.0.1", 9999), key=KEY, interval_s=0.05, stop_grace_s=0)
+    agent = Agent(config, FakeProbe.healthy(8), sock=sock, disk_free=lambda _p: 100 * GIB)  # type: ignore[arg-type]
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, args=(stop,))
+    t.start()
+    time.sleep(0.2)
+    stop.set()
+    t.join(5)
+    assert sock.sent and all(hb.decode(d, KEY).stopping_s == 0 for d, _ in sock.sent)
+    for bad in (-1, hb.MAX_STOP_GRACE_S + 1):
+        with pytest.raises(ValueError, match="--stop-grace-s"):
+            AgentConfig(node="gpu001", controller=("127.0.0.1", 9999), key=KEY, stop_grace_s=bad)
+
+
+def test_a_beat_without_stopping_s_is_byte_for_byte_the_old_format() -> None:
+    """Only a stopping beat carries the new key: controllers of the previous release parse every other beat."""
+    plain = hb.encode(hb.Heartbeat("gpu001", 1, 2, 3.0), KEY)
+    assert b"stopping_s" not in plain
+    stopping = hb.decode(hb.encode(hb.Heartbeat("gpu001", 1, 3, 3.0, stopping_s=15.0), KEY), KEY)
+    assert stopping.stopping_s == 15.0
+    with pytest.raises(hb.BadHeartbeat, match="stopping_s"):
+        hb.Heartbeat("gpu001", 1, 4, 3.0, stopping_s=float("nan"))

@@ -96,13 +96,13 @@ def test_launch_line_runs_nuro_launch_per_node_inside_the_step_wrapper(job) -> N
     assert (d / "step_argv").read_text().splitlines() == [
         "-m", "nuro.wrappers.launch", "--step", "--", "srun", "--nodes=1", "--ntasks-per-node=1",
         "--kill-on-bad-exit=1", python, "-m", "nuro.wrappers.launch", "--launcher=direct", "--nproc-per-node=1", "--",
-        "train.py",
-        "--epochs", "2",
+        "train.py", "--epochs", "2",
     ]  # fmt: skip
     cwd, *argv = (d / "argv").read_text().splitlines()
     assert cwd == str(d / "runs" / "t" / "4711" / "code")
-    assert argv == ["-m", "nuro.wrappers.launch", "--launcher=direct", "--nproc-per-node=1", "--", "train.py", "--epochs",
-                    "2"]  # fmt: skip
+    assert argv == [
+        "-m", "nuro.wrappers.launch", "--launcher=direct", "--nproc-per-node=1", "--", "train.py", "--epochs", "2",
+    ]  # fmt: skip
     env_lines = (d / "env").read_text()
     assert "MY_VAR=x" in env_lines and "NURO_DATASET_DIGEST=" + DIGEST in env_lines
     assert f"NURO_RDZV_ADDR=127.0.0.1\nNURO_RDZV_PORT={29500 + 4711 % 1000}\n" in env_lines
