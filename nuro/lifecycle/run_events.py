@@ -1,5 +1,5 @@
 """What a run itself saw, recorded next to its checkpoints in S3: started, resumed at step N, first step, progress,
-preempted, finished.
+preempted, finished, checkpoints a restore skipped.
 
 Why S3 and not a new database: S3 is already the system of record for a run's checkpoints (ARCHITECTURE principle
 1), the job has its credentials, and each event is one small immutable object written with ``If-None-Match: *`` — so
@@ -28,7 +28,9 @@ from nuro.objectstore import ObjectExists, ObjectStore, ObjectStoreError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("started", "restored", "first_step", "progress", "preempted", "finished", "failed")
+#: ``checkpoint_skipped``: a restore passed over committed steps it could not load (a shard torn in S3, a bad local
+#: copy); ``steps`` = [{"step", "reason"}], ``restored`` = the step it loaded (-1: none).
+KINDS = ("started", "restored", "first_step", "progress", "preempted", "finished", "failed", "checkpoint_skipped")
 
 
 @dataclass(frozen=True)

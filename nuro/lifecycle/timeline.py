@@ -183,6 +183,17 @@ def _controller_entries(attempts: Sequence[JobInfo], events: Iterable[dict[str, 
     return out
 
 
+def skipped_steps(ev: RunEvent) -> list[dict[str, Any]]:
+    """The ``steps`` of a ``checkpoint_skipped`` run event that are well-formed (``{"step": int, "reason": str}``);
+    the one reader of that field (timeline and ``nuro-train artifacts``)."""
+    steps = ev.fields.get("steps") if ev.kind == "checkpoint_skipped" else None
+    return [
+        {"step": s["step"], "reason": str(s.get("reason", ""))}
+        for s in (steps if isinstance(steps, list) else [])
+        if isinstance(s, dict) and isinstance(s.get("step"), int) and not isinstance(s.get("step"), bool)
+    ]
+
+
 def _run_entries(run_events: Iterable[RunEvent]) -> list[Entry]:
     out = []
     for ev in run_events:
@@ -190,6 +201,8 @@ def _run_entries(run_events: Iterable[RunEvent]) -> list[Entry]:
         bits += [f"{k}={v}" for k, v in sorted(ev.fields.items()) if k != "step"]
         kind = {"started": "process_started", "restored": "resumed"}.get(ev.kind, ev.kind)
         detail = ", ".join(bits) or ev.kind
+        if ev.kind == "checkpoint_skipped":
+            detail = "restore skipped " + "; ".join(f"step {s['step']}: {s['reason']}" for s in skipped_steps(ev))
         out.append(Entry(ev.ts, kind, "run", detail, ev.restart, ev.step, ev.node))
     return out
 

@@ -7,6 +7,8 @@ and accounting the record of which run resumed which (ARCHITECTURE principle 1).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import ManifestError
 from nuro.checkpoint.restore import load_manifest, step_numbers
@@ -38,19 +40,38 @@ def checkpoint_record(manifest) -> dict:  # noqa: ANN001 - a nuro.checkpoint.man
     }
 
 
-def run_checkpoints(store: ObjectStore, team: str, run: str) -> tuple[list[dict], list[dict]]:
+def damaged_files(manifest, sizes: Mapping[str, int]) -> list[str]:  # noqa: ANN001 - a Manifest
+    """The files of a committed step whose object is missing from the listing ``sizes`` (key → bytes) or has
+    another size than the manifest says: torn after its commit (the cheap check: no download, no sha256)."""
+    out = []
+    for f in manifest.shards:
+        size = sizes.get(L.shard_key(manifest.team, manifest.run, manifest.step, f.path))
+        if size != f.size:
+            out.append(f"{f.path} ({'missing' if size is None else f'{size} bytes, manifest says {f.size}'})")
+    return out
+
+
+def run_checkpoints(
+    store: ObjectStore, team: str, run: str, sizes: Mapping[str, int] | None = None
+) -> tuple[list[dict], list[dict]]:
     """A run's checkpoints in S3, oldest first: (committed, not committed).
 
-    Committed = a manifest that parses and names this team/run/step (``checkpoint_record``). Not committed = a step
-    prefix without one: ``{"step", "status": "incomplete" | "torn", "bytes"}`` (given up by its upload, or still
-    uploading / torn). No extra database: the listing and the manifests are the record (ARCHITECTURE principle 1).
-    Raises ObjectStoreError when the store cannot be listed; ValueError for a team/run name S3 keys cannot hold.
+    Committed = a manifest that parses and names this team/run/step (``checkpoint_record``); with ``sizes`` (the
+    listing of the run's prefix, key → bytes) each also gets ``damaged``: its files that are missing or resized
+    (``damaged_files``). Not committed = a step prefix without one: ``{"step", "status": "incomplete" | "torn",
+    "bytes"}`` (given up by its upload, or still uploading / torn). No extra database: the listing and the manifests
+    are the record (ARCHITECTURE principle 1). Raises ObjectStoreError when the store cannot be listed; ValueError
+    for a team/run name S3 keys cannot hold.
     """
     committed: list[dict] = []
     other: list[dict] = []
     for step in sorted(step_numbers(store, team, run)):
         try:
-            committed.append(checkpoint_record(load_manifest(store, team, run, step)))
+            manifest = load_manifest(store, team, run, step)
+            record = checkpoint_record(manifest)
+            if sizes is not None:
+                record["damaged"] = damaged_files(manifest, sizes)
+            committed.append(record)
             continue
         except NotFound:
             status = "incomplete" if store.exists(L.incomplete_key(team, run, step)) else "torn"

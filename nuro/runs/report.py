@@ -28,7 +28,8 @@ from rich.table import Table
 from rich.text import Text
 
 from nuro.checkpoint import layout as L
-from nuro.lifecycle.run_events import run_prefix
+from nuro.lifecycle.run_events import decode, run_prefix
+from nuro.lifecycle.timeline import skipped_steps
 from nuro.metrics.identities import platform_view
 from nuro.metrics.model import GPU, TRAIN, Query, Row
 from nuro.metrics.sink import sink_from_env
@@ -279,17 +280,29 @@ def gather_artifacts(ref: RunRef, store: Any) -> dict:
     if not ref.team or not ref.run:
         return {"job_id": ref.job_id, "team": None, "run": None, "checkpoints": [], "uncommitted": [], "objects": [],
                 "notes": [f"job {ref.job_id} carries no nuro run record: it has no run prefixes in S3"]}  # fmt: skip
-    committed, other = run_checkpoints(store, ref.team, ref.run)
     objects = []
+    sizes: dict[str, int] = {}  # the checkpoints' own files, for the manifests' size check
+    skip_events: list[str] = []
     ckpt_root = L.run_prefix(ref.team, ref.run)
     for prefix in (ckpt_root, run_prefix(ref.team, ref.run)):
         for o in store.list(prefix):
             rest = o.key[len(ckpt_root) :] if o.key.startswith(ckpt_root) else ""
             if rest and L.parse_step_name(rest.split("/", 1)[0]) is not None:
+                sizes[o.key] = o.size
                 continue  # a checkpoint's own files: shown as the checkpoint
+            if o.key.endswith("-checkpoint_skipped.json"):
+                skip_events.append(o.key)
             objects.append({"key": o.key, "bytes": o.size,
                             "modified": o.last_modified.isoformat() if o.last_modified else None,
                             "kind": artifact_kind(o.key)})  # fmt: skip
+    committed, other = run_checkpoints(store, ref.team, ref.run, sizes)
+    skipped: dict[int, list[dict]] = {}
+    for key in skip_events:  # few: one per restore that passed over a step
+        event = decode(store.get(key)[0])
+        for s in skipped_steps(event) if event is not None else ():
+            skipped.setdefault(s["step"], []).append({"job_id": event.job_id, "reason": s["reason"]})  # type: ignore[union-attr]
+    for c in committed:
+        c["skipped_by"] = skipped.get(c["step"], [])
     return {"job_id": ref.job_id, "team": ref.team, "run": ref.run, "checkpoints": committed, "uncommitted": other,
             "objects": objects, "notes": []}  # fmt: skip
 
@@ -311,16 +324,29 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def checkpoint_status(c: Mapping[str, Any]) -> str:
+    """``committed``, or what makes a committed step unusable: files torn since (missing or resized in S3), or a
+    restore that passed over it (``checkpoint_skipped`` run events: the job and the reason)."""
+    bits = []
+    if c.get("damaged"):
+        bits.append("torn: " + ", ".join(c["damaged"][:3]) + (" …" if len(c["damaged"]) > 3 else ""))
+    for s in c.get("skipped_by") or ():
+        bits.append(f"skipped at restore by job {s['job_id']}: {s['reason']}")
+    return "; ".join(bits) or "committed"
+
+
 def render_artifacts(a: Mapping[str, Any]) -> Group:
     """Checkpoints table, uncommitted steps, then other objects grouped by kind (run events can be many)."""
     parts: list[Any] = []
     t = Table(title=f"job {a['job_id']} {a['team'] or '-'}/{a['run'] or '-'}: checkpoints", title_justify="left")
-    for col in ("step", "size", "committed at", "job", "restart", "parent"):
+    for col in ("step", "size", "committed at", "job", "restart", "parent", "status"):
         t.add_column(col, justify="right" if col in ("step", "size", "restart", "parent") else "left")
     for c in a["checkpoints"]:
         style = "bold" if str(c["job_id"]) == str(a["job_id"]) else None
+        status = checkpoint_status(c)
         t.add_row(str(c["step"]), _size(c["bytes"]), c["committed_at"], str(c["job_id"]), str(c["restart"]),
-                  "—" if c["parent"] is None else str(c["parent"]), style=style)  # fmt: skip
+                  "—" if c["parent"] is None else str(c["parent"]), status,
+                  style="yellow" if status != "committed" else style)  # fmt: skip
     parts.append(t if a["checkpoints"] else Text("no committed checkpoints"))
     for u in a["uncommitted"]:
         parts.append(Text(f"step {u['step']}: not committed ({u['status']}), {_size(u['bytes'])} stored"))

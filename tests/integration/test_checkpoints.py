@@ -37,6 +37,7 @@ from nuro.devcluster import s3
 from nuro.devcluster.layout import PortPlan
 from nuro.objectstore import ObjectStore
 from nuro.protocol import jobrecord
+from nuro.runs.report import RunRef, checkpoint_status, gather_artifacts
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -375,6 +376,14 @@ def main(rank, run, root, port, s3_port):
     want = state(1)
     assert all(torch.equal(got[k], want[k]) for k in want), "step 1's tensors differ"
     assert [s for s, _ in again.restore_skipped] == [2], again.restore_skipped
+    if rank == 0:  # the skip is on record for nuro-train artifacts/events, not only in this output
+        import time
+        from nuro.lifecycle import run_events
+        deadline = time.monotonic() + 20
+        while not (evs := [e for e in run_events.read(store, "vision", run, 780) if e.kind == "checkpoint_skipped"]):
+            assert time.monotonic() < deadline, "no checkpoint_skipped run event"
+            time.sleep(0.2)
+        assert [s["step"] for s in evs[0].fields["steps"]] == [2] and evs[0].fields["restored"] == 1, evs
     again.close()
     dist.destroy_process_group()
 
@@ -404,6 +413,14 @@ def test_two_process_gloo_group_commits_one_manifest_of_two_parts(store: ObjectS
     parts = [parse_part(store.get(L.part_key(TEAM, run, 2, p))[0]) for p in (0, 1)]
     assert {f.path for f in parts[0].files} == {".metadata", "__0_0.distcp"}
     assert {f.path for f in parts[1].files} == {"__1_0.distcp"}
+    ref = RunRef(job_id=780, team=TEAM, run=run, meta={}, job=None)  # type: ignore[arg-type]
+    shown = {c["step"]: c for c in gather_artifacts(ref, store)["checkpoints"]}
+    assert shown[2]["damaged"] == [
+        "__0_0.distcp (4 bytes, manifest says " + str(next(s.size for s in m.shards if s.path == "__0_0.distcp")) + ")"
+    ], shown[2]
+    assert [s["job_id"] for s in shown[2]["skipped_by"]] == [780] and not shown[1]["damaged"], shown
+    assert checkpoint_status(shown[2]).startswith("torn: __0_0.distcp") and "skipped at restore by job 780" in (
+        checkpoint_status(shown[2]))  # fmt: skip
 
 
 def _stage(job_dir: Path, step: int, files: dict[str, bytes], **req: object) -> Path:

@@ -149,6 +149,24 @@ def test_artifacts_table() -> None:
     assert "step 20: not committed (torn), 1.0 KiB stored" in text and "run event started" in text
 
 
+def test_artifacts_show_a_committed_step_torn_since_or_skipped_at_restore() -> None:
+    base = {"job_id": 42, "restart": 1, "parent": None, "committed_at": "T", "bytes": 10, "world_size": 2}
+    a = {
+        "job_id": 42, "team": "vision", "run": "resnet", "uncommitted": [], "objects": [], "notes": [],
+        "checkpoints": [
+            {**base, "step": 10, "damaged": [], "skipped_by": []},
+            {**base, "step": 20, "damaged": ["__0_0.distcp (4 bytes, manifest says 70000)"],
+             "skipped_by": [{"job_id": 43, "reason": "sha256 mismatch in __0_0.distcp"}]},
+        ],
+    }  # fmt: skip
+    assert M.checkpoint_status(a["checkpoints"][0]) == "committed"
+    status = M.checkpoint_status(a["checkpoints"][1])
+    assert status == ("torn: __0_0.distcp (4 bytes, manifest says 70000); skipped at restore by job 43: sha256 "
+                      "mismatch in __0_0.distcp")  # fmt: skip
+    text = _text(M.render_artifacts(a))
+    assert "torn: __0_0.distcp" in text and "committed" in text
+
+
 def test_lineage_checkpoint_lines() -> None:
     lines = checkpoint_lines([
         {"step": 4, "job_id": 7, "restart": 0, "parent": None, "committed_at": "T1"},

@@ -57,3 +57,14 @@ def test_without_controller_or_run_records_the_slurm_part_still_shows() -> None:
     (rec,) = tl.recoveries
     assert rec.detected is None and rec.to_json()["steps_lost"] is None
     assert tl.to_json()["events"][0]["kind"] == "submitted"
+
+
+def test_a_restore_that_skipped_steps_shows_which_and_why() -> None:
+    first, second = attempts()
+    t = second.start_time.timestamp() + 5
+    hostile = {"steps": [{"step": 9, "reason": "sha256 mismatch in __0_0.distcp"}, {"step": "x"}, "junk",
+                         {"step": True, "reason": "not a step"}], "restored": 8}  # fmt: skip
+    tl = build(1, attempts(), run_events=[RunEvent(t, "checkpoint_skipped", 1, 1, "gpu002", hostile)])
+    (entry,) = [e for e in tl.entries if e.kind == "checkpoint_skipped"]
+    assert entry.detail == "restore skipped step 9: sha256 mismatch in __0_0.distcp"
+    assert entry.attempt == 1

@@ -47,6 +47,7 @@ from nuro.checkpoint.restore import latest_committed_step, load_manifest, restor
 from nuro.checkpoint.staging import job_dirs, request_parts, write_request
 from nuro.checkpoint.upload import FlushResult, UploadWorker
 from nuro.checkpoint.verify import scan_dir
+from nuro.lifecycle import run_events
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.wrappers.jobchannel import record_checkpoint
 from nuro.wrappers.sdk.runenv import RunEnv
@@ -389,6 +390,7 @@ class Checkpointer:
 
         max_step: int | None = None
         self.restore_skipped = []
+        self._rank0_skipped: list[tuple[int, str]] = []
         while True:
             path, step = self._choose_step(max_step)
             if not self._dist or step < 0:
@@ -401,6 +403,7 @@ class Checkpointer:
             log.warning("restore: step %d cannot be loaded on every node (%s); all ranks fall back below it", step,
                         why)  # fmt: skip
             max_step = step - 1
+        self._record_skipped(step)
         if step < 0 or path is None:
             return None
         dcp.load(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
@@ -420,6 +423,7 @@ class Checkpointer:
                 )  # fmt: skip
                 if found is not None:
                     path, step = found.path, found.step
+                    self._rank0_skipped += [(s.step, s.reason) for s in found.skipped]
             except (CheckpointError, ObjectStoreError, OSError) as exc:
                 error = f"rank 0: {exc}"
         if self._dist:
@@ -429,6 +433,24 @@ class Checkpointer:
         elif error:
             raise CheckpointError(f"restore failed: {error}")
         return path, step
+
+    def _record_skipped(self, restored: int) -> None:
+        """Rank 0 records the committed steps this restore passed over (``checkpoint_skipped`` run event), so
+        ``nuro-train artifacts`` and ``events`` show them as skipped, not only this job's output."""
+        if self.rank != 0:
+            return
+        skipped = {step: why for step, why in [*self._rank0_skipped, *self.restore_skipped]}
+        if skipped:
+            steps = [{"step": step, "reason": why[:300]} for step, why in sorted(skipped.items(), reverse=True)]
+            env = {
+                "NURO_TEAM": self.team,
+                "NURO_RUN_NAME": self.run,
+                "SLURM_JOB_ID": self.job_id,
+                "RANK": "0",
+                "SLURM_RESTART_COUNT": str(self.env.restart_count),
+                "SLURMD_NODENAME": os.environ.get("SLURMD_NODENAME", ""),
+            }  # this Checkpointer's run, also where no Slurm variables are set
+            run_events.record_later("checkpoint_skipped", store=self.store, env=env, steps=steps, restored=restored)
 
     def _materialise_everywhere(self, step: int, path: Path | None) -> tuple[list[str], Path | None]:
         """Each node's leader (other than rank 0's) materialises ``step``; every rank learns every node's outcome.
