@@ -45,6 +45,9 @@ DEFAULT_KNOWN_HOSTS = Path("~/.ssh/known_hosts")
 #: defaults are the dev cluster's (``SlurmdLogFile={log_dir}/slurmd-%n.log``, agents' ``--log-file``).
 DEFAULT_SLURMD_LOG = "{log_dir}/slurmd-{node}.log"
 DEFAULT_AGENT_LOG = "{log_dir}/agent-{node}.log"
+#: The prolog's and epilog's own log (``NURO_HOOK_LOG``: the dev cluster's ``hooks-%n.log``; Ansible's
+#: ``/var/log/nuro/hooks.log``).
+DEFAULT_HOOKS_LOG = "{log_dir}/hooks-{node}.log"
 #: Names the dev cluster's state dir (``nuro-admin devcluster env`` exports it); its nodes log under ``<dir>/log``.
 #: Read by name: the product never imports the dev wing.
 ENV_DEVCLUSTER_DIR = "NURO_DEVCLUSTER_DIR"
@@ -338,6 +341,7 @@ class NodeLogs:
     files: list[dict] = field(default_factory=list)  # {"name", "remote", "bytes", "error"}
     job_lines: int = 0
     prolog_epilog_lines: int = 0
+    hook_lines: int = 0
     error: str = ""
 
     @property
@@ -390,7 +394,13 @@ def collect_node(
         (ndir / f"slurmd-job{job_id}.log").write_text("".join(f"{x}\n" for x in lines))
         (ndir / f"prolog-epilog-job{job_id}.log").write_text("".join(f"{x}\n" for x in pe))
         n_job, n_pe = len(lines), len(pe)
-    return NodeLogs(node, host.name, host.address, "ok", files, n_job, n_pe)
+    n_hook = 0
+    hooks = ndir / "hooks.log"
+    if hooks.exists():  # nuro's prolog/epilog's own log: what they staged, skipped or gave up for this job
+        mine = job_lines(hooks.read_text(errors="replace"), job_id)
+        (ndir / f"hooks-job{job_id}.log").write_text("".join(f"{x}\n" for x in mine))
+        n_hook = len(mine)
+    return NodeLogs(node, host.name, host.address, "ok", files, n_job, n_pe, n_hook)
 
 
 # ---- click commands ----------------------------------------------------------------------------------------------
@@ -527,6 +537,8 @@ def exec_(
 )
 @click.option("--slurmd-log", default=DEFAULT_SLURMD_LOG, show_default=True, help="slurmd log path on a node.")
 @click.option("--agent-log", default=DEFAULT_AGENT_LOG, show_default=True, help="Node agent log path on a node.")
+@click.option("--hooks-log", default=DEFAULT_HOOKS_LOG, show_default=True,
+              help="nuro's prolog/epilog log on a node (the node env's NURO_HOOK_LOG).")  # fmt: skip
 @host_options
 def collect_logs(
     job_id: int,
@@ -535,6 +547,7 @@ def collect_logs(
     log_dir: Path | None,
     slurmd_log: str,
     agent_log: str,
+    hooks_log: str,
     hosts_expr: str | None,
     inventory: Path | None,
     user: str,
@@ -546,8 +559,9 @@ def collect_logs(
 ) -> None:
     """Fetch JOB_ID's logs from every node it ran on into OUT/<node>/ over SFTP.
 
-    Per node: slurmd.log and agent.log (whole files), slurmd-job<JOB>.log (the slurmd lines naming the job) and
-    prolog-epilog-job<JOB>.log (its prolog/epilog lines), plus OUT/summary.json. Nodes come from Slurm
+    Per node: slurmd.log, agent.log and hooks.log (whole files), slurmd-job<JOB>.log (the slurmd lines naming the
+    job), prolog-epilog-job<JOB>.log (its prolog/epilog lines) and hooks-job<JOB>.log (the job's lines of nuro's
+    prolog/epilog log: what they staged, skipped or gave up), plus OUT/summary.json. Nodes come from Slurm
     (``sacct -D``: every attempt). ``-w`` limits collection to those nodes.
     """
     defaults = _defaults(user, identity, known_hosts)
@@ -566,6 +580,7 @@ def collect_logs(
         return {
             "slurmd.log": slurmd_log.format(log_dir=logs, node=node),
             "agent.log": agent_log.format(log_dir=logs, node=node),
+            "hooks.log": hooks_log.format(log_dir=logs, node=node),
         }
 
     t0 = time.monotonic()
@@ -589,7 +604,7 @@ def collect_logs(
     else:
         out = _console()
         table = Table(title=f"job {job_id} logs -> {out_dir}")
-        for col in ("node", "host", "status", "files", "job lines", "prolog/epilog", "missing / error"):
+        for col in ("node", "host", "status", "files", "job lines", "prolog/epilog", "hooks", "missing / error"):
             table.add_column(col)
         for r in results:
             got = [f for f in r.files if not f["error"]]
@@ -602,6 +617,7 @@ def collect_logs(
                 ", ".join(f"{f['name']} {f['bytes']} B" for f in got),
                 str(r.job_lines),
                 str(r.prolog_epilog_lines),
+                str(r.hook_lines),
                 escape(r.error or "; ".join(missing)),
             )
         out.print(table)

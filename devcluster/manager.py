@@ -267,6 +267,8 @@ def _write_hooks(layout: Layout) -> None:
         # Bounded prolog staging and epilog upload flush, well inside one resume budget (production defaults: 120 s).
         "NURO_PROLOG_STAGE_TIMEOUT_S": "60",
         "NURO_EPILOG_FLUSH_TIMEOUT_S": "60",
+        # the hooks' own log, one per emulated node (slurmd discards their stderr); collect-logs fetches it
+        "NURO_HOOK_LOG": str(layout.log / "hooks-%n.log"),
     }
     layout.cache.mkdir(exist_ok=True)
     layout.staging.mkdir(exist_ok=True)

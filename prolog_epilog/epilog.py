@@ -31,6 +31,7 @@ from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, staging_ro
 from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
 from nuro.healthcheck.run import HealthSettings
 from nuro.objectstore import ObjectStore
+from nuro.prolog_epilog import hooklog
 from nuro.prolog_epilog.health import node_is_healthy
 from nuro.protocol import jobrecord
 from nuro.protocol.gpujobs import forget
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.monotonic()
     try:
         load_node_env()
+        hooklog.attach("nuro-epilog")
         forget_gpus(job)
     except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
         log.exception("job=%s epilog set-up failed: %s", job, exc)

@@ -47,6 +47,7 @@ from typing import Any
 
 from nuro.checkpoint.nodestage import open_root, prepare_job_dir, stage_latest, staging_root
 from nuro.objectstore import ObjectStore
+from nuro.prolog_epilog import hooklog
 from nuro.prolog_epilog.health import node_is_healthy
 from nuro.protocol import jobcomment, jobrecord
 from nuro.protocol.contract import COMMENT_REFUSED, COMMENT_RUN
@@ -283,10 +284,12 @@ def main(argv: list[str] | None = None) -> int:
         print(task_env(), flush=True)
         return 0
     refused = False
+    started = time.monotonic()
     try:
         load_node_env()
     except (OSError, ValueError) as exc:
         log.error("job=%s cannot read node settings $NURO_ENV_FILE: %s", job, exc)
+    hooklog.attach("nuro-prolog")
     deadline = Deadline.from_env()  # after the env file: it may set the deadline
     if not node_is_healthy(job, "prolog"):
         return 1  # the node is drained with the reason; slurmd does not start the job here, Slurm requeues it
@@ -316,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             record_gpus(rec)
         except Exception as exc:  # telemetry only: the job's GPUs stay untagged
             log.exception("job=%s GPU claim not recorded (job allowed to start): %s", job, exc)
+    log.info("job=%s prolog done in %.2f s%s", job, time.monotonic() - started, " (refused)" if refused else "")
     return 0
 
 

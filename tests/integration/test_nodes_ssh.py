@@ -146,7 +146,8 @@ def test_collect_logs_for_a_real_job(
     for node, host in zip(job_nodes, ssh_hosts.hosts, strict=False):
         entry = next(n for n in payload["nodes"] if n["node"] == node)
         assert entry["status"] == "ok" and entry["host"] == host.name
-        assert {f["name"]: f["error"] for f in entry["files"]} == {"slurmd.log": None, "agent.log": None}
+        assert {f["name"]: f["error"] for f in entry["files"]} == {"slurmd.log": None, "agent.log": None,
+                                                                    "hooks.log": None}  # fmt: skip
         fetched = (dest / node / "slurmd.log").read_text()
         assert (log_dir / f"slurmd-{node}.log").read_text().startswith(fetched)  # the same file, via SFTP
         assert (dest / node / "agent.log").stat().st_size > 0
@@ -155,6 +156,9 @@ def test_collect_logs_for_a_real_job(
         launched += f"Launching batch job {job_id}" in job_text
         pe = (dest / node / f"prolog-epilog-job{job_id}.log").read_text()
         assert pe.splitlines() == prolog_epilog_lines(fetched, job_id)
+        hooks = (dest / node / f"hooks-job{job_id}.log").read_text()  # nuro's hooks' own log (slurmd drops stderr)
+        assert f"nuro-prolog INFO job={job_id} prolog done in" in hooks and f"nuro-epilog INFO job={job_id}" in hooks
+        assert entry["hook_lines"] == len(hooks.splitlines())
     assert launched == 1  # the batch step ran on exactly one of the job's nodes
     assert json.loads((dest / "summary.json").read_text())["ok"] is True
 
