@@ -71,12 +71,15 @@ def main() -> None:
         def submit(i: int) -> None:
             team = teams[i % len(teams)]
             nodes = 1 + (i % 4)
-            subprocess.run(
-                ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in env.items()),
-                 "sbatch", "--parsable", f"--account={team}", f"--nodes={nodes}", "--gres=gpu:8",
-                 "--output=/dev/null", "--wrap", "sleep 3600"],
-                check=True, capture_output=True, timeout=120,
-            )  # fmt: skip
+            argv = ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in env.items()),
+                    "sbatch", "--parsable", f"--account={team}", f"--nodes={nodes}", "--gres=gpu:8",
+                    "--output=/dev/null", "--wrap", "sleep 3600"]  # fmt: skip
+            for attempt in range(3):  # a slurmctld or munged swamped by 500 slurmd on 2 cores times out now and then
+                res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+                if res.returncode == 0:
+                    return
+                time.sleep(2 * (attempt + 1))
+            raise RuntimeError(f"sbatch of job {i} ({team}, {nodes} nodes) failed 3 times: {res.stderr.strip()}")
 
         t_submit = time.monotonic()
         with ThreadPoolExecutor(max_workers=args.submit_threads) as pool:
