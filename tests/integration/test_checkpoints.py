@@ -553,3 +553,27 @@ def test_the_epilog_ends_at_its_own_deadline_when_the_store_hangs(tmp_path: Path
     assert "epilog deadline (4 s" in res.stderr, res.stderr
     assert took < 4 + 20, f"the epilog took {took:.1f} s with a 4 s deadline"  # + interpreter start and imports
     assert not (root / "3001").exists() and jobrecord.read(root, 3001) is None
+
+
+def test_reused_staging_buffers_never_mix_saves(store: ObjectStore, tmp_path: Path) -> None:
+    """Every save stages into the same buffers (issue 15 item 6): each step on disk must still hold exactly the
+    state as it was when its save returned, while the training changes the tensors in place right after."""
+    import torch.distributed.checkpoint as dcp
+
+    ck = Checkpointer(team=TEAM, run=_run(), store=store, staging_dir=tmp_path / "job" / "901", upload="agent")
+    state = {"w": torch.arange(1 << 16, dtype=torch.float32), "nested": {"b": torch.ones(8)}, "step": 0}
+    assert ck.restore(state) is None  # nothing to load: pre-stages the state for the first save
+    want = {}
+    for step in (1, 2, 3):
+        state["step"] = step
+        ck.save(state, step)
+        want[step] = (state["w"].clone(), state["nested"]["b"].clone())
+        state["w"].add_(1000)  # in place, before the async write has finished
+        state["nested"]["b"].mul_(3)
+    stager = ck._stager
+    ck.close(timeout_s=5)
+    assert stager is not None
+    for step, (w, b) in want.items():
+        got = {"w": torch.zeros_like(w), "nested": {"b": torch.zeros(8)}, "step": -1}
+        dcp.load(got, checkpoint_id=str(ck.step_dir(step)), no_dist=True)
+        assert torch.equal(got["w"], w) and torch.equal(got["nested"]["b"], b) and got["step"] == step, step
