@@ -13,6 +13,10 @@ async_save blocks 1.60 s):
   the staging dir), ``requested_s`` (files hashed, upload request written), ``committed_s`` (manifest in S3, from
   the start of ``save``; inline upload worker, SeaweedFS ``weed mini`` on loopback).
 
+Baseline for the commit: the same step's files uploaded by plain boto3 ``upload_file`` (multipart, its defaults)
+into the same bucket, ``boto3_upload_mib_per_s``; ``upload_over_boto3`` is nuro's commit rate over it (issue 15
+item 6 asks ≥ 0.9).
+
 Ratios: ``async_stall_over_clone`` (target ≤ 1.5: the stall is only the in-memory copy) and ``sync_over_async``.
 Benchmarks measure; nothing asserts a speed.
 
@@ -105,6 +109,14 @@ def main() -> None:
                     v.add_(1)  # the training moves on
             stall_s, timing = stalls[0], ck.timings[3]
             ck.close()
+            # baseline in the same run: the same files of the last step, uploaded by plain boto3 multipart
+            # (upload_file, its default TransferConfig: 8 MiB parts, 10 threads), no hashing, no manifest
+            files = [f for f in ck.step_dir(3).rglob("*") if f.is_file() and not f.name.startswith(".")]
+            t0 = time.perf_counter()
+            for f in files:
+                store.client.upload_file(str(f), store.bucket, f"bench-boto3/{uuid.uuid4().hex}/{f.name}")
+            boto3_s = time.perf_counter() - t0
+            boto3_bytes = sum(f.stat().st_size for f in files)
     finally:
         shutil.rmtree(state_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
@@ -129,6 +141,11 @@ def main() -> None:
             "async_stall_over_clone": round(stall_s / clone_s, 2),
             "sync_over_async": round(sync_s / stall_s, 2),
             "upload_mib_per_s": round(total / MiB / max(1e-9, committed_s - timing.get("requested_s", 0.0)), 1),
+            "boto3_upload_mib_per_s": round(boto3_bytes / MiB / boto3_s, 1),
+            "upload_over_boto3": round(
+                (total / MiB / max(1e-9, committed_s - timing.get("requested_s", 0.0))) / (boto3_bytes / MiB / boto3_s),
+                2,
+            ),
         },
     )
 
