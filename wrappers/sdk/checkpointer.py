@@ -99,7 +99,7 @@ def _env_float(name: str) -> float | None:
 def _import_dcp() -> None:
     """Import torch.distributed.checkpoint (~0.7 s) ahead of the first save; never raises (the save imports it)."""
     with contextlib.suppress(Exception):  # torch missing or broken: the save says so itself
-        import torch.distributed.checkpoint  # noqa: F401
+        import torch.distributed.checkpoint  # noqa: F401 - lazy: on a background thread, the whole point
 
 
 class Checkpointer:
@@ -243,6 +243,7 @@ class Checkpointer:
     def _staging(self) -> Any:
         """This Checkpointer's one stager: its staged copy is reused by every save (buffers allocated once)."""
         if self._stager is None:
+            # lazy: torch is the optional 'train' extra, and DCP costs ~0.7 s to import (see _import_dcp)
             import torch
             from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
