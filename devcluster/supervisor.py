@@ -243,10 +243,16 @@ class Supervisor:
 
     def start_mariadb(self) -> None:
         lay = self.layout
+        # Each cluster's MariaDB keeps its temporary tables in its own dir: a mariadbd starting up deletes every
+        # "#sql*" file in its tmpdir (mysql_rm_tmp_tables), so with the default /tmp one cluster's start removed the
+        # temporary tables of another cluster's mariadb-install-db running at the same moment (CI's shards start
+        # together: "Unknown table 'mysql.tmp_user_sys'").
+        tmpdir = lay.run / "mysql-tmp"
+        tmpdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not (lay.mysql_data / "mysql").is_dir():
             argv = [
                 "mariadb-install-db", "--no-defaults", "--user=root", f"--datadir={lay.mysql_data}",
-                "--auth-root-authentication-method=normal", "--skip-test-db",
+                "--auth-root-authentication-method=normal", "--skip-test-db", f"--tmpdir={tmpdir}",
             ]  # fmt: skip
             log.info("initialise MariaDB: %s", " ".join(argv))
             res = _quiet(argv, self.env, 120)
@@ -255,7 +261,7 @@ class Supervisor:
         argv = [
             "mariadbd", "--no-defaults", "--user=root", f"--datadir={lay.mysql_data}",
             f"--socket={lay.mysql_socket}", f"--port={self.ports.mariadb}", "--bind-address=127.0.0.1",
-            f"--pid-file={lay.run / 'mariadbd.pid'}", f"--log-error={lay.log / 'mariadbd.log'}",
+            f"--pid-file={lay.run / 'mariadbd.pid'}", f"--log-error={lay.log / 'mariadbd.log'}", f"--tmpdir={tmpdir}",
             "--skip-name-resolve", "--skip-log-bin", "--innodb-buffer-pool-size=128M",
             "--innodb-flush-log-at-trx-commit=2", "--innodb-lock-wait-timeout=900",
         ]  # fmt: skip
