@@ -123,6 +123,18 @@ def _node_tag(pid: int) -> str | None:
     return None
 
 
+ENV_MISS_LIMIT = "NURO_DEVCLUSTER_MISS_LIMIT"
+
+
+def _miss_limit(raw: str | None) -> int | None:
+    """``NURO_DEVCLUSTER_MISS_LIMIT`` as the controller's ``--miss-limit`` (None: unset, the product's default)."""
+    if not raw:
+        return None
+    if not raw.isdigit() or not 2 <= int(raw) <= 100:
+        raise ValueError(f"{ENV_MISS_LIMIT}={raw!r}: give a whole number of heartbeat intervals from 2 to 100")
+    return int(raw)
+
+
 class Supervisor:
     def __init__(self, layout: Layout, n_nodes: int, port_base: int, slurm: str = slurmroot.HOST_VERSION) -> None:
         self.layout = layout
@@ -134,6 +146,11 @@ class Supervisor:
         # Agents beat at the product's interval, except on the big emulated clusters of the benches: 500 agent
         # processes waking 4 times a second would take a good part of this box's 2 cores from what is measured.
         self.beat_s = DEFAULT_INTERVAL_S if n_nodes <= BIG_CLUSTER_NODES else 1.0
+        #: ``NURO_DEVCLUSTER_MISS_LIMIT`` (the test suite's clusters: 8): silent intervals before the controller
+        #: declares a node lost. Unset: the product's default. All agents of a dev cluster share this machine's
+        #: cores; under CI's three clusters a few agents stalled together for ~1 s and their nodes (and a test's job)
+        #: were taken down. Tests prove behaviour, the benches measure speed with the product's settings.
+        self.miss_limit = _miss_limit(os.environ.get(ENV_MISS_LIMIT))
         #: The Slurm daemons' root (None: the host's Slurm); clients then run through layout.slurm_bin.
         self.root_plan = (
             slurmroot.plan_root(
@@ -315,6 +332,8 @@ class Supervisor:
             "--heartbeat-port", str(self.ports.heartbeat), "--heartbeat-key", str(lay.heartbeat_key),
             "--event-log", str(lay.events_log), "--heartbeat-interval-s", str(self.beat_s),
         ]  # fmt: skip
+        if self.miss_limit is not None:
+            argv += ["--miss-limit", str(self.miss_limit)]
         if lay.teams_yaml.exists():
             argv += ["--policy", str(lay.teams_yaml)]
         if self.openmetrics:

@@ -130,8 +130,8 @@ SPEC_OPTIONS: tuple[Opt, ...] = (
         "clean.", "--commit", "code_commit", sbatch=True, default_doc="HEAD"),
     Opt("code.allow_dirty", Flag(), False, "", "Run HEAD plus the uncommitted changes: the diff is recorded and "
         "shipped with the job.", "--allow-dirty", "allow_dirty", sbatch=True),
-    Opt("entrypoint.script", RelPath(), REQUIRED, "", "Training script, relative to the repository, started by "
-        "torchrun on every node.", "--script", "script"),
+    Opt("entrypoint.script", RelPath(), REQUIRED, "", "Training script, relative to the repository, started on "
+        "every node by nuro-launch with torchrun's variables (`--launcher=direct`).", "--script", "script"),
     Opt("entrypoint.args", ArgList(), (), "", "Arguments for the script (repeat the flag once per argument).",
         "--arg", "args", multiple=True),
     Opt("entrypoint.deepspeed_config", RelPath(), None, "", "DeepSpeed config (relative to the repository): adds "

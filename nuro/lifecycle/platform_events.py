@@ -29,6 +29,8 @@ Kinds, when each is written, and their extra keys:
 - ``node_down``: scontrol set it DOWN (Slurm requeues its ``--requeue`` jobs). ``reason``, ``ok``, ``error``.
 - ``node_drained``: scontrol set it DRAIN. ``reason``, ``ok``, ``error``.
 - ``node_unhealthy``: its agent reported ``healthy=false``. ``problems`` (list[str]).
+- ``node_agent_stopping``: the node's agent said it is stopping on purpose (its last beat); silence is no loss for
+  ``quiet_s`` (or until its next beat). ``seq``.
 - ``node_resumed``: healthy again and the reason was ours: scontrol RESUME. ``reason`` (the one removed), ``ok``,
   ``error``.
 - ``job_preempt_signalled``: the policy cycle signalled a preemption victim (``jobs`` = [victim]). ``for_job``,
@@ -65,6 +67,7 @@ KINDS = (
     "node_drained",
     "node_unhealthy",
     "node_resumed",
+    "node_agent_stopping",
     "jobs_requeued",
     "job_preempt_signalled",
     "job_preempt_requeued",

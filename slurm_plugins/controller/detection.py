@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from nuro.lifecycle.platform_events import EventLog
+from nuro.protocol.heartbeat import MAX_STOP_GRACE_S
 from nuro.slurm import Backend, DownNode, DrainNode, ResumeNode
 from nuro.slurm.actions import ActionResult
 from nuro.slurm.models import NodeInfo
@@ -140,6 +141,10 @@ class FailureDetector:
             self.receiver.pump()  # beats the kernel holds count before "now" (heartbeats.py: a descheduled controller)
         now, wall = self.monotonic(), self.clock()
         beats = self.receiver.drain()
+        for b in beats:
+            if b.stopping_s > 0:  # an agent stopping on purpose (a restart): on record, since it changes a judgement
+                self._emit("node_agent_stopping", node=b.node, quiet_s=round(min(b.stopping_s, MAX_STOP_GRACE_S), 1),
+                           seq=b.seq)  # fmt: skip
         if now - self._nodes_at >= self.node_poll_s:
             self._refresh_nodes(now)
         dropping = self._kernel_dropping(now)
