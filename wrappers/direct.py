@@ -29,14 +29,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from nuro.wrappers.launch_outcome import (
     Evidence,
     WorkerFailure,
     failure_from_error_file,
     last_exception_line,
 )
+from nuro.wrappers.proctree import forward
 
 #: Seconds the node's other workers get to stop after one failed, before SIGKILL (torchrun waits 30 s; a worker
 #: stuck in a collective with a dead peer only ends on KILL, and the requeue waits for this node).
@@ -125,10 +124,6 @@ class Workers:
             self.procs.append(proc)
             self.tails.append(tail(proc.stderr, sys.stderr))
 
-    @property
-    def pid(self) -> int:
-        return self.procs[0].pid
-
     def pids(self) -> list[int]:
         return [p.pid for p in self.procs if p.poll() is None]
 
@@ -148,19 +143,7 @@ class Workers:
 
     def signal_all(self, sig: int) -> list[int]:
         """``sig`` to every live worker and its descendants (DataLoader workers); the PIDs signalled."""
-        sent = []
-        for proc in self.procs:
-            if proc.poll() is not None:
-                continue
-            try:
-                family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-            except psutil.NoSuchProcess:
-                continue
-            for p in family:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    p.send_signal(sig)
-                    sent.append(p.pid)
-        return sent
+        return [pid for root in self.pids() for pid in forward(sig, root, include_root=True)]
 
     def wait(self, timeout: float | None = None) -> int:
         """Block until every worker ended (0: all finished, 1: one failed, as torchrun's exit); raises
@@ -178,19 +161,19 @@ class Workers:
         """The failed workers, first to end first (the root cause), each with its error file's message or the last
         exception line of its stderr."""
         failures = []
-        texts = [t.text() for t in self.tails]  # type: ignore[attr-defined]
-        by_rank = dict(zip((s.rank for s in self.specs), zip(self.specs, texts, strict=True), strict=True))
+        texts = {s.rank: t.text() for s, t in zip(self.specs, self.tails, strict=True)}  # type: ignore[attr-defined]
+        error_files = {s.rank: s.error_file for s in self.specs}
         for rank, (_, status) in sorted(self.ended.items(), key=lambda kv: kv[1][0]):
             if status == 0:
                 continue
-            spec, text = by_rank[rank]
             found = None
             with contextlib.suppress(OSError):
-                found = failure_from_error_file(Path(spec.error_file).read_text(errors="replace"), rank)
+                found = failure_from_error_file(Path(error_files[rank]).read_text(errors="replace"), rank)
+            text = texts[rank]
             message = found.message if found else (last_exception_line(text) if "Traceback" in text else "")
             failures.append(WorkerFailure(status, message, rank))
         return Evidence(torchrun_rc=rc, failures=tuple(failures), stop_signal=stop,
-                        tail=launcher_tail + "".join(texts), stopped_ranks=stopped)  # fmt: skip
+                        tail=launcher_tail + "".join(texts.values()), stopped_ranks=stopped)  # fmt: skip
 
 
 __all__ = ["STOP_GRACE_S", "WorkerSpec", "Workers", "plan_workers"]

@@ -41,11 +41,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import psutil
 
 from nuro.protocol.contract import (
     ENV_RDZV_PORT_BASE,
@@ -72,6 +70,7 @@ from nuro.wrappers.launch_outcome import (
     last_exception_line,
     merge_failures,
 )
+from nuro.wrappers.proctree import Leftovers, descendants, forward
 
 log = logging.getLogger("nuro.launch")
 
@@ -210,33 +209,6 @@ def first_node(env: Mapping[str, str]) -> str | None:
 
 
 # --- processes and signals -------------------------------------------------------------------------------------
-def descendants(pid: int) -> list[psutil.Process]:
-    """Every live descendant of ``pid`` (workers run in their own session: a process-group kill misses them)."""
-    try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-
-
-def forward(sig: int, root: int, *, include_root: bool) -> list[int]:
-    """Send ``sig`` to ``root``'s descendants (and ``root`` itself if asked); returns the PIDs signalled."""
-    procs = descendants(root)
-    sent = []
-    if include_root:
-        try:
-            os.kill(root, sig)
-            sent.append(root)
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        try:
-            p.send_signal(sig)
-            sent.append(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return sent
-
-
 def _ignore_training_signals() -> None:
     """preexec for torchrun: USR1/USR2 ignored (inherited through exec and by the workers); see module docstring."""
     for sig in _TRAINING_SIGNALS:
@@ -296,6 +268,20 @@ class _Signals:
     first_stop: str | None = None
     received: list[str] = field(default_factory=list)
 
+    def note(self, signum: int) -> str:
+        """Record a signal the launcher got (the first TERM/INT is the stop); its name without ``SIG``."""
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        self.received.append(name)
+        if signum in _STOP_SIGNALS and self.first_stop is None:
+            self.first_stop = name  # USR1/USR2 alone are no stop: the guard's 75 (or a clean 0) says what happened
+        return name
+
+
+def stopped_ranks(stop_dir: Path | None) -> frozenset[int]:
+    """The ranks whose PreemptionGuard left its ``rank-<N>`` marker in ``stop_dir`` (decided to exit 75)."""
+    names = (p.name.removeprefix("rank-") for p in (stop_dir.glob("rank-*") if stop_dir else ()))
+    return frozenset(int(n) for n in names if n.isdigit())
+
 
 # --- node mode ---------------------------------------------------------------------------------------------------
 def collect_evidence(
@@ -324,12 +310,8 @@ def collect_evidence(
         for f in summary
     ]
     failures = merge_failures(fixed, [] if fixed else ([agent] if agent else local))
-    stopped = frozenset(
-        int(p.name.removeprefix("rank-")) for p in (stop_dir.glob("rank-*") if stop_dir else ())
-        if p.name.removeprefix("rank-").isdigit()
-    )  # fmt: skip
     return Evidence(torchrun_rc=rc, failures=failures, stop_signal=stop, tail=tail + "".join(stderr_tails),
-                    stopped_ranks=stopped)  # fmt: skip
+                    stopped_ranks=stopped_ranks(stop_dir))  # fmt: skip
 
 
 def attempt_dir(base: Path, env: Mapping[str, str]) -> Path:
@@ -448,22 +430,16 @@ def _run_torchrun(plan: TorchrunPlan, env: Mapping[str, str]) -> tuple[int, str,
     except OSError as exc:
         raise LaunchError(f"cannot start torchrun with {plan.argv[0]!r}: {exc}; check entrypoint.python") from exc
     out, err = _Tail(proc.stdout, sys.stdout), _Tail(proc.stderr, sys.stderr)
-    seen: dict[int, psutil.Process] = {}
+    left = Leftovers()
 
     def on_signal(signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name.removeprefix("SIG")
-        sigs.received.append(name)
-        if signum in _STOP_SIGNALS and sigs.first_stop is None:
-            sigs.first_stop = name  # USR1/USR2 alone are no stop: the guard's 75 (or a clean 0) says what happened
+        name = sigs.note(signum)
         pids = forward(signum, proc.pid, include_root=signum not in _TRAINING_SIGNALS)
         log.warning("forwarded SIG%s to pids=%s", name, pids)
 
-    def remember_descendants() -> None:
-        seen.update((p.pid, p) for p in descendants(proc.pid) if p.pid not in seen)
-
     handlers = dict.fromkeys((*_STOP_SIGNALS, *_TRAINING_SIGNALS), on_signal)
-    rc = wait_relaying(proc, handlers, poll_s=1.0, on_poll=remember_descendants)
-    _kill_left(seen.values(), "torchrun")
+    rc = wait_relaying(proc, handlers, poll_s=1.0, on_poll=lambda: left.remember(proc.pid))
+    left.kill("torchrun")
     return rc, out.text() + err.text(), sigs
 
 
@@ -487,39 +463,15 @@ def _run_direct(
         workers = Workers(specs, env, _ignore_training_signals, _Tail)
     except OSError as exc:
         raise LaunchError(f"cannot start the training with {args.python!r}: {exc}; check entrypoint.python") from exc
-    seen: dict[int, psutil.Process] = {}
+    left = Leftovers()
 
     def on_signal(signum: int, _frame: object) -> None:
-        name = signal.Signals(signum).name.removeprefix("SIG")
-        sigs.received.append(name)
-        if signum in _STOP_SIGNALS and sigs.first_stop is None:
-            sigs.first_stop = name
-        log.warning("forwarded SIG%s to pids=%s", name, workers.signal_all(signum))
-
-    def remember_descendants() -> None:
-        for pid in workers.pids():
-            seen.update((p.pid, p) for p in [*descendants(pid)] if p.pid not in seen)
+        log.warning("forwarded SIG%s to pids=%s", sigs.note(signum), workers.signal_all(signum))
 
     handlers = dict.fromkeys((*_STOP_SIGNALS, *_TRAINING_SIGNALS), on_signal)
-    rc = wait_relaying(workers, handlers, poll_s=1.0, on_poll=remember_descendants)  # type: ignore[arg-type]
-    _kill_left(seen.values(), "the workers")
-    stop_dir = work / "stops"
-    stopped = frozenset(
-        int(p.name.removeprefix("rank-")) for p in stop_dir.glob("rank-*") if p.name.removeprefix("rank-").isdigit()
-    )  # fmt: skip
-    return rc, sigs, workers.evidence(rc, sigs.first_stop, stopped)
-
-
-def _kill_left(procs: Iterable[psutil.Process], whose: str) -> None:
-    """SIGKILL the processes (seen while the training ran) that are still alive: left behind by ``whose``."""
-    left = []
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                p.kill()
-                left.append(p.pid)
-    if left:
-        log.warning("killed %d process(es) %s left behind: %s", len(left), whose, left)
+    rc = wait_relaying(workers, handlers, poll_s=1.0, on_poll=lambda: left.remember(*workers.pids()))  # type: ignore[arg-type]
+    left.kill("the workers")
+    return rc, sigs, workers.evidence(rc, sigs.first_stop, stopped_ranks(work / "stops"))
 
 
 # --- step mode ---------------------------------------------------------------------------------------------------
