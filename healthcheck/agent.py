@@ -413,7 +413,7 @@ class Agent:
         if self.config.stop_grace_s > 0:
             # a clean stop (SIGTERM: systemctl stop/restart, an upgrade) says so, so the controller does not take
             # the node for dead while the agent is away; a crash sends nothing and is a loss
-            self.beat_once(stopping_s=min(self.config.stop_grace_s, hb.MAX_STOP_GRACE_S))
+            self.beat_once(stopping_s=self.config.stop_grace_s)  # within the cap: AgentConfig checks it
         for t in threads:
             t.join(timeout=2.0)  # a hung NVML call cannot be joined; its thread is a daemon
         if self.metrics is not None:

@@ -132,6 +132,17 @@ def read(store: ObjectStore, team: str, run: str, job_id: int | None = None) -> 
     return sorted(events, key=lambda e: (e.ts, e.kind))
 
 
+def skipped_steps(ev: RunEvent) -> list[dict[str, Any]]:
+    """The ``steps`` of a ``checkpoint_skipped`` run event that are well-formed (``{"step": int, "reason": str}``);
+    the one reader of that field (the timeline and ``nuro-train artifacts``)."""
+    steps = ev.fields.get("steps") if ev.kind == "checkpoint_skipped" else None
+    return [
+        {"step": s["step"], "reason": str(s.get("reason", ""))}
+        for s in (steps if isinstance(steps, list) else [])
+        if isinstance(s, dict) and isinstance(s.get("step"), int) and not isinstance(s.get("step"), bool)
+    ]
+
+
 def record_later(kind: str, **fields: Any) -> None:
     """``record`` on a daemon thread: for calls inside the training loop, where a slow store must not stall a step."""
     threading.Thread(target=record, args=(kind,), kwargs=fields, name=f"nuro-run-event-{kind}", daemon=True).start()

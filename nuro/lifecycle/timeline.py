@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from nuro.lifecycle.run_events import RunEvent
+from nuro.lifecycle.run_events import RunEvent, skipped_steps
 from nuro.slurm import JobInfo
 
 _END_KIND = {
@@ -181,17 +181,6 @@ def _controller_entries(attempts: Sequence[JobInfo], events: Iterable[dict[str, 
             detail = f"{node}: no heartbeat for {ev['silent_s']:.1f} s"
         out.append(Entry(float(ts), kind, "controller", detail, attempt, node=node))
     return out
-
-
-def skipped_steps(ev: RunEvent) -> list[dict[str, Any]]:
-    """The ``steps`` of a ``checkpoint_skipped`` run event that are well-formed (``{"step": int, "reason": str}``);
-    the one reader of that field (timeline and ``nuro-train artifacts``)."""
-    steps = ev.fields.get("steps") if ev.kind == "checkpoint_skipped" else None
-    return [
-        {"step": s["step"], "reason": str(s.get("reason", ""))}
-        for s in (steps if isinstance(steps, list) else [])
-        if isinstance(s, dict) and isinstance(s.get("step"), int) and not isinstance(s.get("step"), bool)
-    ]
 
 
 def _run_entries(run_events: Iterable[RunEvent]) -> list[Entry]:

@@ -28,8 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nuro.checkpoint import layout as L
-from nuro.lifecycle.run_events import decode, run_prefix
-from nuro.lifecycle.timeline import skipped_steps
+from nuro.lifecycle.run_events import decode, run_prefix, skipped_steps
 from nuro.metrics.identities import platform_view
 from nuro.metrics.model import GPU, TRAIN, Query, Row
 from nuro.metrics.sink import sink_from_env

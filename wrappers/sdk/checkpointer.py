@@ -189,6 +189,7 @@ class Checkpointer:
         self.timings: dict[int, dict[str, float]] = {}
         #: steps the last ``restore`` passed over because some node could not load them, and why
         self.restore_skipped: list[tuple[int, str]] = []
+        self._rank0_skipped: list[tuple[int, str]] = []  # what rank 0's own search passed over (for the run event)
         if self.upload == "inline" and self.local_rank == 0:
             self._worker = UploadWorker(self.store, self.staging_root, job_dirs=[self.staging_dir], trust="request")
             self._start_thread("nuro-ckpt-upload", lambda: self._worker.run(self._stop, 0.5))  # type: ignore[union-attr]
@@ -443,7 +444,7 @@ class Checkpointer:
 
         max_step: int | None = None
         self.restore_skipped = []
-        self._rank0_skipped: list[tuple[int, str]] = []
+        self._rank0_skipped = []
         while True:
             path, step = self._choose_step(max_step)
             if not self._dist or step < 0:
