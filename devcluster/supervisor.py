@@ -71,7 +71,7 @@ from nuro.devcluster.procs import (
     wait_for,
 )
 from nuro.devcluster.record import Phase, RunRecord, write_record
-from nuro.devcluster.restart import RestartBook
+from nuro.devcluster.restart import RestartBook, nice_for
 from nuro.metrics import identities
 from nuro.metrics.base import ENV_URL as ENV_METRICS_URL
 from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, load_key, write_node_key
@@ -198,6 +198,11 @@ class Supervisor:
                 argv, env=env or self.env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=out
             )
         self.children[proc.pid] = proc
+        if nice := nice_for(name):  # the unit's Nice=; threads the daemon starts later inherit it from its main thread
+            try:
+                os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
+            except OSError as exc:
+                log.warning("nice %d for %s not set (%s)", nice, name, exc)
         self.record.daemons = [d for d in self.record.daemons if d.name != name] + [ProcRef.of(name, proc.pid)]
         self.restarts.started(name, time.monotonic())
         self._respawn[name] = lambda: self._spawn(name, argv, log_name, env=env, cwd=cwd)

@@ -63,6 +63,7 @@ from nuro.wrappers.launch_outcome import (
     Kind,
     Outcome,
     WorkerFailure,
+    awaits_node_loss,
     classify,
     failure_from_error_file,
     failures_from_summary,
@@ -78,6 +79,13 @@ log = logging.getLogger("nuro.launch")
 #: exiting: its non-zero exit makes srun kill the rest (--kill-on-bad-exit), which could otherwise kill the node with
 #: the root cause before it wrote its verdict. Measured: the nodes' torchruns end within ~1 s of each other.
 DEFAULT_SETTLE_S = 5.0
+#: How long the batch step waits for Slurm's verdict when a node never reported (``awaits_node_loss``): above the
+#: failure detector's timeout (1 s in production, 2 s on the test clusters) plus its Slurm call, well below Slurm's
+#: own SlurmdTimeout. ``$NURO_NODE_LOSS_WAIT_S`` overrides it; 0 turns the wait off.
+DEFAULT_NODE_LOSS_WAIT_S = 10.0
+#: Once Slurm has taken the job over (it left RUNNING), how long the step still waits to be ended by it: KillWait
+#: plus the epilog's start, generously.
+TAKEOVER_WAIT_S = 60.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: The controller's preemption signal and Slurm's time-limit warning (``nuro.protocol.contract``): the training's
 #: PreemptionGuard acts on them, the torchrun agent must not.
@@ -475,6 +483,52 @@ def _run_direct(
 
 
 # --- step mode ---------------------------------------------------------------------------------------------------
+def await_node_loss(
+    job_id: str,
+    timeout_s: float,
+    job_state: Callable[[str], str] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Wait up to ``timeout_s`` for Slurm to take the job over after a node loss; True when it did.
+
+    Slurm takes a job over when a node of it is set DOWN (nuro's detector does so within seconds): the job leaves
+    RUNNING, is requeued, and this batch script is killed. Once the job has left RUNNING the wait goes on (up to
+    ``TAKEOVER_WAIT_S``) until that kill comes, so the script never requeues a job Slurm already requeued. An
+    unreadable state (slurmctld slow) counts as still running.
+    """
+    job_state = job_state or CliBackend(timeout_s=5).job_state
+    deadline = clock() + timeout_s
+    taken = False
+    while clock() < deadline:
+        try:
+            state = job_state(job_id)
+        except SlurmError as exc:
+            log.warning("job %s state unreadable while waiting for a node verdict (%s)", job_id, exc)
+            state = "RUNNING"
+        if state and state != "RUNNING" and not taken:
+            taken = True
+            log.warning("job %s is %s: Slurm requeues it for the lost node; not requeued here", job_id, state)
+            deadline = clock() + TAKEOVER_WAIT_S
+        sleep(0.5)
+    return taken
+
+
+def node_loss_wait_s(env: Mapping[str, str]) -> float:
+    """``$NURO_NODE_LOSS_WAIT_S`` (seconds, ≥ 0), else ``DEFAULT_NODE_LOSS_WAIT_S``; a malformed value is refused."""
+    raw = env.get("NURO_NODE_LOSS_WAIT_S", "").strip()
+    if not raw:
+        return DEFAULT_NODE_LOSS_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 600:
+        raise LaunchError(f"NURO_NODE_LOSS_WAIT_S={raw!r}: give seconds between 0 and 600 (default "
+                          f"{DEFAULT_NODE_LOSS_WAIT_S:g})")  # fmt: skip
+    return value
+
+
 def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Step mode (batch script): run srun, relay USR2/TERM/INT to it, then fold the nodes' verdicts."""
     base = verdict_base(env, args.verdict_dir)
@@ -485,9 +539,12 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             vdir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             log.warning("cannot create %s (%s): the nodes' verdicts will be missing", vdir, exc)
+    wait_s = node_loss_wait_s(env)
     proc = subprocess.Popen(list(args.script), env=dict(env))
+    relayed: list[int] = []
 
     def relay(signum: int, _frame: object) -> None:
+        relayed.append(signum)
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signum)
 
@@ -506,6 +563,17 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         found = []
     status, why = fold(found, rc, num_nodes)
     print(f"nuro: step ended: srun exit {rc}, launch verdict {status} ({why})", flush=True)
+    # TERM/INT relayed: Slurm is already ending the job (scancel, a node it set DOWN): nothing to wait for
+    stopping = any(sig in _STOP_SIGNALS for sig in relayed)
+    if wait_s > 0 and not stopping and awaits_node_loss(status, found, num_nodes) and env.get("SLURM_JOB_ID"):
+        print(f"nuro: a node never reported; waiting up to {wait_s:g} s for Slurm's node verdict", flush=True)
+        taken = await_node_loss(env["SLURM_JOB_ID"], wait_s)
+        print(
+            "nuro: Slurm took the job over but never ended this script"
+            if taken
+            else f"nuro: no node of the job went down in {wait_s:g} s (a launcher died, not its node)",
+            flush=True,
+        )
     return status
 
 
@@ -558,11 +626,13 @@ def main(argv: Sequence[str] | None = None) -> None:
 __all__ = [
     "EXIT_REQUEUE",
     "LaunchError",
+    "await_node_loss",
     "TorchrunPlan",
     "descendants",
     "forward",
     "main",
     "node_addr",
+    "node_loss_wait_s",
     "plan_torchrun",
     "rdzv_port",
 ]

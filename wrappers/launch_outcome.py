@@ -272,6 +272,20 @@ def fold(verdicts: Sequence[Outcome], srun_rc: int, num_nodes: int) -> tuple[int
     return srun_rc, f"no node reported a verdict; srun exited {srun_rc}"
 
 
+def awaits_node_loss(status: int, verdicts: Sequence[Outcome], num_nodes: int) -> bool:
+    """Whether the batch step waits for Slurm's own verdict on a lost node before the batch script requeues.
+
+    A restart with a node that never reported is most likely a node loss: nuro's failure detector sets that node
+    DOWN within a second or two, and Slurm then requeues the job itself (``--requeue``, JobRequeue=1). The batch
+    script requeueing it as well spends two of the job's ``NURO_MAX_REQUEUES`` on one failure: seen on 24.11, where
+    the survivor's in-band "Connection reset by peer" reached the batch script a second before the detector's
+    verdict, and the job ended with restart count 2. One path decides: the step waits (``run_step``), Slurm's
+    requeue ends the batch script, and only when no node goes down in time (a launcher died, not its node) does the
+    script requeue.
+    """
+    return status == EXIT_REQUEUE and num_nodes > 1 and len({v.node for v in verdicts}) < num_nodes
+
+
 __all__ = [
     "COMM_ERROR_PATTERNS",
     "EXIT_REQUEUE",
@@ -279,6 +293,7 @@ __all__ = [
     "Kind",
     "Outcome",
     "WorkerFailure",
+    "awaits_node_loss",
     "classify",
     "failure_from_error_file",
     "failures_from_summary",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import signal
+from pathlib import Path
 
 import pytest
 
-from nuro.devcluster.restart import RestartBook, Rule, failed, rule_for
+from nuro.devcluster.restart import RestartBook, Rule, failed, nice_for, rule_for
 
 
 @pytest.mark.parametrize(
@@ -61,3 +63,16 @@ def test_a_clean_exit_is_not_restarted_but_an_agent_always_is() -> None:
     for t in range(100):  # an agent is never given up on
         book.started("agent:gpu001", float(t))
     assert book.plan("agent:gpu001", 2, 100)[0] is not None
+
+
+def test_the_supervisors_nice_is_the_units_nice() -> None:
+    """The dev cluster runs the controller and the agents at their systemd units' Nice= (read from the units)."""
+    root = Path(__file__).resolve().parents[2]
+    units = {
+        "nuro-controller": root / "ansible" / "files" / "nuro-controller.service",
+        "agent:gpu003": root / "healthcheck" / "systemd" / "nuro-nodeagent.service",
+    }
+    for name, unit in units.items():
+        m = re.search(r"^Nice=(-?\d+)$", unit.read_text(), re.M)
+        assert m and nice_for(name) == int(m.group(1)), name
+    assert nice_for("slurmctld") == 0 and nice_for("slurmd:gpu001") == 0

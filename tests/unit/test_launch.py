@@ -221,3 +221,49 @@ def test_only_an_unsignalled_consequence_verdict_waits_for_the_others(kind, node
     from nuro.wrappers.launch_outcome import Kind
 
     assert launch.should_settle(Kind(kind), nodes, stop) is want
+
+
+class _Clock:
+    """A fake monotonic clock that sleeping advances."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def test_the_step_requeues_itself_when_no_node_goes_down_in_time() -> None:
+    clock, asked = _Clock(), []
+    taken = launch.await_node_loss("7", 3.0, job_state=lambda j: asked.append(j) or "RUNNING",
+                                   sleep=clock.sleep, clock=clock)  # fmt: skip
+    assert taken is False and 3.0 <= clock.now < 4.0 and set(asked) == {"7"}
+
+
+def test_once_slurm_requeues_the_job_the_step_waits_to_be_ended_and_never_requeues() -> None:
+    clock = _Clock()
+    states = iter(["RUNNING", "RUNNING", "SlurmError", "REQUEUED"])
+
+    def state(_job: str) -> str:
+        s = next(states, "PENDING")
+        if s == "SlurmError":
+            raise launch.SlurmError("squeue timed out", returncode=None)
+        return s
+
+    taken = launch.await_node_loss("7", 3.0, job_state=state, sleep=clock.sleep, clock=clock)
+    # Slurm's kill would have ended the process long before: the wait outlived the node-loss wait by TAKEOVER_WAIT_S
+    assert taken is True and clock.now >= launch.TAKEOVER_WAIT_S
+
+
+@pytest.mark.parametrize(("raw", "want"), [("", 10.0), ("0", 0.0), (" 2.5 ", 2.5)])
+def test_node_loss_wait_comes_from_the_env(raw: str, want: float) -> None:
+    assert launch.node_loss_wait_s({"NURO_NODE_LOSS_WAIT_S": raw}) == want
+
+
+@pytest.mark.parametrize("raw", ["ten", "-1", "1e9", "nan"])
+def test_a_malformed_node_loss_wait_is_refused_with_the_range(raw: str) -> None:
+    with pytest.raises(launch.LaunchError, match="between 0 and 600"):
+        launch.node_loss_wait_s({"NURO_NODE_LOSS_WAIT_S": raw})

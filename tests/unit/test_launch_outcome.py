@@ -207,3 +207,21 @@ def test_the_guard_leaves_its_marker_where_the_launcher_looks(tmp_path: Path, mo
     monkeypatch.delenv("NURO_LAUNCH_STOP_DIR")
     _mark_stopped(4)  # outside nuro-launch: nothing to tell, nothing written
     assert not (tmp_path / "stops" / "rank-4").exists()
+
+
+@pytest.mark.parametrize(
+    ("status", "nodes_reported", "num_nodes", "want"),
+    [
+        (75, [1], 2, True),  # the survivor said "lost a peer", the other node never reported: likely a node loss
+        (75, [0, 1], 2, False),  # every node reported: a process died, not a node; the script requeues at once
+        (75, [1, 1], 3, True),  # a node reporting twice still leaves one silent
+        (1, [1], 2, False),  # a failure is never requeued by anyone
+        (0, [0], 2, False),
+        (75, [], 1, False),  # one node: the batch script died with it, or it lives and nothing was lost
+    ],
+)
+def test_a_restart_with_a_silent_node_waits_for_slurms_node_verdict(status, nodes_reported, num_nodes, want) -> None:
+    from nuro.wrappers.launch_outcome import awaits_node_loss
+
+    verdicts = [V(Kind.REQUEUE, 75, n, 1) for n in nodes_reported]
+    assert awaits_node_loss(status, verdicts, num_nodes) is want

@@ -90,6 +90,15 @@ def _wait_ended(cluster: LiveCluster, job: int, timeout_s: float = 90) -> str:
     return _state(cluster, job)
 
 
+def _why(cluster: LiveCluster, job: int, out: Path) -> str:
+    """What a job that did not end as expected left behind: its record, its node's state, its output."""
+    acct = cluster.run(["sacct", "-X", "-n", "-P", "-j", str(job), "-o", "State,ExitCode,Reason,NodeList"],
+                       check=False).stdout.strip()  # fmt: skip
+    node = cluster.run(["sinfo", "-h", "-n", NODE, "-o", "%T %E"], check=False).stdout.strip()
+    text = out.read_text(errors="replace") if out.exists() else "(no output file: the job never ran its script)"
+    return f"sacct: {acct}; {NODE}: {node}; output: {text[-2000:]}"
+
+
 def _node_ok(cluster: LiveCluster) -> bool:
     state = cluster.run(["sinfo", "-h", "-n", NODE, "-o", "%T"]).stdout.strip().lower()
     return state in {"idle", "mixed", "allocated", "completing"}
@@ -106,7 +115,7 @@ def test_a_job_cannot_open_a_gpu_it_was_not_given(cluster: LiveCluster, guard: G
         f"{sys.executable} {probe} {cluster.layout.dev} {mnt} {report}",
         f"--account={ATTACKER_TEAM}", "--gpus-per-node=2",
     )  # fmt: skip
-    assert _wait_ended(cluster, job) == "COMPLETED", (shared / "probe.out").read_text(errors="replace")
+    assert _wait_ended(cluster, job) == "COMPLETED", _why(cluster, job, shared / "probe.out")
     got = json.loads(report.read_text())
     given = {f"nvidia{i}" for i in got["gpus"].split(",") if i}
     assert len(given) == 2, got
