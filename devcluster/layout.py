@@ -329,8 +329,14 @@ class Layout:
 
     @property
     def staging(self) -> Path:
-        """The NVMe staging root stand-in (``--staging-root``): one per dev cluster."""
+        """Where the emulated nodes' NVMe staging roots live: ``staging/<node>``, one per node as real nodes have
+        (``NURO_STAGING_ROOT`` is ``staging/{node}``; shared, they hid that a multi-node restore or a hand-off must
+        work with each node seeing only its own files)."""
         return self.root / "staging"
+
+    def node_staging(self, node: str) -> Path:
+        """One emulated node's staging root (its agent's ``--staging-root``)."""
+        return self.staging / node
 
     @property
     def datacache(self) -> Path:

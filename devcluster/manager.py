@@ -120,7 +120,7 @@ def env_exports(layout: Layout) -> dict[str, str]:
         "SLURM_CONF": str(layout.slurm_conf),
         "NURO_DEVCLUSTER_DIR": str(layout.root),
         "NURO_AGENT_STATUS_DIR": str(layout.agents_dir),
-        "NURO_STAGING_ROOT": str(layout.staging),
+        "NURO_STAGING_ROOT": str(layout.staging / "{node}"),  # one root per emulated node (Layout.node_staging)
         "NURO_DATA_CACHE_DIR": str(layout.datacache),
         "NURO_EVENT_LOG": str(layout.events_log),
     }
@@ -267,6 +267,8 @@ def _write_hooks(layout: Layout) -> None:
         # Bounded prolog staging and epilog upload flush, well inside one resume budget (production defaults: 120 s).
         "NURO_PROLOG_STAGE_TIMEOUT_S": "60",
         "NURO_EPILOG_FLUSH_TIMEOUT_S": "60",
+        # every emulated node runs an agent with an upload worker: a finished job's epilog hands its uploads over
+        "NURO_EPILOG_HANDOFF": "1",
         # the hooks' own log, one per emulated node (slurmd discards their stderr); collect-logs fetches it
         "NURO_HOOK_LOG": str(layout.log / "hooks-%n.log"),
     }
@@ -313,6 +315,8 @@ def _prepare(
         d.mkdir(parents=True, exist_ok=True)
         d.chmod(0o755)  # jobs run as team users: they read slurm.conf and reach the munge socket
     layout.s3_data.mkdir(exist_ok=True)
+    for name in node_names(n_nodes):  # root's, 0755 (as open_root makes it): the health check measures its disk
+        layout.node_staging(name).mkdir(parents=True, exist_ok=True)
     layout.ports_file.write_text(
         json.dumps({"port_base": port_base, "slurm": slurm.version, "topology": topology}) + "\n"
     )

@@ -356,7 +356,7 @@ class Supervisor:
             "--node", node, "--controller", f"127.0.0.1:{self.ports.heartbeat}",
             "--key-file", str(self.node_key_file(node)), "--interval-s", str(self.beat_s), "--probe", "none",
             "--status-dir", str(lay.agents_dir), "--env-file", str(lay.nuro_env),
-            "--staging-root", str(lay.staging), "--log-file", str(lay.log / f"agent-{node}.log"),
+            "--staging-root", str(lay.node_staging(node)), "--log-file", str(lay.log / f"agent-{node}.log"),
         ]  # fmt: skip
 
     def node_key_file(self, node: str) -> Path:

@@ -244,6 +244,13 @@ class Agent:
         self._last_state: tuple[bool, tuple[str, ...]] | None = None
         self._send_error: str | None = None
         self._first_probe = threading.Event()
+        # The status file is written by its own thread while ``run`` beats (``_status_loop``): a file create and
+        # rename can block for seconds when the disk is busy writing checkpoints back, and a beat must never wait
+        # on the disk (seen in CI: an agent silent 2.7 s, its node declared lost). Without ``run`` (tests, a
+        # one-off beat) ``beat_once`` writes it itself.
+        self._status_slot: tuple[hb.Heartbeat, float] | None = None
+        self._status_ready = threading.Event()
+        self._status_async = False
         self.sent_ok = 0
 
     # -- probing ---------------------------------------------------------------------------------------------------
@@ -346,8 +353,25 @@ class Agent:
                 log.warning("node=%s unhealthy problems=%s", self.config.node, "; ".join(problems))
             self._last_state = state
         if self.config.status_dir:
-            self._write_status(beat, now)
+            if self._status_async:
+                self._status_slot = (beat, now)  # the newest wins: the writer only ever needs the latest
+                self._status_ready.set()
+            else:
+                self._write_status(beat, now)
         return beat
+
+    def _status_loop(self, stop: threading.Event) -> None:
+        """Write the newest beat's status file whenever there is one, until ``stop`` (then the pending one)."""
+        written = None
+        while True:
+            self._status_ready.wait(0.5)
+            self._status_ready.clear()
+            slot = self._status_slot
+            if slot is not None and slot is not written:
+                self._write_status(*slot)
+                written = slot
+            if stop.is_set() and not self._status_ready.is_set():
+                return
 
     def _write_status(self, beat: hb.Heartbeat, now: float) -> None:
         with self._lock:
@@ -385,6 +409,10 @@ class Agent:
     def run(self, stop: threading.Event) -> None:
         """Beat every ``interval_s`` until ``stop`` is set; then join the probe and worker threads (briefly)."""
         threads = [threading.Thread(target=self._probe_loop, args=(stop,), name="probe", daemon=True)]
+        status = threading.Thread(target=self._status_loop, args=(stop,), name="status", daemon=True)
+        if self.config.status_dir:
+            self._status_async = True
+            status.start()
         threads += [
             threading.Thread(target=self._run_worker, args=(w, stop), name=f"worker-{type(w).__name__}", daemon=True)
             for w in self.workers
@@ -410,6 +438,9 @@ class Agent:
                 next_at = self.monotonic()
                 delay = 0
             stop.wait(delay)
+        if self._status_async:
+            status.join(timeout=2.0)  # it writes what is pending, then the last beat below writes its own
+            self._status_async = False
         if self.config.stop_grace_s > 0:
             # a clean stop (SIGTERM: systemctl stop/restart, an upgrade) says so, so the controller does not take
             # the node for dead while the agent is away; a crash sends nothing and is a loss
@@ -428,21 +459,22 @@ class Agent:
 
 # -- command line ---------------------------------------------------------------------------------------------------
 def _upload_workers(staging_root: str) -> list[Worker]:
-    """The checkpoint UploadWorker for ``--staging-root``, when that module exists in this install."""
+    """The checkpoint upload worker for ``--staging-root`` (it also finishes the epilog's hand-offs,
+    ``nuro.checkpoint.handoff``), when that module exists in this install."""
     try:
         # lazy: an install may lack the upload worker or boto3 (the agent then runs without uploads), and boto3
         # costs ~0.3 s that an agent without --staging-root never needs
-        from nuro.checkpoint.upload import UploadWorker
-        from nuro.objectstore import ObjectStore  # lazy: as UploadWorker just above
+        from nuro.objectstore import ObjectStore
+        from nuro.prolog_epilog.epilog import node_handoff_worker
     except ImportError as exc:
         log.warning(
-            "--staging-root %s given but nuro.checkpoint.upload.UploadWorker is not importable (%s): "
+            "--staging-root %s given but the checkpoint upload worker is not importable (%s): "
             "no checkpoint uploads from this agent",
             staging_root,
             exc,
         )
         return []
-    return [UploadWorker(ObjectStore.from_env(), staging_root)]
+    return [node_handoff_worker(ObjectStore.from_env(), Path(staging_root), os.environ)]
 
 
 def _metrics_writer(node: str) -> MetricsWriter | None:

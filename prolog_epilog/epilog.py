@@ -7,11 +7,17 @@ copy stays in the node cache for a requeue on this node (the least recently cach
 has less than ``NURO_STAGING_CACHE_KEEP_FREE_GB`` free, default twice ``NURO_STAGING_MIN_FREE_GB``); the job's
 staging dir is removed.
 
+Hand-off (``nuro.checkpoint.handoff``, on with ``NURO_EPILOG_HANDOFF=1`` where the node agent runs an upload
+worker): a job that is *not* being requeued does not wait for its uploads. The epilog leaves its staging dir and
+record to the node agent, which commits them from local disk, caches and cleans up as above, and the node is
+released at once. A requeued job still waits: its next attempt may restore on another node, from S3.
+
 The whole checkpoint part is bounded by our own deadline (``NURO_EPILOG_DEADLINE_S``, default the flush timeout
 plus 30 s; keep it below ``PrologEpilogTimeout``): it runs in a thread the epilog stops waiting for at the
 deadline, so neither a slow store nor anything a job left in its dir can hold the node in COMPLETING (root reads
 a job's files only through no-follow fds, non-blocking, regular files only: ``nuro.checkpoint.staging``). At the
-end the job's root-owned record (``nuro.protocol.jobrecord``) is removed, whatever happened before.
+end the job's root-owned record (``nuro.protocol.jobrecord``) is removed, whatever happened before (unless handed
+off: then the agent removes it when it is done).
 
 Then the node's health check (``nuro.prolog_epilog.health``): an unhealthy node is drained with the precise reason
 and the epilog exits 1. Otherwise it exits 0: neither a store outage nor a job's leftovers are the node's fault.
@@ -26,8 +32,11 @@ import sys
 import threading
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
+from nuro.checkpoint import handoff
 from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, staging_root
+from nuro.checkpoint.upload import UploadWorker
 from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
 from nuro.healthcheck.run import HealthSettings
 from nuro.objectstore import ObjectStore
@@ -81,9 +90,8 @@ def deadline_s(env: Mapping[str, str]) -> float:
 
 def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
     timeout_s = flush_timeout_s(os.environ) if timeout_s is None else timeout_s
-    cache_runs = int(os.environ.get("NURO_STAGING_CACHE_RUNS") or DEFAULT_CACHE_RUNS)
     result, cached = finish_job(
-        ObjectStore.from_env(), staging_root(), job, flush_timeout_s=timeout_s, cache_runs=cache_runs,
+        ObjectStore.from_env(), staging_root(), job, flush_timeout_s=timeout_s, cache_runs=cache_runs(os.environ),
         cache_keep_free_bytes=cache_keep_free_bytes(os.environ),
     )  # fmt: skip
     if result is None:
@@ -99,6 +107,51 @@ def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
     )  # fmt: skip
 
 
+def cache_runs(env: Mapping[str, str]) -> int:
+    return int(env.get("NURO_STAGING_CACHE_RUNS") or DEFAULT_CACHE_RUNS)
+
+
+def node_handoff_worker(store: ObjectStore, root: Path, env: Mapping[str, str]) -> handoff.HandoffWorker:
+    """The node agent's upload worker, finishing hand-offs with the epilog's own cache settings (so a job's newest
+    checkpoint is cached alike whichever of the two finishes it)."""
+    return handoff.HandoffWorker(
+        store, root, timeout_s=handoff.timeout_s(env), cache_runs=cache_runs(env),
+        cache_keep_free_bytes=cache_keep_free_bytes(env),
+    )  # fmt: skip
+
+
+def _slurm_restarts(job: str) -> tuple[int | None, str | None]:
+    """(restart count, state) of the job as slurmctld has it now; (None, None) when it did not answer."""
+    from nuro.slurm import CliBackend, SlurmError  # lazy: only a job with pending uploads asks Slurm anything
+
+    try:
+        rec = CliBackend(timeout_s=10).job_record(job)
+        return int(rec["Restarts"]), rec["JobState"]
+    except (SlurmError, KeyError, ValueError) as exc:
+        log.warning("job=%s restart count unreadable (%s): flushing its uploads before the node is released", job, exc)
+        return None, None
+
+
+def try_hand_off(job: str, env: Mapping[str, str] = os.environ) -> bool:
+    """Leave the job's pending uploads to the node agent (``nuro.checkpoint.handoff``) when that is safe: hand-off
+    on (``NURO_EPILOG_HANDOFF=1``), something pending, a nuro job record, and the job not being requeued. True when
+    handed off: the job dir and record then stay for the agent."""
+    if not handoff.enabled(env):
+        return False
+    root = staging_root()
+    rec = jobrecord.read(root, job)
+    if rec is None or rec.team is None or not UploadWorker(ObjectStore.from_env(), root).pending(job):
+        return False
+    restarts, state = _slurm_restarts(job)
+    if handoff.wants_flush(rec.restart, restarts, state):
+        log.info("job=%s is being requeued (restarts %s → %s, %s): its uploads commit before the node is released",
+                 job, rec.restart, restarts, state)  # fmt: skip
+        return False
+    handoff.hand_off(root, job)
+    log.info("job=%s pending checkpoint uploads handed to the node agent; node released now", job)
+    return True
+
+
 def forget_gpus(job: str) -> None:
     """The job no longer holds its GPUs: the agent's next points are untagged (``nuro.protocol.gpujobs``)."""
     node = os.environ.get("SLURMD_NODENAME", "")
@@ -106,22 +159,31 @@ def forget_gpus(job: str) -> None:
         forget(staging_root(), node, job)
 
 
-def _checkpoints(job: str) -> None:
+def _checkpoints(job: str, handed: list[str]) -> None:
+    try:
+        if try_hand_off(job):
+            handed.append(job)
+            return
+    except Exception as exc:  # noqa: BLE001 - a hand-off that fails falls back to the flush, never to nothing
+        log.warning("job=%s hand-off failed (%s: %s): flushing its uploads here", job, type(exc).__name__, exc)
     try:
         flush_and_clean(job)
     except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
         log.exception("job=%s epilog checkpoint flush failed: %s", job, exc)
 
 
-def bounded_checkpoints(job: str, limit_s: float) -> bool:
-    """Flush, cache and clean the job's checkpoints in a daemon thread, waiting at most ``limit_s``. False when
-    the deadline passed: the thread is left behind (it dies with this process) and the job dir is removed here,
-    without following anything in it, so the node is released on time and its disk is not leaked."""
-    t = threading.Thread(target=_checkpoints, args=(job,), name=f"epilog-ckpt-{job}", daemon=True)
+def bounded_checkpoints(job: str, limit_s: float) -> str:
+    """Hand off, or flush, cache and clean, the job's checkpoints in a daemon thread, waiting at most ``limit_s``.
+
+    Returns "handed-off" (the job dir and record stay for the node agent), "done", or "deadline": the thread is
+    left behind (it dies with this process) and the job dir is removed here, without following anything in it, so
+    the node is released on time and its disk is not leaked."""
+    handed: list[str] = []
+    t = threading.Thread(target=_checkpoints, args=(job, handed), name=f"epilog-ckpt-{job}", daemon=True)
     t.start()
     t.join(limit_s)
     if not t.is_alive():
-        return True
+        return "handed-off" if handed else "done"
     log.error(
         "job=%s epilog deadline (%.0f s, NURO_EPILOG_DEADLINE_S) passed with the checkpoint flush still running: "
         "giving up on its uploads (no manifest is written for them) and removing the job dir", job, limit_s,
@@ -131,7 +193,7 @@ def bounded_checkpoints(job: str, limit_s: float) -> bool:
             safefs.remove_at(root_fd, job)
     except Exception as exc:  # noqa: BLE001 - best effort: the next epilog on a full disk drains via health
         log.warning("job=%s could not remove its staging dir after the deadline: %s", job, exc)
-    return False
+    return "deadline"
 
 
 def forget_record(job: str) -> None:
@@ -152,12 +214,13 @@ def main(argv: list[str] | None = None) -> int:
         forget_gpus(job)
     except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
         log.exception("job=%s epilog set-up failed: %s", job, exc)
-    bounded_checkpoints(job, deadline_s(os.environ))
-    try:
-        forget_record(job)
-    except Exception as exc:  # noqa: BLE001
-        log.exception("job=%s could not remove the job record: %s", job, exc)
-    log.info("job=%s epilog checkpoints done in %.2f s", job, time.monotonic() - start)
+    outcome = bounded_checkpoints(job, deadline_s(os.environ))
+    if outcome != "handed-off":  # a hand-off keeps the record: the agent's uploads read whose checkpoint it is
+        try:
+            forget_record(job)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("job=%s could not remove the job record: %s", job, exc)
+    log.info("job=%s epilog checkpoints %s in %.2f s", job, outcome, time.monotonic() - start)
     return 0 if node_is_healthy(job, "epilog") else 1
 
 

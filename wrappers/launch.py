@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nuro.checkpoint.layout import node_staging_root
 from nuro.protocol.contract import (
     ENV_RDZV_PORT_BASE,
     ENV_RDZV_PORT_SPAN,
@@ -378,8 +379,22 @@ def settle(directory: Path, num_nodes: int, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
+def with_node_staging_dir(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with this node's ``NURO_STAGING_DIR`` when the batch script could not set it: a ``NURO_STAGING_ROOT``
+    naming ``{node}`` (one root per node on one shared disk, as the dev cluster has) resolves only on the node."""
+    root, job = env.get("NURO_STAGING_ROOT", ""), env.get("SLURM_JOB_ID", "")
+    if env.get("NURO_STAGING_DIR") or not root or not job:
+        return env
+    try:
+        return {**env, "NURO_STAGING_DIR": str(node_staging_root(root, env.get("SLURMD_NODENAME")) / job)}
+    except ValueError as exc:
+        log.warning("no staging dir for this node (%s): checkpoints stage where the SDK's default says", exc)
+        return env
+
+
 def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Node mode: plan, run torchrun with signal forwarding, classify, write the verdict, return the exit status."""
+    env = with_node_staging_dir(env)
     # node-local scratch for torchrun's error files and stderr copies; in the job's staging dir when the prolog made
     # one (the epilog cleans it even when Slurm SIGKILLs this launcher before its own clean-up runs)
     work = Path(tempfile.mkdtemp(prefix=f"nuro-launch-{env.get('SLURM_JOB_ID', 'x')}-",

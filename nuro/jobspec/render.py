@@ -338,7 +338,11 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         *code_exports(pins.code, _q(run_dir)),
         *export_lines(env, ("NURO_CKPT_INTERVAL_S", "NURO_CKPT_KEEP")),
         "# the node-local staging dir the prolog created for this job (checkpoints are written here, then uploaded)",
-        'export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}"',
+        # the same root on every node; a root naming {node} (one per node on one shared disk: the dev cluster) is
+        # resolved on each node by nuro-launch and the SDK, never here on the batch host
+        'case "${NURO_STAGING_ROOT:-}" in *"{node}"*) ;; *)',
+        '  export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}" ;;',
+        "esac",
         *export_lines(env, ("NURO_RESUME_FROM", "NURO_MAX_REQUEUES", "NURO_PREEMPT_SIGNAL")),
         f"export NURO_STOP_SIGNAL={TIME_LIMIT_SIGNAL}",
         f"export NURO_EXIT_REQUEUE={EXIT_REQUEUE}",

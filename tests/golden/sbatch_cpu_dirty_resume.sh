@@ -26,7 +26,9 @@ export NURO_CODE_DIR="$NURO_JOB_DIR/code"
 export NURO_CKPT_INTERVAL_S=1800
 export NURO_CKPT_KEEP=3
 # the node-local staging dir the prolog created for this job (checkpoints are written here, then uploaded)
-export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}"
+case "${NURO_STAGING_ROOT:-}" in *"{node}"*) ;; *)
+  export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}" ;;
+esac
 export NURO_RESUME_FROM=4242
 export NURO_MAX_REQUEUES=0
 export NURO_PREEMPT_SIGNAL=USR1

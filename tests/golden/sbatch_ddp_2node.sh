@@ -28,7 +28,9 @@ export NURO_CODE_DIR="$NURO_JOB_DIR/code"
 export NURO_CKPT_INTERVAL_S=900
 export NURO_CKPT_KEEP=3
 # the node-local staging dir the prolog created for this job (checkpoints are written here, then uploaded)
-export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}"
+case "${NURO_STAGING_ROOT:-}" in *"{node}"*) ;; *)
+  export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}" ;;
+esac
 export NURO_MAX_REQUEUES=3
 export NURO_PREEMPT_SIGNAL=USR1
 export NURO_STOP_SIGNAL=USR2

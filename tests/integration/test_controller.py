@@ -225,7 +225,9 @@ def test_urgent_preempts_a_borrower_before_guaranteed_work(
         urgent = _submit(cluster, "prediction", qos="urgent")
         _running(cluster, urgent, timeout_s=60)
         assert _job(cluster, borrower).phase is not JobPhase.RUNNING
-        assert all(_job(cluster, j).phase is JobPhase.RUNNING for j in guaranteed + others[:3])
+        assert all(_job(cluster, j).phase is JobPhase.RUNNING for j in guaranteed + others[:3]), _why(
+            cluster, tmp_path / "controller.log"
+        )
 
 
 def test_lending_limits_hold_even_with_free_gpus(

@@ -146,6 +146,8 @@ def test_an_agent_restart_is_no_node_loss(cluster: LiveCluster, restore: list[st
 def test_nuro_env_and_exports_name_the_agent_dirs_and_event_log(cluster: LiveCluster) -> None:
     env = dict(line.split("=", 1) for line in cluster.layout.nuro_env.read_text().splitlines())
     assert env["NURO_EVENT_LOG"] == str(cluster.layout.events_log)
-    assert Path(env["NURO_AGENT_STATUS_DIR"]).is_dir() and Path(env["NURO_STAGING_ROOT"]).is_dir()
+    assert Path(env["NURO_AGENT_STATUS_DIR"]).is_dir()
+    assert env["NURO_STAGING_ROOT"] == str(cluster.layout.staging / "{node}")  # one staging root per emulated node
+    assert all(cluster.layout.node_staging(n.name).is_dir() for n in cluster.backend.nodes())
     assert oct(cluster.layout.heartbeat_key.stat().st_mode & 0o777) == "0o600"
     assert cluster.env["NURO_EVENT_LOG"] == env["NURO_EVENT_LOG"]

@@ -305,7 +305,7 @@ def test_each_job_sees_its_own_gpus_on_a_shared_node(cluster: LiveCluster, share
     claims."""
     node = "gpu006"
     url = f"sqlite://{shared_tmp}/gpus.sqlite"
-    root = Path(cluster.env["NURO_STAGING_ROOT"])
+    root = Path(cluster.env["NURO_STAGING_ROOT"].replace("{node}", node))
     jobs = [cluster.backend.submit("#!/bin/bash\nsleep 300\n", f"--gres=gpu:{n}", "-w", node, "-o", "/dev/null")
             for n in (2, 6)]  # fmt: skip
     agent = None

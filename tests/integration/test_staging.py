@@ -21,13 +21,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from nuro.checkpoint import handoff
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.restore import load_manifest, restore_latest
 from nuro.checkpoint.staging import read_request, write_request
 from nuro.devcluster import s3
 from nuro.devcluster.layout import PortPlan
 from nuro.objectstore import ObjectStore
-from nuro.protocol import jobcomment
+from nuro.prolog_epilog.epilog import node_handoff_worker
+from nuro.protocol import jobcomment, jobrecord
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.runenv import RunEnv
 
@@ -68,10 +70,10 @@ def _hook(module: str, node: Path, job: int, run: str, **extra: str) -> str:
     return res.stderr
 
 
-def _train(store: ObjectStore, job_dir: Path, run: str, steps: tuple[int, ...]) -> None:
+def _train(store: ObjectStore, job_dir: Path, run: str, steps: tuple[int, ...], team: str = TEAM) -> None:
     """What the job does: save through the SDK, leaving uploads to the node (upload="agent")."""
     run_env = RunEnv(job_id=int(job_dir.name))
-    ck = Checkpointer(team=TEAM, run=run, store=store, staging_dir=job_dir, upload="agent", env=run_env)
+    ck = Checkpointer(team=team, run=run, store=store, staging_dir=job_dir, upload="agent", env=run_env)
     for step in steps:
         ck.save({"w": torch.full((128, 128), float(step))}, step, sync=True)
     ck.close()
@@ -199,9 +201,82 @@ def test_a_slurm_job_checkpoints_and_its_successor_restores_from_the_node_cache(
         # lineage: a parent is an earlier committed step (a lower bound: two nodes' workers may commit out of order)
         # (job 2 restored step 2, then committed 3, 4, 5: step 5's uploads may land before those of 3 and 4)
         assert 2 <= load_manifest(store, team, run, 5).parent < 5
-        staging = Path(cluster.env["NURO_STAGING_ROOT"])
+        staging = Path(cluster.env["NURO_STAGING_ROOT"].replace("{node}", "gpu003"))  # the node the jobs ran on
         assert (L.cache_dir(staging, team, run) / L.step_name(5)).is_dir()  # left for the next job on the node
     finally:
         if saved is not None:
             table.write_bytes(saved)
         shutil.rmtree(shared_tmp.parent, ignore_errors=True)
+
+
+def _epilog_on(cluster, node: Path, job: int, run: str, module: str, team: str, **extra: str) -> str:  # noqa: ANN001
+    """Run a hook as slurmd does for ``job`` (a real job of ``cluster``, so the epilog can ask Slurm about it) on
+    an emulated node of our own (``node``: its staging root, no agent), with the cluster's S3."""
+    s3_env = {k: v for k, v in cluster.env.items() if k.startswith(("NURO_S3_", "AWS_"))}
+    settings = {**s3_env, "NURO_STAGING_ROOT": str(node / "staging"), "NURO_CACHE_DIR": str(node / "cache"),
+                "NURO_STAGING_MIN_FREE_GB": "0.01", "SLURM_CONF": cluster.env["SLURM_CONF"], **extra}  # fmt: skip
+    env_file = node / "nuro.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+    comment = jobcomment.merge(None, nuro={"v": 1, "name": run, "team": team})
+    env = {
+        "PATH": cluster.env.get("PATH", os.environ["PATH"]), "NURO_ENV_FILE": str(env_file),
+        "SLURM_JOB_ID": str(job), "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY),
+        "SLURM_JOB_COMMENT": comment, "SLURM_JOB_USER": "nobody", "SLURM_JOB_ACCOUNT": team,
+        "SLURMD_NODENAME": node.name, "PYTHONPATH": str(REPO), "NURO_HOOK_HEALTHCHECK": "0",
+    }  # fmt: skip
+    res = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert res.returncode == 0, res.stderr
+    return res.stderr
+
+
+@pytest.mark.slurm
+def test_a_finished_jobs_uploads_are_handed_to_the_agent_and_a_requeued_jobs_are_committed_first(
+    cluster, tmp_path: Path
+) -> None:
+    """Issue 15 item 6: the epilog of a job Slurm is not requeueing leaves its pending uploads to the node agent
+    (marker, dir and record kept) and returns at once; the agent's worker commits them, caches the newest step and
+    cleans up as the epilog would. A job Slurm requeued (its restart count went up since the prolog) is flushed by
+    the epilog itself: its next attempt may restore elsewhere, from S3. Real Slurm jobs give the epilog real
+    answers; the node is our own, without an agent, so the uploads stay pending until we run the agent's worker."""
+    from nuro.slurm import JobPhase
+    from tests.integration.conftest import TEST_ACCOUNT
+
+    store = ObjectStore.from_env(cluster.env)
+    team = TEST_ACCOUNT
+
+    def real_job(*args: str) -> int:
+        job = cluster.backend.submit("#!/bin/bash\ntrue\n", "-o", "/dev/null", *args)
+        assert cluster.backend.wait_for_job(job, timeout_s=120).phase is JobPhase.COMPLETED
+        return job
+
+    finished = real_job()
+    requeue = '[ "${SLURM_RESTART_COUNT:-0}" = 0 ] && scontrol requeue $SLURM_JOB_ID && sleep 60; true'
+    requeued = cluster.backend.submit(f"#!/bin/bash\n{requeue}\n", "-o", "/dev/null", "--requeue")
+    assert cluster.backend.wait_for_job(requeued, timeout_s=180).phase is JobPhase.COMPLETED
+    assert int(cluster.backend.job_record(requeued)["Restarts"]) == 1  # what the epilog compares with the record
+
+    node = tmp_path / "gpu999"
+    node.mkdir()
+    root = node / "staging"
+    on = {"NURO_EPILOG_HANDOFF": "1"}
+    for job, step in ((finished, 3), (requeued, 4)):
+        run = f"h-{uuid.uuid4().hex[:8]}"
+        _epilog_on(cluster, node, job, run, "nuro.prolog_epilog.prolog", team)
+        _train(store, root / str(job), run, (step,), team=team)  # upload="agent": pending, no agent here
+        log = _epilog_on(cluster, node, job, run, "nuro.prolog_epilog.epilog", team, **on)
+        if job == finished:
+            assert f"job={job} pending checkpoint uploads handed to the node agent" in log, log
+            assert not store.exists(L.manifest_key(team, run, step))  # not committed by the epilog
+            assert (root / str(job)).is_dir() and jobrecord.read(root, job) is not None  # kept for the agent
+            assert [h.job_id for h in handoff.handoffs(root)] == [str(job)]
+            worker = node_handoff_worker(store, root, on)
+            worker.run_once()
+            assert worker.finish_handoffs() == [str(job)]
+            assert store.exists(L.manifest_key(team, run, step))
+            assert not (root / str(job)).exists() and jobrecord.read(root, job) is None
+            assert handoff.handoffs(root) == []
+            assert (L.cache_dir(root, team, run) / L.step_name(step)).is_dir()  # cached as the epilog caches
+        else:
+            assert f"job={job} is being requeued" in log, log
+            assert store.exists(L.manifest_key(team, run, step))  # committed before the node was released
+            assert not (root / str(job)).exists() and handoff.handoffs(root) == []

@@ -267,3 +267,11 @@ def test_node_loss_wait_comes_from_the_env(raw: str, want: float) -> None:
 def test_a_malformed_node_loss_wait_is_refused_with_the_range(raw: str) -> None:
     with pytest.raises(launch.LaunchError, match="between 0 and 600"):
         launch.node_loss_wait_s({"NURO_NODE_LOSS_WAIT_S": raw})
+
+
+def test_a_per_node_staging_root_is_resolved_on_the_node_not_on_the_batch_host() -> None:
+    env = {"NURO_STAGING_ROOT": "/st/{node}", "SLURM_JOB_ID": "12", "SLURMD_NODENAME": "gpu002"}
+    assert launch.with_node_staging_dir(env)["NURO_STAGING_DIR"] == "/st/gpu002/12"
+    kept = {**env, "NURO_STAGING_DIR": "/set/by/batch/12"}
+    assert launch.with_node_staging_dir(kept) is kept  # a plain root: the batch script's value holds everywhere
+    assert "NURO_STAGING_DIR" not in launch.with_node_staging_dir({**env, "SLURMD_NODENAME": ""})

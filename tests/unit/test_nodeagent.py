@@ -251,3 +251,33 @@ def test_a_beat_without_stopping_s_is_byte_for_byte_the_old_format() -> None:
     assert stopping.stopping_s == 15.0
     with pytest.raises(hb.BadHeartbeat, match="stopping_s"):
         hb.Heartbeat("gpu001", 1, 4, 3.0, stopping_s=float("nan"))
+
+
+def test_a_status_file_write_that_blocks_never_holds_up_the_beats(tmp_path: Path) -> None:
+    """Seen in CI: the status file's create + rename blocked ~2.7 s while the disk wrote checkpoints back, the beat
+    loop waited on it, and the node was declared lost. While ``run`` beats, the file is written by its own thread."""
+    sock = FakeSocket()
+    config = AgentConfig(
+        node="gpu001", controller=("127.0.0.1", 9999), key=KEY, status_dir=str(tmp_path), interval_s=0.02,
+        probe_interval_s=0.05, stop_grace_s=0,
+        health=HealthSettings(expected_gpus=8, staging_root="/stage", staging_min_free_bytes=20 * GIB),
+    )  # fmt: skip
+    agent = Agent(config, FakeProbe.healthy(8), sock=sock, disk_free=lambda _p: 100 * GIB)  # type: ignore[arg-type]
+    real_write, writes = agent._write_status, []
+
+    def slow_write(beat, now) -> None:  # noqa: ANN001 - the disk stalls for a second on each status write
+        time.sleep(1.0)
+        writes.append(beat.seq)
+        real_write(beat, now)
+
+    agent._write_status = slow_write  # type: ignore[method-assign]
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, args=(stop,))
+    t.start()
+    time.sleep(1.5)
+    stop.set()
+    t.join(10)
+    assert len(sock.sent) >= 30, f"{len(sock.sent)} beats in 1.5 s at 0.02 s: the beats waited on the status file"
+    assert 1 <= len(writes) <= 3  # the newest beat each time, not a backlog of every beat
+    status = read_status(tmp_path, "gpu001")
+    assert status is not None and status["seq"] == agent.seq  # the last beat's status is on disk at the end
