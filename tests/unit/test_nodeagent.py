@@ -70,6 +70,17 @@ def _agent(
     return agent, sock, clock
 
 
+def _run_for(agent: Agent, seconds: float) -> None:
+    """``agent.run`` in a thread for ``seconds``, then stopped as SIGTERM stops it, and joined."""
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, args=(stop,))
+    t.start()
+    time.sleep(seconds)
+    stop.set()
+    t.join(10)
+    assert not t.is_alive(), "the agent did not stop"
+
+
 def test_heartbeat_from_fake_probe_report() -> None:
     agent, sock, _ = _agent(FakeProbe.healthy(8).with_gpu(1, temperature_c=93))
     agent.probe_once()
@@ -231,12 +242,7 @@ def test_a_stop_grace_of_zero_announces_nothing_and_out_of_range_ones_are_refuse
     sock = FakeSocket()
     config = AgentConfig(node="gpu001", controller=("127.0.0.1", 9999), key=KEY, interval_s=0.05, stop_grace_s=0)
     agent = Agent(config, FakeProbe.healthy(8), sock=sock, disk_free=lambda _p: 100 * GIB)  # type: ignore[arg-type]
-    stop = threading.Event()
-    t = threading.Thread(target=agent.run, args=(stop,))
-    t.start()
-    time.sleep(0.2)
-    stop.set()
-    t.join(5)
+    _run_for(agent, 0.2)
     assert sock.sent and all(hb.decode(d, KEY).stopping_s == 0 for d, _ in sock.sent)
     for bad in (-1, hb.MAX_STOP_GRACE_S + 1):
         with pytest.raises(ValueError, match="--stop-grace-s"):
@@ -271,12 +277,7 @@ def test_a_status_file_write_that_blocks_never_holds_up_the_beats(tmp_path: Path
         real_write(beat, now)
 
     agent._write_status = slow_write  # type: ignore[method-assign]
-    stop = threading.Event()
-    t = threading.Thread(target=agent.run, args=(stop,))
-    t.start()
-    time.sleep(1.5)
-    stop.set()
-    t.join(10)
+    _run_for(agent, 1.5)
     assert len(sock.sent) >= 30, f"{len(sock.sent)} beats in 1.5 s at 0.02 s: the beats waited on the status file"
     assert 1 <= len(writes) <= 3  # the newest beat each time, not a backlog of every beat
     status = read_status(tmp_path, "gpu001")
