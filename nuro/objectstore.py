@@ -26,8 +26,9 @@ import hashlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
@@ -141,6 +142,10 @@ class StoreConfig:
     part_size_bytes: int = 16 * MiB
     max_concurrency: int = 8
     team: str | None = None
+    #: ``NURO_S3_MAX_UPLOAD_MIBPS``: this process's uploads average at most this many bytes per second (None: no
+    #: bound). On a node the agent does the uploads, so it bounds the node: 500 nodes committing at once must not
+    #: take the store's (or the fabric's) whole bandwidth from data loading and from each other.
+    max_upload_bytes_per_s: float | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> StoreConfig:
@@ -157,8 +162,61 @@ class StoreConfig:
             secret_key=secret,
             region=env.get("NURO_S3_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             team=team,
+            max_upload_bytes_per_s=_mib_per_s(env, "NURO_S3_MAX_UPLOAD_MIBPS"),
         )
         return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _mib_per_s(env: Mapping[str, str], name: str) -> float | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r}: give a positive number of MiB/s, or leave it unset for no bound")
+    return value * MiB
+
+
+class RateLimit:
+    """Paces sends to ``bytes_per_s`` on average (virtual scheduling: each send of n bytes may start n/rate after
+    the previous one; one part may go at once). Shared by every upload thread of the process (``rate_limit``)."""
+
+    def __init__(
+        self,
+        bytes_per_s: float,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.bytes_per_s = bytes_per_s
+        self.clock, self.sleep = clock, sleep
+        self._lock = threading.Lock()
+        self._next = 0.0
+
+    def take(self, n: int) -> float:
+        """Wait until ``n`` more bytes may go; returns the seconds waited."""
+        with self._lock:
+            now = self.clock()
+            start = max(now, self._next)
+            self._next = start + n / self.bytes_per_s
+        delay = start - now
+        if delay > 0:
+            self.sleep(delay)
+        return delay
+
+
+_LIMITS: dict[float, RateLimit] = {}
+_LIMITS_LOCK = threading.Lock()
+
+
+def rate_limit(bytes_per_s: float | None) -> RateLimit | None:
+    """The process's one limiter for this rate (every store object built with it shares it), or None."""
+    if bytes_per_s is None:
+        return None
+    with _LIMITS_LOCK:
+        return _LIMITS.setdefault(bytes_per_s, RateLimit(bytes_per_s))
 
 
 @dataclass(frozen=True)
@@ -208,6 +266,7 @@ class ObjectStore:
 
         self.config = config
         self.bucket = config.bucket
+        self.upload_limit = rate_limit(config.max_upload_bytes_per_s)
         boto_cfg = Config(
             connect_timeout=config.connect_timeout_s,
             read_timeout=config.read_timeout_s,
@@ -296,6 +355,8 @@ class ObjectStore:
             step = self.config.part_size_bytes
             view = memoryview(data)
             return self._multipart(key, (view[i : i + step] for i in range(0, len(data), step)), cond, progress)
+        if self.upload_limit is not None:
+            self.upload_limit.take(len(data))
         res = self._call("PUT", key, self.client.put_object, if_none_match, Key=key, Body=data, **cond)
         if progress:
             progress(len(data))
@@ -369,6 +430,8 @@ class ObjectStore:
         log.debug("multipart key=%s upload_id=%s", key, upload_id)
 
         def send(number: int, body: bytes | memoryview) -> dict[str, Any]:
+            if self.upload_limit is not None:
+                self.upload_limit.take(len(body))
             res = self._call(
                 "UPLOAD-PART", key, self.client.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
                 Body=bytes(body),
@@ -379,12 +442,17 @@ class ObjectStore:
 
         try:
             with ThreadPoolExecutor(max_workers=self.config.max_concurrency) as pool:
-                pending, done = [], []
+                # a window of max_concurrency parts in flight: the next part is read (and hashed) as soon as *any*
+                # part is done, not the oldest one, so one slow part never idles the other connections
+                pending: set[Future[dict[str, Any]]] = set()
+                done: list[dict[str, Any]] = []
                 for number, chunk in enumerate(chunks, start=1):
-                    pending.append(pool.submit(send, number, chunk))
+                    pending.add(pool.submit(send, number, chunk))
                     if len(pending) >= self.config.max_concurrency:
-                        done.append(pending.pop(0).result())
+                        finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                        done.extend(f.result() for f in finished)
                 done.extend(f.result() for f in pending)
+                done.sort(key=lambda part: part["PartNumber"])  # CompleteMultipartUpload wants them in order
             if before_complete:
                 before_complete()
             res = self._call(

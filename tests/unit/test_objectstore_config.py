@@ -17,8 +17,10 @@ from nuro.objectstore import (
     ObjectStore,
     ObjectStoreError,
     PreconditionFailed,
+    RateLimit,
     StoreConfig,
     StoreUnavailable,
+    rate_limit,
 )
 
 
@@ -195,3 +197,36 @@ def test_dev_identities_keep_their_secrets_and_never_reuse_the_fixed_admin_secre
     assert f"-s3.config={tmp_path / s3.IDENTITIES_FILE}" in s3.weed_argv(Path("weed"), tmp_path, tmp_path, ports)
     assert "AWS_ACCESS_KEY_ID" not in s3.weed_env({"PATH": "/bin", "AWS_ACCESS_KEY_ID": "x"}, tmp_path)
     assert not [a for a in s3.weed_argv(Path("weed"), tmp_path / "none", tmp_path, ports) if "s3.config" in a]
+
+
+class _FakeTime:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.now += s
+
+
+def test_the_upload_limit_paces_parts_to_the_rate_and_lets_one_go_at_once() -> None:
+    t = _FakeTime()
+    limit = RateLimit(100.0, clock=t.clock, sleep=t.sleep)  # 100 bytes/s
+    assert limit.take(50) == 0.0  # the first part goes at once
+    assert limit.take(50) == 0.5  # the next may start once the first one's share of time has passed
+    t.now += 10.0  # idle: no credit is hoarded beyond the next send
+    assert limit.take(100) == 0.0 and limit.take(100) == 1.0
+    assert t.slept == [0.5, 1.0]
+
+
+def test_the_upload_limit_comes_from_the_env_in_mib_per_s_and_is_shared_in_the_process() -> None:
+    cfg = StoreConfig.from_env({"NURO_S3_MAX_UPLOAD_MIBPS": "200"})
+    assert cfg.max_upload_bytes_per_s == 200 * (1 << 20)
+    assert StoreConfig.from_env({}).max_upload_bytes_per_s is None and rate_limit(None) is None
+    assert rate_limit(cfg.max_upload_bytes_per_s) is rate_limit(200.0 * (1 << 20))
+    for bad in ("0", "-3", "fast"):
+        with pytest.raises(ValueError, match="NURO_S3_MAX_UPLOAD_MIBPS"):
+            StoreConfig.from_env({"NURO_S3_MAX_UPLOAD_MIBPS": bad})
