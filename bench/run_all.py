@@ -16,6 +16,8 @@ for module in (
     "bench.bench_trace_replay",
     "bench.bench_dataset_snapshot",
     "bench.bench_checkpoint_stall",
+    "bench.bench_upload_storm",
+    "bench.bench_transition",
     "bench.bench_detection",
     "bench.bench_resume",
     # issue 11: what the isolation costs, each against 0b1f475 in the same run

@@ -44,7 +44,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from nuro.checkpoint.layout import node_staging_root
 from nuro.console import ExitCode
 from nuro.healthcheck.checks import evaluate
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport
@@ -256,7 +255,7 @@ class Agent:
     # -- probing ---------------------------------------------------------------------------------------------------
     def probe_once(self) -> Health:
         """Read the GPUs and the staging disk, evaluate, store the verdict."""
-        settings = self.config.health
+        settings = self.config.health.for_node(self.config.node)
         report = self.probe.read()
         try:
             free: int | None = self.disk_free(settings.staging_root)
@@ -285,7 +284,7 @@ class Agent:
     def _emit_telemetry(self, report: NodeGpuReport) -> None:
         """Queue the report's ``gpu`` points (non-blocking); a telemetry bug is logged, never fatal to probing."""
         try:
-            jobs = gpu_tags(node_staging_root(self.config.health.staging_root, self.config.node), self.config.node)
+            jobs = gpu_tags(Path(self.config.health.for_node(self.config.node).staging_root), self.config.node)
             for point in gpu_points(report, self.config.node, int((report.taken_at or self.clock()) * 1e9), jobs):
                 self.metrics.add(point)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - health reporting matters more than telemetry

@@ -58,6 +58,12 @@ class HealthSettings:
     limits: Limits = field(default_factory=Limits)
     min_blame_bytes: int | None = None  # least a job's staging dir must hold to be failed; None: 1/20 of the floor
 
+    def for_node(self, node: str) -> HealthSettings:
+        """These settings with ``{node}`` in the staging root resolved: the disk to measure is the node's own (on a
+        shared disk, the dev cluster's emulated nodes each have a root below it, and the path with ``{node}`` in it
+        does not exist: measured at its parent, it read the shared disk and never the node's)."""
+        return replace(self, staging_root=str(node_staging_root(self.staging_root, node)))
+
     @classmethod
     def from_env(cls, env: dict[str, str] | os._Environ[str] | None = None) -> HealthSettings:
         """Read the variables of nuro-healthcheck's table (``nuro.healthcheck.cli``). Raises ValueError naming the
@@ -239,6 +245,7 @@ class Outcome:
 
 def check_node(node: str, settings: HealthSettings, mode: str = "periodic", probe_timeout_s: float = 5.0) -> Outcome:
     """Probe, measure and evaluate; changes nothing."""
+    settings = settings.for_node(node)
     probe = make_probe(settings.probe, timeout_s=probe_timeout_s)
     try:
         report = probe.read()

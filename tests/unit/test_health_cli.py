@@ -228,3 +228,11 @@ def test_a_low_reading_that_is_still_rising_is_re_read_until_it_settles() -> Non
     assert settled_free_bytes("/x", 20, 30, poll_s=0, reader=lambda _p: 0) == 30  # not low: not re-read
     forever = iter(range(10, 10**6))
     assert settled_free_bytes("/x", 10**9, 1, budget_s=0.05, poll_s=0.001, reader=lambda _p: next(forever)) < 10**9
+
+
+def test_the_disk_measured_is_the_nodes_own_staging_root() -> None:
+    """A root naming {node} (one per emulated node on a shared disk) is resolved before anything is measured: the
+    unresolved path does not exist, and measured at its parent it read the shared disk, never the node's."""
+    s = HealthSettings(staging_root="/var/stage/{node}")
+    assert s.for_node("gpu003").staging_root == "/var/stage/gpu003"
+    assert HealthSettings(staging_root="/var/stage").for_node("gpu003").staging_root == "/var/stage"
