@@ -158,7 +158,7 @@ class HandoffWorker(UploadWorker):
                 continue
             try:
                 result, cached = finish_job(
-                    self.store, self.staging_root, h.job_id, flush_timeout_s=0.0, cache_runs=self.cache_runs,
+                    self._s3, self.staging_root, h.job_id, flush_timeout_s=0.0, cache_runs=self.cache_runs,
                     cache_keep_free_bytes=self.cache_keep_free_bytes,
                 )  # fmt: skip
                 jobrecord.remove(self.staging_root, h.job_id)

@@ -141,7 +141,8 @@ class UploadWorker:
     """Uploads the checkpoints staged under ``staging_root`` (every job dir, or only ``job_dirs``).
 
     Args:
-        store: the S3 adapter.
+        store: the S3 adapter; None only for ``pending`` (the epilog's hand-off check: boto3 costs ~0.5 s of CPU
+            to import and a client to build, and looking at local files needs neither).
         staging_root: ``NURO_STAGING_ROOT`` (``<root>/<job_id>/ckpt/step-N``; job records in ``<root>/.jobs``).
         job_dirs: restrict the worker to these job directories (a job's inline worker); None = all jobs.
         trust: ``"record"`` (root: whose checkpoint it is comes from the job record) or ``"request"`` (a job's
@@ -152,7 +153,7 @@ class UploadWorker:
 
     def __init__(
         self,
-        store: ObjectStore,
+        store: ObjectStore | None,
         staging_root: str | Path,
         *,
         job_dirs: Sequence[Path] | None = None,
@@ -171,6 +172,12 @@ class UploadWorker:
         self._backoff: dict[tuple[str, int, int], _Backoff] = {}
         self._said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()  # one pass at a time per worker object (flush may run beside run())
+
+    @property
+    def _s3(self) -> ObjectStore:
+        if self.store is None:
+            raise RuntimeError("this UploadWorker was made without a store: it may only answer pending()")
+        return self.store
 
     # -- public ------------------------------------------------------------------------------------------------
     def run(self, stop_event: threading.Event, interval_s: float = 1.0) -> None:
@@ -390,7 +397,7 @@ class UploadWorker:
 
     def _process(self, sd: StepDir, req: UploadRequest, owner: Owner | None) -> bool:
         """Advance one request as far as it goes now; True once the step is committed."""
-        if self.store.exists(L.manifest_key(req.team, req.run, req.step)):
+        if self._s3.exists(L.manifest_key(req.team, req.run, req.step)):
             sd.mark(L.DONE_FILE, {"state": "committed", "at": utc_now(), "by": "seen"})
             return True
         if self._given_up_remotely(req):
@@ -398,9 +405,9 @@ class UploadWorker:
         earlier = self._upload_files(sd, req, owner)
         part_key = L.part_key(req.team, req.run, req.step, req.part)
         if not earlier:
-            self.store.put(part_key, dumps(PartRecord.from_request(req).to_json_obj()))
+            self._s3.put(part_key, dumps(PartRecord.from_request(req).to_json_obj()))
             self._save_state(sd, req, part_written=True)
-        keys = [o.key for o in self.store.list(L.parts_prefix(req.team, req.run, req.step))]
+        keys = [o.key for o in self._s3.list(L.parts_prefix(req.team, req.run, req.step))]
         if earlier and part_key not in keys:  # written by an earlier pass, gone now: never wait on it forever
             self._part_vanished(sd, req)
             return False
@@ -413,7 +420,7 @@ class UploadWorker:
         if sd.is_abandoned or self._given_up_remotely(req):  # the epilog's deadline passed meanwhile
             raise PermanentUploadError("given up by the epilog while the last part was uploading")
         manifest = build_manifest(parts.values(), parent=self._parent(req))
-        created = self.store.put_if_absent(L.manifest_key(req.team, req.run, req.step), manifest.to_bytes())
+        created = self._s3.put_if_absent(L.manifest_key(req.team, req.run, req.step), manifest.to_bytes())
         log.info(
             "checkpoint committed team=%s run=%s step=%d bytes=%d shards=%d by=%s",
             req.team, req.run, req.step, manifest.total_bytes, len(manifest.shards), "us" if created else "peer",
@@ -425,7 +432,7 @@ class UploadWorker:
         """Our part record, written by an earlier pass, is no longer in S3. Retention removes an uncommitted step
         once ``keep`` newer steps are committed (another worker of the node committed them first): then the step is
         superseded (``Superseded``). Otherwise someone deleted it: upload the whole part again."""
-        newer = [s.step for s in list_steps(self.store, req.team, req.run) if s.committed and s.step > req.step]
+        newer = [s.step for s in list_steps(self._s3, req.team, req.run) if s.committed and s.step > req.step]
         if newer:
             raise Superseded(
                 f"its uploaded part was removed from S3 after newer steps committed (newest {max(newer)}): "
@@ -483,7 +490,7 @@ class UploadWorker:
             fd = self._open_shard(sd, f.path, f.size, owner)
             try:
                 # /proc/self/fd/N reopens exactly the file we opened safely, whatever the path points at now
-                self.store.put_file(
+                self._s3.put_file(
                     L.shard_key(req.team, req.run, req.step, f.path), Path(f"/proc/self/fd/{fd}"),
                     expected_sha256=f.sha256,
                 )  # fmt: skip
@@ -499,9 +506,9 @@ class UploadWorker:
 
     def _parts_of_attempt(self, req: UploadRequest) -> dict[int, PartRecord]:
         parts: dict[int, PartRecord] = {}
-        for info in self.store.list(L.parts_prefix(req.team, req.run, req.step)):
+        for info in self._s3.list(L.parts_prefix(req.team, req.run, req.step)):
             try:
-                rec = parse_part(self.store.get(info.key)[0], what=info.key)
+                rec = parse_part(self._s3.get(info.key)[0], what=info.key)
             except NotFound:
                 continue
             except ManifestError as exc:
@@ -513,7 +520,7 @@ class UploadWorker:
 
     def _given_up_remotely(self, req: UploadRequest) -> bool:
         try:
-            data, _ = self.store.get(L.incomplete_key(req.team, req.run, req.step))
+            data, _ = self._s3.get(L.incomplete_key(req.team, req.run, req.step))
         except NotFound:
             return False
         try:
@@ -522,7 +529,7 @@ class UploadWorker:
             return True  # unreadable: treat as given up rather than commit over it
 
     def _parent(self, req: UploadRequest) -> int | None:
-        older = [s.step for s in list_steps(self.store, req.team, req.run) if s.committed and s.step < req.step]
+        older = [s.step for s in list_steps(self._s3, req.team, req.run) if s.committed and s.step < req.step]
         return max(older) if older else None
 
     def _after_commit(self, jd: JobDir, sd: StepDir, req: UploadRequest) -> None:
@@ -533,7 +540,7 @@ class UploadWorker:
                 log.exception("on_commit callback failed step=%d", req.step)
         if req.keep:  # bound to the record's keep (or the platform default) when root uploads
             try:
-                apply_retention(self.store, req.team, req.run, req.keep)
+                apply_retention(self._s3, req.team, req.run, req.keep)
             except ObjectStoreError as exc:
                 log.warning(
                     "retention skipped team=%s run=%s: %s (runs again after the next commit)", req.team, req.run, exc
@@ -573,8 +580,8 @@ class UploadWorker:
         missing = sorted(set(range(req.parts_expected)) - set(self._safe_parts(req)))
         inc = Incomplete(req.team, req.run, req.step, req.job_id, req.restart, reason, tuple(missing), utc_now())
         try:
-            if not self.store.exists(L.manifest_key(req.team, req.run, req.step)):
-                self.store.put(L.incomplete_key(req.team, req.run, req.step), dumps(inc.to_json_obj()))
+            if not self._s3.exists(L.manifest_key(req.team, req.run, req.step)):
+                self._s3.put(L.incomplete_key(req.team, req.run, req.step), dumps(inc.to_json_obj()))
         except ObjectStoreError as exc:
             return f"step {req.step}: could not write incomplete.json ({exc}); it has no manifest either"
         return None

@@ -562,6 +562,18 @@ class CliBackend(Backend):
             )
         return record
 
+    def job_restarts(self, job_id: int | str) -> tuple[int, str]:
+        """(restart count, state) of one job in one ``squeue -O RestartCnt,State`` call: the epilog's "is this job
+        being requeued?" (Slurm counts a requeue when it happens). Raises SlurmError (and SlurmParseError)."""
+        jid = _job_id(job_id)
+        names = ["RestartCnt", "State"]
+        argv = ["squeue", "-h", "-t", "all", "-j", str(jid), "-O", fixed_fields_format(names)]
+        fixed = parse_squeue_fixed_fields(self._one_job_output(argv, jid), jid, names)
+        if fixed is None:
+            entry = self._job_entry(jid)
+            return int(entry["Restarts"]), entry["JobState"]
+        return int(fixed["RestartCnt"]), fixed["State"]
+
     def job_state(self, job_id: int | str) -> str:
         """One job's state ("RUNNING", "COMPLETED", ...), cheaply: one ``squeue -j`` line."""
         return self._job_field(job_id, "State", "JobState")

@@ -128,6 +128,7 @@ def test_single_job_reads_agree_with_the_snapshot(backend: Backend) -> None:
         record = backend.job_record(job_id)  # type: ignore[attr-defined]
         assert (record["JobName"], record["Comment"], record["Account"]) == (name, comment, job.account)
         assert record["StdOut"] == f"/tmp/nuro-live-{job_id}-{name}.out" and record["JobState"] == "PENDING"
+        assert backend.job_restarts(job_id) == (int(record["Restarts"]), "PENDING") == (0, "PENDING")  # type: ignore[attr-defined]
     finally:
         backend.cancel(job_id)
     with pytest.raises(InvalidJobId):
