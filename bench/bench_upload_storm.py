@@ -7,12 +7,13 @@ one run:
 
 * ``one_after_another``: the nodes commit in turn (the baseline: no contention at all);
 * ``all_at_once``: every node starts together (the "storm": 8 × ``max_concurrency`` parts in flight);
-* ``all_at_once_capped``: the same with ``NURO_S3_MAX_UPLOAD_MIBPS`` = ``--cap-mibps`` per node (the per-node bound).
+* ``all_at_once_capped``: the same with ``NURO_S3_MAX_UPLOAD_MIBPS`` = ``--cap-mibps`` per node (the per-node
+  bandwidth bound) and ``NURO_S3_UPLOAD_CONCURRENCY`` = ``--cap-concurrency`` parts in flight per node.
 
 Reported per mode: wall time until every node committed, aggregate MiB/s, and each node's own commit time (p50,
 max): a storm that stalls shows as a max far above the p50, or an aggregate below the baseline's.
 
-    python -m bench.bench_upload_storm [--nodes 8] [--mib 128] [--cap-mibps 20] [--port-base 8800]
+    python -m bench.bench_upload_storm [--nodes 8] [--mib 128] [--cap-mibps 20] [--cap-concurrency 2] [--port-base 8800]
 
 Benchmarks measure; nothing asserts a speed.
 """
@@ -49,10 +50,9 @@ def _stage(plan: PortPlan, root: Path, job: int, run: str, mib: int) -> None:
     ck.close(timeout_s=1)
 
 
-def _commit(plan_base: int, job_dir: str, cap: float | None, start_at: float, out: mp.Queue) -> None:
+def _commit(plan_base: int, job_dir: str, caps: dict[str, str], start_at: float, out: mp.Queue) -> None:
     """One node's upload worker: wait for the common start, one pass per second until nothing is pending."""
-    env = s3.s3_env(PortPlan(plan_base))
-    store = ObjectStore.from_env(env if cap is None else {**env, "NURO_S3_MAX_UPLOAD_MIBPS": str(cap)})
+    store = ObjectStore.from_env({**s3.s3_env(PortPlan(plan_base)), **caps})
     worker = UploadWorker(store, Path(job_dir).parent, job_dirs=[Path(job_dir)], trust="request")
     time.sleep(max(0.0, start_at - time.time()))
     t0 = time.time()
@@ -63,7 +63,7 @@ def _commit(plan_base: int, job_dir: str, cap: float | None, start_at: float, ou
     out.put((job_dir, t0, time.time()))
 
 
-def _mode(base: int, work: Path, nodes: int, mib: int, together: bool, cap: float | None) -> dict:
+def _mode(base: int, work: Path, nodes: int, mib: int, together: bool, caps: dict[str, str]) -> dict:
     plan = PortPlan(base)
     jobs = []
     for n in range(nodes):
@@ -76,7 +76,7 @@ def _mode(base: int, work: Path, nodes: int, mib: int, together: bool, cap: floa
     t_all = 0.0
     if together:
         start_at = time.time() + 1.0
-        procs = [ctx.Process(target=_commit, args=(base, j, cap, start_at, out)) for j in jobs]
+        procs = [ctx.Process(target=_commit, args=(base, j, caps, start_at, out)) for j in jobs]
         for p in procs:
             p.start()
         results = [out.get(timeout=1800) for _ in procs]
@@ -86,7 +86,7 @@ def _mode(base: int, work: Path, nodes: int, mib: int, together: bool, cap: floa
     else:
         results = []
         for j in jobs:
-            p = ctx.Process(target=_commit, args=(base, j, cap, time.time(), out))
+            p = ctx.Process(target=_commit, args=(base, j, caps, time.time(), out))
             p.start()
             results.append(out.get(timeout=1800))
             p.join()
@@ -104,16 +104,19 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--mib", type=int, default=128)
     ap.add_argument("--cap-mibps", type=float, default=20.0)
+    ap.add_argument("--cap-concurrency", type=int, default=2)
     ap.add_argument("--port-base", type=int, default=8800)
     ap.add_argument("--work-dir", type=Path, default=Path("/tmp/nuro-bench-storm"))
     args = ap.parse_args()
     state = REPO / f".devcluster-bench-storm-{args.port_base}"
     shutil.rmtree(state, ignore_errors=True)
-    result: dict = {"nodes": args.nodes, "mib_per_node": args.mib, "cap_mibps": args.cap_mibps}
+    result: dict = {"nodes": args.nodes, "mib_per_node": args.mib, "cap_mibps": args.cap_mibps,
+                    "cap_concurrency": args.cap_concurrency}  # fmt: skip
+    caps = {"NURO_S3_MAX_UPLOAD_MIBPS": str(args.cap_mibps), "NURO_S3_UPLOAD_CONCURRENCY": str(args.cap_concurrency)}
     with s3.standalone(state, args.port_base):
-        for name, together, cap in (("one_after_another", False, None), ("all_at_once", True, None),
-                                    ("all_at_once_capped", True, args.cap_mibps)):  # fmt: skip
-            result[name] = _mode(args.port_base, args.work_dir / name, args.nodes, args.mib, together, cap)
+        for name, together, mode_caps in (("one_after_another", False, {}), ("all_at_once", True, {}),
+                                          ("all_at_once_capped", True, caps)):  # fmt: skip
+            result[name] = _mode(args.port_base, args.work_dir / name, args.nodes, args.mib, together, mode_caps)
             print(name, result[name], flush=True)
     shutil.rmtree(state, ignore_errors=True)
     base = result["one_after_another"]["aggregate_mib_per_s"]

@@ -140,6 +140,7 @@ class StoreConfig:
     max_attempts: int = 5
     multipart_threshold_bytes: int = 32 * MiB
     part_size_bytes: int = 16 * MiB
+    #: ``NURO_S3_UPLOAD_CONCURRENCY``: parts of one multipart upload in flight at once.
     max_concurrency: int = 8
     team: str | None = None
     #: ``NURO_S3_MAX_UPLOAD_MIBPS``: this process's uploads average at most this many bytes per second (None: no
@@ -163,8 +164,18 @@ class StoreConfig:
             region=env.get("NURO_S3_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             team=team,
             max_upload_bytes_per_s=_mib_per_s(env, "NURO_S3_MAX_UPLOAD_MIBPS"),
+            max_concurrency=_positive_int(env, "NURO_S3_UPLOAD_CONCURRENCY", cls.max_concurrency),
         )
         return replace(cfg, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if not (raw.isascii() and raw.isdigit() and 0 < int(raw) <= 64):
+        raise ValueError(f"{name}={raw!r}: give a whole number from 1 to 64 (default {default})")
+    return int(raw)
 
 
 def _mib_per_s(env: Mapping[str, str], name: str) -> float | None:

@@ -230,3 +230,11 @@ def test_the_upload_limit_comes_from_the_env_in_mib_per_s_and_is_shared_in_the_p
     for bad in ("0", "-3", "fast"):
         with pytest.raises(ValueError, match="NURO_S3_MAX_UPLOAD_MIBPS"):
             StoreConfig.from_env({"NURO_S3_MAX_UPLOAD_MIBPS": bad})
+
+
+def test_parts_in_flight_per_upload_come_from_the_env() -> None:
+    assert StoreConfig.from_env({"NURO_S3_UPLOAD_CONCURRENCY": "2"}).max_concurrency == 2
+    assert StoreConfig.from_env({}).max_concurrency == 8
+    for bad in ("0", "65", "two", "-1"):
+        with pytest.raises(ValueError, match="NURO_S3_UPLOAD_CONCURRENCY"):
+            StoreConfig.from_env({"NURO_S3_UPLOAD_CONCURRENCY": bad})
