@@ -103,17 +103,24 @@ def dataset() -> None:
 @click.option("--tag", "-t", default=None, help="Also point this tag at the new snapshot (e.g. latest).")
 @click.option("--force", is_flag=True, help="Move --tag even if it already points to another snapshot.")
 @click.option("--shard-mib", type=click.IntRange(1, 4096), default=64, show_default=True, help="Target shard size.")
+@click.option(
+    "--samples", metavar="REGEX", default=None,
+    help="The sample index: files whose paths give the same key (the regex's groups joined with /) form one "
+    "training sample, e.g. '^([^/]+)/[^/]+/(\\d+)\\.' for six camera frames + labels of one timestamp. Stored in "
+    "the snapshot, so every reader of the digest groups alike (SnapshotDataset's default). Default: one per file.",
+)  # fmt: skip
 @click.option("--no-progress", is_flag=True, help="No progress bar (it is shown on stderr from 16 MiB on).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @_handles_errors
 def snapshot(
-    path: Path, name: str, tag: str | None, force: bool, shard_mib: int, no_progress: bool, as_json: bool
-) -> None:
+    path: Path, name: str, tag: str | None, force: bool, shard_mib: int, samples: str | None, no_progress: bool,
+    as_json: bool,
+) -> None:  # fmt: skip
     """Snapshot directory PATH: shards are uploaded once (dedup), the manifest last; prints the digest."""
     with _bytes_bar(f"snapshot {name}", not no_progress) as (start, advance):
         res = take_snapshot(
             _store(), path, name, tag, force_tag=force, target_bytes=shard_mib * 1024 * 1024,
-            progress=advance, on_plan=start,
+            progress=advance, on_plan=start, samples=samples,
         )  # fmt: skip
 
     def human() -> None:
@@ -123,6 +130,7 @@ def snapshot(
             f"uploaded, {res.shards_present} already present"
             + ("" if res.manifest_written else "; identical manifest already stored")
             + (f"; tag {res.tag} → this snapshot" if res.tag else "")
+            + (f"; {res.samples} samples by {res.sample_pattern!r}" if res.sample_pattern else "")
         )
 
     _emit(as_json, res.to_json(), human)

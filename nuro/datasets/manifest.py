@@ -33,6 +33,9 @@ Manifest (format ``nuro.dataset/v1``), serialised with sorted keys, no whitespac
     {"created": "2026-01-02T03:04:05Z", "files": {"a/b.bin": {"length": 3, "mode": 420, "offset": 0,
      "sha256": "sha256:…", "shard": "sha256:…"}}, "format": "nuro.dataset/v1", "name": "imagenet",
      "shards": [{"digest": "sha256:…", "size": 3}]}
+
+plus ``"samples": "<regular expression>"`` when the snapshot was taken with a sample index (``--samples``): which
+files make one training example, stored with the digest so every reader groups alike (absent: one per file).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nuro.datasets.errors import IntegrityError, InvalidInput
+from nuro.datasets.samples import compile_pattern, group_samples
 
 FORMAT = "nuro.dataset/v1"
 MiB = 1024 * 1024
@@ -213,6 +217,10 @@ class Manifest:
     files: tuple[FileEntry, ...]
     shards: tuple[ShardRef, ...]
     format: str = field(default=FORMAT)
+    #: The snapshot's sample index: a regular expression grouping files into samples (``nuro.datasets.samples``),
+    #: chosen when the snapshot is taken, so every reader of the digest groups alike. None: one sample per file.
+    #: Stored only when set: a snapshot taken without it keeps the digest it always had.
+    samples: str | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -228,6 +236,7 @@ class Manifest:
                 for f in self.files
             },
             "shards": [{"digest": s.digest, "size": s.size} for s in self.shards],
+            **({"samples": self.samples} if self.samples is not None else {}),
         }
 
     def canonical_bytes(self) -> bytes:
@@ -242,12 +251,18 @@ class Manifest:
         return sorted((f for f in self.files if f.shard == shard), key=lambda f: (f.offset, f.path))
 
 
-def build_manifest(name: str, created: str, files: Sequence[FileEntry], shards: Sequence[ShardRef]) -> Manifest:
-    """A manifest with files sorted by path and each shard listed once, in first-use order; validated."""
+def build_manifest(
+    name: str, created: str, files: Sequence[FileEntry], shards: Sequence[ShardRef], samples: str | None = None
+) -> Manifest:
+    """A manifest with files sorted by path and each shard listed once, in first-use order; validated. ``samples``:
+    the sample pattern to store (it must group at least one of the files: ``InvalidInput`` otherwise)."""
     seen: dict[str, ShardRef] = {}
     for s in shards:
         seen.setdefault(s.digest, s)
-    manifest = Manifest(validate_name(name), created, tuple(sorted(files, key=lambda f: f.path)), tuple(seen.values()))
+    ordered = tuple(sorted(files, key=lambda f: f.path))
+    if samples is not None:
+        group_samples((f.path for f in ordered), samples)  # raises InvalidInput naming the pattern and the files
+    manifest = Manifest(validate_name(name), created, ordered, tuple(seen.values()), samples=samples)
     _check(manifest)
     return manifest
 
@@ -290,7 +305,15 @@ def parse_manifest(data: bytes, expect_name: str | None = None) -> Manifest:
             for path, e in obj["files"].items()
         )  # fmt: skip
         shards = tuple(ShardRef(validate_digest(s["digest"]), _int(s["size"])) for s in obj["shards"])
-        manifest = Manifest(validate_name(obj["name"]), str(obj["created"]), files, shards, FORMAT)
+        samples = obj.get("samples")
+        if samples is not None:
+            if not isinstance(samples, str):
+                raise IntegrityError(f"manifest sample pattern is {type(samples).__name__}, not a string")
+            try:
+                compile_pattern(samples)
+            except InvalidInput as exc:
+                raise IntegrityError(f"manifest sample pattern: {exc}") from None
+        manifest = Manifest(validate_name(obj["name"]), str(obj["created"]), files, shards, FORMAT, samples)
     except IntegrityError:
         raise
     except (ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -40,6 +40,7 @@ from nuro.datasets.manifest import (
     validate_tag,
 )
 from nuro.datasets.refs import check_tag_free, set_tag
+from nuro.datasets.samples import group_samples
 from nuro.objectstore import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,8 @@ class SnapshotResult:
     bytes_uploaded: int
     manifest_written: bool
     tag: str | None = None
+    samples: int | None = None  # samples the stored pattern groups (None: no pattern, one per file)
+    sample_pattern: str | None = None
 
     def to_json(self) -> dict:
         return dict(self.__dict__, ref=f"{self.name}@{self.digest}")
@@ -211,6 +214,7 @@ def snapshot(
     progress: Progress | None = None,
     on_plan: Callable[[int, int], None] | None = None,
     now: datetime | None = None,
+    samples: str | None = None,
 ) -> SnapshotResult:
     """Snapshot the directory ``root`` as dataset ``name``; returns the digest (``sha256:<hex>``) and counts.
 
@@ -221,6 +225,8 @@ def snapshot(
         inflight: shards read ahead and uploading at once (memory ≈ inflight × target_bytes… 2×).
         progress: called with bytes as shards are stored or found present.
         on_plan: called once with (total bytes, number of shards) before the first upload.
+        samples: the sample index to store: a regular expression grouping files into samples
+            (``nuro.datasets.samples``); checked against the files before anything is uploaded.
 
     Raises:
         InvalidInput, SourceChanged, TagConflict, and the store's errors (nuro.objectstore).
@@ -232,6 +238,7 @@ def snapshot(
             check_tag_free(store, name, tag)
     root = Path(root)
     sources = scan(root)
+    grouped = None if samples is None else len(group_samples((s.path for s in sources), samples))  # before uploading
     plan = plan_shards(sources, target_bytes)
     total = sum(s.size for s in plan)
     log.info("snapshot name=%s files=%d bytes=%d shards=%d", name, len(sources), total, len(plan))
@@ -253,7 +260,7 @@ def snapshot(
     finally:
         writer.pool.shutdown(wait=True, cancel_futures=True)
     created = (now or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    manifest = build_manifest(name, created, entries, refs)
+    manifest = build_manifest(name, created, entries, refs, samples=samples)
     data = manifest.canonical_bytes()
     digest = manifest.digest()
     written = store.put_if_absent(manifest_key(name, digest), data)  # last: the snapshot exists from here on
@@ -266,7 +273,7 @@ def snapshot(
     return SnapshotResult(
         name=name, digest=digest, files=len(manifest.files), total_bytes=total, shards=len(manifest.shards),
         shards_uploaded=writer.uploaded, shards_present=writer.present, bytes_uploaded=writer.bytes_uploaded,
-        manifest_written=written, tag=tag,
+        manifest_written=written, tag=tag, samples=grouped, sample_pattern=samples,
     )  # fmt: skip
 
 

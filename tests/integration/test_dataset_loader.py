@@ -7,6 +7,7 @@ One SeaweedFS (``standalone``, port base 9800, state under ``.devcluster-test-98
 
 from __future__ import annotations
 
+import json
 import multiprocessing as mp
 import os
 import shutil
@@ -190,3 +191,30 @@ def test_a_damaged_cached_shard_is_fetched_again_and_a_tampered_one_fails_the_re
             _ds(store, snap, None).read(last)  # no cache: the ranged GET of the altered file fails too
     finally:
         store.put(key, original)
+
+
+def test_a_snapshot_taken_with_a_sample_index_groups_alike_for_every_reader(store, tmp_path) -> None:
+    """Issue 15 item 1: ``--samples`` stores the grouping in the snapshot (its digest covers it); a reader without
+    its own pattern reads the snapshot's samples, a pattern that groups nothing is refused before any upload."""
+    from click.testing import CliRunner
+
+    from nuro.login.dataset_cli import dataset
+
+    root = tmp_path / "set"
+    for f in range(3):
+        for cam in ("front", "left"):
+            (root / "drive-01" / cam).mkdir(parents=True, exist_ok=True)
+            (root / "drive-01" / cam / f"{f:06d}.jpg").write_bytes(f"{cam}{f}".encode())
+    (root / "README").write_text("not a sample\n")
+    name = f"indexed-{uuid.uuid4().hex[:6]}"
+    env = {**s3.s3_env(PortPlan(PORT_BASE)), "NURO_TEAM": ""}
+    res = CliRunner().invoke(dataset, ["snapshot", str(root), "-n", name, "--samples", GROUP, "--json"], env=env)
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert (out["samples"], out["sample_pattern"], out["files"]) == (3, GROUP, 7)
+    ds = SnapshotDataset(name, out["digest"], store=store, cache=None)  # no pattern given: the snapshot's
+    assert len(ds) == 3 and sorted(ds[0]) == ["drive-01/front/000000.jpg", "drive-01/left/000000.jpg"]
+    per_file = SnapshotDataset(name, out["digest"], samples=r"^(.*\.jpg)$", store=store, cache=None)
+    assert len(per_file) == 6  # a pattern given wins over the snapshot's
+    bad = CliRunner().invoke(dataset, ["snapshot", str(root), "-n", name, "--samples", "^nope/"], env=env)
+    assert bad.exit_code != 0 and "matches none of the snapshot's 7 files" in bad.output, bad.output

@@ -205,3 +205,23 @@ def test_packing_property_every_byte_is_placed_exactly_once(sizes: list[int], ta
     assert sorted(f.path for s in shards for f in s.files) == [f.path for f in files]
     for s in shards:
         assert len(s.files) == 1 or s.size <= 2 * target
+
+
+def test_a_sample_index_is_stored_in_the_snapshot_and_changes_the_digest_only_when_given() -> None:
+    files = [
+        FileEntry("d1/cam_front/000123.jpg", D1, 0, 1, D1), FileEntry("d1/cam_left/000123.jpg", D1, 1, 1, D1),
+        FileEntry("d1/labels/000123.json", D1, 2, 1, D1), FileEntry("README", D1, 3, 1, D1),
+    ]  # fmt: skip
+    plain = build_manifest("demo", "2026-01-02T03:04:05Z", files, [ShardRef(D1, 4)])
+    assert "samples" not in json.loads(plain.canonical_bytes())  # a snapshot without an index keeps its digest
+    pattern = r"^([^/]+)/[^/]+/(\d+)\."
+    indexed = build_manifest("demo", "2026-01-02T03:04:05Z", files, [ShardRef(D1, 4)], samples=pattern)
+    assert json.loads(indexed.canonical_bytes())["samples"] == pattern and indexed.digest() != plain.digest()
+    assert parse_manifest(indexed.canonical_bytes()) == indexed  # round trip, pattern included
+    with pytest.raises(InvalidInput, match="matches none of the snapshot's 4 files"):
+        build_manifest("demo", "2026-01-02T03:04:05Z", files, [ShardRef(D1, 4)], samples=r"^nope/")
+    for bad, match in ((r"(unclosed", "sample pattern"), (7, "not a string")):
+        obj = json.loads(plain.canonical_bytes())
+        obj["samples"] = bad
+        with pytest.raises(IntegrityError, match=match):
+            parse_manifest(json.dumps(obj).encode())

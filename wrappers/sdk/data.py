@@ -64,7 +64,8 @@ class SnapshotDataset:
 
     Args:
         name, digest: the snapshot; default ``NURO_DATASET`` / ``NURO_DATASET_DIGEST`` (the submit-time pin).
-        samples: a regular expression grouping files into samples (``nuro.datasets.samples``); None = one per file.
+        samples: a regular expression grouping files into samples (``nuro.datasets.samples``); None = the
+            snapshot's own sample index (``nuro-train dataset snapshot --samples``), else one sample per file.
         transform: turns a sample's ``{path: bytes}`` into what the model eats (runs in the loader's workers).
         store: the S3 adapter; default ``ObjectStore.from_env()`` (made again in each worker process).
         cache: the node's shard cache; default from ``NURO_DATA_CACHE_DIR`` (per team) and ``NURO_DATA_CACHE_GB``;
@@ -91,7 +92,8 @@ class SnapshotDataset:
         self._pid = os.getpid()
         self.manifest: Manifest = load_manifest(self.store, name, digest)[0]
         self.files: dict[str, FileEntry] = {f.path: f for f in self.manifest.files}
-        self.samples: list[Sample] = group_samples(self.files, samples)
+        pattern = samples if samples is not None else self.manifest.samples
+        self.samples: list[Sample] = group_samples(self.files, pattern)
         shard_ids = {s.digest: i for i, s in enumerate(self.manifest.shards)}
         self.shard_sizes = {s.digest: s.size for s in self.manifest.shards}
         #: the shard each sample is read from (its first file's): what the block shuffle groups by
