@@ -338,7 +338,7 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         *code_exports(pins.code, _q(run_dir)),
         *export_lines(env, ("NURO_CKPT_INTERVAL_S", "NURO_CKPT_KEEP")),
         "# the node agent uploads the checkpoints (this job's record names its team and run): the job ends once its",
-        "# last save is on local disk and its epilog hands the upload over (NURO_UPLOAD=inline at submit: the job does)",
+        "# last save is on local disk and its epilog hands the upload over (NURO_UPLOAD=inline at submit: job uploads)",
         'export NURO_UPLOAD="${NURO_UPLOAD:-agent}"',
         "# the node-local staging dir the prolog created for this job (checkpoints are written here, then uploaded)",
         # the same root on every node; a root naming {node} (one per node on one shared disk: the dev cluster) is

@@ -27,7 +27,7 @@ export NURO_CODE_DIR="$NURO_JOB_DIR/code"
 export NURO_CKPT_INTERVAL_S=1800
 export NURO_CKPT_KEEP=3
 # the node agent uploads the checkpoints (this job's record names its team and run): the job ends once its
-# last save is on local disk and its epilog hands the upload over (NURO_UPLOAD=inline at submit: the job does)
+# last save is on local disk and its epilog hands the upload over (NURO_UPLOAD=inline at submit: job uploads)
 export NURO_UPLOAD="${NURO_UPLOAD:-agent}"
 # the node-local staging dir the prolog created for this job (checkpoints are written here, then uploaded)
 case "${NURO_STAGING_ROOT:-}" in *"{node}"*) ;; *)
