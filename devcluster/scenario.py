@@ -71,7 +71,10 @@ def prepare(
     if apply_policy:
         run_cmd([str(BIN / "nuro-admin"), "policy", "apply", str(REPO / "examples/policy/teams.yaml")], env)
     data = work / "data"
-    data.mkdir(parents=True, exist_ok=True)
+    # made afresh: a file left by an earlier demo (an older example wrote data/train.npy) would be snapshotted too
+    # and become a sample of another size than the rows (seen: "stack expects each tensor to be equal size")
+    shutil.rmtree(data, ignore_errors=True)
+    data.mkdir(parents=True)
     run_cmd([sys.executable, str(EXAMPLE / "make_dataset.py"), str(data)], env)
     snap = json.loads(
         run_cmd(
