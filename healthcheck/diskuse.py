@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from nuro.checkpoint import layout as L
 from nuro.healthcheck.checks import JobDiskUse
 from nuro.protocol import jobrecord
 
@@ -123,6 +124,16 @@ def tree_usage(parent_fd: int, name: str, budget: _Budget, seen: set[tuple[int, 
     return total, complete
 
 
+def _handed_off(root_fd: int, name: str) -> bool:
+    """The job ended and its epilog handed its uploads to the node agent (root's marker, ``nuro.checkpoint.handoff``):
+    the space it holds is in transit, not a running job's to be failed for; a disk full of it is the node's."""
+    try:
+        os.stat(f"{L.HANDOFF_DIR}/{name}", dir_fd=root_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return True
+
+
 def running_job_usage(
     staging_root: Path,
     *,
@@ -144,6 +155,8 @@ def running_job_usage(
     try:
         names = sorted(n for n in os.listdir(root_fd) if n.isdigit() and not n.startswith("0") and len(n) <= 10)
         for name in names:
+            if _handed_off(root_fd, name):
+                continue  # ended: the node agent is committing what it left, no job to fail for it
             try:
                 if jobrecord.read(staging_root, name) is None:
                     continue  # not running here (finished, or never started by our prolog)

@@ -34,7 +34,7 @@ from nuro.safeio import safefs
 
 log = logging.getLogger(__name__)
 
-HANDOFF_DIR = ".handoff"
+HANDOFF_DIR = L.HANDOFF_DIR
 DEFAULT_TIMEOUT_S = 3600.0
 ENV_ENABLED = "NURO_EPILOG_HANDOFF"
 ENV_TIMEOUT = "NURO_HANDOFF_TIMEOUT_S"

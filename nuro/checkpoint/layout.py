@@ -30,6 +30,8 @@ from nuro.checkpoint.errors import InvalidCheckpointInput
 PREFIX = "checkpoints/"
 DEFAULT_STAGING_ROOT = "/var/tmp/nuro-staging"
 CACHE_DIR = "cache"
+#: Root's hand-off markers below the staging root (``nuro.checkpoint.handoff``): ``.handoff/<job id>``.
+HANDOFF_DIR = ".handoff"
 STEP_WIDTH = 12
 MAX_STEP = 10**STEP_WIDTH - 1
 

@@ -153,6 +153,10 @@ def test_running_job_usage_counts_running_jobs_dirs_only_and_never_follows_a_lin
     assert (1 << 20) <= by_job[12] < (2 << 20)  # neither the linked 8 MiB dir nor the linked file
     assert by_job[13] < (1 << 20) and all(u.complete for u in usage)
     assert running_job_usage(tmp_path / "missing") == []
+    # a job whose epilog handed its uploads to the agent has ended: its dir is in transit, no job is failed for it
+    (root / ".handoff").mkdir()
+    (root / ".handoff" / "11").write_bytes(b"")
+    assert [u.job_id for u in running_job_usage(root)] == [12, 13]
 
 
 @needs_root
