@@ -18,10 +18,10 @@ another node and restore from S3, so its newest checkpoint must be committed bef
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,37 +91,41 @@ class Handoff:
     at: float  # wall clock: the marker's mtime
 
 
-def handoffs(root: Path) -> list[Handoff]:
-    """Every hand-off on this node, oldest first (regular files named like job ids; anything else is ignored)."""
+@contextlib.contextmanager
+def _markers(root: Path) -> Iterator[safefs.Dir | None]:
+    """The open ``.handoff`` dir below ``root``, or None when there is none (no hand-off yet)."""
     with open_root(root) as r:
         try:
             d = r.sub(HANDOFF_DIR)
         except (FileNotFoundError, safefs.UnsafePath):
-            return []
+            yield None
+            return
         try:
-            out = [Handoff(e.name, e.st.st_mtime) for e in safefs.list_dir(d.fd) if e.is_file and e.name.isdigit()]
+            yield d
         finally:
             d.close()
+
+
+def handoffs(root: Path) -> list[Handoff]:
+    """Every hand-off on this node, oldest first (regular files named like job ids; anything else is ignored)."""
+    with _markers(root) as d:
+        if d is None:
+            return []
+        out = [Handoff(e.name, e.st.st_mtime) for e in safefs.list_dir(d.fd) if e.is_file and e.name.isdigit()]
     return sorted(out, key=lambda h: h.at)
 
 
 def _drop_marker(root: Path, job_id: str) -> None:
-    with open_root(root) as r:
-        try:
-            d = r.sub(HANDOFF_DIR)
-        except (FileNotFoundError, safefs.UnsafePath):
-            return
-        try:
+    with _markers(root) as d:
+        if d is not None:
             safefs.remove_at(d.fd, job_id)
-        finally:
-            d.close()
 
 
 class HandoffWorker(UploadWorker):
     """The node agent's upload worker (``trust="record"``, every job dir) that also finishes hand-offs.
 
-    Each pass uploads as before (``UploadWorker.run_once``), then finishes every handed-off job with nothing left
-    pending, or whose hand-off timed out (its leftovers are given up as the epilog gives them up).
+    Each pass uploads as before (``UploadWorker.run_once``), then (``after_pass``) finishes every handed-off job
+    with nothing left pending, or whose hand-off timed out (its leftovers are given up as the epilog gives them up).
     """
 
     def __init__(
@@ -140,14 +144,8 @@ class HandoffWorker(UploadWorker):
         self.cache_keep_free_bytes = cache_keep_free_bytes
         self.wall = wall
 
-    def run(self, stop_event: threading.Event, interval_s: float = 1.0) -> None:
-        while not stop_event.is_set():
-            try:
-                self.run_once()
-                self.finish_handoffs()
-            except Exception:  # a bug must not kill the agent's thread; say it and keep going
-                log.exception("upload worker pass failed root=%s", self.staging_root)
-            stop_event.wait(interval_s)
+    def after_pass(self) -> None:
+        self.finish_handoffs()
 
     def finish_handoffs(self) -> list[str]:
         """Finish what can be finished; returns the job ids finished in this pass."""

@@ -185,9 +185,13 @@ class UploadWorker:
         while not stop_event.is_set():
             try:
                 self.run_once()
+                self.after_pass()
             except Exception:  # a bug must not kill the agent's thread; say it and keep going
                 log.exception("upload worker pass failed root=%s", self.staging_root)
             stop_event.wait(interval_s)
+
+    def after_pass(self) -> None:
+        """Called by ``run`` after each pass; the node agent's worker finishes hand-offs here (``HandoffWorker``)."""
 
     def run_once(self, job_id: str | None = None, deadline: float | None = None) -> PassReport:
         """One pass over every pending request (of ``job_id`` only, if given); no new step is started after
