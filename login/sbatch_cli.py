@@ -175,6 +175,7 @@ def platform_metadata(values: dict[str, Any], team: str, dataset: DatasetPin | N
         ckpt_keep=values.get("checkpoint.keep", _default("checkpoint.keep")),
         resume_from=values.get("resume_from"),
         max_requeues=values.get("max_requeues", _default("max_requeues")),
+        data_seed=values.get("data_seed", _default("data_seed")),
     )
 
 

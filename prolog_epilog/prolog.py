@@ -16,6 +16,8 @@ the
    into ``<dir>/restore/`` (a verified local copy first, else S3), through no-follow dir fds only, bounded by
    ``NURO_PROLOG_STAGE_TIMEOUT_S`` (default 120 s). Staging problems are logged and never hold the job: it then
    restores from S3 by itself (``nuro.checkpoint.nodestage``).
+3b. (a first attempt pinning a dataset, with a node cache) the first shards its loader will read are fetched into
+   the team's cache while the job starts, by a process of the job's own user (``nuro.datasets.prefetch``).
 4. (every job with GPUs here) the job's claim on them (``SLURM_JOB_GPUS``) for the node agent, which tags its
    ``gpu`` points with the job and the record's team and run (``nuro.protocol.gpujobs``); the epilog removes it.
 
@@ -262,6 +264,67 @@ def prepare_data_cache(rec: JobRecord) -> None:
         log.info("job=%s team=%s has no Unix group here: its jobs cache datasets privately", rec.job_id, rec.team)
 
 
+#: What the prefetch process may see of the prolog's environment: where S3 and the cache are, never a key.
+PREFETCH_ENV = ("NURO_S3_ENDPOINT", "NURO_S3_BUCKET", "NURO_S3_REGION", "NURO_S3_CREDENTIALS", "NURO_DATA_CACHE_DIR",
+                "NURO_DATA_CACHE_GB", "LANG", "LC_ALL", "TZ")  # fmt: skip
+
+
+def _data_seed(meta: dict) -> int:
+    data = meta.get("data")
+    seed = data.get("seed", 0) if isinstance(data, dict) else 0
+    return seed if type(seed) is int and 0 <= seed <= 2**31 - 1 else 0
+
+
+def prefetch_plan(rec: JobRecord, comment: str | None, python: str = sys.executable) -> list[str] | None:
+    """The dataset prefetch's command (``nuro.datasets.prefetch``) for this job, or None when it gets none: no
+    node cache, prefetch off (``NURO_DATA_PREFETCH_SHARDS=0``), no team or no pin, a requeued attempt (its position
+    is inside its checkpoint), or a pin of another team's dataset (it would fail the job's own reads anyway, and
+    must not reach this team's cache)."""
+    # lazy: only a job that pins a dataset needs it, and the TaskProlog (--task, once per task) must start fast
+    from nuro.datasets.manifest import owner_team
+    from nuro.datasets.prefetch import DEFAULT_SHARDS, DEFAULT_TIMEOUT_S, prefetch_command
+
+    count = _env_number("NURO_DATA_PREFETCH_SHARDS", DEFAULT_SHARDS)
+    if not os.environ.get("NURO_DATA_CACHE_DIR") or rec.team is None or count < 1 or rec.restart > 0:
+        return None
+    meta = jobcomment.parse(comment).raw.get(COMMENT_RUN)
+    ref = _dataset_ref(meta) if isinstance(meta, dict) else None
+    if ref is None:
+        return None
+    if owner_team(ref[0]) not in (None, rec.team):
+        log.warning("job=%s team=%s dataset %s is another team's: not prefetched", rec.job_id, rec.team, ref[0])
+        return None
+    timeout_s = _env_number("NURO_DATA_PREFETCH_TIMEOUT_S", DEFAULT_TIMEOUT_S)
+    report = staging_root() / str(rec.job_id) / "prefetch.json"
+    return prefetch_command(python, *ref, rec.team, _data_seed(meta), int(count), timeout_s, report)
+
+
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        log.warning("%s=%r is not a number: using %g", name, raw, default)
+        return default
+
+
+def start_prefetch(rec: JobRecord, cmd: list[str]) -> int:
+    """Start ``cmd`` as the job's user (its uid, primary and supplementary groups: the team's cache dir and key
+    file are the team group's), in a session of its own with no terminal or pipe of slurmd's, and return its pid
+    without waiting: the fetch overlaps the job's start-up and ends by its own timeout."""
+    import pwd  # lazy: the TaskProlog must start fast
+    import subprocess
+
+    home = pwd.getpwuid(rec.uid).pw_dir
+    env = {k: os.environ[k] for k in PREFETCH_ENV if os.environ.get(k)}
+    env.update(NURO_TEAM=str(rec.team), HOME=home, PATH="/usr/bin:/bin")
+    proc = subprocess.Popen(  # noqa: S603 - argv rendered from validated fields, no shell
+        cmd, user=rec.uid, group=rec.gid, extra_groups=os.getgrouplist(rec.user, rec.gid), env=env, cwd="/",
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    return proc.pid
+
+
 def task_env() -> str:
     """``--task`` (Slurm TaskProlog, as the job's user): the ``export`` lines that tell the job's processes their
     staging dir and the node's dataset cache; slurmstepd adds them to each task's environment."""
@@ -315,6 +378,12 @@ def main(argv: list[str] | None = None) -> int:
             prepare_data_cache(rec)
         except Exception as exc:  # the cache is an optimisation: the job reads from S3 without it
             log.exception("job=%s dataset cache dir not prepared (job allowed to start): %s", job, exc)
+        try:
+            cmd = prefetch_plan(rec, os.environ.get("SLURM_JOB_COMMENT"))
+            if cmd is not None:
+                log.info("job=%s dataset prefetch started pid=%d: %s", job, start_prefetch(rec, cmd), " ".join(cmd[3:]))
+        except Exception as exc:  # the loader fetches what it needs itself
+            log.exception("job=%s dataset prefetch not started (job allowed to start): %s", job, exc)
         try:
             record_gpus(rec)
         except Exception as exc:  # telemetry only: the job's GPUs stay untagged

@@ -74,7 +74,7 @@ def main() -> int:
     rank = dist.get_rank() if world > 1 else 0
     run_events.record_later("started", world=world)
 
-    loader = SnapshotLoader(SnapshotDataset(transform=decode), args.batch, seed=0, num_workers=args.loader_workers)
+    loader = SnapshotLoader(SnapshotDataset(transform=decode), args.batch, num_workers=args.loader_workers)
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 1))

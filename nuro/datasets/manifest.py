@@ -246,6 +246,15 @@ class Manifest:
     def digest(self) -> str:
         return sha256_digest(self.canonical_bytes())
 
+    def sample_shards(self, pattern: str | None = None) -> tuple[list[tuple[str, ...]], list[int]]:
+        """The samples (``pattern``, default the snapshot's own index) and, for each, the shard it is read from (its
+        first file's, as an index into ``shards``): what the loader's block shuffle groups by. One function, so the
+        prolog's prefetch and every rank group alike."""
+        samples = group_samples((f.path for f in self.files), pattern if pattern is not None else self.samples)
+        shard_ids = {s.digest: i for i, s in enumerate(self.shards)}
+        by_path = {f.path: f.shard for f in self.files}
+        return samples, [shard_ids[by_path[s[0]]] for s in samples]
+
     def files_in(self, shard: str) -> list[FileEntry]:
         """The files stored in ``shard``, by offset (the order a reader streams them)."""
         return sorted((f for f in self.files if f.shard == shard), key=lambda f: (f.offset, f.path))

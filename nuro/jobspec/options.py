@@ -123,6 +123,9 @@ SPEC_OPTIONS: tuple[Opt, ...] = (
         "2-12:00:00).", "--time", "time_limit_s", default_doc="1:00:00"),
     Opt("dataset", DatasetRef(), REQUIRED, "", "Dataset snapshot NAME@TAG or NAME@sha256:<hex>; a tag is resolved "
         "to its digest at submit and only the digest is recorded.", "--dataset", "dataset", sbatch=True),
+    Opt("data_seed", Int(minimum=0, maximum=2**31 - 1), 0, "", "Seed of the data order (NURO_DATA_SEED, the "
+        "default of the SDK's SnapshotLoader), recorded with the run; the prolog prefetches the shards that order "
+        "reads first.", "--data-seed", "data_seed", sbatch=True),
     Opt("code.repo", AbsPath(), REQUIRED, "", "Git repository (its top level, on storage the nodes see). On the "
         "command line REPO[@COMMIT], relative to the current directory.", "--code", "code_repo", sbatch=True,
         metavar="REPO[@COMMIT]"),

@@ -3,9 +3,9 @@
 Both submit paths build a run through these, so a job submitted with ``nuro-train submit`` (rendered script) and one
 submitted with ``nuro-sbatch`` (the user's script) carry the same keys and see the same ``NURO_*`` variables:
 
-* ``run_record``: what the run pins (team, tier, dataset digest, code commit, checkpoint policy, requeue budget), as
-  the bridge, the controller, ``nuro-train resume`` and accounting read it back. Only digests, never tags; no env
-  values (they may be secrets).
+* ``run_record``: what the run pins (team, tier, dataset digest and data seed, code commit, checkpoint policy,
+  requeue budget), as the bridge, the controller, ``nuro-train resume`` and accounting read it back. Only digests,
+  never tags; no env values (they may be secrets).
 * ``job_env``: the ``NURO_*`` variables the job's processes and the SDK read, computed from the record alone
   (the rendered script exports them; nuro-sbatch exports them into sbatch's environment and its preamble).
 * ``comment_json``: the record as the job comment (canonical JSON, ``nuro.protocol.jobcomment``).
@@ -39,6 +39,7 @@ def run_record(
     name: str | None = None,
     entry: Mapping[str, Any] | None = None,
     via: str | None = None,
+    data_seed: int = 0,
 ) -> dict[str, Any]:
     """The ``nuro`` record of a job comment. Keys without a value are left out (nuro-sbatch's script is the
     user's: no ``name``/``entry``; ``via`` names a submit path other than nuro-train's).
@@ -53,6 +54,8 @@ def run_record(
         meta["tier"] = tier
     if dataset is not None:
         meta["dataset"] = {"name": dataset.name, "digest": dataset.digest}
+        if data_seed:  # 0, the loader's default, is left out: records without a seed keep their bytes
+            meta["data"] = {"seed": data_seed}
     if code is not None:
         meta["code"] = {"repo": code.repo, "commit": code.commit}
         if code.diff_sha256:
@@ -76,6 +79,8 @@ def job_env(meta: Mapping[str, Any]) -> dict[str, str]:
     env["NURO_TEAM"] = str(meta["team"])
     if "dataset" in meta:
         env.update(NURO_DATASET=str(meta["dataset"]["name"]), NURO_DATASET_DIGEST=str(meta["dataset"]["digest"]))
+    if "data" in meta:
+        env["NURO_DATA_SEED"] = str(meta["data"]["seed"])
     env["NURO_CKPT_INTERVAL_S"] = str(meta["ckpt_policy"]["interval_s"])
     env["NURO_CKPT_KEEP"] = str(meta["ckpt_policy"]["keep"])
     if "resume_from" in meta:

@@ -166,6 +166,7 @@ def run_metadata(spec: JobSpec, pins: Pins) -> dict[str, Any]:
         ckpt_keep=spec.ckpt_keep,
         resume_from=spec.resume_from,
         max_requeues=spec.max_requeues,
+        data_seed=spec.data_seed,
     )
 
 
@@ -334,7 +335,7 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         "set -uo pipefail",
         "",
         "# 1. run metadata for the training processes and the SDK",
-        *export_lines(env, ("NURO_RUN_NAME", "NURO_TEAM", "NURO_DATASET", "NURO_DATASET_DIGEST")),
+        *export_lines(env, ("NURO_RUN_NAME", "NURO_TEAM", "NURO_DATASET", "NURO_DATASET_DIGEST", "NURO_DATA_SEED")),
         *code_exports(pins.code, _q(run_dir)),
         *export_lines(env, ("NURO_CKPT_INTERVAL_S", "NURO_CKPT_KEEP")),
         "# the node agent uploads the checkpoints (this job's record names its team and run): the job ends once its",

@@ -73,6 +73,7 @@ class JobSpec:
     ckpt_keep: int = 3
     resume_from: str | None = None
     max_requeues: int = 3
+    data_seed: int = 0
     stop_warning_s: int = 120
     run_root: str | None = None
 

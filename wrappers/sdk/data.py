@@ -3,7 +3,7 @@ read through the node's shard cache) and ``SnapshotLoader`` (a ``DataLoader`` ov
 order, whose position goes into the checkpoint so a requeued or resized run continues exactly where it stopped).
 
     ds = SnapshotDataset(samples=r"^([^/]+)/[^/]+/(\\d+)\\.", transform=decode)   # NURO_DATASET(_DIGEST) pin it
-    loader = SnapshotLoader(ds, batch_size=32, seed=0, num_workers=4)
+    loader = SnapshotLoader(ds, batch_size=32, num_workers=4)     # seed: NURO_DATA_SEED (--data-seed), else 0
     state = {"model": model.state_dict(), "loader": loader.state_dict()}
     if ckpt.restore(state) is not None:
         loader.load_state_dict(state["loader"])
@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from nuro.datasets.cache import DEFAULT_BUDGET_BYTES, CachedShard, GiB, ShardCache, cache_root
@@ -38,7 +38,6 @@ from nuro.datasets.manifest import FileEntry, Manifest, shard_key
 from nuro.datasets.order import DEFAULT_WINDOW, LoaderState, epoch_order, rank_positions
 from nuro.datasets.reader import check_file, file_ok, pin_from_env, read_range
 from nuro.datasets.refs import load_manifest
-from nuro.datasets.samples import Sample, group_samples
 from nuro.objectstore import ObjectStore
 from nuro.wrappers.sdk.runenv import RunEnv
 
@@ -92,12 +91,9 @@ class SnapshotDataset:
         self._pid = os.getpid()
         self.manifest: Manifest = load_manifest(self.store, name, digest)[0]
         self.files: dict[str, FileEntry] = {f.path: f for f in self.manifest.files}
-        pattern = samples if samples is not None else self.manifest.samples
-        self.samples: list[Sample] = group_samples(self.files, pattern)
-        shard_ids = {s.digest: i for i, s in enumerate(self.manifest.shards)}
-        self.shard_sizes = {s.digest: s.size for s in self.manifest.shards}
         #: the shard each sample is read from (its first file's): what the block shuffle groups by
-        self.groups: list[int] = [shard_ids[self.files[s[0]].shard] for s in self.samples]
+        self.samples, self.groups = self.manifest.sample_shards(samples)
+        self.shard_sizes = {s.digest: s.size for s in self.manifest.shards}
         self.transform = transform
         if cache is True:  # the team's dir: the job's Slurm account (the prolog made that one), else NURO_TEAM
             cache = _cache_from_env(team or os.environ.get("SLURM_JOB_ACCOUNT") or RunEnv.from_env().team)
@@ -168,6 +164,16 @@ class SnapshotDataset:
             self._open.popitem()[1].close()
 
 
+def data_seed(env: Mapping[str, str] | None = None) -> int:
+    """The run's data-order seed: ``NURO_DATA_SEED`` (the run record's, exported by the job), else 0."""
+    raw = (os.environ if env is None else env).get("NURO_DATA_SEED", "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit():
+        raise InvalidInput(f"NURO_DATA_SEED={raw!r} is not a non-negative integer")
+    return int(raw)
+
+
 def _as_list(batch: list[Any]) -> list[Any]:
     return batch
 
@@ -178,7 +184,9 @@ class SnapshotLoader:
     Args:
         dataset: a ``SnapshotDataset``.
         batch_size: samples per rank per step.
-        seed: the order's seed (part of the state: a resumed run must use the same one).
+        seed: the order's seed (part of the state: a resumed run must use the same one); default
+            ``NURO_DATA_SEED`` (``nuro-train submit --data-seed``, recorded with the run; the prolog prefetches the
+            shards this order reads first), else 0.
         rank, world_size: default torchrun's (``RANK``/``WORLD_SIZE``), else 0 of 1.
         window: shards shuffled together (``nuro.datasets.order``).
         collate_fn: default torch's ``default_collate`` with a transform, else a plain list of sample dicts.
@@ -190,7 +198,7 @@ class SnapshotLoader:
         dataset: SnapshotDataset,
         batch_size: int,
         *,
-        seed: int = 0,
+        seed: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
         window: int = DEFAULT_WINDOW,
@@ -205,7 +213,7 @@ class SnapshotLoader:
         self.world_size = env.world_size if world_size is None else world_size
         if len(dataset) < self.world_size:
             raise InvalidInput(f"{dataset.name} has {len(dataset)} samples, fewer than the {self.world_size} ranks")
-        self.state = LoaderState(dataset.digest, len(dataset), seed)
+        self.state = LoaderState(dataset.digest, len(dataset), data_seed() if seed is None else seed)
         if collate_fn is None and dataset.transform is None:
             collate_fn = _as_list
         self.collate_fn = collate_fn
@@ -265,4 +273,4 @@ class SnapshotLoader:
             yield from self
 
 
-__all__ = ["SnapshotDataset", "SnapshotLoader"]
+__all__ = ["SnapshotDataset", "SnapshotLoader", "data_seed"]
