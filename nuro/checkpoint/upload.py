@@ -180,15 +180,23 @@ class UploadWorker:
         return self.store
 
     # -- public ------------------------------------------------------------------------------------------------
-    def run(self, stop_event: threading.Event, interval_s: float = 1.0) -> None:
-        """Loop ``run_once`` every ``interval_s`` until ``stop_event`` is set. Never raises for a store outage."""
+    def run(self, stop_event: threading.Event, interval_s: float = 1.0, wake: threading.Event | None = None) -> None:
+        """Loop ``run_once`` every ``interval_s`` until ``stop_event`` is set. Never raises for a store outage.
+
+        ``wake``: set by whoever writes a request in this process (the SDK's inline worker) to start the next pass
+        at once instead of at the next tick (up to ``interval_s`` of a commit's time); whoever sets ``stop_event``
+        sets it too."""
         while not stop_event.is_set():
             try:
                 self.run_once()
                 self.after_pass()
             except Exception:  # a bug must not kill the agent's thread; say it and keep going
                 log.exception("upload worker pass failed root=%s", self.staging_root)
-            stop_event.wait(interval_s)
+            if wake is None:
+                stop_event.wait(interval_s)
+            else:
+                wake.wait(interval_s)
+                wake.clear()
 
     def after_pass(self) -> None:
         """Called by ``run`` after each pass; the node agent's worker finishes hand-offs here (``HandoffWorker``)."""

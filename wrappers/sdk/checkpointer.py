@@ -185,6 +185,7 @@ class Checkpointer:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._worker: UploadWorker | None = None
+        self._wake = threading.Event()
         self._last_recorded: int | None = None
         self.timings: dict[int, dict[str, float]] = {}
         #: steps the last ``restore`` passed over because some node could not load them, and why
@@ -192,7 +193,10 @@ class Checkpointer:
         self._rank0_skipped: list[tuple[int, str]] = []  # what rank 0's own search passed over (for the run event)
         if self.upload == "inline" and self.local_rank == 0:
             self._worker = UploadWorker(self.store, self.staging_root, job_dirs=[self.staging_dir], trust="request")
-            self._start_thread("nuro-ckpt-upload", lambda: self._worker.run(self._stop, 0.5))  # type: ignore[union-attr]
+            self._start_thread(  # woken by each request it must upload (_finalize), so a commit starts at once
+                "nuro-ckpt-upload",
+                lambda: self._worker.run(self._stop, 0.5, self._wake),  # type: ignore[union-attr]
+            )
         if self.rank == 0 and self.env.job_id is not None:
             self._start_thread("nuro-ckpt-record", self._record_loop)
         self._stager: Any = None  # DCP's DefaultStager, made on first use (it needs torch.distributed.checkpoint)
@@ -339,6 +343,7 @@ class Checkpointer:
             world_size=self.world_size, files=files, created_at=utc_now(), keep=self.keep,
         )  # fmt: skip
         write_request(path, req)
+        self._wake.set()
         self._requested.append(step)
         self.timings.setdefault(step, {})["requested_s"] = time.monotonic() - t0
         log.info("checkpoint staged step=%d files=%d bytes=%d", step, len(files), sum(f.size for f in files))
@@ -548,6 +553,7 @@ class Checkpointer:
             result = self.flush(timeout_s)
         finally:
             self._stop.set()
+            self._wake.set()
             for t in self._threads:
                 t.join(timeout=30)
             self._executor.shutdown(wait=True)
