@@ -111,6 +111,7 @@ def longest_socket_path(layout: Layout) -> str:
         str(layout.weed_filer_socket),
         str(layout.weed_s3_socket),
         str(layout.sockets) + LONGEST_SOCKET_TAIL,
+        str(layout.agent_sockets / "gpu-0000000000.report.sock"),  # nuro.protocol.peerloss, a long node name
     ]
     return max(candidates, key=lambda p: len(os.fsencode(p)))
 
@@ -321,6 +322,11 @@ class Layout:
     def heartbeat_key(self) -> Path:
         """The HMAC key agents and the controller share (``nuro.protocol.heartbeat.write_key``, mode 600)."""
         return self.etc / "heartbeat.key"
+
+    @property
+    def agent_sockets(self) -> Path:
+        """The node agents' in-band report sockets (``NURO_AGENT_SOCKET_DIR``), in the short runtime dir."""
+        return self.sockets / "agents"
 
     @property
     def agents_dir(self) -> Path:

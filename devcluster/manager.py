@@ -120,6 +120,8 @@ def env_exports(layout: Layout) -> dict[str, str]:
         "SLURM_CONF": str(layout.slurm_conf),
         "NURO_DEVCLUSTER_DIR": str(layout.root),
         "NURO_AGENT_STATUS_DIR": str(layout.agents_dir),
+        # the agents' in-band report sockets (nuro.protocol.peerloss) in the short runtime dir: sun_path is 108 bytes
+        "NURO_AGENT_SOCKET_DIR": str(layout.agent_sockets),
         "NURO_STAGING_ROOT": str(layout.staging / "{node}"),  # one root per emulated node (Layout.node_staging)
         "NURO_DATA_CACHE_DIR": str(layout.datacache),
         "NURO_EVENT_LOG": str(layout.events_log),

@@ -23,6 +23,10 @@ Threads, and why each is separate:
   never blocks, so a slow or dead TSDB costs dropped points (counted in its ``nuro_metrics`` self-report,
   ``source=agent``), never a probe or a heartbeat. With ``--probe none`` (the dev cluster) there are no GPUs and
   nothing is written.
+* **report socket** (``nuro.protocol.peerloss``): a Unix datagram socket a job's launcher writes to when a worker
+  saw a peer die. The sender's uid comes from the kernel (``SO_PASSCRED``); a report for a job whose root-written
+  record names this node and that user makes the next beat go at once, carrying ``suspect_jobs`` for
+  ``SUSPECT_TTL_S``, so the controller judges the job's other nodes on a shorter silence.
 * **workers**: objects with ``.run(stop: threading.Event)`` (e.g. the checkpoint ``UploadWorker``), each in its own
   thread; a worker that raises is logged and restarted after ``WORKER_RESTART_S``.
 
@@ -32,10 +36,13 @@ SIGTERM/SIGINT stop everything cleanly (exit 0). Logs: one line per state change
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
 import socket
+import stat
+import struct
 import sys
 import threading
 import time
@@ -52,6 +59,7 @@ from nuro.healthcheck.statusfile import STATUS_FORMAT, read_status, write_status
 from nuro.metrics.buffer import writer_from_env
 from nuro.metrics.model import GPU, Point
 from nuro.protocol import heartbeat as hb
+from nuro.protocol import jobrecord, peerloss
 from nuro.protocol.gpujobs import gpu_tags
 from nuro.protocol.nodeenv import load_node_env
 
@@ -83,16 +91,25 @@ def fit_problems(problems: Sequence[str], make: Callable[[tuple[str, ...]], byte
 
 
 def build_heartbeat(
-    node: str, boot_ms: int, seq: int, sent: float, problems: Sequence[str], key: bytes, stopping_s: float = 0.0
+    node: str,
+    boot_ms: int,
+    seq: int,
+    sent: float,
+    problems: Sequence[str],
+    key: bytes,
+    stopping_s: float = 0.0,
+    suspect_jobs: tuple[int, ...] = (),
 ) -> tuple[hb.Heartbeat, bytes]:
     """The heartbeat for one beat and its signed datagram; problems are shortened to fit ``hb.MAX_DATAGRAM``.
-    ``stopping_s`` > 0 only in the last beat of a clean stop (``heartbeat.DEFAULT_STOP_GRACE_S``)."""
+    ``stopping_s`` > 0 only in the last beat of a clean stop (``heartbeat.DEFAULT_STOP_GRACE_S``); ``suspect_jobs``
+    only while a report of this node's jobs is fresh (``nuro.protocol.peerloss``)."""
 
     def make(cut: tuple[str, ...]) -> bytes:
-        return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, cut, stopping_s), key)
+        return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, cut, stopping_s, suspect_jobs), key)
 
     cut = fit_problems(problems, make)
-    beat = hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut, stopping_s=stopping_s)
+    beat = hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut, stopping_s=stopping_s,
+                        suspect_jobs=suspect_jobs)  # fmt: skip
     return beat, hb.encode(beat, key)
 
 
@@ -193,6 +210,7 @@ class AgentConfig:
     probe_timeout_s: float = 5.0
     stale_after_s: float | None = None
     stop_grace_s: float = hb.DEFAULT_STOP_GRACE_S
+    socket_dir: str | None = None  # the report socket's dir (NURO_AGENT_SOCKET_DIR); None: status_dir
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -251,6 +269,92 @@ class Agent:
         self._status_ready = threading.Event()
         self._status_async = False
         self.sent_ok = 0
+        self._kick = threading.Event()  # a report came in: beat now, not at the next interval
+        self._suspects: dict[int, float] = {}  # job id -> until (monotonic)
+        self._kicked: dict[int, float] = {}  # job id -> when its last report kicked a beat (monotonic)
+        self.reports_accepted = 0
+
+    def wake(self) -> None:
+        """End the beat loop's wait now (a stop: ``run`` notices ``stop`` at once)."""
+        self._kick.set()
+
+    # -- in-band reports (nuro.protocol.peerloss) -----------------------------------------------------------------
+    def report(self, job_id: int, sender_uid: int) -> bool:
+        """A job's process on this node saw a peer die: accepted when the job's root-written record names this node
+        and ``sender_uid`` (the kernel's word) is its user or root; the next beat then goes at once."""
+        root = self.config.health.for_node(self.config.node).staging_root
+        try:
+            rec = jobrecord.read(Path(root), str(job_id))
+        except (OSError, ValueError):  # not a record root wrote: no job of this node
+            rec = None
+        uid, node = (rec.uid, rec.node) if rec is not None else (None, None)
+        if not peerloss.accept(job_id, sender_uid, uid, node, self.config.node):
+            log.warning("peer-loss report refused job=%d uid=%d (no record of that job and user here)", job_id,
+                        sender_uid)  # fmt: skip
+            return False
+        now = self.monotonic()
+        with self._lock:
+            self._suspects[job_id] = now + peerloss.SUSPECT_TTL_S
+            kick = now - self._kicked.get(job_id, float("-inf")) >= peerloss.KICK_EVERY_S
+            if kick:
+                self._kicked[job_id] = now
+        self.reports_accepted += 1
+        if kick:
+            log.warning("node=%s job=%d reports a lost peer: beating now", self.config.node, job_id)
+            self._kick.set()
+        return True
+
+    def _suspect_jobs(self) -> tuple[int, ...]:
+        now = self.monotonic()
+        with self._lock:
+            for job in [j for j, until in self._suspects.items() if until <= now]:
+                del self._suspects[job]
+                self._kicked.pop(job, None)
+            return tuple(sorted(self._suspects))[: hb.MAX_SUSPECT_JOBS]
+
+    def _report_loop(self, sock: socket.socket, stop: threading.Event) -> None:
+        """Receive reports until ``stop``; each one's sender uid from its SCM_CREDENTIALS."""
+        creds = struct.Struct("iII")  # struct ucred: pid, uid, gid
+        while not stop.is_set():
+            try:
+                data, ancdata, _flags, _addr = sock.recvmsg(peerloss.MAX_REPORT + 1, socket.CMSG_SPACE(creds.size))
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if stop.is_set():
+                    return
+                log.warning("report socket failed: %s", exc)
+                stop.wait(1.0)
+                continue
+            uid = next((creds.unpack(d[: creds.size])[1] for lvl, typ, d in ancdata
+                        if lvl == socket.SOL_SOCKET and typ == socket.SCM_CREDENTIALS and len(d) >= creds.size),
+                       None)  # fmt: skip
+            job = peerloss.parse(data)
+            if job is not None and uid is not None:
+                self.report(job, uid)
+
+    def _open_report_socket(self) -> socket.socket | None:
+        """The report socket, world-writable (who sent a datagram is the kernel's word), or None when it cannot be
+        made (the agent works on without in-band reports)."""
+        directory = self.config.socket_dir or self.config.status_dir
+        if not directory:
+            return None
+        path = peerloss.socket_path(directory, self.config.node)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)  # a crashed agent's socket
+            sock.bind(str(path))
+            os.chmod(path, 0o666)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+            sock.settimeout(0.5)
+        except OSError as exc:
+            sock.close()
+            log.warning("no in-band report socket at %s: %s", path, exc)
+            return None
+        return sock
 
     # -- probing ---------------------------------------------------------------------------------------------------
     def probe_once(self) -> Health:
@@ -335,7 +439,7 @@ class Agent:
         now = self.clock()
         problems = self.current_problems()
         beat, data = build_heartbeat(self.config.node, self.boot_ms, self.seq, now, problems, self.config.key,
-                                     stopping_s)  # fmt: skip
+                                     stopping_s, self._suspect_jobs())  # fmt: skip
         addr = self._resolve()
         if addr is not None:
             try:
@@ -416,6 +520,11 @@ class Agent:
             threading.Thread(target=self._run_worker, args=(w, stop), name=f"worker-{type(w).__name__}", daemon=True)
             for w in self.workers
         ]
+        reports = self._open_report_socket()
+        if reports is not None:
+            threads.append(
+                threading.Thread(target=self._report_loop, args=(reports, stop), name="reports", daemon=True)
+            )
         for t in threads:
             t.start()
         # The first beat waits (at most one probe interval) for the first verdict, so it carries real health.
@@ -436,7 +545,9 @@ class Agent:
             if delay < 0:  # fell behind (suspended, overloaded): do not burst to catch up
                 next_at = self.monotonic()
                 delay = 0
-            stop.wait(delay)
+            if self._kick.wait(delay):  # a peer-loss report: beat at once (a stop kicks too)
+                self._kick.clear()
+                next_at = self.monotonic()
         if self._status_async:
             status.join(timeout=2.0)  # it writes what is pending, then the last beat below writes its own
             self._status_async = False
@@ -453,6 +564,8 @@ class Agent:
                 log.exception("metrics writer close failed")
         self.probe.close()
         self._sock.close()
+        if reports is not None:
+            reports.close()
         log.info("agent stopped node=%s beats=%d", self.config.node, self.seq)
 
 
@@ -545,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
             health=settings,
             probe_timeout_s=args.probe_timeout_s,
             stop_grace_s=args.stop_grace_s,
+            socket_dir=os.environ.get("NURO_AGENT_SOCKET_DIR") or None,
         )
         hb.Heartbeat(config.node, 0, 0, 0.0)  # validates the node name now, not at the first beat
         probe = make_probe(settings.probe, timeout_s=args.probe_timeout_s)
@@ -556,15 +670,18 @@ def main(argv: list[str] | None = None) -> int:
     workers = _upload_workers(args.staging_root) if args.staging_root else []
     stop = threading.Event()
 
+    # --probe none (the dev cluster): no GPUs, so no telemetry and no sink connection to hold open.
+    metrics = _metrics_writer(config.node) if settings.probe != "none" else None
+    agent = Agent(config, probe, workers=workers, metrics=metrics)
+
     def on_signal(signum: int, _frame: object) -> None:
         log.info("signal %s: stopping", signal.Signals(signum).name)
         stop.set()
+        agent.wake()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    # --probe none (the dev cluster): no GPUs, so no telemetry and no sink connection to hold open.
-    metrics = _metrics_writer(config.node) if settings.probe != "none" else None
-    Agent(config, probe, workers=workers, metrics=metrics).run(stop)
+    agent.run(stop)
     return ExitCode.OK
 
 

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nuro.checkpoint.layout import node_staging_root
+from nuro.protocol import peerloss
 from nuro.protocol.contract import (
     ENV_RDZV_PORT_BASE,
     ENV_RDZV_PORT_SPAN,
@@ -250,14 +251,17 @@ def wait_relaying(
 class _Tail:
     """Copies a pipe to a stream line by line and keeps the last bytes for the classifier."""
 
-    def __init__(self, src, dst) -> None:  # noqa: ANN001 - file objects
+    def __init__(self, src, dst, on_line: Callable[[str], None] | None = None) -> None:  # noqa: ANN001 - files
         self.buf: collections.deque[str] = collections.deque()
         self.size = 0
+        self.on_line = on_line
         self.thread = threading.Thread(target=self._pump, args=(src, dst), daemon=True)
         self.thread.start()
 
     def _pump(self, src, dst) -> None:  # noqa: ANN001
         for line in iter(src.readline, ""):
+            if self.on_line is not None:
+                self.on_line(line)  # before the copy: a lost peer is reported as soon as a worker says so
             dst.write(line)
             dst.flush()
             self.buf.append(line)
@@ -452,7 +456,7 @@ def _run_torchrun(plan: TorchrunPlan, env: Mapping[str, str]) -> tuple[int, str,
                                 preexec_fn=_ignore_training_signals)  # fmt: skip
     except OSError as exc:
         raise LaunchError(f"cannot start torchrun with {plan.argv[0]!r}: {exc}; check entrypoint.python") from exc
-    out, err = _Tail(proc.stdout, sys.stdout), _Tail(proc.stderr, sys.stderr)
+    out, err = _Tail(proc.stdout, sys.stdout), _Tail(proc.stderr, sys.stderr, peer_loss_watch(env))
     left = Leftovers()
 
     def on_signal(signum: int, _frame: object) -> None:
@@ -464,6 +468,15 @@ def _run_torchrun(plan: TorchrunPlan, env: Mapping[str, str]) -> tuple[int, str,
     rc = wait_relaying(proc, handlers, poll_s=1.0, on_poll=lambda: left.remember(proc.pid))
     left.kill("torchrun")
     return rc, out.text() + err.text(), sigs
+
+
+def peer_loss_watch(env: Mapping[str, str]) -> peerloss.LineWatch | None:
+    """What reports a lost peer to this node's agent as soon as a worker prints it (``nuro.protocol.peerloss``);
+    None outside a Slurm job."""
+    job, node = env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME", "")
+    if not job.isdigit() or not peerloss.is_node_name(node):
+        return None
+    return peerloss.LineWatch(peerloss.socket_path(peerloss.socket_dir(env), node), int(job))
 
 
 def _run_direct(
@@ -482,8 +495,9 @@ def _run_direct(
                 env.get("SLURM_JOB_ID"), ",".join(str(s.rank) for s in specs), addr, port,
                 " ".join(specs[0].argv))  # fmt: skip
     sigs = _Signals()
+    watch = peer_loss_watch(env)
     try:
-        workers = Workers(specs, env, _ignore_training_signals, _Tail)
+        workers = Workers(specs, env, _ignore_training_signals, lambda src, dst: _Tail(src, dst, watch))
     except OSError as exc:
         raise LaunchError(f"cannot start the training with {args.python!r}: {exc}; check entrypoint.python") from exc
     left = Leftovers()

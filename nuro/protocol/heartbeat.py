@@ -22,7 +22,10 @@ and holds ``v`` (format), ``node`` (must equal the clear one), ``boot`` (agent s
 starts a new sequence), ``seq``, ``sent`` (Unix s), ``healthy`` (bool: the agent's last probe passed),
 ``problems`` (short texts when not healthy), ``stopping_s`` (only in an agent's last beat before a clean stop: "I am
 stopping on purpose, expect silence for up to this long", so a restart of the agent (an upgrade, ``systemctl restart``)
-is not a node loss; a controller that does not know the key ignores it, as parsers ignore every unknown key).
+is not a node loss; a controller that does not know the key ignores it, as parsers ignore every unknown key),
+``suspect_jobs`` (only while a process of one of these jobs on this node saw a peer fail in-band, e.g. gloo's
+"Connection closed by peer": the controller then judges that job's other nodes on a shorter silence; see
+``nuro.protocol.peerloss``).
 """
 
 from __future__ import annotations
@@ -51,6 +54,8 @@ DEFAULT_PROBE_INTERVAL_S = 1.0
 DEFAULT_STOP_GRACE_S = 15.0
 #: The most a controller honours, whatever a beat says (a node key is no licence to hide a dead node for long).
 MAX_STOP_GRACE_S = 60.0
+#: At most this many jobs in one beat's ``suspect_jobs`` (a node runs few multi-node jobs; the datagram stays small).
+MAX_SUSPECT_JOBS = 8
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NODE_BYTES = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAC_LEN = 64
@@ -83,6 +88,7 @@ class Heartbeat:
     healthy: bool = True
     problems: tuple[str, ...] = field(default_factory=tuple)
     stopping_s: float = 0.0
+    suspect_jobs: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if not is_node_name(self.node):
@@ -91,6 +97,10 @@ class Heartbeat:
             raise BadHeartbeat("boot and seq must be non-negative")
         if not 0.0 <= self.stopping_s <= MAX_STOP_GRACE_S:  # also refuses NaN
             raise BadHeartbeat(f"stopping_s={self.stopping_s} is outside 0..{MAX_STOP_GRACE_S:.0f} s")
+        if len(self.suspect_jobs) > MAX_SUSPECT_JOBS or any(
+            type(j) is not int or not 0 < j < 2**32 for j in self.suspect_jobs
+        ):
+            raise BadHeartbeat(f"suspect_jobs: at most {MAX_SUSPECT_JOBS} job ids, got {self.suspect_jobs!r:.80}")
 
 
 def load_key(path: str | Path) -> bytes:
@@ -175,8 +185,12 @@ def encode(hb: Heartbeat, key: bytes) -> bytes:
     body = json.dumps(
         {
             "v": FORMAT,
-            **{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(hb).items() if k != "stopping_s" or v},
-        },  # only a stopping agent's last beat carries it
+            **{
+                k: (list(v) if isinstance(v, tuple) else v)
+                for k, v in asdict(hb).items()
+                if k not in ("stopping_s", "suspect_jobs") or v
+            },
+        },  # only a stopping agent's last beat carries stopping_s, only a reporting node's suspect_jobs
         separators=(",", ":"),
         sort_keys=True,
     ).encode()
@@ -237,6 +251,7 @@ def parse_body(node: str, body: bytes) -> Heartbeat:
             healthy=bool(raw.get("healthy", True)),
             problems=tuple(str(p) for p in raw.get("problems", ())),
             stopping_s=float(raw.get("stopping_s", 0.0)),
+            suspect_jobs=tuple(raw.get("suspect_jobs", ())),
         )
     except BadHeartbeat:
         raise

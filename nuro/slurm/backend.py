@@ -75,6 +75,7 @@ from nuro.slurm.errors import (
     SlurmUnavailable,
     classify_error,
 )
+from nuro.slurm.hostlist import expand as expand_hostlist
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
 from nuro.slurm.parse import (
     SPRIO_SITE_FACTOR_FORMAT,
@@ -175,6 +176,11 @@ class Backend(abc.ABC):
         new = jobcomment.merge(self.job_comment(job_id), **updates)
         self.update_comment(job_id, new)
         return new
+
+    def job_nodes(self, job_id: int | str) -> list[str]:
+        """The nodes one job holds (empty when Slurm knows no such job); adapters read only that field."""
+        job = self.find_job(int(job_id))
+        return list(job.nodes) if job is not None else []
 
     def find_job(self, job_id: int) -> JobInfo | None:
         """One job: squeue first (it remembers finished jobs for MinJobAge), then accounting; None if neither knows
@@ -573,6 +579,16 @@ class CliBackend(Backend):
             entry = self._job_entry(jid)
             return int(entry["Restarts"]), entry["JobState"]
         return int(fixed["RestartCnt"]), fixed["State"]
+
+    def job_nodes(self, job_id: int | str) -> list[str]:
+        """The nodes one job holds, cheaply: one ``squeue -j ID -O NodeList`` line, expanded; empty when slurmctld
+        lists no such job (the detector's look-up of an in-band report's job)."""
+        try:
+            value = self._job_field(job_id, "NodeList", "NodeList")
+        except InvalidJobId:
+            return []
+        value = value.strip()
+        return [] if not value or value.lower() in ("(null)", "n/a", "none") else expand_hostlist(value)
 
     def job_state(self, job_id: int | str) -> str:
         """One job's state ("RUNNING", "COMPLETED", ...), cheaply: one ``squeue -j`` line."""

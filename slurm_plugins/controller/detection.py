@@ -17,6 +17,11 @@ only when its error changes), and a tick that fails as a whole is logged and ret
 ``time.monotonic`` (``monotonic``); the wall clock (``clock``) only stamps reasons and event records, so a clock
 step on the controller declares nobody dead. While the receiver sees the kernel drop datagrams (a flood filled the
 socket buffer), nobody is newly declared lost: a silent node may only have had its beats dropped.
+
+In-band reports (``nuro.protocol.peerloss``): a beat naming ``suspect_jobs`` makes the detector look each job's nodes
+up in Slurm (``backend.job_nodes``: one ``squeue -j`` line, at most ``REPORT_LOOKUPS_PER_TICK`` per tick, kept for
+``JOB_NODES_TTL_S``), so ``liveness.assess`` judges them on the shorter silence. The ``node_lost`` record then names
+the reporting node and the job (``reported_by``, ``report_job``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ from nuro.slurm_plugins.controller.ratelog import RateLog
 log = logging.getLogger("nuro.controller.detector")
 
 STATS_EVERY_S = 5.0
+#: Jobs an in-band report names whose nodes are looked up in one tick (an agent repeating a report costs nothing:
+#: the answer is kept ``JOB_NODES_TTL_S``).
+REPORT_LOOKUPS_PER_TICK = 4
+JOB_NODES_TTL_S = 10.0
 
 
 def _slurm_action(action: NodeAction) -> DownNode | DrainNode | ResumeNode:
@@ -93,7 +102,22 @@ class FailureDetector:
         self._drops_at = float("-inf")
         self._stats_logged: dict[str, int] = {}
         self._stats_at = float("-inf")
+        self._job_nodes: dict[int, tuple[float, tuple[str, ...]]] = {}  # job -> (read at, its nodes)
         self.ticks = 0
+
+    def _reported_jobs(self, beats: list, now: float) -> dict[int, tuple[str, ...]]:
+        """The nodes of the jobs this tick's beats report (``suspect_jobs``), from Slurm, cached."""
+        wanted = {j for b in beats for j in b.suspect_jobs}
+        for job in [j for j, (at, _) in self._job_nodes.items() if now - at > JOB_NODES_TTL_S]:
+            del self._job_nodes[job]
+        for job in sorted(wanted - self._job_nodes.keys())[:REPORT_LOOKUPS_PER_TICK]:
+            try:
+                self._job_nodes[job] = (now, tuple(self.backend.job_nodes(job)))
+            except Exception as exc:  # noqa: BLE001 - a report is an optimisation: heartbeats still decide
+                log.warning("in-band report of job %d: its nodes could not be read: %s", job, exc)
+                continue
+            log.info("in-band report: job %d on %s lost a peer", job, ",".join(self._job_nodes[job][1]) or "-")
+        return {j: self._job_nodes[j][1] for j in wanted if j in self._job_nodes}
 
     def _refresh_nodes(self, now: float) -> None:
         try:
@@ -148,13 +172,16 @@ class FailureDetector:
         if now - self._nodes_at >= self.node_poll_s:
             self._refresh_nodes(now)
         dropping = self._kernel_dropping(now)
+        jobs = self._reported_jobs(beats, now) if any(b.suspect_jobs for b in beats) else None
         before = self.state
-        actions, self.state = assess(before, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping)
+        actions, self.state = assess(before, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping,
+                                     job_nodes=jobs)  # fmt: skip
         if actions and self._nodes_at < now:
             # Judge again on a node list read now: the poll may be up to node_poll_s old, longer than a detection
             # (1 s), and an admin's drain set meanwhile must be seen, kept in the reason and never resumed.
             self._refresh_nodes(now)
-            actions, self.state = assess(before, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping)
+            actions, self.state = assess(before, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping,
+                                         job_nodes=jobs)  # fmt: skip
         if now - self._stats_at >= STATS_EVERY_S:
             self._log_stats(now)
         if self.state.faults or self._faults_logged:
@@ -218,6 +245,7 @@ class FailureDetector:
                 "node_lost", node=action.node, last_beat=round(action.last_beat, 3), last_seq=action.last_seq,
                 silent_s=round(action.silent_s, 3),
                 detection_delay_s=round(max(action.silent_s - self.cfg.interval_s, 0.0), 3),
+                **({"reported_by": action.reported_by, "report_job": action.report_job} if action.reported_by else {}),
             )  # fmt: skip
             if action.cause is Cause.FLAPPING:
                 hold = self.state.nodes[action.node].hold_until - now if action.node in self.state.nodes else 0.0

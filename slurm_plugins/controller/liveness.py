@@ -17,6 +17,11 @@ Rules (``interval`` = heartbeat interval, ``timeout`` = ``miss_limit`` × ``inte
   lost while that announced silence lasts (capped at ``MAX_STOP_GRACE_S``); still silent after it → lost as above,
   the reason saying so. Without this an agent restart (an upgrade, ``systemctl restart``: ~1-2 s) downed the node and
   requeued its jobs. A crashed agent announces nothing: that silence is a loss, as a dead host's is;
+- a node of a job whose ranks on another node just saw a peer die in-band (that node's beat carries
+  ``suspect_jobs``, ``nuro.protocol.peerloss``) is lost after a shorter silence, ``suspect_timeout_s`` (half the
+  timeout, at least two intervals), while that report is fresh (``suspect_ttl_s``); reason
+  ``nuro: no heartbeat for 0.6 s after job J's ranks on N lost a peer (last seq …)``. A report never takes down a
+  node that keeps beating: it only shortens the silence that counts;
 - it never sent a beat → nothing (agent not deployed there: Slurm's SlurmdTimeout is the only detector);
 - the controller started less than one timeout ago → nothing (soft state is rebuilt from the next beats first);
 - more than half of the beating nodes (and ≥ 4) fall silent at once → nothing for them (mass-loss guard: more
@@ -97,6 +102,8 @@ class LivenessConfig:
     # so nobody is declared lost; Slurm's SlurmdTimeout still takes truly dead nodes down.
     mass_loss_fraction: float = 0.5
     mass_loss_min: int = 4
+    # In-band reports (nuro.protocol.peerloss): how long one keeps a job's nodes under the shorter silence.
+    suspect_ttl_s: float = 3.0
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.miss_limit < 2:
@@ -110,6 +117,12 @@ class LivenessConfig:
     @property
     def timeout_s(self) -> float:
         return self.interval_s * self.miss_limit
+
+    @property
+    def suspect_timeout_s(self) -> float:
+        """The silence that makes a reported node lost: half the timeout, never under two intervals (one late
+        datagram is still no loss)."""
+        return max(2 * self.interval_s, self.timeout_s / 2)
 
     def hold_s(self, level: int) -> float:
         """The hold of the ``level``-th flap (1-based): 30, 60, 120, … capped."""
@@ -130,6 +143,7 @@ class Beat:
     problems: tuple[str, ...] = ()
     received_wall: float | None = None
     stopping_s: float = 0.0
+    suspect_jobs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -146,6 +160,8 @@ class NodeLiveness:
         flap_level: how many flap holds in a row (sets the back-off).
         hold_until: do not resume before this.
         quiet_until: its agent announced a clean stop: silence until then is no loss (0: none announced).
+        suspected_at: when a report last named it (a peer of one of its jobs saw a peer die; -inf: never), by
+            whom (``suspected_by``, the reporting node) and for which job (``suspected_job``).
     """
 
     last_beat: float
@@ -162,6 +178,13 @@ class NodeLiveness:
     hold_until: float = 0.0
     last_beat_wall: float = 0.0
     quiet_until: float = 0.0
+    suspected_at: float = float("-inf")
+    suspected_by: str = ""
+    suspected_job: int = 0
+
+    def limit_s(self, now: float, cfg: LivenessConfig) -> float:
+        """The silence after which this node is lost now: shorter while a report names it."""
+        return cfg.suspect_timeout_s if now - self.suspected_at <= cfg.suspect_ttl_s else cfg.timeout_s
 
 
 @dataclass(frozen=True)
@@ -195,6 +218,8 @@ class NodeAction:
     silent_s: float = 0.0
     last_seq: int = 0
     last_beat: float = 0.0
+    reported_by: str = ""  # a loss judged on a report: the reporting node, and the job (0: none)
+    report_job: int = 0
 
 
 def is_ours(reason: str | None) -> bool:
@@ -264,6 +289,7 @@ def assess(
     cfg: LivenessConfig,
     wall: float | None = None,
     hold_losses: bool = False,
+    job_nodes: Mapping[int, Iterable[str]] | None = None,
 ) -> tuple[list[NodeAction], DetectorState]:
     """Fold in the beats received since the last call, judge every node that has ever beaten, return actions.
 
@@ -276,6 +302,8 @@ def assess(
         wall: the wall clock now, only for texts and records (None: ``now``, for tests with one fake clock).
         hold_losses: declare nobody newly lost in this call (the receiver saw the kernel drop datagrams: silence is
             no evidence then); the silent nodes are listed in ``suppressed`` like the mass-loss guard's.
+        job_nodes: the nodes of each job a beat's ``suspect_jobs`` names (Slurm's word, read by the runtime); a
+            job missing here names nobody.
 
     Returns:
         (actions in the order they must be applied, the next state). Applying an action twice is harmless; an
@@ -292,13 +320,19 @@ def assess(
             nodes[name] = _absorb(nodes.get(name), node_beats, cfg)
         except Exception as exc:  # noqa: BLE001 - one node's odd beats must not stop the others' judgement
             faults[name] = f"beats: {type(exc).__name__}: {exc}"
+    for b in beats:  # in-band reports: the job's other nodes, as Slurm lists them, are judged on a shorter silence
+        for job in b.suspect_jobs:
+            for name in (job_nodes or {}).get(job, ()):
+                cur = nodes.get(name)
+                if name != b.node and cur is not None and b.received >= cur.suspected_at:
+                    nodes[name] = replace(cur, suspected_at=b.received, suspected_by=b.node, suspected_job=job)
     actions: list[NodeAction] = []
     suppressed: tuple[str, ...] = ()
     if now - state.started_at >= cfg.timeout_s:  # restart grace: judge nobody before one full timeout
         # nodes whose agent announced a clean stop are neither silent nor alive for the mass-loss guard: a rolling
         # restart of agents must not hide a real loss beside it, nor count as one
         judged = {n: cur for n, cur in nodes.items() if cur.lost_at is None and now >= cur.quiet_until}
-        newly_silent = [n for n, cur in judged.items() if now - cur.last_beat > cfg.timeout_s]
+        newly_silent = [n for n, cur in judged.items() if now - cur.last_beat > cur.limit_s(now, cfg)]
         alive = list(judged)
         mass = len(newly_silent) >= cfg.mass_loss_min and len(newly_silent) > cfg.mass_loss_fraction * len(alive)
         if newly_silent and (mass or hold_losses):
@@ -325,12 +359,14 @@ def _judge(
 ) -> tuple[NodeLiveness, list[NodeAction]]:
     wall = now if wall is None else wall
     silent = now - cur.last_beat
+    limit = cur.limit_s(now, cfg)
     admin = _admin_drained(snode)
     # 0. Quiet: its agent said it was stopping on purpose, and the silence it announced has not run out.
-    if silent > cfg.timeout_s and cur.lost_at is None and now < cur.quiet_until:
+    if silent > limit and cur.lost_at is None and now < cur.quiet_until:
         return cur, []
-    # 1. Lost: silent for longer than the timeout, first time since it was last alive.
-    if silent > cfg.timeout_s and cur.lost_at is None:
+    # 1. Lost: silent for longer than the timeout (shorter when reported), first time since it was last alive.
+    if silent > limit and cur.lost_at is None:
+        reported = limit < cfg.timeout_s and silent <= cfg.timeout_s  # the report made the difference
         losses = tuple(t for t in cur.losses if now - t <= cfg.flap_window_s) + (now,)
         flapping = len(losses) >= cfg.flap_losses
         level = cur.flap_level + 1 if flapping else 0  # back-off grows only while it keeps flapping
@@ -342,7 +378,8 @@ def _judge(
             )
         else:
             said = "; its agent said it was stopping" if cur.quiet_until else ""
-            reason = f"nuro: no heartbeat for {silent:.1f} s (last seq {cur.seq}{said})"
+            why = f" after job {cur.suspected_job}'s ranks on {cur.suspected_by} lost a peer" if reported else ""
+            reason = f"nuro: no heartbeat for {silent:.1f} s{why} (last seq {cur.seq}{said})"
         if admin is not None:
             reason = f"{reason} {ADMIN_MARK} {admin})"
         cause = Cause.FLAPPING if flapping else Cause.LOST
@@ -351,12 +388,14 @@ def _judge(
             hold_until=now + hold if flapping else cur.hold_until, healthy_since=None,
         )  # fmt: skip
         evidence = {"silent_s": silent, "last_seq": cur.seq, "last_beat": cur.last_beat_wall or cur.last_beat}
+        if reported:
+            evidence.update(reported_by=cur.suspected_by, report_job=cur.suspected_job)
         return new, [
             NodeAction(name, NodeActionKind.DOWN, _clip(reason), cause, **evidence),
             NodeAction(name, NodeActionKind.DRAIN, _clip(reason), cause, **evidence),
         ]
-    # 2. Still lost: make sure Slurm has it (a refused scontrol, or Slurm's own "Not responding" replaced ours).
-    if cur.lost_at is not None and silent > cfg.timeout_s:
+    # 2. Still lost (no beat since): make sure Slurm has it (a refused scontrol, or Slurm's "Not responding").
+    if cur.lost_at is not None and cur.last_beat <= cur.lost_at:
         if now - cur.issued_at >= cfg.retry_s and not ("DOWN" in snode.flags and snode.is_drained):
             reason = (
                 snode.reason if is_ours(snode.reason) else f"nuro: no heartbeat for {silent:.1f} s (last seq {cur.seq})"

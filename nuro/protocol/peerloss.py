@@ -1,0 +1,106 @@
+"""In-band loss reports: a job's process saw a peer die; its launcher tells the node agent, the agent the controller.
+
+Why: a node is declared lost after its heartbeats stop for ``miss_limit`` intervals (about 1 s). A job running on
+it knows sooner: when a host's processes die, the kernel resets their sockets and the surviving ranks' collective
+fails at once (gloo: "Connection closed by peer"). That is evidence about *some* node of the job, not proof about
+which: so it only shortens how long the controller waits. A report makes the controller judge the job's other nodes
+on a shorter silence (``liveness``: two beat intervals instead of ``miss_limit``); a node that keeps beating is never
+declared lost for it. A false report (a user's own script sending one, a bug) costs a closer look, nothing more.
+
+The path, and why each hop is trusted:
+
+1. ``nuro-launch`` (the job's user) reads its workers' stderr as it is written; the first line that says a peer died
+   (``PEER_DEATH_RE``) sends one datagram ``nuro-peerloss/1 <job id>`` to the node agent's Unix socket
+   (``socket_path``: ``<dir>/<node>.report.sock``; the dir is ``$NURO_AGENT_SOCKET_DIR``, else the agent's status
+   dir ``$NURO_AGENT_STATUS_DIR``, else ``/run/nuro-agent``; ``socket_dir``).
+   Non-blocking, never raises: a missing agent costs the report, never the job.
+2. The agent (root) takes the sender's uid from the kernel (``SO_PASSCRED``; a process cannot forge it) and accepts
+   the report only for a job whose root-written record (``nuro.protocol.jobrecord``) says this node and that user
+   (``accept``). It then beats at once with ``suspect_jobs`` (``nuro.protocol.heartbeat``), for ``SUSPECT_TTL_S``.
+3. The controller (``slurm_plugins/controller/detection.py``) looks the job's nodes up in Slurm and judges them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+from nuro.protocol.heartbeat import is_node_name
+
+PREFIX = b"nuro-peerloss/1 "
+MAX_REPORT = 64
+#: How long one report keeps a job's nodes under the shorter silence (the agent repeats it in every beat meanwhile).
+SUSPECT_TTL_S = 3.0
+#: An agent sends at most one immediate beat per job this often (a worker printing the error in a loop).
+KICK_EVERY_S = 0.5
+DEFAULT_STATUS_DIR = "/run/nuro-agent"
+#: What a surviving rank prints when a peer's process or host went away at once (a subset of
+#: ``wrappers.launch_outcome.COMM_ERROR_PATTERNS``: not timeouts, which say a peer froze, long after the fact).
+PEER_DEATH_RE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|Failed to recv, got 0 bytes"
+    r"|NCCL Error \d+: remote process exited",
+    re.IGNORECASE,
+)
+
+
+def socket_dir(env: Mapping[str, str]) -> Path:
+    """Where the agents' report sockets are: ``NURO_AGENT_SOCKET_DIR``, else ``NURO_AGENT_STATUS_DIR``, else the
+    packaged status dir (the same rule for the agent and the launcher)."""
+    return Path(env.get("NURO_AGENT_SOCKET_DIR") or env.get("NURO_AGENT_STATUS_DIR") or DEFAULT_STATUS_DIR)
+
+
+def socket_path(directory: str | Path, node: str) -> Path:
+    """The agent's report socket on ``node``."""
+    if not is_node_name(node):
+        raise ValueError(f"node name {node!r} is not a valid Slurm node name")
+    return Path(directory) / f"{node}.report.sock"
+
+
+def encode(job_id: int) -> bytes:
+    return PREFIX + str(int(job_id)).encode()
+
+
+def parse(data: bytes) -> int | None:
+    """The job id of a well-formed report, else None (anything else on the socket is ignored)."""
+    if len(data) > MAX_REPORT or not data.startswith(PREFIX):
+        return None
+    rest = data[len(PREFIX) :]
+    if not rest.isdigit() or len(rest) > 10:
+        return None
+    job = int(rest)
+    return job if 0 < job < 2**32 else None
+
+
+def accept(job_id: int, sender_uid: int, record_uid: int | None, record_node: str | None, node: str) -> bool:
+    """Whether the agent takes a report: the job has a root-written record on this node, and the sender is its user
+    (or root)."""
+    return record_uid is not None and record_node == node and sender_uid in (record_uid, 0) and job_id > 0
+
+
+def send(path: Path, job_id: int) -> bool:
+    """One report datagram to the agent at ``path``; False (never an exception) when it could not be sent."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.setblocking(False)
+        s.sendto(encode(job_id), str(path))
+        return True
+    return False
+
+
+class LineWatch:
+    """Feed it a worker's output lines; the first that says a peer died sends the job's report (once per launcher)."""
+
+    def __init__(self, path: Path, job_id: int) -> None:
+        self.path, self.job_id = path, job_id
+        self.sent: bool | None = None  # None: nothing seen yet; else whether the datagram went out
+
+    def __call__(self, line: str) -> None:
+        if self.sent is None and PEER_DEATH_RE.search(line):
+            self.sent = send(self.path, self.job_id)
+
+
+__all__ = [
+    "PEER_DEATH_RE", "SUSPECT_TTL_S", "LineWatch", "accept", "encode", "parse", "send", "socket_dir", "socket_path",
+]  # fmt: skip

@@ -1,0 +1,224 @@
+"""In-band loss reports (issue 16 item 5): the launcher's line watch, the wire, the agent's checks (kernel uid against
+the job's root-written record), the beat's ``suspect_jobs``, and the detector's shorter silence for a reported job's
+nodes — which never takes down a node that keeps beating."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from nuro.protocol import heartbeat as hb
+from nuro.protocol import jobrecord, peerloss
+from nuro.protocol.jobrecord import JobRecord
+from nuro.slurm.models import NodeInfo
+from nuro.slurm_plugins.controller.liveness import Beat, DetectorState, LivenessConfig, NodeActionKind, assess
+from nuro.wrappers.launch import _Tail, peer_loss_watch
+
+KEY = b"k" * 32
+
+
+def test_reports_parse_strictly() -> None:
+    assert peerloss.parse(peerloss.encode(4242)) == 4242
+    for bad in (b"", b"nuro-peerloss/1 ", b"nuro-peerloss/1 -3", b"nuro-peerloss/1 0", b"nuro-peerloss/1 12x",
+                b"nuro-peerloss/2 5", b"nuro-peerloss/1 " + b"9" * 11, b"x" * 100):  # fmt: skip
+        assert peerloss.parse(bad) is None, bad
+
+
+def test_only_the_jobs_own_user_or_root_on_its_node_is_heard() -> None:
+    assert peerloss.accept(7, 1001, 1001, "gpu001", "gpu001")
+    assert peerloss.accept(7, 0, 1001, "gpu001", "gpu001")
+    assert not peerloss.accept(7, 1002, 1001, "gpu001", "gpu001")  # another user
+    assert not peerloss.accept(7, 1001, None, None, "gpu001")  # no record of that job here
+    assert not peerloss.accept(7, 1001, 1001, "gpu002", "gpu001")  # a record of another node
+
+
+def test_heartbeats_carry_suspect_jobs_only_when_there_are_some() -> None:
+    beat = hb.Heartbeat("gpu001", 1, 2, time.time(), suspect_jobs=(17, 18))
+    assert hb.decode(hb.encode(beat, KEY), KEY).suspect_jobs == (17, 18)
+    assert b"suspect_jobs" not in hb.encode(hb.Heartbeat("gpu001", 1, 2, time.time()), KEY)
+    for bad in ((0,), (True,), tuple(range(1, 11)), (2**40,)):
+        with pytest.raises(hb.BadHeartbeat):
+            hb.Heartbeat("gpu001", 1, 2, 0.0, suspect_jobs=bad)  # type: ignore[arg-type]
+
+
+def test_the_launcher_reports_the_first_peer_death_line_to_its_nodes_agent(tmp_path: Path) -> None:
+    env = {"SLURM_JOB_ID": "77", "SLURMD_NODENAME": "gpu003", "NURO_AGENT_SOCKET_DIR": str(tmp_path)}
+    watch = peer_loss_watch(env)
+    assert watch is not None and watch.path == tmp_path / "gpu003.report.sock"
+    assert peer_loss_watch({"SLURMD_NODENAME": "gpu003"}) is None  # outside a job: nothing to report
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as agent:
+        agent.bind(str(watch.path))
+        agent.settimeout(2)
+        r, w = os.pipe()
+        with os.fdopen(r) as src, open(os.devnull, "w") as dst:
+            tail = _Tail(src, dst, watch)
+            with os.fdopen(w, "w") as out:
+                out.write("step 3 loss 0.1\n")
+                out.write("RuntimeError: [../gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]\n")
+                out.write("RuntimeError: Connection reset by peer\n")  # a second line: no second report
+            tail.thread.join(5)
+        assert agent.recv(100) == b"nuro-peerloss/1 77"
+        agent.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            agent.recv(100)
+    assert watch.sent is True and "Connection closed by peer" in tail.text()
+
+
+def test_a_missing_agent_costs_the_report_not_the_job(tmp_path: Path) -> None:
+    assert peerloss.send(tmp_path / "none.report.sock", 5) is False
+
+
+# -- the agent ---------------------------------------------------------------------------------------------------
+
+
+class _NoProbe:
+    def read(self):  # noqa: ANN201
+        from nuro.healthcheck.probes import NodeGpuReport
+
+        return NodeGpuReport(gpus=(), driver_error=None)
+
+    def close(self) -> None:
+        pass
+
+
+def _agent(tmp_path: Path, clock: list[float]):  # noqa: ANN202
+    from dataclasses import replace
+
+    from nuro.healthcheck.agent import Agent, AgentConfig
+    from nuro.healthcheck.run import HealthSettings
+
+    health = replace(HealthSettings(), staging_root=str(tmp_path / "staging"), probe="none")
+    cfg = AgentConfig("gpu001", ("127.0.0.1", 9), KEY, status_dir=str(tmp_path / "status"), health=health)
+    sent: list[bytes] = []
+
+    class Sock:
+        family = socket.AF_INET
+
+        def setblocking(self, _flag: bool) -> None: ...
+        def sendto(self, data: bytes, _addr: object) -> None:
+            sent.append(data)
+
+        def close(self) -> None: ...
+
+    agent = Agent(cfg, _NoProbe(), sock=Sock(), monotonic=lambda: clock[0])  # type: ignore[arg-type]
+    return agent, sent
+
+
+def _record(tmp_path: Path, job: int, uid: int, node: str = "gpu001") -> None:
+    (tmp_path / "staging").mkdir(exist_ok=True)
+    jobrecord.write(tmp_path / "staging", JobRecord(job, uid, uid, "alice", "vision", "vision", None, 0, node, None))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's files (the agent refuses others')")
+def test_the_agent_takes_a_report_only_from_the_jobs_user_and_beats_it_for_a_while(tmp_path: Path) -> None:
+    clock = [100.0]
+    agent, _ = _agent(tmp_path, clock)
+    _record(tmp_path, 41, 1001)
+    _record(tmp_path, 42, 1001, node="gpu009")
+    assert not agent.report(40, 1001)  # no such job here
+    assert not agent.report(41, 1002)  # not its user
+    assert not agent.report(42, 1001)  # a record of another node
+    assert agent.report(41, 1001) and agent._kick.is_set()
+    assert agent.beat_once().suspect_jobs == (41,)
+    clock[0] += peerloss.SUSPECT_TTL_S + 0.1
+    assert agent.beat_once().suspect_jobs == ()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's files (the agent refuses others')")
+def test_the_agents_socket_hears_the_kernels_uid_and_beats_at_once(tmp_path: Path) -> None:
+    clock = [100.0]
+    agent, sent = _agent(tmp_path, clock)
+    agent.config.interval_s = 30.0  # only a report can make a second beat come soon
+    agent.config.probe_interval_s = 0.05
+    _record(tmp_path, 43, 0)
+    stop = threading.Event()
+    t = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+    t.start()
+    path = peerloss.socket_path(tmp_path / "status", "gpu001")
+    deadline = time.monotonic() + 5
+    while not (path.exists() and sent) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert peerloss.send(path, 43)
+    while len(sent) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stop.set()
+    agent.wake()
+    t.join(5)
+    beats = [hb.decode(d, KEY) for d in sent]
+    assert beats[1].suspect_jobs == (43,) and agent.reports_accepted == 1
+
+
+# -- the detector ------------------------------------------------------------------------------------------------
+
+CFG = LivenessConfig(interval_s=0.25, miss_limit=4)
+T0 = 1000.0
+
+
+def _nodes(*names: str) -> dict[str, NodeInfo]:
+    return {n: NodeInfo(name=n, state="ALLOCATED", flags=frozenset({"ALLOCATED"})) for n in names}
+
+
+def _beat(node: str, seq: int, at: float, jobs: tuple[int, ...] = ()) -> Beat:
+    return Beat(node, 1, seq, at, at, suspect_jobs=jobs)
+
+
+def _run(silent_from: float, report_at: float | None, job_nodes: dict, until: float, beating_b: bool = False):
+    """gpu001 and gpu002 beat every 0.25 s; gpu002 stops at ``silent_from`` (unless ``beating_b``); gpu001 reports
+    job 9 at ``report_at``. Returns (the first DOWN action, when)."""
+    state = DetectorState.fresh(T0)
+    slurm = _nodes("gpu001", "gpu002", "gpu003")
+    seq, t = 0, T0
+    while t < until:
+        t = round(t + 0.05, 3)
+        beats = []
+        if abs(t * 4 - round(t * 4)) < 1e-6:
+            seq += 1
+            beats.append(_beat("gpu003", seq, t))
+            if beating_b or t < silent_from:
+                beats.append(_beat("gpu002", seq, t))
+            beats.append(_beat("gpu001", seq, t))
+        if report_at is not None and abs(t - report_at) < 1e-6:
+            beats.append(_beat("gpu001", seq + 1000, t, jobs=(9,)))
+        actions, state = assess(state, beats, slurm, t, CFG, job_nodes=job_nodes)
+        downs = [a for a in actions if a.kind is NodeActionKind.DOWN]
+        if downs:
+            return downs[0], t
+    return None, t
+
+
+def test_a_reported_jobs_silent_node_is_lost_after_half_the_timeout() -> None:
+    kill = T0 + 5.01
+    plain, plain_at = _run(kill, None, {}, T0 + 9)
+    reported, rep_at = _run(kill, T0 + 5.2, {9: ("gpu001", "gpu002")}, T0 + 9)
+    assert plain is not None and reported is not None and reported.node == plain.node == "gpu002"
+    assert plain_at - kill > CFG.timeout_s - 0.25 and "lost a peer" not in plain.reason
+    assert rep_at - kill <= CFG.suspect_timeout_s + 0.1 < plain_at - kill
+    assert reported.reported_by == "gpu001" and reported.report_job == 9
+    assert (
+        reported.reason.startswith("nuro: no heartbeat for 0.")
+        and "job 9's ranks on gpu001 lost a peer" in reported.reason
+    )
+
+
+def test_a_report_never_takes_down_a_node_that_keeps_beating_nor_the_reporter_nor_other_jobs_nodes() -> None:
+    down, _ = _run(T0 + 5, T0 + 5.5, {9: ("gpu001", "gpu002", "gpu003")}, T0 + 9, beating_b=True)
+    assert down is None
+    # gpu002 silent but not in the reported job: the plain timeout applies
+    down, at = _run(T0 + 5.01, T0 + 5.2, {9: ("gpu001", "gpu003")}, T0 + 9)
+    assert down is not None and down.node == "gpu002" and not down.reported_by and at - (T0 + 5.01) > 0.9
+
+
+def test_a_stale_report_no_longer_shortens_the_silence() -> None:
+    down, at = _run(T0 + 9.01, T0 + 5.0, {9: ("gpu001", "gpu002")}, T0 + 13)  # reported 4 s before it went silent
+    assert down is not None and not down.reported_by and at - (T0 + 9.01) > 0.9
+
+
+def test_the_shorter_silence_is_half_the_timeout_never_under_two_beats() -> None:
+    assert LivenessConfig(interval_s=0.25, miss_limit=4).suspect_timeout_s == 0.5
+    assert LivenessConfig(interval_s=0.25, miss_limit=8).suspect_timeout_s == 1.0
+    assert LivenessConfig(interval_s=1.0, miss_limit=3).suspect_timeout_s == 2.0
