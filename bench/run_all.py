@@ -18,7 +18,10 @@ for module in (
     "bench.bench_checkpoint_stall",
     "bench.bench_upload_storm",
     "bench.bench_transition",
+    "bench.bench_prefetch",
+    "bench.bench_data_wait",
     "bench.bench_detection",
+    "bench.bench_inband",
     "bench.bench_resume",
     # issue 11: what the isolation costs, each against 0b1f475 in the same run
     "bench.bench_bridge",
