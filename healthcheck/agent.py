@@ -66,6 +66,8 @@ from nuro.protocol.nodeenv import load_node_env
 log = logging.getLogger("nuro.nodeagent")
 
 WORKER_RESTART_S = 5.0
+#: A refused in-band report is logged at most this often (with the count so far).
+REFUSAL_LOG_EVERY_S = 60.0
 METRICS_CLOSE_S = 2.0
 
 
@@ -273,6 +275,8 @@ class Agent:
         self._suspects: dict[int, float] = {}  # job id -> until (monotonic)
         self._kicked: dict[int, float] = {}  # job id -> when its last report kicked a beat (monotonic)
         self.reports_accepted = 0
+        self.reports_refused = 0
+        self._refusal_logged = float("-inf")
 
     def wake(self) -> None:
         """End the beat loop's wait now (a stop: ``run`` notices ``stop`` at once)."""
@@ -289,8 +293,12 @@ class Agent:
             rec = None
         uid, node = (rec.uid, rec.node) if rec is not None else (None, None)
         if not peerloss.accept(job_id, sender_uid, uid, node, self.config.node):
-            log.warning("peer-loss report refused job=%d uid=%d (no record of that job and user here)", job_id,
-                        sender_uid)  # fmt: skip
+            self.reports_refused += 1
+            now = self.monotonic()
+            if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:  # a user flooding the socket must not flood the log
+                self._refusal_logged = now
+                log.warning("peer-loss report refused job=%d uid=%d (no record of that job and user here; %d refused "
+                            "so far)", job_id, sender_uid, self.reports_refused)  # fmt: skip
             return False
         now = self.monotonic()
         with self._lock:
