@@ -32,6 +32,7 @@ from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.data import SnapshotDataset, SnapshotLoader
 from nuro.wrappers.sdk.metrics import MetricsLogger
 from nuro.wrappers.sdk.preemption import PreemptionGuard
+from nuro.wrappers.sdk.stragglers import StragglerWatch
 
 
 def parse_args() -> argparse.Namespace:
@@ -42,6 +43,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--step-time", type=float, default=0.1, help="extra seconds per step (stands in for a big model)")
     p.add_argument("--progress-every-s", type=float, default=5.0, help="how often rank 0 records its step")
     p.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes per rank")
+    p.add_argument("--slow-rank", type=int, default=-1, help="this rank's stand-in compute is --slow-factor x longer")
+    p.add_argument("--slow-factor", type=float, default=1.0, help="a throttled GPU's slowdown, for --slow-rank")
     p.add_argument("--sample-log", help="append 'restart step epoch indices' per step to PATH.rank<r> (tests)")
     return p.parse_args()
 
@@ -95,6 +98,9 @@ def main() -> int:
             print(f"resumed from the checkpoint of step {restored}", flush=True)
     guard = PreemptionGuard().start()  # handlers for USR1 (preemption) and USR2 (time limit)
     metrics = MetricsLogger()  # never blocks a step; a sink that is down costs points, not the run
+    watch = StragglerWatch().attach(net) if world > 1 else None  # which rank holds the job back, per 20 steps
+    compute_s = args.step_time * (args.slow_factor if rank == args.slow_rank else 1.0)
+    saved = False
 
     last_progress = 0.0
     step = start
@@ -105,10 +111,13 @@ def main() -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        time.sleep(args.step_time)
+        time.sleep(compute_s)
         state["progress"]["step"] = step
         state["loader"] = loader.state_dict()  # after the step that used the batch: a resume continues after it
-        metrics.log(step, loss=loss.item(), samples=len(rows), data_wait_s=loader.last_wait_s)
+        if watch is not None:  # a step after a checkpoint save is left out of the straggler measure
+            watch.observe(data_wait_s=loader.last_wait_s, skip=saved)
+        extra = watch.fields() if watch is not None else {}
+        metrics.log(step, loss=loss.item(), samples=len(rows), data_wait_s=loader.last_wait_s, **extra)
         if args.sample_log:
             with open(f"{args.sample_log}.rank{rank}", "a") as fh:
                 fh.write(f"{ckpt.env.restart_count} {step} {','.join(map(str, loader.last_indices))}\n")
@@ -119,7 +128,7 @@ def main() -> int:
             if time.monotonic() - last_progress >= args.progress_every_s:
                 last_progress = time.monotonic()
                 run_events.record_later("progress", step=step, loss=round(loss.item(), 5))
-        ckpt.maybe_save(lambda: state, step)
+        saved = ckpt.maybe_save(lambda: state, step)
         if guard.should_stop(step):  # every rank answers the same at the same step
             guard.checkpoint_and_exit(lambda s=step: save_committed(ckpt, state, s, metrics), step)
 

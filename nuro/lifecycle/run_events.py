@@ -29,8 +29,11 @@ from nuro.objectstore import ObjectExists, ObjectStore, ObjectStoreError
 log = logging.getLogger(__name__)
 
 #: ``checkpoint_skipped``: a restore passed over committed steps it could not load (a shard torn in S3, a bad local
-#: copy); ``steps`` = [{"step", "reason"}], ``restored`` = the step it loaded (-1: none).
-KINDS = ("started", "restored", "first_step", "progress", "preempted", "finished", "failed", "checkpoint_skipped")
+#: copy); ``steps`` = [{"step", "reason"}], ``restored`` = the step it loaded (-1: none). ``straggler`` /
+#: ``straggler_cleared``: a rank held the job back for a sustained window (``rank``, ``node_of_rank``, ``slowdown``;
+#: ``nuro.wrappers.sdk.stragglers``).
+KINDS = ("started", "restored", "first_step", "progress", "preempted", "finished", "failed", "checkpoint_skipped",
+         "straggler", "straggler_cleared")  # fmt: skip
 
 
 @dataclass(frozen=True)

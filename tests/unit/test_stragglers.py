@@ -1,0 +1,90 @@
+"""Straggler detection inside the job (issue 16 item 1, first part): the pure score and rule, and two real gloo ranks
+through DDP's communication hook — a rank 1.3x slower is flagged within two windows, an even run never is."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from nuro.wrappers.sdk.stragglers import StragglerRule, slowdowns
+
+
+def test_slowdowns_are_against_the_fastest_rank_and_skip_ranks_without_a_measure() -> None:
+    assert slowdowns([0.10, 0.13, 0.10]) == pytest.approx([1.0, 1.3, 1.0])
+    got = slowdowns([0.2, math.nan, 0.0])
+    assert got[0] == 1.0 and math.isnan(got[1]) and math.isnan(got[2])
+    assert all(math.isnan(x) for x in slowdowns([math.nan, math.nan]))
+
+
+def test_a_rank_is_flagged_only_after_sustained_windows_and_cleared_the_same_way() -> None:
+    rule = StragglerRule(threshold=1.2, sustain=2)
+    assert rule.update([1.0, 1.5]) == ([], [])  # one slow window is noise
+    assert rule.update([1.0, 1.1]) == ([], [])  # and it reset
+    assert rule.update([1.0, 1.3]) == ([], [])
+    assert rule.update([1.0, 1.3]) == ([1], [])  # two in a row: a straggler, reported once
+    assert rule.update([1.0, 1.4]) == ([], [])
+    assert rule.update([1.0, 1.0]) == ([], [])
+    assert rule.update([math.nan, 1.0]) == ([], [1])  # two windows back under: cleared
+    assert rule.flagged == set()
+
+
+TWO_RANKS = textwrap.dedent("""
+    import json, os, sys, time
+    from datetime import timedelta
+    import torch, torch.distributed as dist
+    from nuro.wrappers.sdk.stragglers import StragglerWatch
+    dist.init_process_group("gloo", timeout=timedelta(seconds=30))
+    rank = dist.get_rank()
+    slow = float(sys.argv[1]) if rank == 1 else 1.0
+    torch.manual_seed(0)
+    net = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(32, 32))
+    opt = torch.optim.SGD(net.parameters(), lr=0.01)
+    events = []
+    watch = StragglerWatch(window=10, record=lambda kind, **f: events.append([kind, f])).attach(net)
+    for step in range(int(sys.argv[2])):
+        loss = net(torch.randn(8, 32)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        time.sleep(0.04 * slow)  # the stand-in compute: rank 1 is 'slow' times slower
+        watch.observe(skip=(step == 35))
+    print(json.dumps({"rank": rank, "events": events, "history": watch.history, "nodes": watch.nodes}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+""")
+
+
+def _run(tmp_path: Path, slow: float, steps: int) -> list[dict]:
+    script = tmp_path / "two.py"
+    script.write_text(TWO_RANKS)
+    with socket.socket() as s:  # a free port: other sessions run their own groups on this machine
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
+    procs = [subprocess.Popen([sys.executable, str(script), str(slow), str(steps)], env={**base, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
+    outs = [p.communicate(timeout=180) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    return [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+
+
+def test_a_rank_thirty_percent_slower_is_flagged_by_rank_zero_within_two_windows(tmp_path: Path) -> None:
+    zero, one = _run(tmp_path, 1.3, 40)
+    assert zero["history"] == one["history"]  # every rank computes the same scores
+    flagged = [f for kind, f in zero["events"] if kind == "straggler"]
+    assert [f["rank"] for f in flagged] == [1] and 1.15 < flagged[0]["slowdown"] < 1.6, zero
+    assert one["events"] == []  # only rank 0 records
+    assert len(zero["history"]) == 4 and all(w[0] == 1.0 for w in zero["history"])
+
+
+def test_an_even_run_flags_nobody(tmp_path: Path) -> None:
+    zero, _ = _run(tmp_path, 1.0, 60)
+    assert zero["events"] == [], zero["history"]
+    assert max(max(w) for w in zero["history"]) < 1.2

@@ -1,0 +1,196 @@
+"""``StragglerWatch``: which rank holds a synchronous job back, measured inside the job, window by window.
+
+Why inside the job: in data-parallel training every rank's *step* takes the same wall time, because the gradient
+all-reduce makes the fast ranks wait for the slowest one; step time alone cannot say who is slow (issue 16 item 1).
+What differs is how long each rank *waits* in the all-reduce: a straggler arrives last and hardly waits, the others
+wait for it. So:
+
+1. ``attach(ddp_model)`` registers a DDP communication hook (torch's own all-reduce, timed) that adds up, per step,
+   how long this rank's gradient buckets took from hand-off to result;
+2. ``observe(data_wait_s=…)`` at the end of each step turns that into the rank's *busy* time: the step's wall time
+   minus its all-reduce wait minus the time it waited for data (a data-wait spike is not a slow GPU);
+3. every ``window`` steps the ranks exchange their window's median busy time (one ``all_gather`` of one float, and
+   the same call on every rank at the same step), and each rank scores all of them (``slowdowns``: busy time over
+   the fastest rank's);
+4. a rank at or above ``threshold`` for ``sustain`` windows in a row is a straggler (``StragglerRule``, pure). Rank 0
+   records a ``straggler`` run event (rank, node, slowdown; ``nuro-train events`` shows it) once per episode and
+   ``straggler_cleared`` when it is back under the threshold for as long; ``fields()`` gives the last window's
+   largest slowdown and its rank for the step's ``MetricsLogger.log`` (``straggler_slowdown``, ``straggler_rank``).
+
+Noise is not a straggler: a window's median ignores one slow step, and a step that saved a checkpoint can be left
+out (``observe(skip=True)``); ``sustain`` windows must agree. Attribution to a GPU is the node agent's part: its
+``gpu`` points carry each GPU's SM clock and throttle reasons (``nuro.healthcheck.probes``) for the node named here.
+Nothing here acts: moving a job is the controller's decision (issue 16 item 2, not built yet).
+
+    watch = StragglerWatch().attach(ddp_model)
+    for step in ...:
+        ...; opt.step()
+        watch.observe(data_wait_s=loader.last_wait_s)
+        metrics.log(step, loss=loss.item(), **watch.fields())
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Steps per window; the threshold (slowdown over the fastest rank) and the windows in a row that make a straggler.
+DEFAULT_WINDOW = 20
+DEFAULT_THRESHOLD = 1.2
+DEFAULT_SUSTAIN = 2
+
+
+def slowdowns(busy: Sequence[float]) -> list[float]:
+    """Each rank's busy time over the fastest rank's (1.0 = as fast as the fastest; NaN: no measure this window)."""
+    valid = [b for b in busy if math.isfinite(b) and b > 0]
+    if not valid:
+        return [math.nan] * len(busy)
+    fastest = min(valid)
+    return [b / fastest if math.isfinite(b) and b > 0 else math.nan for b in busy]
+
+
+@dataclass
+class StragglerRule:
+    """Which ranks are stragglers after each window: at or above ``threshold`` for ``sustain`` windows in a row;
+    cleared after ``sustain`` windows below. Pure state machine; ``update`` returns what changed."""
+
+    threshold: float = DEFAULT_THRESHOLD
+    sustain: int = DEFAULT_SUSTAIN
+    _above: dict[int, int] = field(default_factory=dict)
+    _below: dict[int, int] = field(default_factory=dict)
+    flagged: set[int] = field(default_factory=set)
+
+    def update(self, scores: Sequence[float]) -> tuple[list[int], list[int]]:
+        """(newly flagged ranks, newly cleared ranks) after one window's scores."""
+        new, cleared = [], []
+        for rank, s in enumerate(scores):
+            if not math.isfinite(s):
+                continue
+            if s >= self.threshold:
+                self._above[rank] = self._above.get(rank, 0) + 1
+                self._below[rank] = 0
+                if rank not in self.flagged and self._above[rank] >= self.sustain:
+                    self.flagged.add(rank)
+                    new.append(rank)
+            else:
+                self._below[rank] = self._below.get(rank, 0) + 1
+                self._above[rank] = 0
+                if rank in self.flagged and self._below[rank] >= self.sustain:
+                    self.flagged.discard(rank)
+                    cleared.append(rank)
+        return new, cleared
+
+
+class StragglerWatch:
+    """See the module docstring. Every rank makes one and calls ``observe`` once per step (it is a collective every
+    ``window`` steps)."""
+
+    def __init__(
+        self,
+        *,
+        window: int = DEFAULT_WINDOW,
+        threshold: float = DEFAULT_THRESHOLD,
+        sustain: int = DEFAULT_SUSTAIN,
+        record: Any = None,
+    ) -> None:
+        if window < 3:
+            raise ValueError(f"window must be at least 3 steps, got {window}")
+        self.window = window
+        self.rule = StragglerRule(threshold, sustain)
+        self._record = record  # run_events.record_later, or a stand-in (tests)
+        self._wait_s = 0.0
+        self._last: float | None = None
+        self._busy: list[float] = []
+        self._calls = 0
+        self.nodes: list[str] = []
+        self.history: list[list[float]] = []  # every window's slowdowns, by rank
+
+    # -- set-up ---------------------------------------------------------------------------------------------------
+    def attach(self, model: Any) -> StragglerWatch:
+        """Time ``model``'s (a ``DistributedDataParallel``) gradient all-reduce with torch's default hook."""
+        import torch.distributed as dist  # lazy: torch is the optional 'train' extra
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        def hook(state, bucket):  # noqa: ANN001, ANN202 - torch checks the annotations: none is fine, ``Any`` not
+            t0 = time.perf_counter()
+
+            def done(fut: Any) -> Any:
+                self._wait_s += time.perf_counter() - t0
+                return fut.value()
+
+            return default_hooks.allreduce_hook(state, bucket).then(done)
+
+        model.register_comm_hook(state=None, hook=hook)
+        names: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(names, os.environ.get("SLURMD_NODENAME") or socket.gethostname())
+        self.nodes = [str(n) for n in names]
+        return self
+
+    def fields(self) -> dict[str, float]:
+        """The last window's largest slowdown and its rank, as ``MetricsLogger.log`` scalars ({} before the first)."""
+        last = self.history[-1] if self.history else []
+        ranked = [(s, r) for r, s in enumerate(last) if math.isfinite(s)]
+        if not ranked:
+            return {}
+        worst, rank = max(ranked)
+        return {"straggler_slowdown": round(worst, 3), "straggler_rank": float(rank)}
+
+    # -- every step ---------------------------------------------------------------------------------------------
+    def observe(self, data_wait_s: float = 0.0, skip: bool = False) -> list[float] | None:
+        """End of a step. ``skip``: leave this step out (it saved a checkpoint). Every ``window`` calls, the ranks'
+        slowdowns (the same list on every rank), else None."""
+        now = time.perf_counter()
+        if self._last is not None and not skip:
+            self._busy.append(max(0.0, now - self._last - self._wait_s - max(0.0, data_wait_s)))
+        self._last, self._wait_s = now, 0.0
+        self._calls += 1
+        if self._calls % self.window:
+            return None
+        mine = statistics.median(self._busy) if self._busy else math.nan
+        self._busy = []
+        scores = slowdowns(self._exchange(mine))
+        self.history.append(scores)
+        self._report(scores)
+        self._last = time.perf_counter()  # the exchange itself is no step's time
+        return scores
+
+    def _exchange(self, mine: float) -> list[float]:
+        import torch
+        import torch.distributed as dist  # lazy: torch is the optional 'train' extra
+
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return [mine]
+        out = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]
+        dist.all_gather(out, torch.tensor([mine], dtype=torch.float64))
+        return [float(t.item()) for t in out]
+
+    def _report(self, scores: list[float]) -> None:
+        new, cleared = self.rule.update(scores)
+        if os.environ.get("RANK", "0") != "0":
+            return
+        for rank in new:
+            node = self.nodes[rank] if rank < len(self.nodes) else ""
+            log.warning("straggler: rank %d on %s is %.2fx the fastest rank", rank, node or "?", scores[rank])
+            self._emit("straggler", rank=rank, node_of_rank=node, slowdown=round(scores[rank], 3), window=self.window)
+        for rank in cleared:
+            node = self.nodes[rank] if rank < len(self.nodes) else ""
+            self._emit("straggler_cleared", rank=rank, node_of_rank=node, slowdown=round(scores[rank], 3))
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self._record is None:
+            from nuro.lifecycle import run_events  # lazy: boto3 only when there is something to record
+
+            self._record = run_events.record_later
+        self._record(kind, **fields)
+
+
+__all__ = ["StragglerRule", "StragglerWatch", "slowdowns"]
