@@ -40,7 +40,7 @@ TWO_RANKS = textwrap.dedent("""
     import json, os, sys, time
     from datetime import timedelta
     import torch, torch.distributed as dist
-    from nuro.wrappers.sdk.stragglers import StragglerWatch
+    from nuro.wrappers.sdk.stragglers import StragglerWatch, timed_collective
     dist.init_process_group("gloo", timeout=timedelta(seconds=30))
     rank = dist.get_rank()
     slow = float(sys.argv[1]) if rank == 1 else 1.0
@@ -54,6 +54,8 @@ TWO_RANKS = textwrap.dedent("""
         opt.zero_grad(); loss.backward(); opt.step()
         time.sleep(0.04 * slow)  # the stand-in compute: rank 1 is 'slow' times slower
         watch.observe(skip=(step == 35))
+        with timed_collective():  # a per-step sync point outside the hook, like the Checkpointer's "save now?"
+            dist.broadcast(torch.zeros(1), src=0)
     print(json.dumps({"rank": rank, "events": events, "history": watch.history, "nodes": watch.nodes}), flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -63,6 +63,7 @@ from nuro.lifecycle import run_events
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.wrappers.jobchannel import record_checkpoint
 from nuro.wrappers.sdk.runenv import RunEnv
+from nuro.wrappers.sdk.stragglers import timed_collective
 
 log = logging.getLogger(__name__)
 
@@ -372,7 +373,8 @@ class Checkpointer:
         import torch  # lazy: torch is the optional 'train' extra; only a distributed run gets here
 
         t = torch.tensor([value], dtype=torch.int64)
-        self._dist.broadcast(t, src=0, group=self._ctl_group)
+        with timed_collective():  # a per-step sync point: its wait is the straggler watch's evidence too
+            self._dist.broadcast(t, src=0, group=self._ctl_group)
         return int(t.item())
 
     # -- commit ------------------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from nuro.wrappers.sdk.runenv import RunEnv
+from nuro.wrappers.sdk.stragglers import timed_collective
 
 log = logging.getLogger(__name__)
 
@@ -189,8 +190,9 @@ class PreemptionGuard:
         if dist.get_backend(self._group) == "nccl":  # NCCL reduces device tensors only
             device = torch.device("cuda", torch.cuda.current_device())
         t = torch.tensor([value], dtype=torch.int32, device=device)
-        dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=self._group)
-        return int(t.item())
+        with timed_collective():  # a per-step sync point: its wait is the straggler watch's evidence too
+            dist.all_reduce(t, op=getattr(dist.ReduceOp, op), group=self._group)
+            return int(t.item())
 
     def should_stop(self, step: int) -> bool:
         """True on every rank at the same step once any rank got a stop signal. All ranks must call it each step.

@@ -17,6 +17,10 @@ wait for it. So:
    ``straggler_cleared`` when it is back under the threshold for as long; ``fields()`` gives the last window's
    largest slowdown and its rank for the step's ``MetricsLogger.log`` (``straggler_slowdown``, ``straggler_rank``).
 
+The SDK's own per-step collectives (the Checkpointer's "save now?" broadcast, the PreemptionGuard's agreement)
+re-synchronise the ranks too, so their waits count as waits (``timed_collective``); a training loop that adds
+collectives of its own (a metrics all-reduce) wraps them the same way, or the straggler hides in them.
+
 Noise is not a straggler: a window's median ignores one slow step, and a step that saved a checkpoint can be left
 out (``observe(skip=True)``); ``sustain`` windows must agree. Attribution to a GPU is the node agent's part: its
 ``gpu`` points carry each GPU's SM clock and throttle reasons (``nuro.healthcheck.probes``) for the node named here.
@@ -31,13 +35,14 @@ Nothing here acts: moving a job is the controller's decision (issue 16 item 2, n
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import socket
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +52,24 @@ log = logging.getLogger(__name__)
 DEFAULT_WINDOW = 20
 DEFAULT_THRESHOLD = 1.2
 DEFAULT_SUSTAIN = 2
+
+
+_waits = [0.0]  # seconds this process spent in timed collectives since the watch last looked
+
+
+@contextlib.contextmanager
+def timed_collective() -> Iterator[None]:
+    """Count the time inside as waiting for other ranks (wrap any per-step collective of the training loop)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        _waits[0] += time.perf_counter() - t0
+
+
+def _take_waits() -> float:
+    waited, _waits[0] = _waits[0], 0.0
+    return waited
 
 
 def slowdowns(busy: Sequence[float]) -> list[float]:
@@ -149,8 +172,9 @@ class StragglerWatch:
         """End of a step. ``skip``: leave this step out (it saved a checkpoint). Every ``window`` calls, the ranks'
         slowdowns (the same list on every rank), else None."""
         now = time.perf_counter()
+        waited = self._wait_s + _take_waits()
         if self._last is not None and not skip:
-            self._busy.append(max(0.0, now - self._last - self._wait_s - max(0.0, data_wait_s)))
+            self._busy.append(max(0.0, now - self._last - waited - max(0.0, data_wait_s)))
         self._last, self._wait_s = now, 0.0
         self._calls += 1
         if self._calls % self.window:
@@ -160,6 +184,7 @@ class StragglerWatch:
         scores = slowdowns(self._exchange(mine))
         self.history.append(scores)
         self._report(scores)
+        _take_waits()
         self._last = time.perf_counter()  # the exchange itself is no step's time
         return scores
 
@@ -193,4 +218,4 @@ class StragglerWatch:
         self._record(kind, **fields)
 
 
-__all__ = ["StragglerRule", "StragglerWatch", "slowdowns"]
+__all__ = ["StragglerRule", "StragglerWatch", "slowdowns", "timed_collective"]
