@@ -189,8 +189,9 @@ class StragglerWatch:
         return scores
 
     def _exchange(self, mine: float) -> list[float]:
+        # lazy: torch is the optional 'train' extra
         import torch
-        import torch.distributed as dist  # lazy: torch is the optional 'train' extra
+        import torch.distributed as dist
 
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return [mine]
