@@ -22,6 +22,7 @@ for module in (
     "bench.bench_data_wait",
     "bench.bench_detection",
     "bench.bench_inband",
+    "bench.bench_stragglers",
     "bench.bench_resume",
     # issue 11: what the isolation costs, each against 0b1f475 in the same run
     "bench.bench_bridge",
