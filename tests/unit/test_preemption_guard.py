@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,6 +12,7 @@ import pytest
 
 from nuro.wrappers.sdk.preemption import GuardNotStartedError, PreemptionGuard, StopReason
 from nuro.wrappers.sdk.runenv import RunEnv, RunEnvError
+from tests.gloo import run_two_ranks
 
 
 class Exited(Exception):
@@ -156,16 +154,7 @@ TWO_RANKS = textwrap.dedent("""
 def test_two_gloo_ranks_stop_at_the_same_step_when_only_one_was_signalled(tmp_path: Path) -> None:
     script = tmp_path / "two.py"
     script.write_text(TWO_RANKS)
-    with socket.socket() as s:  # a free port: other sessions run their own groups on this machine
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": "lo", "NURO_PG_TIMEOUT_S": "30"}  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
-    outs = [p.communicate(timeout=120) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    lines = [o[0].strip().splitlines()[-1] for o in outs]
+    lines = run_two_ranks(script, timeout_s=120)
     stops = {line.split()[1] for line in lines}
     assert stops == {"stop=230"}, lines  # both ranks, the signalled one's step
     assert "reason=preempted acks=[230]" in lines[0] and "acks=[]" in lines[1]

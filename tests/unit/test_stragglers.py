@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from nuro.wrappers.sdk.stragglers import StragglerRule, slowdowns
+from tests.gloo import run_two_ranks
 
 
 def test_slowdowns_are_against_the_fastest_rank_and_skip_ranks_without_a_measure() -> None:
@@ -65,16 +62,7 @@ TWO_RANKS = textwrap.dedent("""
 def _run(tmp_path: Path, slow: float, steps: int) -> list[dict]:
     script = tmp_path / "two.py"
     script.write_text(TWO_RANKS)
-    with socket.socket() as s:  # a free port: other sessions run their own groups on this machine
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    base = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": "lo"}  # fmt: skip
-    procs = [subprocess.Popen([sys.executable, str(script), str(slow), str(steps)], env={**base, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]  # fmt: skip
-    outs = [p.communicate(timeout=180) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
-    return [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+    return [json.loads(line) for line in run_two_ranks(script, str(slow), str(steps))]
 
 
 def test_a_rank_thirty_percent_slower_is_flagged_by_rank_zero_within_two_windows(tmp_path: Path) -> None:
