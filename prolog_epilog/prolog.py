@@ -81,12 +81,7 @@ class Deadline:
 
     @classmethod
     def from_env(cls) -> Deadline:
-        raw = os.environ.get("NURO_PROLOG_DEADLINE_S", "").strip()
-        try:
-            value = float(raw) if raw else DEFAULT_DEADLINE_S
-        except ValueError:
-            log.warning("NURO_PROLOG_DEADLINE_S=%r is not a number of seconds: using %.0f", raw, DEFAULT_DEADLINE_S)
-            value = DEFAULT_DEADLINE_S
+        value = _env_number("NURO_PROLOG_DEADLINE_S", DEFAULT_DEADLINE_S)
         return cls(value if value > 0 else DEFAULT_DEADLINE_S)
 
     def left(self, reserve_s: float = RESERVE_S) -> float:
@@ -269,10 +264,10 @@ PREFETCH_ENV = ("NURO_S3_ENDPOINT", "NURO_S3_BUCKET", "NURO_S3_REGION", "NURO_S3
                 "NURO_DATA_CACHE_GB", "LANG", "LC_ALL", "TZ")  # fmt: skip
 
 
-def _data_seed(meta: dict) -> int:
+def _data_seed(meta: dict, max_seed: int) -> int:
     data = meta.get("data")
     seed = data.get("seed", 0) if isinstance(data, dict) else 0
-    return seed if type(seed) is int and 0 <= seed <= 2**31 - 1 else 0
+    return seed if type(seed) is int and 0 <= seed <= max_seed else 0
 
 
 def prefetch_plan(rec: JobRecord, comment: str | None, python: str = sys.executable) -> list[str] | None:
@@ -282,7 +277,7 @@ def prefetch_plan(rec: JobRecord, comment: str | None, python: str = sys.executa
     must not reach this team's cache)."""
     # lazy: only a job that pins a dataset needs it, and the TaskProlog (--task, once per task) must start fast
     from nuro.datasets.manifest import owner_team
-    from nuro.datasets.prefetch import DEFAULT_SHARDS, DEFAULT_TIMEOUT_S, prefetch_command
+    from nuro.datasets.prefetch import DEFAULT_SHARDS, DEFAULT_TIMEOUT_S, MAX_SEED, prefetch_command
 
     count = _env_number("NURO_DATA_PREFETCH_SHARDS", DEFAULT_SHARDS)
     if not os.environ.get("NURO_DATA_CACHE_DIR") or rec.team is None or count < 1 or rec.restart > 0:
@@ -296,10 +291,11 @@ def prefetch_plan(rec: JobRecord, comment: str | None, python: str = sys.executa
         return None
     timeout_s = _env_number("NURO_DATA_PREFETCH_TIMEOUT_S", DEFAULT_TIMEOUT_S)
     report = staging_root() / str(rec.job_id) / "prefetch.json"
-    return prefetch_command(python, *ref, rec.team, _data_seed(meta), int(count), timeout_s, report)
+    return prefetch_command(python, *ref, rec.team, _data_seed(meta, MAX_SEED), int(count), timeout_s, report)
 
 
 def _env_number(name: str, default: float) -> float:
+    """A number from the node env; a value that is no number is said once in the hook log and ``default`` used."""
     raw = os.environ.get(name, "").strip()
     try:
         return float(raw) if raw else default

@@ -192,10 +192,8 @@ class UploadWorker:
                 self.after_pass()
             except Exception:  # a bug must not kill the agent's thread; say it and keep going
                 log.exception("upload worker pass failed root=%s", self.staging_root)
-            if wake is None:
-                stop_event.wait(interval_s)
-            else:
-                wake.wait(interval_s)
+            (wake or stop_event).wait(interval_s)
+            if wake is not None:
                 wake.clear()
 
     def after_pass(self) -> None:

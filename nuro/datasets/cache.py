@@ -42,7 +42,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nuro.datasets.errors import IntegrityError
+from nuro.datasets.errors import IntegrityError, InvalidInput
 from nuro.datasets.manifest import validate_digest
 from nuro.safeio import safefs
 from nuro.safeio.credfile import team_group
@@ -306,6 +306,21 @@ def cache_root(base: str | Path, team: str) -> Path:
     return Path(base) / validate_team(team)
 
 
+def cache_from_env(team: str | None) -> ShardCache | None:
+    """The node cache of ``NURO_DATA_CACHE_DIR`` for ``team`` (no team: a dir private to this user), with the budget
+    of ``NURO_DATA_CACHE_GB``; None without a cache dir. The one reader of these settings (the SDK's dataset, the
+    prolog's prefetch)."""
+    base = os.environ.get("NURO_DATA_CACHE_DIR")
+    if not base:
+        return None
+    raw = os.environ.get("NURO_DATA_CACHE_GB")
+    try:
+        budget = int(float(raw) * GiB) if raw else DEFAULT_BUDGET_BYTES
+    except ValueError:
+        raise InvalidInput(f"NURO_DATA_CACHE_GB={raw!r} is not a number of GiB") from None
+    return ShardCache(cache_root(base, team or f"user_{os.getuid()}"), budget)
+
+
 def ensure_team_dir(base: str | Path, team: str) -> Path | None:
     """Root (the prolog): make ``<base>/<team>`` the team's shared cache dir, ``root:nuro-<team>`` mode 2770.
 
@@ -331,4 +346,7 @@ def ensure_team_dir(base: str | Path, team: str) -> Path | None:
     return path
 
 
-__all__ = ["DEFAULT_BUDGET_BYTES", "CacheStats", "CachedShard", "ShardCache", "cache_root", "ensure_team_dir"]
+__all__ = [
+    "DEFAULT_BUDGET_BYTES", "CacheStats", "CachedShard", "ShardCache", "cache_from_env", "cache_root",
+    "ensure_team_dir",
+]  # fmt: skip

@@ -96,21 +96,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _fetch(args: argparse.Namespace, report: dict[str, object]) -> dict[str, object]:
     # lazy: the pure part above is imported by the prolog and the unit tests without boto3
-    from nuro.datasets.cache import DEFAULT_BUDGET_BYTES, GiB, ShardCache, cache_root
+    from nuro.datasets.cache import cache_from_env
     from nuro.datasets.manifest import shard_key
     from nuro.datasets.refs import load_manifest
     from nuro.objectstore import ObjectStore
 
     if not 0 <= args.seed <= MAX_SEED:
         raise ValueError(f"seed {args.seed} is outside 0..{MAX_SEED}")
-    base = os.environ.get("NURO_DATA_CACHE_DIR")
-    if not base:
+    cache = cache_from_env(args.team)
+    if cache is None:
         raise ValueError("NURO_DATA_CACHE_DIR is not set: there is no node cache to prefetch into")
-    raw_gb = os.environ.get("NURO_DATA_CACHE_GB")
-    budget = int(float(raw_gb) * GiB) if raw_gb else DEFAULT_BUDGET_BYTES
     store = ObjectStore.from_env(connect_timeout_s=5.0, read_timeout_s=20.0, max_attempts=3)
     manifest = load_manifest(store, args.name, args.digest)[0]
-    cache = ShardCache(cache_root(base, args.team), budget)
     sizes = {s.digest: s.size for s in manifest.shards}
     done: list[str] = report["shards"]  # type: ignore[assignment]
     for digest in first_shards(manifest, args.seed, args.shards):

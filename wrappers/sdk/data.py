@@ -32,7 +32,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from nuro.datasets.cache import DEFAULT_BUDGET_BYTES, CachedShard, GiB, ShardCache, cache_root
+from nuro.datasets.cache import CachedShard, ShardCache, cache_from_env
 from nuro.datasets.errors import DatasetNotFound, InvalidInput
 from nuro.datasets.manifest import FileEntry, Manifest, shard_key
 from nuro.datasets.order import DEFAULT_WINDOW, LoaderState, epoch_order, rank_positions
@@ -43,18 +43,6 @@ from nuro.wrappers.sdk.runenv import RunEnv
 
 #: Shards one process keeps open (and shared-locked against eviction) at a time.
 DEFAULT_OPEN_SHARDS = 8
-
-
-def _cache_from_env(team: str | None) -> ShardCache | None:
-    base = os.environ.get("NURO_DATA_CACHE_DIR")
-    if not base:
-        return None
-    raw = os.environ.get("NURO_DATA_CACHE_GB")
-    try:
-        budget = int(float(raw) * GiB) if raw else DEFAULT_BUDGET_BYTES
-    except ValueError:
-        raise InvalidInput(f"NURO_DATA_CACHE_GB={raw!r} is not a number of GiB") from None
-    return ShardCache(cache_root(base, team or f"user_{os.getuid()}"), budget)  # no team: private to the user
 
 
 class SnapshotDataset:
@@ -96,7 +84,7 @@ class SnapshotDataset:
         self.shard_sizes = {s.digest: s.size for s in self.manifest.shards}
         self.transform = transform
         if cache is True:  # the team's dir: the job's Slurm account (the prolog made that one), else NURO_TEAM
-            cache = _cache_from_env(team or os.environ.get("SLURM_JOB_ACCOUNT") or RunEnv.from_env().team)
+            cache = cache_from_env(team or os.environ.get("SLURM_JOB_ACCOUNT") or RunEnv.from_env().team)
         self.cache: ShardCache | None = cache or None
         self.open_shards = max(1, open_shards)
         self._open: OrderedDict[str, CachedShard] = OrderedDict()
