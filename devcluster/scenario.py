@@ -102,6 +102,7 @@ def submit(
     user: str = "alice",
     team: str = "perception",
     nodes: int = 2,
+    spare_nodes: int = 0,
     steps: int = 240,
     step_time_s: float = 0.1,
     ckpt_interval_s: int = 4,
@@ -113,6 +114,7 @@ def submit(
     name = name or f"ddp-{int(time.time() * 1000) % 10**9}"
     argv = [
         str(BIN / "nuro-train"), "submit", "--name", name, "--team", team, "--nodes", str(nodes),
+        *(["--spare-nodes", str(spare_nodes)] if spare_nodes else []),
         "--gpus-per-node", "1", "--time", "15:00", "--dataset", dataset, "--code", str(repo), "--script", "train.py",
         "--arg", "--steps", "--arg", str(steps), "--arg", "--step-time", "--arg", str(step_time_s),
         "--arg", "--progress-every-s", "--arg", str(progress_every_s),

@@ -21,10 +21,13 @@ from rich.console import Console
 from rich.table import Table
 
 from nuro.console import ExitCode, fail
+from nuro.lifecycle import run_events
+from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.policy import PolicyError, load_policy
 from nuro.policy.classify import build_view
 from nuro.protocol import jobcomment
 from nuro.runs.checkpoints import checkpoint_lines, find_job, lineage_of
+from nuro.runs.spares import spare_lines, spare_summary
 from nuro.slurm import CliBackend, InvalidJobId, JobInfo, SlurmError
 
 out = Console(soft_wrap=True)
@@ -116,12 +119,41 @@ def status(job_id: int, as_json: bool) -> None:
     job = _find(_backend(), job_id)
     row = _row(job)
     row["record"] = jobcomment.parse(job.comment).raw
+    spares = _spares(job, row["nuro"])
+    if spares is not None:
+        row["spares"] = spares
     if as_json:
         click.echo(json.dumps(row, indent=2))
         return
     for key, value in row.items():
-        if key not in ("nuro",) and value not in (None, [], {}):
+        if key not in ("nuro", "spares") and value not in (None, [], {}):
             out.print(f"[bold]{key:>16}[/]  {value}", highlight=False)
+    if spares is not None:
+        for i, line in enumerate(spare_lines(spares)):
+            out.print(f"[bold]{'spares' if i == 0 else '':>16}[/]  {line}", highlight=False)
+
+
+def _spares(job: JobInfo, meta: dict) -> dict | None:
+    """The job's hot spares (``--spare-nodes``): its swaps from the run's events in S3 and the spares' idle time
+    (``nuro.runs.spares``); None for a job without spares. A store that cannot be read leaves the swaps out."""
+    count = (meta.get("spares") or {}).get("nodes") if isinstance(meta.get("spares"), dict) else None
+    if not isinstance(count, int) or count <= 0:
+        return None
+    swaps: list = []
+    note = None
+    team, run = meta.get("team"), meta.get("name")
+    if team and run:
+        try:
+            swaps = [e for e in run_events.read(ObjectStore.from_env(), str(team), str(run), job.job_id)
+                     if e.kind == "spare_swap"]  # fmt: skip
+        except (ObjectStoreError, ValueError) as exc:
+            note = f"swaps unknown: the run's events could not be read ({exc})"
+    start = job.start_time.timestamp() if job.start_time else None
+    end = job.end_time.timestamp() if job.is_finished and job.end_time else time.time()
+    lost = sum(len(run_events.node_names(e.fields.get("lost"))) for e in swaps)
+    per_node = job.gpus_total // job.node_count if job.node_count else 0
+    summary = spare_summary(count, job.node_count + lost, per_node, start, end, swaps)
+    return {**summary, **({"note": note} if note else {})}
 
 
 @click.command()

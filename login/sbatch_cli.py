@@ -4,8 +4,9 @@
 
 Flag rules (see docs/submit.md):
 
-1. Platform flags (``--team --tier --dataset --code REPO[@COMMIT] --commit --allow-dirty --ckpt-interval
-   --ckpt-keep --resume-from --max-requeues --run-root``, plus ``--dry-run`` and ``--policy``) are read only
+1. Platform flags (``--team --tier --dataset --data-seed --code REPO[@COMMIT] --commit --allow-dirty
+   --spare-nodes --ckpt-interval --ckpt-keep --resume-from --max-requeues --run-root``, plus ``--dry-run`` and
+   ``--policy``) are read only
    *before* the script, like every sbatch option; after the script everything is the script's own argument.
 2. Platform flags must be spelled in full. sbatch accepts unique prefixes of its options, so an abbreviation of a
    platform flag (``--tea``, ``--comm``) is refused instead of guessed: it could mean either.
@@ -14,7 +15,10 @@ Flag rules (see docs/submit.md):
 4. ``--team`` conflicts with a different ``-A/--account``, ``--tier`` with a different ``-q/--qos`` (command line or
    ``#SBATCH`` lines), and any platform flag with ``--comment`` (the comment is nuro's record): refused, never merged.
 5. Without platform flags (and without ``--dry-run``) nuro-sbatch *is* sbatch: it execs it with the same argv.
-6. ``--dataset`` and ``--code`` go together: the run record (``--comment``) pins both or is not written (the bridge
+6. ``--spare-nodes K`` adds ``--nodes=<N+K> --no-kill`` after the user's words (N: the job's own ``-N``, a fixed
+   count) and exports ``NURO_SPARE_NODES``: ``nuro-launch --step -- srun ...`` in the script trains on N and swaps a
+   spare in for a lost node (``nuro.wrappers.spares``).
+7. ``--dataset`` and ``--code`` go together: the run record (``--comment``) pins both or is not written (the bridge
    refuses a record missing either). ``--team``/``--tier`` alone only set the account and QOS.
 
 With ``--code`` the job runs exactly the pinned commit: nuro inserts a preamble (the same checkout code as
@@ -176,7 +180,26 @@ def platform_metadata(values: dict[str, Any], team: str, dataset: DatasetPin | N
         resume_from=values.get("resume_from"),
         max_requeues=values.get("max_requeues", _default("max_requeues")),
         data_seed=values.get("data_seed", _default("data_seed")),
+        spare_nodes=values.get("spare_nodes", 0),
     )
+
+
+def spare_args(spares: int, words: Sequence[Word]) -> list[str]:
+    """``--nodes=<N+K> --no-kill`` for ``--spare-nodes K``, placed after the user's own words (sbatch's last
+    ``--nodes`` wins): the job's N nodes (its last ``-N/--nodes``, command line over ``#SBATCH``; 1 when none) plus
+    the spares, and a lost node leaves the job instead of ending it (``nuro-launch --step`` swaps in a spare).
+
+    Raises:
+        UsageError: the node count is a range or not a number (the spares need one fixed training size).
+    """
+    if not spares:
+        return []
+    given = next((w.value for w in reversed(words) if w.name == "nodes"), None)
+    if given is not None and not given.strip().isdigit():
+        raise UsageError(f"--spare-nodes needs a fixed node count, got --nodes={given}: give -N <count> (the nodes "
+                         "that train; the spares come on top)")  # fmt: skip
+    nodes = int(given) if given is not None else 1
+    return [f"--nodes={nodes + spares}", "--no-kill"]
 
 
 def render_preamble(meta: dict[str, Any], code: CodePin, run_root: str, workdir_rel: str | None) -> str:
@@ -396,8 +419,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     backend = CliBackend(env=job_env(meta))
     front = [f"--account={team}", *([f"--qos={values['tier']}"] if values.get("tier") else [])]
     front += _expedited_requeue(backend)
-    if dataset is not None and code is not None:  # a record only with both pins (rule 6)
+    if dataset is not None and code is not None:  # a record only with both pins (rule 7)
         front.append(f"--comment={comment_json(meta)}")
+    try:
+        tail = spare_args(values.get("spare_nodes", 0), words)
+    except UsageError as exc:
+        return say(ExitCode.USAGE, str(exc), prog=PROG)
     new_script = preamble = None
     if code is not None:
         tokens = [t for w in parsed.words if w is not wrap for t in w.tokens]
@@ -410,10 +437,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = ["<script with the nuro-sbatch preamble>"] if new_script is not None else (
             [parsed.script] if parsed.script else []
         )  # fmt: skip
-        print("sbatch argv:", shlex.join(["sbatch", *front, *tokens, *lead, *shown, *parsed.script_args]))
+        print("sbatch argv:", shlex.join(["sbatch", *front, *tokens, *tail, *lead, *shown, *parsed.script_args]))
         if preamble is not None:
             print("preamble inserted after the script's #SBATCH header:\n" + preamble, end="")
-        return _preview([*directives, *parse_options(front), *parsed.words], user, source)
+        return _preview([*directives, *parse_options(front), *parsed.words, *parse_options(tail)], user, source)
     tmp_dir = None
     try:
         if new_script is not None:
@@ -428,7 +455,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stdin_bytes = None
         else:
             script_part = [*lead, *([parsed.script] if parsed.script else []), *parsed.script_args]
-        command = SubmitCommand((*front, *tokens, *script_part), stdin_bytes)
+        command = SubmitCommand((*front, *tokens, *tail, *script_part), stdin_bytes)
         return backend.submit_command(command)  # sbatch's own status (and output)
     except SlurmCommandNotFound:
         return say(ExitCode.FAILED, "sbatch not found on PATH", prog=PROG)

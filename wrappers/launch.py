@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nuro.checkpoint.layout import node_staging_root
+from nuro.lifecycle import run_events
 from nuro.protocol import peerloss
 from nuro.protocol.contract import (
     ENV_RDZV_PORT_BASE,
@@ -59,6 +60,7 @@ from nuro.protocol.contract import (
     rdzv_port,
 )
 from nuro.slurm import CliBackend, HostlistError, SlurmError, expand_hostlist, parse_node_addr
+from nuro.wrappers import spares
 from nuro.wrappers.direct import Workers, plan_workers
 from nuro.wrappers.launch_outcome import (
     Evidence,
@@ -135,7 +137,8 @@ def plan_torchrun(
     """The torchrun command for this node: a pure function of the Slurm environment and the resolved addresses.
 
     Args:
-        env: the task's environment (``SLURM_JOB_ID``, ``SLURM_JOB_NUM_NODES``, ``SLURM_NODEID``; optional
+        env: the task's environment (``SLURM_JOB_ID``, ``SLURM_STEP_NUM_NODES`` else ``SLURM_JOB_NUM_NODES``,
+            ``SLURM_NODEID`` (numbered within the step); optional
             ``NURO_RDZV_ADDR``/``NURO_RDZV_PORT`` exported by the batch script, which resolved the first node).
         script: the training script and its arguments.
         local_addr: this node's address (Slurm's NodeAddr): the address torchrun advertises to its peers.
@@ -153,7 +156,8 @@ def plan_torchrun(
     if not script:
         raise LaunchError("no training script: use nuro-launch [options] -- script.py [args]")
     job_id = int(_need(env, "SLURM_JOB_ID"))
-    num_nodes = int(_need(env, "SLURM_JOB_NUM_NODES"))
+    # the step's nodes, not the job's: a job with hot spares holds more nodes than its step trains on
+    num_nodes = int(env.get("SLURM_STEP_NUM_NODES") or _need(env, "SLURM_JOB_NUM_NODES"))
     node_id = int(_need(env, "SLURM_NODEID"))
     addr = env.get("NURO_RDZV_ADDR") or rdzv_addr
     if not addr:
@@ -328,8 +332,10 @@ def collect_evidence(
 
 
 def attempt_dir(base: Path, env: Mapping[str, str]) -> Path:
-    """Where this attempt's verdicts go: ``<base>/attempt-<SLURM_RESTART_COUNT>``."""
-    return base / f"attempt-{env.get('SLURM_RESTART_COUNT') or 0}"
+    """Where this attempt's verdicts go: ``<base>/attempt-<SLURM_RESTART_COUNT>``, and ``…-swap-<N>`` for the step
+    started again on a spare (``NURO_LAUNCH_SWAP``, ``wrappers.spares``)."""
+    swap = spares.swap_index(env)
+    return base / (f"attempt-{env.get('SLURM_RESTART_COUNT') or 0}" + (f"-swap-{swap}" if swap else ""))
 
 
 def verdict_base(env: Mapping[str, str], given: str | None) -> Path | None:
@@ -558,52 +564,134 @@ def node_loss_wait_s(env: Mapping[str, str]) -> float:
     return value
 
 
-def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
-    """Step mode (batch script): run srun, relay USR2/TERM/INT to it, then fold the nodes' verdicts."""
-    base = verdict_base(env, args.verdict_dir)
-    vdir = attempt_dir(base, env) if base else None
-    if vdir is not None:
-        shutil.rmtree(vdir, ignore_errors=True)  # a stale verdict of an earlier, identical attempt must not count
-        try:
-            vdir.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            log.warning("cannot create %s (%s): the nodes' verdicts will be missing", vdir, exc)
-    wait_s = node_loss_wait_s(env)
-    proc = subprocess.Popen(list(args.script), env=dict(env))
-    relayed: list[int] = []
+def _fresh_verdict_dir(vdir: Path | None) -> None:
+    if vdir is None:
+        return
+    shutil.rmtree(vdir, ignore_errors=True)  # a stale verdict of an earlier, identical attempt must not count
+    try:
+        vdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        log.warning("cannot create %s (%s): the nodes' verdicts will be missing", vdir, exc)
+
+
+def _run_srun(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, list[int]]:
+    """Run the step's srun, relaying USR2/TERM/INT to it; its exit status (signals as 128+N) and what was relayed
+    (USR1 is noted but never relayed: scancel --full gives srun its own copy)."""
+    proc = subprocess.Popen(list(argv), env=dict(env))
+    seen: list[int] = []
 
     def relay(signum: int, _frame: object) -> None:
-        relayed.append(signum)
+        seen.append(signum)
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, signum)
 
-    # USR1 is the controller's, sent to every step by scancel --full: srun gets its own copy; never relay it twice.
-    handlers = {**dict.fromkeys((_TIME_LIMIT, *_STOP_SIGNALS), relay), _PREEMPT: lambda *_: None}
+    handlers = {**dict.fromkeys((_TIME_LIMIT, *_STOP_SIGNALS), relay), _PREEMPT: lambda signum, _f: seen.append(signum)}
     rc = wait_relaying(proc, handlers, poll_s=0.5)
-    if rc < 0:
-        rc = 128 - rc
-    if vdir is None:
-        return rc
-    num_nodes = int(env.get("SLURM_JOB_NUM_NODES") or 1)
+    return (128 - rc if rc < 0 else rc), seen
+
+
+def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
+    """Step mode (batch script): run srun, relay USR2/TERM/INT to it, then fold the nodes' verdicts. With hot
+    spares (``NURO_SPARE_NODES``) a step that lost a node runs again on the survivors plus a spare."""
+    base = verdict_base(env, args.verdict_dir)
+    wait_s = node_loss_wait_s(env)
+    state = _spare_state(env)
+    while True:
+        step_env = dict(env) if state is None or not state.swaps else {**env, spares.ENV_LAUNCH_SWAP: str(state.swaps)}
+        vdir = attempt_dir(base, step_env) if base else None
+        _fresh_verdict_dir(vdir)
+        argv = args.script if state is None else spares.with_nodelist(args.script, state.active)
+        rc, seen = _run_srun(argv, step_env)
+        if vdir is None:
+            return rc
+        num_nodes = len(state.active) if state is not None else int(env.get("SLURM_JOB_NUM_NODES") or 1)
+        try:
+            found = read_verdicts(vdir)
+        except OSError as exc:
+            log.warning("cannot read the verdicts in %s (%s): using srun's status %d", vdir, exc, rc)
+            found = []
+        status, why = fold(found, rc, num_nodes)
+        print(f"nuro: step ended: srun exit {rc}, launch verdict {status} ({why})", flush=True)
+        # TERM/INT relayed: Slurm is already ending the job (scancel, a node it set DOWN): nothing to wait for; a
+        # stop signal (preemption, time limit) means leave, not swap
+        stopping = any(sig in _STOP_SIGNALS for sig in seen)
+        lost_one = not stopping and awaits_node_loss(status, found, num_nodes) and bool(env.get("SLURM_JOB_ID"))
+        if state is not None and not seen and _may_have_lost_a_node(status, found, num_nodes, env):
+            swap = _swap_for_lost(state, env["SLURM_JOB_ID"], found, wait_s)
+            if swap is not None:
+                print(f"nuro: node(s) {','.join(swap.lost)} lost; going on with spare(s) {','.join(swap.spares)} "
+                      f"({swap.spares_left} left) on {','.join(swap.nodes)}", flush=True)  # fmt: skip
+                run_events.record_later("spare_swap", env=dict(env), **swap.fields())
+                continue
+            print("nuro: no spare left for the lost node: the requeue path follows", flush=True)
+            return status
+        if wait_s > 0 and lost_one and state is None:
+            print(f"nuro: a node never reported; waiting up to {wait_s:g} s for Slurm's node verdict", flush=True)
+            taken = await_node_loss(env["SLURM_JOB_ID"], wait_s)
+            print(
+                "nuro: Slurm took the job over but never ended this script"
+                if taken
+                else f"nuro: no node of the job went down in {wait_s:g} s (a launcher died, not its node)",
+                flush=True,
+            )
+        return status
+
+
+def _may_have_lost_a_node(status: int, found: Sequence[Outcome], num_nodes: int, env: Mapping[str, str]) -> bool:
+    """Whether a job with spares looks for a lost training node after its step ended: a restart verdict with a
+    node that never reported, or no verdict at all from a step srun ended itself (on a node failure srun kills the
+    step's other tasks, which can beat the survivors' verdicts). A node's own failure verdict is the training's
+    failure, never swapped away; the allocation (``_swap_for_lost``) says whether a node was really lost."""
+    if status == 0 or not env.get("SLURM_JOB_ID") or any(v.kind == Kind.FAILURE for v in found):
+        return False
+    return awaits_node_loss(status, found, num_nodes) or not found
+
+
+def _spare_state(env: Mapping[str, str]) -> spares.SpareState | None:
+    """The job's training nodes and spares (``NURO_SPARE_NODES`` > 0), else None: the step runs as rendered."""
     try:
-        found = read_verdicts(vdir)
-    except OSError as exc:
-        log.warning("cannot read the verdicts in %s (%s): using srun's status %d", vdir, exc, rc)
-        found = []
-    status, why = fold(found, rc, num_nodes)
-    print(f"nuro: step ended: srun exit {rc}, launch verdict {status} ({why})", flush=True)
-    # TERM/INT relayed: Slurm is already ending the job (scancel, a node it set DOWN): nothing to wait for
-    stopping = any(sig in _STOP_SIGNALS for sig in relayed)
-    if wait_s > 0 and not stopping and awaits_node_loss(status, found, num_nodes) and env.get("SLURM_JOB_ID"):
-        print(f"nuro: a node never reported; waiting up to {wait_s:g} s for Slurm's node verdict", flush=True)
-        taken = await_node_loss(env["SLURM_JOB_ID"], wait_s)
-        print(
-            "nuro: Slurm took the job over but never ended this script"
-            if taken
-            else f"nuro: no node of the job went down in {wait_s:g} s (a launcher died, not its node)",
-            flush=True,
-        )
-    return status
+        count = spares.spare_count(env)
+        if not count:
+            return None
+        allocation = expand_hostlist(env.get("SLURM_JOB_NODELIST") or "")
+        return spares.SpareState.start(allocation, count)
+    except (spares.SpareError, HostlistError) as exc:
+        raise LaunchError(str(exc)) from exc
+
+
+def _swap_for_lost(
+    state: spares.SpareState,
+    job_id: str,
+    found: Sequence[Outcome],
+    wait_s: float,
+    job_nodes: Callable[[str], list[str]] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> spares.Swap | None:
+    """Wait up to ``wait_s`` for Slurm to take a silent training node (no verdict) out of the allocation (nuro's
+    detector sets a lost node DOWN; with --no-kill Slurm removes it from the job), then swap it for a spare. Only
+    nodes Slurm removed are replaced; None when none was (a launcher died, not its node) or the spares ran out."""
+    job_nodes = job_nodes or CliBackend(timeout_s=5).job_nodes
+    reported = {v.node for v in found}
+    silent = [n for i, n in enumerate(state.active) if i not in reported]
+    deadline = clock() + wait_s
+    while True:
+        try:
+            allocation = job_nodes(job_id)
+        except SlurmError as exc:
+            log.warning("job %s nodes unreadable while looking for the lost node (%s)", job_id, exc)
+            allocation = []
+        # the first node gone is enough (no verdict at all: any node may be it); a second one lost at the same time
+        # fails the next step, which swaps again
+        lost = [n for n in state.gone(allocation) if n in silent] if allocation else []
+        if lost or clock() >= deadline:
+            break
+        sleep(0.2)
+    if not lost:
+        print(f"nuro: no node of the job left its allocation in {wait_s:g} s (a launcher died, not its node)",
+              flush=True)  # fmt: skip
+        return None
+    return state.replace(lost, allocation)
 
 
 # --- CLI ---------------------------------------------------------------------------------------------------------

@@ -4,8 +4,8 @@ Both submit paths build a run through these, so a job submitted with ``nuro-trai
 submitted with ``nuro-sbatch`` (the user's script) carry the same keys and see the same ``NURO_*`` variables:
 
 * ``run_record``: what the run pins (team, tier, dataset digest and data seed, code commit, checkpoint policy,
-  requeue budget), as the bridge, the controller, ``nuro-train resume`` and accounting read it back. Only digests,
-  never tags; no env values (they may be secrets).
+  requeue budget, hot spares), as the bridge, the controller, ``nuro-train resume`` and accounting read it back.
+  Only digests, never tags; no env values (they may be secrets).
 * ``job_env``: the ``NURO_*`` variables the job's processes and the SDK read, computed from the record alone
   (the rendered script exports them; nuro-sbatch exports them into sbatch's environment and its preamble).
 * ``comment_json``: the record as the job comment (canonical JSON, ``nuro.protocol.jobcomment``).
@@ -40,6 +40,7 @@ def run_record(
     entry: Mapping[str, Any] | None = None,
     via: str | None = None,
     data_seed: int = 0,
+    spare_nodes: int = 0,
 ) -> dict[str, Any]:
     """The ``nuro`` record of a job comment. Keys without a value are left out (nuro-sbatch's script is the
     user's: no ``name``/``entry``; ``via`` names a submit path other than nuro-train's).
@@ -68,6 +69,8 @@ def run_record(
     if resume_from:
         meta["resume_from"] = resume_from
     meta["requeue"] = {"max": max_requeues}
+    if spare_nodes:  # 0 is left out: records without spares keep their bytes
+        meta["spares"] = {"nodes": spare_nodes}
     return meta
 
 
@@ -87,6 +90,8 @@ def job_env(meta: Mapping[str, Any]) -> dict[str, str]:
         env["NURO_RESUME_FROM"] = str(meta["resume_from"])
     env["NURO_MAX_REQUEUES"] = str(meta["requeue"]["max"])
     env["NURO_PREEMPT_SIGNAL"] = PREEMPT_SIGNAL
+    if "spares" in meta:
+        env["NURO_SPARE_NODES"] = str(meta["spares"]["nodes"])
     return env
 
 

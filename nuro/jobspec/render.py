@@ -167,6 +167,7 @@ def run_metadata(spec: JobSpec, pins: Pins) -> dict[str, Any]:
         resume_from=spec.resume_from,
         max_requeues=spec.max_requeues,
         data_seed=spec.data_seed,
+        spare_nodes=spec.spare_nodes,
     )
 
 
@@ -244,6 +245,8 @@ def _launch_lines(spec: JobSpec, facts: ClusterFacts) -> list[str]:
         args += ["--deepspeed", "--deepspeed_config", spec.deepspeed_config]
     script_args = "".join(f" {_q(a)}" for a in args)
     python = _q(spec.python)
+    # with spares: the training nodes only, and as many tasks (the job's SLURM_NTASKS counts the spares too)
+    step_nodes = f"{spec.nodes} --ntasks={spec.nodes}" if spec.spare_nodes else '"$SLURM_JOB_NUM_NODES"'
     return [
         "# 4. launch: nuro-launch per node (srun) starts the workers, rendezvous on the first node of the allocation;",
         "#    nuro-launch --step folds the nodes' verdicts: 0 done, 75 restart me, else the training's failure",
@@ -256,7 +259,8 @@ def _launch_lines(spec: JobSpec, facts: ClusterFacts) -> list[str]:
         'cd "$NURO_CODE_DIR" || nuro_fail "cannot enter $NURO_CODE_DIR"',
         *[f"export {key}={_q(value)}" for key, value in spec.env],
         f"{python} -m nuro.wrappers.launch --step -- \\",
-        '  srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1 \\',
+        # with spares the step runs on the training nodes only; nuro-launch --step names them (--nodelist)
+        f"  srun --nodes={step_nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 \\",
         f"  {python} -m nuro.wrappers.launch --launcher=direct --nproc-per-node={nproc} -- \\",
         f"    {_q(spec.script)}{script_args} &",
         "NURO_STEP_PID=$!",
@@ -316,7 +320,8 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         _directive("--job-name", spec.name),
         _directive("--account", spec.team),
         _directive("--qos", spec.tier or guaranteed_qos(spec.team)),
-        _directive("--nodes", spec.nodes),
+        _directive("--nodes", spec.alloc_nodes),
+        *([_directive("--no-kill")] if spec.spare_nodes else []),  # a lost node leaves the job, which keeps running
         _directive("--ntasks-per-node", 1),
         *([_directive("--gpus-per-node", spec.gpus_per_node)] if spec.gpus_per_node > 0 else []),
         _directive("--time", slurm_time(spec.time_limit_s)),
@@ -325,11 +330,11 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         _directive("--open-mode", "append"),
         _directive("--output", f"{run_dir}/slurm-%j.out"),
     ]
-    if 2 <= spec.nodes <= facts.leaf_nodes:
+    if 2 <= spec.alloc_nodes <= facts.leaf_nodes:
         if facts.topology_hint == "switches":
             head.append(_directive("--switches", f"1@{_wait_time(facts.switch_wait_s)}"))
         elif facts.topology_hint == "segment":
-            head.append(_directive("--segment", spec.nodes))
+            head.append(_directive("--segment", spec.alloc_nodes))
     body = [
         "# The run record (team, dataset digest, commit, ...) is the job comment, given on sbatch's command line.",
         "set -uo pipefail",
@@ -347,7 +352,7 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         'case "${NURO_STAGING_ROOT:-}" in *"{node}"*) ;; *)',
         '  export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}" ;;',
         "esac",
-        *export_lines(env, ("NURO_RESUME_FROM", "NURO_MAX_REQUEUES", "NURO_PREEMPT_SIGNAL")),
+        *export_lines(env, ("NURO_RESUME_FROM", "NURO_MAX_REQUEUES", "NURO_PREEMPT_SIGNAL", "NURO_SPARE_NODES")),
         f"export NURO_STOP_SIGNAL={TIME_LIMIT_SIGNAL}",
         f"export NURO_EXIT_REQUEUE={EXIT_REQUEUE}",
         *HELPER_LINES,

@@ -61,6 +61,7 @@ class JobSpec:
     script: str
     tier: str | None = None
     nodes: int = 1
+    spare_nodes: int = 0
     gpus_per_node: int = 8
     time_limit_s: int = 3600
     code_commit: str | None = None
@@ -78,8 +79,13 @@ class JobSpec:
     run_root: str | None = None
 
     @property
+    def alloc_nodes(self) -> int:
+        """Nodes Slurm allocates: the training nodes plus the hot spares (both count in the quota)."""
+        return self.nodes + self.spare_nodes
+
+    @property
     def total_gpus(self) -> int:
-        return self.nodes * self.gpus_per_node
+        return self.alloc_nodes * self.gpus_per_node
 
     @property
     def launcher(self) -> str:

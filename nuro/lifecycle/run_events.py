@@ -31,9 +31,10 @@ log = logging.getLogger(__name__)
 #: ``checkpoint_skipped``: a restore passed over committed steps it could not load (a shard torn in S3, a bad local
 #: copy); ``steps`` = [{"step", "reason"}], ``restored`` = the step it loaded (-1: none). ``straggler`` /
 #: ``straggler_cleared``: a rank held the job back for a sustained window (``rank``, ``node_of_rank``, ``slowdown``;
-#: ``nuro.wrappers.sdk.stragglers``).
+#: ``nuro.wrappers.sdk.stragglers``). ``spare_swap``: the batch step went on with a hot spare for a lost node, no
+#: requeue (``swap``, ``lost``, ``spares``, ``spares_left``, ``nodes``; ``nuro.wrappers.spares``).
 KINDS = ("started", "restored", "first_step", "progress", "preempted", "finished", "failed", "checkpoint_skipped",
-         "straggler", "straggler_cleared")  # fmt: skip
+         "straggler", "straggler_cleared", "spare_swap")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -144,6 +145,12 @@ def skipped_steps(ev: RunEvent) -> list[dict[str, Any]]:
         for s in (steps if isinstance(steps, list) else [])
         if isinstance(s, dict) and isinstance(s.get("step"), int) and not isinstance(s.get("step"), bool)
     ]
+
+
+def node_names(value: object) -> list[str]:
+    """A run event's list of node names (``spare_swap``'s ``lost``/``spares``), strings only: an event is the job's
+    own writing, so anything else in it is dropped, never trusted. The one reader of those fields."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
 def record_later(kind: str, **fields: Any) -> None:

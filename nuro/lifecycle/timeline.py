@@ -9,7 +9,8 @@ Sources (ARCHITECTURE principle 1, nothing of our own to keep in sync):
 - checkpoint manifests in S3: committed at step N.
 
 ``build`` merges them into ``Entry`` rows sorted by time; ``summarize`` measures each failure the way the issue
-asks: failure → detection → requeue → restart → first step after resume, and the steps lost.
+asks: failure → detection → requeue → restart → first step after resume, and the steps lost. A failure a hot spare
+absorbed (``spare_swap`` run event) is a recovery too, ``via`` "spare": no requeue, the swap is its restart.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from nuro.lifecycle.run_events import RunEvent, skipped_steps
+from nuro.lifecycle.run_events import RunEvent, node_names, skipped_steps
 from nuro.slurm import JobInfo
 
 _END_KIND = {
@@ -80,12 +81,16 @@ class Recovery:
     resumed_step: int | None
     last_step_before: int | None  # last step the failed attempt reported (progress events: a lower bound)
     last_committed_before: int | None
+    #: "requeue" (Slurm requeued the job: a new attempt) or "spare" (the batch step went on with a hot spare in the
+    #: same attempt: ``restarted`` is the swap, ``requeued`` None)
+    via: str = "requeue"
 
     def to_json(self) -> dict[str, Any]:
         # measured from the failure: the lost node's last heartbeat, else (a requeue without a node loss) the requeue
         base = self.last_beat if self.last_beat is not None else self.requeued
         return {
             "attempt": self.attempt,
+            "via": self.via,
             "node": self.node,
             "from": "last_heartbeat" if self.last_beat is not None else "requeue",
             "detect_s": _delta(base, self.detected),
@@ -162,7 +167,12 @@ def _attempt_at(attempts: Sequence[JobInfo], ts: float, nodes: Iterable[str] = (
     return None
 
 
-def _controller_entries(attempts: Sequence[JobInfo], events: Iterable[dict[str, Any]], job_id: int) -> list[Entry]:
+def _controller_entries(
+    attempts: Sequence[JobInfo], events: Iterable[dict[str, Any]], job_id: int, swapped: Iterable[str] = ()
+) -> list[Entry]:
+    """The controller's events about this job or its nodes; ``swapped``: nodes a spare replaced (the job was not
+    requeued for them, whatever the controller expected)."""
+    swapped = set(swapped)
     out: list[Entry] = []
     for ev in events:
         kind, ts, node = str(ev.get("kind", "")), ev.get("ts"), str(ev.get("node", ""))
@@ -177,6 +187,8 @@ def _controller_entries(attempts: Sequence[JobInfo], events: Iterable[dict[str, 
         detail = f"{node}: {reason}" if reason else (node or kind)
         if kind == "jobs_requeued":
             detail = f"{node}: Slurm requeues job(s) {', '.join(str(j) for j in jobs)}"
+            if node in swapped:  # --no-kill: Slurm took the node out of the job instead
+                kind, detail = "node_left_job", f"{node}: left job {job_id}'s allocation; the job went on with a spare"
         if kind == "node_lost" and isinstance(ev.get("silent_s"), int | float):  # the detection's own measure
             detail = f"{node}: no heartbeat for {ev['silent_s']:.1f} s"
         out.append(Entry(float(ts), kind, "controller", detail, attempt, node=node))
@@ -212,12 +224,52 @@ def build(
     run_events = [e for e in run_events if e.job_id == job_id]
     checkpoints = list(checkpoints)
     raw = [e for e in controller_events if isinstance(e, dict)]
-    controller = _controller_entries(attempts, raw, job_id)
+    swapped = {n for e in run_events if e.kind == "spare_swap" for n in node_names(e.fields.get("lost"))}
+    controller = _controller_entries(attempts, raw, job_id, swapped)
     entries = sorted(
         _slurm_entries(attempts) + controller + _run_entries(run_events) + _ckpt_entries(checkpoints),
         key=lambda e: (e.ts, e.source != "slurm"),
     )
-    return Timeline(job_id, tuple(entries), tuple(_recoveries(attempts, raw, run_events, checkpoints)))
+    recoveries = _recoveries(attempts, raw, run_events, checkpoints) + _swaps(raw, run_events, checkpoints)
+    return Timeline(job_id, tuple(entries), tuple(sorted(recoveries, key=lambda r: r.restarted or 0)))
+
+
+def _swaps(
+    controller_events: list[dict[str, Any]], run_events: list[RunEvent], checkpoints: list[CommittedCheckpoint]
+) -> list[Recovery]:
+    """One Recovery per hot-spare swap (``spare_swap`` run event): the lost node's ``node_lost`` before it, the first
+    step after it in the same attempt."""
+    out = []
+    for swap in (e for e in run_events if e.kind == "spare_swap"):
+        lost_nodes = node_names(swap.fields.get("lost"))
+        lost = max(
+            (e for e in controller_events if e.get("kind") == "node_lost" and e.get("node") in lost_nodes
+             and isinstance(e.get("ts"), int | float) and swap.ts - 120 <= e["ts"] <= swap.ts),
+            key=lambda e: e["ts"], default=None,
+        )  # fmt: skip
+        after = [e for e in run_events if e.restart == swap.restart and e.ts >= swap.ts]
+        first = next((e for e in after if e.kind == "first_step"), None)
+        restored = next((e for e in after if e.kind == "restored"), None)
+        progress = [e.step for e in run_events if e.restart == swap.restart and e.ts < swap.ts and e.step is not None]
+        before = [c.step for c in checkpoints if c.at <= swap.ts]
+        resumed = first.step if first else (restored.step + 1 if restored and restored.step is not None else None)
+        last_beat = lost.get("last_beat") if lost else None
+        out.append(
+            Recovery(
+                attempt=swap.restart,
+                node=lost_nodes[0] if lost_nodes else None,
+                last_beat=float(last_beat) if isinstance(last_beat, int | float) else None,
+                detected=float(lost["ts"]) if lost else None,
+                requeued=None,
+                restarted=swap.ts,
+                first_step=first.ts if first else None,
+                resumed_step=resumed,
+                last_step_before=max(progress) if progress else None,
+                last_committed_before=max(before) if before else None,
+                via="spare",
+            )
+        )
+    return out
 
 
 def _recoveries(

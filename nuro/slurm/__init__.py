@@ -59,6 +59,7 @@ from nuro.slurm.hostlist import expand as expand_hostlist
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo, PartitionInfo, SlurmVersion
 from nuro.slurm.parse import (
     attach_switches,
+    merge_resized,
     newest_data_parser,
     parse_node_addr,
     parse_sacct_exitcodes,
@@ -124,6 +125,7 @@ __all__ = [
     "expand_hostlist",
     "make_backend",
     "parse_sacct_exitcodes",
+    "merge_resized",
     "parse_sacct_json",
     "parse_node_addr",
     "parse_sacctmgr_parsable",

@@ -81,6 +81,7 @@ from nuro.slurm.parse import (
     SPRIO_SITE_FACTOR_FORMAT,
     SQUEUE_FALLBACK_FORMAT,
     attach_switches,
+    merge_resized,
     newest_data_parser,
     parse_per_job_errors,
     parse_sacct_exitcodes,
@@ -713,8 +714,10 @@ class CliBackend(Backend):
 
     def attempts(self, job_id: int | str) -> list[JobInfo]:
         """Every attempt of one job from accounting, oldest first (``sacct -D``: a requeued job keeps its id and
-        each run before a requeue stays as its own record, state REQUEUED, with its nodes and start/end)."""
-        return parse_sacct_json(self.run(["sacct", "--json", "-D", "-j", str(job_id)]).stdout)
+        each run before a requeue stays as its own record, state REQUEUED, with its nodes and start/end). A job that
+        shrank while running (``--no-kill``: a lost node left it, hot spares carried on) is one attempt
+        (``merge_resized``)."""
+        return merge_resized(parse_sacct_json(self.run(["sacct", "--json", "-D", "-j", str(job_id)]).stdout))
 
     def version(self) -> SlurmVersion:
         """``sinfo --version``, once per backend."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -497,6 +497,22 @@ def _job_from_sacct(d: Mapping[str, Any]) -> JobInfo:
         array_job_id=_array_id(array.get("job_id")),
         array_task_id=_array_id(array.get("task_id")) if _array_id(array.get("job_id")) else None,
     )
+
+
+def merge_resized(records: Sequence[JobInfo]) -> list[JobInfo]:
+    """Fold sacct's resize records into the attempt they belong to. When a ``--no-kill`` job loses a node, Slurm
+    closes its accounting record as RESIZING and opens a new one for the same attempt (no requeue: the restart
+    count stays); the attempt is one: its start from the first record, its nodes from all of them, the rest (state,
+    end) from the last."""
+    out: list[JobInfo] = []
+    for rec in records:
+        prev = out[-1] if out else None
+        if prev is not None and prev.job_id == rec.job_id and prev.state.split()[:1] == ["RESIZING"]:
+            out[-1] = replace(rec, start_time=prev.start_time or rec.start_time,
+                              nodes=tuple(dict.fromkeys((*prev.nodes, *rec.nodes))))  # fmt: skip
+        else:
+            out.append(rec)
+    return out
 
 
 def parse_sacct_json(text: str) -> list[JobInfo]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from nuro.jobspec.preview import decide_words, load_policy_source
 from nuro.jobspec.sbatch_args import (
     SBATCH_LONG,
     SbatchArgError,
@@ -16,7 +17,7 @@ from nuro.jobspec.sbatch_args import (
     parse_options,
     script_directives,
 )
-from nuro.login.sbatch_cli import UsageError, _conflicts, _values, insert_preamble, split_argv
+from nuro.login.sbatch_cli import UsageError, _conflicts, _values, insert_preamble, spare_args, split_argv
 from tests.unit.test_codepin import git
 
 REPO = Path(__file__).resolve().parents[2]
@@ -231,3 +232,19 @@ def test_help_without_a_slurm_configuration_still_shows_nuros_part(tmp_path: Pat
     out = nuro_sbatch("--help", cwd=tmp_path, env={"SLURM_CONF": str(conf)})
     assert out.returncode == 0
     assert "--team TEAM" in out.stdout and "sbatch --help exited" in out.stdout
+
+
+def test_spare_nodes_add_the_spares_and_no_kill_after_the_users_words(repo: Path) -> None:
+    out = nuro_sbatch("--team", "perception", f"--dataset=imagenet@{DIGEST}", "--code", str(repo),
+                      "--run-root=/runs", "--spare-nodes", "1", "--dry-run", "--policy",
+                      str(REPO / "examples/policy/teams.yaml"), "../job.sh", cwd=repo / "src")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert " --nodes=3 --no-kill '<script with the nuro-sbatch preamble>'" in out.stdout  # job.sh has -N 2
+    assert "export NURO_SPARE_NODES=1" in out.stdout and '"spares":{"nodes":1}' in out.stdout
+    # the bridge's preview (as a team member: root is let through unjudged) counts the spare's GPUs
+    source = load_policy_source(str(REPO / "examples/policy/teams.yaml"))
+    words = parse_options(["-N", "2", "--gpus-per-node=8", "--account=perception"])
+    assert decide_words([*words, *parse_options(spare_args(1, words))], "alice", source).gpus == 24
+    out = nuro_sbatch("--team", "perception", "--spare-nodes", "1", "-N", "2-4", "--dry-run", "../job.sh",
+                      cwd=repo / "src")  # fmt: skip
+    assert out.returncode == 2 and "--spare-nodes needs a fixed node count, got --nodes=2-4" in out.stderr

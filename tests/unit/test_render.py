@@ -170,3 +170,24 @@ def test_preview_of_the_rendered_request_matches_the_bridge_rules() -> None:
     chen = render_submission(build_spec(BASE, {"team": "controls", "tier": "urgent"}), CLEAN)
     assert preview(chen, source, "chen").reason.value == "tier_denied"
     assert json.loads(big.comment)["nuro"]["team"] == "perception"
+
+
+def test_spares_are_allocated_on_top_and_the_step_trains_on_the_rest() -> None:
+    """--spare-nodes K: N+K nodes with --no-kill (quota and topology see all of them), the step on N, the count in
+    the record and the job's environment for nuro-launch --step."""
+    req = render_submission(build_spec(BASE, {"nodes": 2, "spare_nodes": 1}), CLEAN, ClusterFacts(leaf_nodes=4))
+    lines = req.script.splitlines()
+    assert "#SBATCH --nodes=3" in lines and "#SBATCH --no-kill" in lines and "#SBATCH --switches=1@0:01:00" in lines
+    assert "export NURO_SPARE_NODES=1" in lines
+    assert any(x.strip().startswith("srun --nodes=2 --ntasks=2 ") for x in lines)
+    assert json.loads(req.comment)["nuro"]["spares"] == {"nodes": 1}
+    plain = render_submission(build_spec(BASE, {"nodes": 2}), CLEAN)
+    assert "--no-kill" not in plain.script and "NURO_SPARE_NODES" not in plain.script
+    assert "spares" not in json.loads(plain.comment)["nuro"]  # records without spares keep their bytes
+
+
+def test_spares_count_in_the_quota_preview() -> None:
+    table = policy_table(load_policy(REPO / "examples/policy/teams.yaml"))
+    source = PolicySource(table=table, path="examples/policy/teams.yaml", bridge_digest=None)
+    adm = preview(render_submission(build_spec(BASE, {"nodes": 2, "spare_nodes": 1}), CLEAN), source, "alice")
+    assert adm.gpus == 24

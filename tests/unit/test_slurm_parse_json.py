@@ -14,7 +14,13 @@ import pytest
 
 from nuro.slurm import JobInfo, JobPhase, SlurmParseError, SlurmUnavailable
 from nuro.slurm._fields import expand_std_path
-from nuro.slurm.parse import parse_sacct_json, parse_sinfo_json, parse_squeue_job_record, parse_squeue_json
+from nuro.slurm.parse import (
+    merge_resized,
+    parse_sacct_json,
+    parse_sinfo_json,
+    parse_squeue_job_record,
+    parse_squeue_json,
+)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
@@ -196,3 +202,14 @@ def test_std_path_expansion_matches_scontrol() -> None:
     arr = expand_std_path("", job_id=9, user="u", name="n", work_dir="/w/", array_job_id=7, array_task_id=2)
     assert arr == "/w/slurm-7_2.out"
     assert expand_std_path("a%%j %N", job_id=1, user="u", name="n", work_dir="/w") == "/w/a%j %N"
+
+
+def test_a_job_that_shrank_is_one_attempt() -> None:
+    # sacct --json -D -j 4 of a --no-kill job with a hot spare whose gpu006 was killed (captured on the dev cluster):
+    # Slurm closed the record as RESIZING and opened another for the same attempt; no requeue.
+    records = parse_sacct_json(read("sacct_resized_spare_swap.json"))
+    assert [r.state for r in records] == ["RESIZING", "COMPLETED"]
+    (attempt,) = merge_resized(records)
+    assert attempt.state == "COMPLETED" and attempt.nodes == ("gpu005", "gpu006", "gpu007")
+    assert attempt.start_time == records[0].start_time and attempt.end_time == records[1].end_time
+    assert merge_resized(parse_sacct_json(read("sacct_requeued_attempts.json")))[0].state == "REQUEUED"

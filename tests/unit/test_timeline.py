@@ -6,7 +6,7 @@ from pathlib import Path
 
 from nuro.lifecycle.run_events import RunEvent
 from nuro.lifecycle.timeline import CommittedCheckpoint, build
-from nuro.slurm.parse import parse_sacct_json
+from nuro.slurm.parse import merge_resized, parse_sacct_json
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
@@ -68,3 +68,27 @@ def test_a_restore_that_skipped_steps_shows_which_and_why() -> None:
     (entry,) = [e for e in tl.entries if e.kind == "checkpoint_skipped"]
     assert entry.detail == "restore skipped step 9: sha256 mismatch in __0_0.distcp"
     assert entry.attempt == 1
+
+
+def test_a_node_loss_absorbed_by_a_spare_is_a_recovery_without_a_requeue() -> None:
+    # job 4 (captured): gpu[005-007], trained on 005-006 with 007 spare; gpu006 was killed and left the job
+    (attempt,) = merge_resized(parse_sacct_json((FIXTURES / "sacct_resized_spare_swap.json").read_text()))
+    t_kill = attempt.start_time.timestamp() + 10
+    controller = [
+        {"ts": t_kill + 0.7, "kind": "node_lost", "node": "gpu006", "last_beat": t_kill + 0.05, "silent_s": 0.65},
+        {"ts": t_kill + 0.85, "kind": "jobs_requeued", "node": "gpu006", "jobs": [4]},
+    ]
+    run = [
+        RunEvent(t_kill - 0.5, "progress", 4, 0, "gpu005", {"step": 44}),
+        RunEvent(t_kill + 1.8, "spare_swap", 4, 0, "gpu005", {"lost": ["gpu006"], "spares": ["gpu007"]}),
+        RunEvent(t_kill + 3.7, "restored", 4, 0, "gpu005", {"step": 32}),
+        RunEvent(t_kill + 3.8, "first_step", 4, 0, "gpu005", {"step": 33}),
+    ]
+    tl = build(4, [attempt], controller, run, [CommittedCheckpoint(step=32, at=t_kill - 3, job_id=4, restart=0)])
+    kinds = [e.kind for e in tl.entries]
+    assert "restarted" not in kinds and "requeued" not in kinds and "jobs_requeued" not in kinds
+    assert kinds.index("node_lost") < kinds.index("node_left_job") < kinds.index("spare_swap")
+    (rec,) = tl.recoveries
+    summary = rec.to_json()
+    assert summary["via"] == "spare" and summary["node"] == "gpu006" and summary["requeue_s"] is None
+    assert summary["resume_s"] == 3.75 and summary["resumed_step"] == 33 and summary["steps_lost"] == 12

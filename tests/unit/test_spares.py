@@ -1,0 +1,106 @@
+"""Hot spares: which nodes train, what replaces a lost one, how the step command names them (pure code), and the
+batch step's swap decision with Slurm's answers scripted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from nuro.wrappers import launch, spares
+from nuro.wrappers.launch_outcome import Kind, Outcome
+
+ALLOC = ["gpu001", "gpu002", "gpu003", "gpu004"]
+
+
+def test_the_first_nodes_train_and_the_rest_wait() -> None:
+    state = spares.SpareState.start(ALLOC, 1)
+    assert state.active == ["gpu001", "gpu002", "gpu003"] and state.spares == ["gpu004"]
+    with pytest.raises(spares.SpareError, match="no node left to train on"):
+        spares.training_nodes(["gpu001"], 1)
+
+
+def test_a_lost_node_is_replaced_by_a_spare_in_allocation_order() -> None:
+    state = spares.SpareState.start(ALLOC, 2)  # trains on 001-002, spares 003-004
+    now = ["gpu001", "gpu003", "gpu004"]  # Slurm took gpu002 out of the job
+    assert state.gone(now) == ["gpu002"]
+    swap = state.replace(["gpu002"], now)
+    assert swap is not None and swap.fields() == {
+        "swap": 1, "lost": ["gpu002"], "spares": ["gpu003"], "spares_left": 1, "nodes": ["gpu001", "gpu003"],
+    }  # fmt: skip
+    assert state.active == ["gpu001", "gpu003"] and state.spares == ["gpu004"] and state.lost == ["gpu002"]
+    # the second loss takes the last spare; a third finds none and leaves the state alone
+    assert state.replace(["gpu003"], ["gpu001", "gpu004"]).nodes == ("gpu001", "gpu004")
+    assert state.replace(["gpu004"], ["gpu001"]) is None and state.active == ["gpu001", "gpu004"]
+
+
+def test_a_spare_that_left_the_allocation_is_not_used() -> None:
+    state = spares.SpareState.start(ALLOC, 2)
+    assert state.replace(["gpu002"], ["gpu001", "gpu004"]).spares == ("gpu004",)  # gpu003 died while idle
+    assert state.replace([], ALLOC) is None
+
+
+def test_spare_count_is_read_strictly() -> None:
+    assert spares.spare_count({}) == 0 and spares.spare_count({"NURO_SPARE_NODES": " 2 "}) == 2
+    for bad in ("-1", "two", "65", "1.5"):
+        with pytest.raises(spares.SpareError, match="NURO_SPARE_NODES"):
+            spares.spare_count({"NURO_SPARE_NODES": bad})
+    assert spares.swap_index({"NURO_LAUNCH_SWAP": "3"}) == 3 and spares.swap_index({"NURO_LAUNCH_SWAP": "x"}) == 0
+
+
+def test_the_step_command_gets_the_nodelist_after_srun() -> None:
+    argv = ["srun", "--nodes=2", "--kill-on-bad-exit=1", "python", "-m", "nuro.wrappers.launch", "--", "t.py", "-w"]
+    assert spares.with_nodelist(argv, ["gpu001", "gpu003"])[:3] == ["srun", "--nodelist=gpu001,gpu003", "--nodes=2"]
+    assert spares.with_nodelist(["/usr/bin/srun", "x"], ["a"])[1] == "--nodelist=a"
+    for own in (["srun", "-w", "gpu001", "x"], ["srun", "--nodelist=gpu001", "x"], ["srun", "-wgpu001", "x"]):
+        with pytest.raises(spares.SpareError, match="names its own nodes"):
+            spares.with_nodelist(own, ["gpu002"])
+    with pytest.raises(spares.SpareError, match="srun command"):
+        spares.with_nodelist(["mpirun", "x"], ["a"])
+
+
+def test_verdicts_of_a_swapped_step_go_to_their_own_directory() -> None:
+    base = Path("/j/launch")
+    assert launch.attempt_dir(base, {"SLURM_RESTART_COUNT": "1"}) == base / "attempt-1"
+    assert launch.attempt_dir(base, {"NURO_LAUNCH_SWAP": "2"}) == base / "attempt-0-swap-2"
+
+
+def test_the_step_counts_its_own_nodes_not_the_jobs() -> None:
+    env = {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "3", "SLURM_STEP_NUM_NODES": "2", "SLURM_NODEID": "1",
+           "NURO_RDZV_ADDR": "10.0.0.1", "NURO_RDZV_PORT": "29500"}  # fmt: skip
+    plan = launch.plan_torchrun(env, ["t.py"], nproc_per_node=1, python="python3", local_addr="10.0.0.2",
+                                error_file="/e", log_dir="/l")  # fmt: skip
+    assert plan.num_nodes == 2 and "--nnodes=2" in plan.argv
+
+
+def _verdict(node: int) -> Outcome:
+    return Outcome(Kind.REQUEUE, 75, "lost a peer", node=node, at=1.0)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.now += s
+
+
+def test_the_step_swaps_only_once_slurm_took_the_silent_node_out() -> None:
+    state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
+    answers = iter([["gpu001", "gpu002", "gpu003"], ["gpu001", "gpu002", "gpu003"], ["gpu001", "gpu003"]])
+    clock = _Clock()
+    swap = launch._swap_for_lost(state, "7", [_verdict(0)], 10, job_nodes=lambda _j: next(answers),
+                                 sleep=clock.sleep, clock=clock)  # fmt: skip
+    assert swap is not None and swap.lost == ("gpu002",) and state.active == ["gpu001", "gpu003"]
+
+
+def test_a_silent_node_that_stays_allocated_is_not_swapped(capsys: pytest.CaptureFixture[str]) -> None:
+    state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
+    clock = _Clock()
+    swap = launch._swap_for_lost(state, "7", [_verdict(0)], 2, job_nodes=lambda _j: ["gpu001", "gpu002", "gpu003"],
+                                 sleep=clock.sleep, clock=clock)  # fmt: skip
+    assert swap is None and state.active == ["gpu001", "gpu002"] and clock.now >= 2
+    assert "a launcher died, not its node" in capsys.readouterr().out

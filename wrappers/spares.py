@@ -1,0 +1,153 @@
+"""Hot spares inside a job's allocation: which nodes the training step runs on, and what replaces a lost one.
+
+A job submitted with ``--spare-nodes K`` holds N+K nodes (sbatch ``--no-kill``) and trains on N. When a training
+node is lost, Slurm (told by nuro's detector, which sets the node DOWN) takes that node out of the allocation and
+ends the step, but the job keeps running: ``nuro-launch --step`` then starts the step again on the survivors plus a
+spare, and the training restores its newest valid checkpoint. No requeue, no new allocation, no prolog: the job's
+accounting shows one attempt. Without a spare left, the step's 75 goes to the requeue path as for any job.
+
+Only Slurm decides which node is lost: a node counts as lost once it has left the job's allocation (``squeue -j ID
+-O NodeList``), never because the training said so. A node that merely sent no verdict (its launcher killed, a hang)
+and is still allocated is not replaced; the requeue path handles it.
+
+Pure functions over node lists (allocation order, which is Slurm's node order: a step's SLURM_NODEID 0 is the first
+of its nodes, the batch host, where rank 0 serves the rendezvous). ``nuro.wrappers.launch.run_step`` does the I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+#: The job's hot spares, exported by the batch script from the run record (``nuro-train submit --spare-nodes``).
+ENV_SPARE_NODES = "NURO_SPARE_NODES"
+#: Which incarnation of the step this is within one attempt (0 first, 1 after the first swap, ...): the nodes write
+#: their verdicts to a directory of their own per swap, so a late verdict of a lost step never counts in the next.
+ENV_LAUNCH_SWAP = "NURO_LAUNCH_SWAP"
+MAX_SPARE_NODES = 64
+
+
+class SpareError(ValueError):
+    """A malformed spare setting or a step command the spares cannot be applied to; the message says what to fix."""
+
+
+def spare_count(env: Mapping[str, str]) -> int:
+    """``$NURO_SPARE_NODES`` (0 when unset); a malformed value is refused rather than guessed."""
+    raw = env.get(ENV_SPARE_NODES, "").strip()
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) > MAX_SPARE_NODES:
+        raise SpareError(f"{ENV_SPARE_NODES}={raw!r}: give a whole number of nodes between 0 and {MAX_SPARE_NODES}")
+    return int(raw)
+
+
+def swap_index(env: Mapping[str, str]) -> int:
+    """``$NURO_LAUNCH_SWAP`` as the step mode set it (0 when unset or malformed: the first incarnation)."""
+    raw = env.get(ENV_LAUNCH_SWAP, "")
+    return int(raw) if raw.isdigit() else 0
+
+
+def training_nodes(allocation: Sequence[str], spares: int) -> list[str]:
+    """The first ``len(allocation) - spares`` nodes train, the rest wait as spares.
+
+    Raises:
+        SpareError: the allocation has no node left to train on.
+    """
+    train = len(allocation) - spares
+    if train < 1:
+        raise SpareError(
+            f"{len(allocation)} node(s) allocated and {spares} spare(s): no node left to train on; "
+            "allocate the training nodes plus the spares (nuro-train submit --spare-nodes does so)"
+        )
+    return list(allocation[:train])
+
+
+def with_nodelist(argv: Sequence[str], nodes: Sequence[str]) -> list[str]:
+    """The step command with ``--nodelist=<nodes>`` right after ``srun`` (a later option of the same name wins in
+    srun, so a user's own ``--nodelist``/``-w`` is refused instead of silently losing to ours). Words are looked at
+    up to a ``--``: a program taking a ``-w`` of its own goes after one (``srun ... python -m nuro.wrappers.launch
+    -- train.py -w 4``).
+
+    Raises:
+        SpareError: the command is not an srun, or it names its own nodes.
+    """
+    if not argv or argv[0].rsplit("/", 1)[-1] != "srun":
+        raise SpareError(f"spare nodes need the step to be an srun command (nuro-launch --step -- srun ...); got "
+                         f"{argv[0] if argv else 'nothing'!r}")  # fmt: skip
+    for word in argv[1:]:
+        if word == "--":
+            break
+        name = word.split("=", 1)[0]
+        if name in ("--nodelist", "-w") or (word.startswith("-w") and not word.startswith("--")):
+            raise SpareError(f"the step's srun names its own nodes ({word}): with spares nuro-launch chooses them; "
+                             "drop --nodelist/-w")  # fmt: skip
+    return [argv[0], f"--nodelist={','.join(nodes)}", *argv[1:]]
+
+
+@dataclass
+class SpareState:
+    """Where the job's nodes stand: the training nodes, the spares left, the lost ones and the swaps so far."""
+
+    active: list[str]
+    spares: list[str]
+    lost: list[str] = field(default_factory=list)
+    swaps: int = 0
+
+    @classmethod
+    def start(cls, allocation: Sequence[str], spares: int) -> SpareState:
+        active = training_nodes(allocation, spares)
+        return cls(active=active, spares=[n for n in allocation if n not in active])
+
+    def gone(self, allocation_now: Sequence[str]) -> list[str]:
+        """Training nodes Slurm has taken out of the allocation (lost), in step order."""
+        now = set(allocation_now)
+        return [n for n in self.active if n not in now]
+
+    def replace(self, lost: Sequence[str], allocation_now: Sequence[str]) -> Swap | None:
+        """Swap each lost training node for a spare still allocated; None (state unchanged) when there are not
+        enough spares, or nothing to replace. The new training nodes keep allocation order."""
+        if not lost:
+            return None
+        now = set(allocation_now)
+        usable = [n for n in self.spares if n in now]
+        if len(usable) < len(lost):
+            return None
+        taken = usable[: len(lost)]
+        order = {n: i for i, n in enumerate(allocation_now)}
+        active = sorted([*(n for n in self.active if n not in lost), *taken], key=lambda n: order.get(n, len(order)))
+        self.active = active
+        self.spares = [n for n in usable if n not in taken]
+        self.lost += list(lost)
+        self.swaps += 1
+        return Swap(number=self.swaps, lost=tuple(lost), spares=tuple(taken), spares_left=len(self.spares),
+                    nodes=tuple(active))  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Swap:
+    """One swap: the lost nodes, the spares that replaced them, how many spares are left, the new training nodes."""
+
+    number: int
+    lost: tuple[str, ...]
+    spares: tuple[str, ...]
+    spares_left: int
+    nodes: tuple[str, ...]
+
+    def fields(self) -> dict[str, object]:
+        """The ``spare_swap`` run event's fields."""
+        return {"swap": self.number, "lost": list(self.lost), "spares": list(self.spares),
+                "spares_left": self.spares_left, "nodes": list(self.nodes)}  # fmt: skip
+
+
+__all__ = [
+    "ENV_LAUNCH_SWAP",
+    "ENV_SPARE_NODES",
+    "MAX_SPARE_NODES",
+    "SpareError",
+    "SpareState",
+    "Swap",
+    "spare_count",
+    "swap_index",
+    "training_nodes",
+    "with_nodelist",
+]
