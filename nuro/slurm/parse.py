@@ -507,7 +507,8 @@ def merge_resized(records: Sequence[JobInfo]) -> list[JobInfo]:
     out: list[JobInfo] = []
     for rec in records:
         prev = out[-1] if out else None
-        if prev is not None and prev.job_id == rec.job_id and prev.state.split()[:1] == ["RESIZING"]:
+        # 22.05 writes the closed record as RESIZING, 26.05 as PENDING+RESIZING
+        if prev is not None and prev.job_id == rec.job_id and "RESIZING" in prev.state.split()[0].split("+"):
             out[-1] = replace(rec, start_time=prev.start_time or rec.start_time,
                               nodes=tuple(dict.fromkeys((*prev.nodes, *rec.nodes))))  # fmt: skip
         else:

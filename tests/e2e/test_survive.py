@@ -51,6 +51,49 @@ def test_a_crashed_node_is_detected_and_the_run_resumes_from_its_checkpoint(
     _check_samples_exactly_once(sample_log, restored)
 
 
+def test_a_node_kill_with_a_hot_spare_goes_on_without_a_requeue(
+    cluster: LiveCluster, prepared: tuple[Path, str, Path]
+) -> None:
+    """Issue 16 item 3: 2 training nodes + 1 spare (--no-kill); a training node is crashed; Slurm takes it out of
+    the job, nuro-launch --step starts the step again on the survivor and the spare, the training restores its newest
+    checkpoint; accounting shows one attempt, no requeue."""
+    work, dataset, repo = prepared
+    env, backend = cluster.env, cluster.backend
+    store = ObjectStore.from_env(env)
+    run = scenario.submit(env, work, dataset, repo, spare_nodes=1, steps=200, ckpt_interval_s=CKPT_INTERVAL_S)
+    victim = None
+    with contextlib.ExitStack() as on_failure:
+        try:
+            job = scenario.wait_for("the run to start on 3 nodes", lambda: (j := backend.find_job(run.job_id))
+                                    and j.phase == JobPhase.RUNNING and len(j.nodes) == 3 and j, 180)  # fmt: skip
+            scenario.wait_for("a committed checkpoint", lambda: latest_committed_step(store, run.team, run.name), 180)
+            victim = job.nodes[1]  # the second training node (the first is the batch host, the last the spare)
+            on_failure.callback(_revive_quietly, env, victim)
+            killed = scenario.kill_node(env, victim)
+            final = backend.wait_for_job(run.job_id, timeout_s=400)
+        finally:
+            cancel_jobs_of(cluster, ("alice",))
+        log = run.log.read_text()
+        assert final.phase == JobPhase.COMPLETED, f"job {run.job_id} ended {final.state}:\n{log[-3000:]}"
+        assert final.restart_count == 0, "no requeue: the spare took the lost node's place"
+        assert [a.state for a in backend.attempts(run.job_id)] == ["COMPLETED"], "one attempt in accounting"
+        assert f"nuro: node(s) {victim} lost; going on with spare(s) {job.nodes[2]}" in log, log[-3000:]
+
+        tl, notes = timeline_report.gather(run.job_id, backend, Path(env["NURO_EVENT_LOG"]), store)
+        assert not notes, notes
+        (rec,) = tl.recoveries
+        summary = rec.to_json()
+        print(f"\nspare swap of job {run.job_id}: {summary}")
+        assert summary["via"] == "spare" and summary["node"] == victim and summary["requeue_s"] is None
+        assert summary["resume_s"] is not None and summary["resume_s"] <= 90
+        before = [e.step for e in tl.entries if e.kind == "checkpoint_committed" and e.ts < killed["at"]]
+        assert before and summary["resumed_step"] >= max(before) + 1, (summary, before)
+
+        on_failure.pop_all()
+        scenario.revive_node(env, victim)
+        scenario.wait_for(f"{victim} to be resumed", lambda: in_service(cluster, victim), 60)
+
+
 def _check_samples_exactly_once(sample_log: Path, restored: int, world: int = 2, batch: int = 64) -> None:
     """The data the run trained on, pieced together as the model saw it (steps up to the restored checkpoint from
     the first attempt, the rest from the second): every epoch reads each sample at most once, and every epoch that

@@ -213,3 +213,8 @@ def test_a_job_that_shrank_is_one_attempt() -> None:
     assert attempt.state == "COMPLETED" and attempt.nodes == ("gpu005", "gpu006", "gpu007")
     assert attempt.start_time == records[0].start_time and attempt.end_time == records[1].end_time
     assert merge_resized(parse_sacct_json(read("sacct_requeued_attempts.json")))[0].state == "REQUEUED"
+    # 26.05 (captured by tests/e2e/test_survive.py's spare test, job 1, gpu006 killed): PENDING+RESIZING
+    records = parse_sacct_json(read("v26.05/sacct_resized_spare_swap.json"))
+    assert [r.state for r in records] == ["PENDING+RESIZING", "COMPLETED"]
+    (attempt,) = merge_resized(records)
+    assert attempt.state == "COMPLETED" and "gpu006" in attempt.nodes and attempt.start_time == records[0].start_time
