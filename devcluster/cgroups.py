@@ -190,6 +190,39 @@ def node_processes(state_dir: Path, node: str) -> list[psutil.Process]:
     return procs
 
 
+def throttle_dir(state_dir: Path, node: str) -> Path:
+    """The cpu cgroup ``throttle_node`` puts a node's job processes in (v1 cpu controller, the cluster's own)."""
+    return CGROUP_ROOT / "cpu" / cluster_cgroup_name(state_dir) / f"throttle-{node}"
+
+
+def throttle_node(state_dir: Path, node: str, cpus: float) -> list[int]:
+    """Limit node ``node``'s running job processes to ``cpus`` CPUs (a CFS quota): a throttled GPU's slowdown,
+    for real, on the processes of that node only (their children inherit it). Returns the PIDs moved.
+
+    Raises:
+        CgroupError: no v1 cpu controller, or the cgroup cannot be made.
+    """
+    if not 0.01 <= cpus <= 64:
+        raise ValueError(f"cpus={cpus}: give a share between 0.01 and 64")
+    if not (CGROUP_ROOT / "cpu" / "cgroup.procs").exists():
+        raise CgroupError("no cgroup v1 cpu controller at /sys/fs/cgroup/cpu: cannot throttle a node")
+    cg = throttle_dir(state_dir, node)
+    try:
+        cg.mkdir(parents=True, exist_ok=True)
+        (cg / "cpu.cfs_period_us").write_text("100000")
+        (cg / "cpu.cfs_quota_us").write_text(str(int(cpus * 100000)))
+    except OSError as exc:
+        raise CgroupError(f"cannot set up {cg}: {exc.strerror}") from exc
+    moved = []
+    for proc in node_processes(state_dir, node):
+        try:
+            (cg / "cgroup.procs").write_text(str(proc.pid))
+            moved.append(proc.pid)
+        except OSError:  # it ended meanwhile
+            continue
+    return moved
+
+
 def release(state_dir: Path, timeout_s: float = 10.0) -> list[str]:
     """Kill what is left inside the cluster's cgroups, remove them bottom-up and unmount the binds.
 
@@ -231,7 +264,8 @@ def release(state_dir: Path, timeout_s: float = 10.0) -> list[str]:
             pass
         except OSError as exc:
             problems.append(f"{target}: {exc.strerror}")
-    for own in _own_dirs(state_dir):
+    throttles = CGROUP_ROOT / "cpu" / cluster_cgroup_name(state_dir)  # throttle_node's (its processes died above)
+    for own in [*_own_dirs(state_dir), *([throttles] if throttles.is_dir() else [])]:
         for cg in _tree(own):
             try:
                 cg.rmdir()  # cgroupfs: rmdir of a dir with no tasks and no children removes it, files and all

@@ -76,6 +76,7 @@ from nuro.wrappers.launch_outcome import (
     merge_failures,
 )
 from nuro.wrappers.proctree import Leftovers, descendants, forward
+from nuro.wrappers.sdk.preemption import MOVE_MARKER
 
 log = logging.getLogger("nuro.launch")
 
@@ -300,6 +301,15 @@ def stopped_ranks(stop_dir: Path | None) -> frozenset[int]:
     return frozenset(int(n) for n in names if n.isdigit())
 
 
+def move_request(stop_dir: Path) -> str | None:
+    """The node a MOVE stop leaves (rank 0's ``PreemptionGuard.request_move`` marker), if well-formed."""
+    try:
+        node = (stop_dir / MOVE_MARKER).read_text(errors="replace").strip()
+    except OSError:
+        return None
+    return node if peerloss.is_node_name(node) else None
+
+
 # --- node mode ---------------------------------------------------------------------------------------------------
 def collect_evidence(
     rc: int, tail: str, error_file: Path, log_dir: Path, stop: str | None, stop_dir: Path | None = None
@@ -431,9 +441,13 @@ def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             evidence = collect_evidence(rc, tail, work / "agent-error.json", work / "logs", sigs.first_stop,
                                         work / "stops")  # fmt: skip
         outcome = classify(evidence)
-        outcome = Outcome(outcome.kind, outcome.exit_code, outcome.why, node=plan.node_id, at=time.time(),
-                          details={"torchrun_rc": rc, "signals": sigs.received,
-                                   "ran_s": round(time.monotonic() - t0, 2)})  # fmt: skip
+        details = {"torchrun_rc": rc, "signals": sigs.received, "ran_s": round(time.monotonic() - t0, 2)}
+        move = move_request(work / "stops")
+        if move and outcome.kind in (Kind.REQUEUE, Kind.STOPPED):
+            details["move_from"] = move  # the training stopped to leave a straggler: the step swaps it out
+        outcome = Outcome(
+            outcome.kind, outcome.exit_code, outcome.why, node=plan.node_id, at=time.time(), details=details
+        )
         log.warning("node=%d verdict=%s exit=%d torchrun_rc=%d why=%s", plan.node_id, outcome.kind.value,
                     outcome.exit_code, rc, outcome.why)  # fmt: skip
         if vdir is not None:
@@ -616,12 +630,24 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         # stop signal (preemption, time limit) means leave, not swap
         stopping = any(sig in _STOP_SIGNALS for sig in seen)
         lost_one = not stopping and awaits_node_loss(status, found, num_nodes) and bool(env.get("SLURM_JOB_ID"))
+        moving = _move_from(found, state) if state is not None and status == EXIT_REQUEUE and not seen else None
+        first = state.active[0] if state is not None else ""
+        if moving is not None:
+            swap = state.replace([moving], _allocation(env["SLURM_JOB_ID"], [*state.active, *state.spares]))
+            if swap is not None:
+                print(f"nuro: the training left straggler {moving}; going on with spare(s) {','.join(swap.spares)} "
+                      f"({swap.spares_left} left) on {','.join(swap.nodes)}", flush=True)  # fmt: skip
+                run_events.record_later("spare_swap", env=dict(env), why="straggler", **swap.fields())
+                env = _rendezvous_on(env, swap.nodes[0]) if swap.nodes[0] != first else env
+                continue
+            print(f"nuro: no spare left to replace straggler {moving}: the requeue path follows", flush=True)
+            return status
         if state is not None and not seen and _may_have_lost_a_node(status, found, num_nodes, env):
             swap = _swap_for_lost(state, env["SLURM_JOB_ID"], found, wait_s)
             if swap is not None:
                 print(f"nuro: node(s) {','.join(swap.lost)} lost; going on with spare(s) {','.join(swap.spares)} "
                       f"({swap.spares_left} left) on {','.join(swap.nodes)}", flush=True)  # fmt: skip
-                run_events.record_later("spare_swap", env=dict(env), **swap.fields())
+                run_events.record_later("spare_swap", env=dict(env), why="node_lost", **swap.fields())
                 continue
             print("nuro: no spare left for the lost node: the requeue path follows", flush=True)
             return status
@@ -635,6 +661,27 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
                 flush=True,
             )
         return status
+
+
+def _move_from(found: Sequence[Outcome], state: spares.SpareState) -> str | None:
+    """The training node a stop asked to leave (a straggler), if it is one of the step's nodes."""
+    wanted = {v.details.get("move_from") for v in found if v.kind in (Kind.REQUEUE, Kind.STOPPED)}
+    return next((n for n in state.active if n in wanted), None)
+
+
+def _rendezvous_on(env: Mapping[str, str], first: str) -> dict[str, str]:
+    """The step's environment with the rendezvous on ``first``, the new step's node 0 where rank 0 serves the
+    store: a straggling batch host can be swapped out of the step (a lost one ends the job with it)."""
+    return {**env, "NURO_RDZV_ADDR": node_addr(first)}
+
+
+def _allocation(job_id: str, fallback: list[str]) -> list[str]:
+    """The job's nodes now (Slurm's order), else ``fallback`` when Slurm does not answer."""
+    try:
+        return CliBackend(timeout_s=5).job_nodes(job_id) or fallback
+    except SlurmError as exc:
+        log.warning("job %s nodes unreadable (%s): choosing the spare from the step's own view", job_id, exc)
+        return fallback
 
 
 def _may_have_lost_a_node(status: int, found: Sequence[Outcome], num_nodes: int, env: Mapping[str, str]) -> bool:

@@ -32,7 +32,7 @@ from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.data import SnapshotDataset, SnapshotLoader
 from nuro.wrappers.sdk.metrics import MetricsLogger
 from nuro.wrappers.sdk.preemption import PreemptionGuard
-from nuro.wrappers.sdk.stragglers import StragglerWatch
+from nuro.wrappers.sdk.stragglers import MovePolicy, StragglerWatch
 
 
 def parse_args() -> argparse.Namespace:
@@ -44,7 +44,13 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--progress-every-s", type=float, default=5.0, help="how often rank 0 records its step")
     p.add_argument("--loader-workers", type=int, default=0, help="DataLoader worker processes per rank")
     p.add_argument("--slow-rank", type=int, default=-1, help="this rank's stand-in compute is --slow-factor x longer")
-    p.add_argument("--slow-factor", type=float, default=1.0, help="a throttled GPU's slowdown, for --slow-rank")
+    p.add_argument("--slow-factor", type=float, default=1.0,
+                   help="a throttled GPU's slowdown, for --slow-rank / --slow-node")  # fmt: skip
+    p.add_argument("--slow-node", default="", help="this node's ranks (SLURMD_NODENAME) are --slow-factor x slower")
+    p.add_argument("--burn", action="store_true",
+                   help="the stand-in compute spins the CPU instead of sleeping (a cgroup cpu quota then slows it)")
+    p.add_argument("--move-stragglers", action="store_true",
+                   help="leave a straggler's node when moving pays (StragglerWatch with a MovePolicy)")  # fmt: skip
     p.add_argument("--sample-log", help="append 'restart step epoch indices' per step to PATH.rank<r> (tests)")
     return p.parse_args()
 
@@ -98,8 +104,11 @@ def main() -> int:
             print(f"resumed from the checkpoint of step {restored}", flush=True)
     guard = PreemptionGuard().start()  # handlers for USR1 (preemption) and USR2 (time limit)
     metrics = MetricsLogger()  # never blocks a step; a sink that is down costs points, not the run
-    watch = StragglerWatch().attach(net) if world > 1 else None  # which rank holds the job back, per 20 steps
-    compute_s = args.step_time * (args.slow_factor if rank == args.slow_rank else 1.0)
+    # which rank holds the job back, per 20 steps; with --move-stragglers, leave its node when that pays
+    move = MovePolicy(guard, checkpoint_s=ckpt.save_seconds) if args.move_stragglers else None
+    watch = StragglerWatch(move=move).attach(net) if world > 1 else None
+    slow = rank == args.slow_rank or (args.slow_node and os.environ.get("SLURMD_NODENAME") == args.slow_node)
+    compute_s = args.step_time * (args.slow_factor if slow else 1.0)
     saved = False
 
     last_progress = 0.0
@@ -111,11 +120,16 @@ def main() -> int:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        time.sleep(compute_s)
+        if args.burn:  # a fixed amount of CPU work: a throttled node (devcluster's throttle_node) takes longer
+            spin_until = time.thread_time() + compute_s
+            while time.thread_time() < spin_until:
+                pass
+        else:
+            time.sleep(compute_s)
         state["progress"]["step"] = step
         state["loader"] = loader.state_dict()  # after the step that used the batch: a resume continues after it
         if watch is not None:  # a step after a checkpoint save is left out of the straggler measure
-            watch.observe(data_wait_s=loader.last_wait_s, skip=saved)
+            watch.observe(data_wait_s=loader.last_wait_s, skip=saved, steps_left=args.steps - step - 1)
         extra = watch.fields() if watch is not None else {}
         metrics.log(step, loss=loss.item(), samples=len(rows), data_wait_s=loader.last_wait_s, **extra)
         if args.sample_log:

@@ -32,9 +32,11 @@ log = logging.getLogger(__name__)
 #: copy); ``steps`` = [{"step", "reason"}], ``restored`` = the step it loaded (-1: none). ``straggler`` /
 #: ``straggler_cleared``: a rank held the job back for a sustained window (``rank``, ``node_of_rank``, ``slowdown``;
 #: ``nuro.wrappers.sdk.stragglers``). ``spare_swap``: the batch step went on with a hot spare for a lost node, no
-#: requeue (``swap``, ``lost``, ``spares``, ``spares_left``, ``nodes``; ``nuro.wrappers.spares``).
+#: requeue (``swap``, ``lost``, ``spares``, ``spares_left``, ``nodes``, ``why``: node_lost or straggler;
+#: ``nuro.wrappers.spares``). ``straggler_decision``: move away from a straggler or not, by cost (``move``,
+#: ``slowdown``, ``remaining_s``, ``stay_loss_s``, ``move_cost_s``, ``why``; ``nuro.policy.straggler_move``).
 KINDS = ("started", "restored", "first_step", "progress", "preempted", "finished", "failed", "checkpoint_skipped",
-         "straggler", "straggler_cleared", "spare_swap")  # fmt: skip
+         "straggler", "straggler_cleared", "straggler_decision", "spare_swap")  # fmt: skip
 
 
 @dataclass(frozen=True)

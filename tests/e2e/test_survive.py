@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,14 +27,6 @@ from tests.integration.conftest import LiveCluster, cancel_jobs_of
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
 
 CKPT_INTERVAL_S = 4
-
-
-@pytest.fixture(scope="module")
-def prepared(cluster: LiveCluster) -> tuple[Path, str, Path]:
-    work = Path(tempfile.mkdtemp(prefix="nuro-e2e-", dir="/tmp"))
-    work.chmod(0o755)
-    dataset, repo = scenario.prepare(cluster.env, work)
-    return work, dataset, repo
 
 
 def test_a_crashed_node_is_detected_and_the_run_resumes_from_its_checkpoint(

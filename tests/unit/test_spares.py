@@ -104,3 +104,17 @@ def test_a_silent_node_that_stays_allocated_is_not_swapped(capsys: pytest.Captur
                                  sleep=clock.sleep, clock=clock)  # fmt: skip
     assert swap is None and state.active == ["gpu001", "gpu002"] and clock.now >= 2
     assert "a launcher died, not its node" in capsys.readouterr().out
+
+
+def test_a_move_stop_names_the_node_the_step_leaves(tmp_path: Path) -> None:
+    (tmp_path / "move").write_text("gpu002\n")
+    assert launch.move_request(tmp_path) == "gpu002"
+    (tmp_path / "move").write_text("../etc\n")
+    assert launch.move_request(tmp_path) is None and launch.move_request(tmp_path / "none") is None
+    state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
+    stopped = [Outcome(Kind.STOPPED, 75, "stop", node=0, at=1.0, details={"move_from": "gpu002"}),
+               Outcome(Kind.STOPPED, 75, "stop", node=1, at=1.0)]  # fmt: skip
+    assert launch._move_from(stopped, state) == "gpu002"
+    # only a node of the step, only from a restart verdict (the guard's stop), never a failure
+    assert launch._move_from([Outcome(Kind.STOPPED, 75, "s", node=0, details={"move_from": "gpu003"})], state) is None
+    assert launch._move_from([Outcome(Kind.FAILURE, 1, "s", node=0, details={"move_from": "gpu002"})], state) is None

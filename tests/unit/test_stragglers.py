@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro.wrappers.sdk.stragglers import StragglerRule, slowdowns
+from nuro.wrappers.sdk.stragglers import MovePolicy, StragglerRule, StragglerWatch, slowdowns
 from tests.gloo import run_two_ranks
 
 
@@ -85,3 +85,51 @@ def test_an_even_run_flags_nobody(tmp_path: Path) -> None:
     zero, _ = _run(tmp_path, 1.0, 60)
     assert zero["events"] == [], zero["history"]
     assert max(max(w) for w in zero["history"]) < 1.2
+
+
+class _Guard:
+    def __init__(self) -> None:
+        self.moves: list[str] = []
+
+    def request_move(self, node: str) -> None:
+        self.moves.append(node)
+
+
+def _flag_rank_one(steps_left: int, monkeypatch: pytest.MonkeyPatch) -> tuple[_Guard, list, StragglerWatch]:
+    """Two windows with rank 1 at 1.5x (sustain 2) on rank 0, 0.1 s steps, ``steps_left`` to go."""
+    monkeypatch.setenv("RANK", "0")
+    guard, events = _Guard(), []
+    watch = StragglerWatch(record=lambda kind, **f: events.append((kind, f)),
+                           move=MovePolicy(guard, checkpoint_s=lambda: 1.0, restart_s=5.0))  # fmt: skip
+    watch.nodes = ["gpu001", "gpu002"]
+    for _ in range(2):
+        watch._walls = [0.1] * 20
+        watch._steps_left = steps_left
+        watch._report([1.0, 1.5])
+    return guard, events, watch
+
+
+def test_a_straggler_on_a_long_run_is_moved_away_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    guard, events, watch = _flag_rank_one(10_000, monkeypatch)  # ~1000 s left: staying loses ~333 s, moving ~6 s
+    kinds = [k for k, _ in events]
+    assert kinds == ["straggler", "straggler_decision"] and guard.moves == ["gpu002"]
+    decision = events[1][1]
+    assert decision["move"] is True and decision["node_of_rank"] == "gpu002" and decision["move_cost_s"] == 6.0
+    watch.history.append([1.0, 1.5])
+    assert watch.fields() == {"straggler_slowdown": 1.5, "straggler_rank": 1.0, "straggler_move": 1.0}
+
+
+def test_a_straggler_near_the_end_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    guard, events, _ = _flag_rank_one(30, monkeypatch)  # 3 s left: staying loses 1 s, moving costs 6 s
+    decision = dict(events)["straggler_decision"]
+    assert decision["move"] is False and decision["why"].startswith("not worth moving") and guard.moves == []
+
+
+def test_the_restart_cost_follows_the_spares(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NURO_RESTART_COST_S", raising=False)
+    monkeypatch.setenv("NURO_SPARE_NODES", "1")
+    assert MovePolicy(_Guard()).restart_s == 5.0
+    monkeypatch.setenv("NURO_SPARE_NODES", "0")
+    assert MovePolicy(_Guard()).restart_s == 20.0
+    monkeypatch.setenv("NURO_RESTART_COST_S", "7.5")
+    assert MovePolicy(_Guard()).restart_s == 7.5

@@ -43,6 +43,7 @@ import logging
 import os
 import re
 import shutil
+import statistics
 import threading
 import time
 import warnings
@@ -274,6 +275,12 @@ class Checkpointer:
 
         self._prestage = threading.Thread(target=run, name="nuro-ckpt-prestage", daemon=True)
         self._prestage.start()
+
+    def save_seconds(self) -> float:
+        """This job's measured save time (median seconds to durable on local disk over its saves; 0 before any):
+        what one more checkpoint costs, e.g. for ``MovePolicy(checkpoint_s=ckpt.save_seconds)``."""
+        done = [t["durable_s"] for t in self.timings.values() if "durable_s" in t]
+        return statistics.median(done) if done else 0.0
 
     def step_dir(self, step: int) -> Path:
         return self.staging_dir / "ckpt" / L.step_name(step)

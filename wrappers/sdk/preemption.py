@@ -51,8 +51,9 @@ class StopReason(enum.IntEnum):
     """Why a run stops; the integer is what the ranks all_reduce with MAX, so preemption outranks the time limit."""
 
     NONE = 0
-    TIME_LIMIT = 1
-    PREEMPTED = 2
+    MOVE = 1  # the job leaves a straggler (``StragglerWatch`` with a ``MovePolicy``): any signal outranks it
+    TIME_LIMIT = 2
+    PREEMPTED = 3
 
     @property
     def label(self) -> str:
@@ -123,6 +124,7 @@ class PreemptionGuard:
         }
         self._local = StopReason.NONE
         self._agreed = StopReason.NONE
+        self._move_from: str | None = None
         self._stop_step: int | None = None
         self._previous: dict[signal.Signals, Any] = {}
         self._started = False
@@ -157,6 +159,13 @@ class PreemptionGuard:
     def request_stop(self, reason: StopReason = StopReason.PREEMPTED) -> None:
         """Set the local flag without a signal (a controller note, a test). Counts like a signal on this rank."""
         self._local = max(self._local, reason)
+
+    def request_move(self, node: str) -> None:
+        """Stop at the next agreed step to go on without ``node`` (a straggler; rank 0's decision, issue 16 item 2).
+        The stop checkpoints like a preemption; nuro-launch reads the node from ``NURO_LAUNCH_STOP_DIR`` and the
+        batch step swaps it for a hot spare, or the job requeues."""
+        self._move_from = node
+        self.request_stop(StopReason.MOVE)
 
     @property
     def local_reason(self) -> StopReason:
@@ -251,7 +260,9 @@ class PreemptionGuard:
                             self.env.rank, step, exc)  # fmt: skip
                 ok = False
         save_s = time.monotonic() - t0
-        if self.env.is_rank0:
+        if reason == StopReason.MOVE and self.env.is_rank0 and self._move_from:
+            _mark_move(self._move_from)  # before the teardown: the launcher reads it once the workers are gone
+        if self.env.is_rank0 and reason != StopReason.MOVE:  # a move is the job's own: no controller awaits an ack
             if ok:
                 try:
                     self._ack_fn(step, reason, self.env)
@@ -283,6 +294,24 @@ class PreemptionGuard:
                 log.warning("rank %d: destroy_process_group failed (%s); exiting anyway", self.env.rank, exc)
         self._exit_fn(self.env.exit_requeue)
         raise SystemExit(self.env.exit_requeue)  # exit_fn returned (a test double): still never fall through
+
+
+#: The file in ``NURO_LAUNCH_STOP_DIR`` naming the node a MOVE stop leaves (``nuro.wrappers.launch`` reads it).
+MOVE_MARKER = "move"
+
+
+def _mark_move(node: str) -> None:
+    """Tell nuro-launch which node the job is leaving (a straggler's). Never raises."""
+    stop_dir = os.environ.get("NURO_LAUNCH_STOP_DIR")
+    if not stop_dir:
+        return
+    try:
+        os.makedirs(stop_dir, exist_ok=True)
+        tmp = Path(stop_dir, f".{MOVE_MARKER}.tmp")
+        tmp.write_text(node + "\n")
+        os.replace(tmp, Path(stop_dir, MOVE_MARKER))
+    except OSError as exc:
+        log.warning("move marker not written to %s (%s)", stop_dir, exc)
 
 
 def _mark_stopped(rank: int) -> None:

@@ -24,13 +24,20 @@ collectives of its own (a metrics all-reduce) wraps them the same way, or the st
 Noise is not a straggler: a window's median ignores one slow step, and a step that saved a checkpoint can be left
 out (``observe(skip=True)``); ``sustain`` windows must agree. Attribution to a GPU is the node agent's part: its
 ``gpu`` points carry each GPU's SM clock and throttle reasons (``nuro.healthcheck.probes``) for the node named here.
-Nothing here acts: moving a job is the controller's decision (issue 16 item 2, not built yet).
 
-    watch = StragglerWatch().attach(ddp_model)
-    for step in ...:
+Acting is opt-in (issue 16 item 2): with ``move=MovePolicy(guard)`` rank 0 weighs each new straggler by cost
+(``nuro.policy.straggler_move``: the remaining steps at today's step time against the job's own checkpoint time
+plus the restart a move takes), records the decision either way (``straggler_decision`` run event; ``fields()``
+gives ``straggler_move`` 1/0 for the metrics), and when moving wins asks the guard for a MOVE stop: every rank
+checkpoints at the same step and exits 75, and ``nuro-launch --step`` goes on without that node on a hot spare
+(``--spare-nodes``), else the job requeues. Pass ``steps_left`` to ``observe`` so the remaining time is known.
+
+    watch = StragglerWatch(move=MovePolicy(guard, checkpoint_s=ckpt.save_seconds)).attach(ddp_model)
+    for step in range(start, steps):
         ...; opt.step()
-        watch.observe(data_wait_s=loader.last_wait_s)
+        watch.observe(data_wait_s=loader.last_wait_s, steps_left=steps - step - 1)
         metrics.log(step, loss=loss.item(), **watch.fields())
+        if guard.should_stop(step): guard.checkpoint_and_exit(...)
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import os
 import socket
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,6 +120,55 @@ class StragglerRule:
         return new, cleared
 
 
+class MovePolicy:
+    """What rank 0 needs to decide a move (``nuro.policy.straggler_move``) and to make it happen (the guard).
+
+    Args:
+        guard: the run's ``PreemptionGuard``: a move is its MOVE stop.
+        checkpoint_s: the job's own save time, measured (``Checkpointer.save_seconds``) or a number.
+        restart_s: what a move's restart costs; default ``NURO_RESTART_COST_S``, else the measured swap
+            (``DEFAULT_SWAP_S``) with hot spares (``NURO_SPARE_NODES``), the requeue path (``DEFAULT_REQUEUE_S``)
+            without.
+        margin: staying must cost this many times the move.
+    """
+
+    def __init__(
+        self,
+        guard: Any,
+        *,
+        checkpoint_s: Callable[[], float] | float = 0.0,
+        restart_s: float | None = None,
+        margin: float | None = None,
+    ) -> None:
+        from nuro.policy import straggler_move as sm  # lazy: only jobs that move pay for it
+
+        self.guard = guard
+        self._checkpoint_s = checkpoint_s
+        env_cost = _env_float("NURO_RESTART_COST_S")
+        spares = (os.environ.get("NURO_SPARE_NODES") or "0").strip()
+        default = sm.DEFAULT_SWAP_S if spares.isdigit() and int(spares) > 0 else sm.DEFAULT_REQUEUE_S
+        self.restart_s = restart_s if restart_s is not None else (env_cost if env_cost is not None else default)
+        self.margin = margin if margin is not None else sm.DEFAULT_MARGIN
+
+    def checkpoint_s(self) -> float:
+        value = self._checkpoint_s() if callable(self._checkpoint_s) else self._checkpoint_s
+        return float(value) if value and math.isfinite(value) else 0.0
+
+    def decide(self, slowdown: float, remaining_s: float) -> Any:
+        from nuro.policy.straggler_move import decide_move  # lazy, as above
+
+        return decide_move(slowdown, remaining_s, self.checkpoint_s(), self.restart_s, self.margin)
+
+
+def _env_float(name: str) -> float | None:
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
 class StragglerWatch:
     """See the module docstring. Every rank makes one and calls ``observe`` once per step (it is a collective every
     ``window`` steps)."""
@@ -124,12 +180,17 @@ class StragglerWatch:
         threshold: float = DEFAULT_THRESHOLD,
         sustain: int = DEFAULT_SUSTAIN,
         record: Any = None,
+        move: MovePolicy | None = None,
     ) -> None:
         if window < 3:
             raise ValueError(f"window must be at least 3 steps, got {window}")
         self.window = window
         self.rule = StragglerRule(threshold, sustain)
         self._record = record  # run_events.record_later, or a stand-in (tests)
+        self.move = move
+        self.decision: Any = None  # the last MoveDecision (rank 0, with a MovePolicy)
+        self._steps_left: int | None = None
+        self._walls: list[float] = []
         self._wait_s = 0.0
         self._last: float | None = None
         self._busy: list[float] = []
@@ -165,16 +226,24 @@ class StragglerWatch:
         if not ranked:
             return {}
         worst, rank = max(ranked)
-        return {"straggler_slowdown": round(worst, 3), "straggler_rank": float(rank)}
+        out = {"straggler_slowdown": round(worst, 3), "straggler_rank": float(rank)}
+        if self.decision is not None:
+            out["straggler_move"] = 1.0 if self.decision.move else 0.0
+        return out
 
     # -- every step ---------------------------------------------------------------------------------------------
-    def observe(self, data_wait_s: float = 0.0, skip: bool = False) -> list[float] | None:
-        """End of a step. ``skip``: leave this step out (it saved a checkpoint). Every ``window`` calls, the ranks'
-        slowdowns (the same list on every rank), else None."""
+    def observe(
+        self, data_wait_s: float = 0.0, skip: bool = False, steps_left: int | None = None
+    ) -> list[float] | None:
+        """End of a step. ``skip``: leave this step out (it saved a checkpoint). ``steps_left``: steps still to run
+        (a ``MovePolicy`` weighs a move by them). Every ``window`` calls, the ranks' slowdowns (the same list on every
+        rank), else None."""
         now = time.perf_counter()
         waited = self._wait_s + _take_waits()
+        self._steps_left = steps_left
         if self._last is not None and not skip:
             self._busy.append(max(0.0, now - self._last - waited - max(0.0, data_wait_s)))
+            self._walls.append(now - self._last)
         self._last, self._wait_s = now, 0.0
         self._calls += 1
         if self._calls % self.window:
@@ -201,15 +270,29 @@ class StragglerWatch:
 
     def _report(self, scores: list[float]) -> None:
         new, cleared = self.rule.update(scores)
+        step_s = statistics.median(self._walls) if self._walls else math.nan  # this window's step time
+        self._walls = []
         if os.environ.get("RANK", "0") != "0":
             return
         for rank in new:
             node = self.nodes[rank] if rank < len(self.nodes) else ""
             log.warning("straggler: rank %d on %s is %.2fx the fastest rank", rank, node or "?", scores[rank])
             self._emit("straggler", rank=rank, node_of_rank=node, slowdown=round(scores[rank], 3), window=self.window)
+            if self.move is not None:
+                self._decide(rank, node, scores[rank], step_s)
         for rank in cleared:
             node = self.nodes[rank] if rank < len(self.nodes) else ""
             self._emit("straggler_cleared", rank=rank, node_of_rank=node, slowdown=round(scores[rank], 3))
+
+    def _decide(self, rank: int, node: str, slowdown: float, step_s: float) -> None:
+        """Rank 0: weigh moving away from ``node`` by cost, record the decision, and ask for the stop if it wins."""
+        left = self._steps_left
+        remaining = left * step_s if left is not None and math.isfinite(step_s) else 0.0
+        self.decision = d = self.move.decide(slowdown, remaining)
+        log.warning("straggler decision: %s", d.why)
+        self._emit("straggler_decision", rank=rank, node_of_rank=node, steps_left=left, **d.fields())
+        if d.move and node:
+            self.move.guard.request_move(node)
 
     def _emit(self, kind: str, **fields: Any) -> None:
         if self._record is None:
@@ -219,4 +302,4 @@ class StragglerWatch:
         self._record(kind, **fields)
 
 
-__all__ = ["StragglerRule", "StragglerWatch", "slowdowns", "timed_collective"]
+__all__ = ["MovePolicy", "StragglerRule", "StragglerWatch", "slowdowns", "timed_collective"]
