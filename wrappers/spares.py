@@ -74,14 +74,20 @@ def with_nodelist(argv: Sequence[str], nodes: Sequence[str]) -> list[str]:
     if not argv or argv[0].rsplit("/", 1)[-1] != "srun":
         raise SpareError(f"spare nodes need the step to be an srun command (nuro-launch --step -- srun ...); got "
                          f"{argv[0] if argv else 'nothing'!r}")  # fmt: skip
+    names = set()
     for word in argv[1:]:
         if word == "--":
             break
         name = word.split("=", 1)[0]
+        names.add(name[:2] if not name.startswith("--") else name)
         if name in ("--nodelist", "-w") or (word.startswith("-w") and not word.startswith("--")):
             raise SpareError(f"the step's srun names its own nodes ({word}): with spares nuro-launch chooses them; "
                              "drop --nodelist/-w")  # fmt: skip
-    return [argv[0], f"--nodelist={','.join(nodes)}", *argv[1:]]
+    # one task per node (nuro-launch's way) unless the command says otherwise: the job's SLURM_NTASKS and
+    # SLURM_NNODES, which srun would inherit, count the spares too
+    sizes = [] if names & {"--nodes", "-N"} else [f"--nodes={len(nodes)}"]
+    sizes += [] if names & {"--ntasks", "-n"} else [f"--ntasks={len(nodes)}"]
+    return [argv[0], f"--nodelist={','.join(nodes)}", *sizes, *argv[1:]]
 
 
 @dataclass

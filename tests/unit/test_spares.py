@@ -50,8 +50,19 @@ def test_spare_count_is_read_strictly() -> None:
 
 def test_the_step_command_gets_the_nodelist_after_srun() -> None:
     argv = ["srun", "--nodes=2", "--kill-on-bad-exit=1", "python", "-m", "nuro.wrappers.launch", "--", "t.py", "-w"]
-    assert spares.with_nodelist(argv, ["gpu001", "gpu003"])[:3] == ["srun", "--nodelist=gpu001,gpu003", "--nodes=2"]
-    assert spares.with_nodelist(["/usr/bin/srun", "x"], ["a"])[1] == "--nodelist=a"
+    assert spares.with_nodelist(argv, ["gpu001", "gpu003"])[:4] == [
+        "srun",
+        "--nodelist=gpu001,gpu003",
+        "--ntasks=2",
+        "--nodes=2",
+    ]
+    assert spares.with_nodelist(["/usr/bin/srun", "x"], ["a"])[:4] == [
+        "/usr/bin/srun",
+        "--nodelist=a",
+        "--nodes=1",
+        "--ntasks=1",
+    ]  # a user's bare srun: sized
+    assert spares.with_nodelist(["srun", "-N", "2", "-n2", "x"], ["a", "b"])[:3] == ["srun", "--nodelist=a,b", "-N"]
     for own in (["srun", "-w", "gpu001", "x"], ["srun", "--nodelist=gpu001", "x"], ["srun", "-wgpu001", "x"]):
         with pytest.raises(spares.SpareError, match="names its own nodes"):
             spares.with_nodelist(own, ["gpu002"])
