@@ -101,18 +101,40 @@ def build_heartbeat(
     key: bytes,
     stopping_s: float = 0.0,
     suspect_jobs: tuple[int, ...] = (),
+    throttled: tuple[str, ...] = (),
+    stragglers: tuple[tuple[int, str, float], ...] = (),
 ) -> tuple[hb.Heartbeat, bytes]:
     """The heartbeat for one beat and its signed datagram; problems are shortened to fit ``hb.MAX_DATAGRAM``.
     ``stopping_s`` > 0 only in the last beat of a clean stop (``heartbeat.DEFAULT_STOP_GRACE_S``); ``suspect_jobs``
-    only while a report of this node's jobs is fresh (``nuro.protocol.peerloss``)."""
+    and ``stragglers`` only while a report of this node's jobs is fresh (``nuro.protocol.peerloss``); ``throttled``:
+    this node's GPUs a slowing clock reason holds down now (``throttled_gpus``)."""
+    extra = {"stopping_s": stopping_s, "suspect_jobs": suspect_jobs, "throttled": throttled[: hb.MAX_THROTTLED],
+             "stragglers": stragglers[: hb.MAX_STRAGGLERS]}  # fmt: skip
 
     def make(cut: tuple[str, ...]) -> bytes:
-        return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, cut, stopping_s, suspect_jobs), key)
+        return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, cut, **extra), key)
 
     cut = fit_problems(problems, make)
-    beat = hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut, stopping_s=stopping_s,
-                        suspect_jobs=suspect_jobs)  # fmt: skip
+    beat = hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut, **extra)
     return beat, hb.encode(beat, key)
+
+
+#: Clock event reasons that make a GPU slower than its peers (not idle, application clocks, sync boost or display).
+SLOWING_REASONS = frozenset(
+    {"SW power cap", "HW slowdown", "SW thermal slowdown", "HW thermal slowdown", "HW power brake slowdown"}
+)
+
+
+def throttled_gpus(report: NodeGpuReport | None) -> tuple[str, ...]:
+    """This node's GPUs a slowing clock reason holds down, as short texts for the heartbeat's ``throttled``
+    ("gpu2: SM 900 MHz (SW thermal slowdown)"): the NVML half of a straggler's attribution."""
+    out = []
+    for g in report.gpus if report is not None else ():
+        slowing = [r for r in g.throttle_reasons if r in SLOWING_REASONS]
+        if slowing:
+            clock = f"SM {g.sm_clock_mhz} MHz " if g.sm_clock_mhz is not None else ""
+            out.append(f"gpu{g.index}: {clock}({', '.join(slowing)})"[: hb.MAX_THROTTLED_TEXT])
+    return tuple(out[: hb.MAX_THROTTLED])
 
 
 def _next_boot(now_ms: int, status_dir: str | None, node: str) -> int:
@@ -273,6 +295,7 @@ class Agent:
         self.sent_ok = 0
         self._kick = threading.Event()  # a report came in: beat now, not at the next interval
         self._suspects: dict[int, float] = {}  # job id -> until (monotonic)
+        self._stragglers: dict[tuple[int, str], tuple[float, float]] = {}  # (job, node) -> (until, slowdown)
         self._kicked: dict[int, float] = {}  # job id -> when its last report kicked a beat (monotonic)
         self.reports_accepted = 0
         self.reports_refused = 0
@@ -312,6 +335,34 @@ class Agent:
             self._kick.set()
         return True
 
+    def report_straggler(self, job_id: int, node: str, slowdown: float, sender_uid: int) -> bool:
+        """A job of this node flagged a rank on ``node`` as slow: carried in the beats for ``STRAGGLER_TTL_S`` when
+        the job's record names this node and that user (as ``report``). The controller decides what it is worth."""
+        root = self.config.health.for_node(self.config.node).staging_root
+        try:
+            rec = jobrecord.read(Path(root), str(job_id))
+        except (OSError, ValueError):
+            rec = None
+        uid, rec_node = (rec.uid, rec.node) if rec is not None else (None, None)
+        if not peerloss.accept(job_id, sender_uid, uid, rec_node, self.config.node):
+            self.reports_refused += 1
+            return False
+        with self._lock:
+            self._stragglers[(job_id, node)] = (self.monotonic() + peerloss.STRAGGLER_TTL_S, slowdown)
+        self.reports_accepted += 1
+        log.warning("node=%s job=%d reports a straggler on %s (%.2fx)", self.config.node, job_id, node, slowdown)
+        self._kick.set()
+        return True
+
+    def _fresh_stragglers(self) -> tuple[tuple[int, str, float], ...]:
+        now = self.monotonic()
+        with self._lock:
+            for key in [k for k, (until, _) in self._stragglers.items() if until <= now]:
+                del self._stragglers[key]
+            return tuple((job, node, s) for (job, node), (_, s) in sorted(self._stragglers.items()))[
+                : hb.MAX_STRAGGLERS
+            ]
+
     def _suspect_jobs(self) -> tuple[int, ...]:
         now = self.monotonic()
         with self._lock:
@@ -325,7 +376,7 @@ class Agent:
         creds = struct.Struct("iII")  # struct ucred: pid, uid, gid
         while not stop.is_set():
             try:
-                data, ancdata, _flags, _addr = sock.recvmsg(peerloss.MAX_REPORT + 1, socket.CMSG_SPACE(creds.size))
+                data, ancdata, _flags, _addr = sock.recvmsg(peerloss.MAX_DATAGRAM, socket.CMSG_SPACE(creds.size))
             except TimeoutError:
                 continue
             except OSError as exc:
@@ -337,9 +388,13 @@ class Agent:
             uid = next((creds.unpack(d[: creds.size])[1] for lvl, typ, d in ancdata
                         if lvl == socket.SOL_SOCKET and typ == socket.SCM_CREDENTIALS and len(d) >= creds.size),
                        None)  # fmt: skip
+            if uid is None:
+                continue
             job = peerloss.parse(data)
-            if job is not None and uid is not None:
+            if job is not None:
                 self.report(job, uid)
+            elif (straggler := peerloss.parse_straggler(data)) is not None:
+                self.report_straggler(*straggler, uid)
 
     def _open_report_socket(self) -> socket.socket | None:
         """The report socket, world-writable (who sent a datagram is the kernel's word), or None when it cannot be
@@ -402,6 +457,10 @@ class Agent:
         except Exception:  # noqa: BLE001 - health reporting matters more than telemetry
             log.exception("gpu telemetry point not queued node=%s", self.config.node)
 
+    def _latest_report(self) -> NodeGpuReport | None:
+        with self._lock:
+            return self._health.report
+
     def current_problems(self) -> tuple[str, ...]:
         """The latest verdict's problems, plus "health probe stale" when the probe loop stopped producing."""
         with self._lock:
@@ -447,7 +506,8 @@ class Agent:
         now = self.clock()
         problems = self.current_problems()
         beat, data = build_heartbeat(self.config.node, self.boot_ms, self.seq, now, problems, self.config.key,
-                                     stopping_s, self._suspect_jobs())  # fmt: skip
+                                     stopping_s, self._suspect_jobs(), throttled_gpus(self._latest_report()),
+                                     self._fresh_stragglers())  # fmt: skip
         addr = self._resolve()
         if addr is not None:
             try:

@@ -29,6 +29,10 @@ Kinds, when each is written, and their extra keys:
 - ``node_down``: scontrol set it DOWN (Slurm requeues its ``--requeue`` jobs). ``reason``, ``ok``, ``error``.
 - ``node_drained``: scontrol set it DRAIN. ``reason``, ``ok``, ``error``.
 - ``node_unhealthy``: its agent reported ``healthy=false``. ``problems`` (list[str]).
+- ``node_straggler``: a job of the node flagged it as a straggler and its own NVML readings agreed (a slowing clock
+  reason): drained (``nuro-straggler:``) until its beats show none for a while. ``reason``.
+- ``straggler_unconfirmed``: a job's straggler report the controller did not act on (the node is not the job's, or
+  its GPUs report no slowing clock reason). ``jobs`` ([job]), ``reason``.
 - ``node_agent_stopping``: the node's agent said it is stopping on purpose (its last beat); silence is no loss for
   ``quiet_s`` (or until its next beat). ``seq``.
 - ``node_resumed``: healthy again and the reason was ours: scontrol RESUME. ``reason`` (the one removed), ``ok``,
@@ -66,6 +70,8 @@ KINDS = (
     "node_down",
     "node_drained",
     "node_unhealthy",
+    "node_straggler",
+    "straggler_unconfirmed",
     "node_resumed",
     "node_agent_stopping",
     "jobs_requeued",

@@ -34,7 +34,15 @@ _END_KIND = {
     "OUT_OF_MEMORY": "failed",
 }
 
-NODE_EVENTS = ("node_lost", "node_down", "node_drained", "node_unhealthy", "node_flapping", "node_resumed")
+NODE_EVENTS = (
+    "node_lost",
+    "node_down",
+    "node_drained",
+    "node_unhealthy",
+    "node_flapping",
+    "node_resumed",
+    "node_straggler",
+)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,9 @@ stopping on purpose, expect silence for up to this long", so a restart of the ag
 is not a node loss; a controller that does not know the key ignores it, as parsers ignore every unknown key),
 ``suspect_jobs`` (only while a process of one of these jobs on this node saw a peer fail in-band, e.g. gloo's
 "Connection closed by peer": the controller then judges that job's other nodes on a shorter silence; see
-``nuro.protocol.peerloss``).
+``nuro.protocol.peerloss``), ``throttled`` (this node's GPUs held down by a slowing clock reason now, from NVML) and
+``stragglers`` (a job of this node flagged a rank on some node as slow: job, node, slowdown; the controller drains
+that node only when it is the job's and its own beats say ``throttled``).
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ DEFAULT_STOP_GRACE_S = 15.0
 MAX_STOP_GRACE_S = 60.0
 #: At most this many jobs in one beat's ``suspect_jobs`` (a node runs few multi-node jobs; the datagram stays small).
 MAX_SUSPECT_JOBS = 8
+#: ``throttled``: this node's GPUs whose clocks a slowing reason holds down now (from the agent's NVML probe), e.g.
+#: "gpu2: SM 900 MHz (SW thermal slowdown)"; ``stragglers``: fresh straggler reports of this node's jobs, each
+#: (job id, the node the job's rank 0 flagged, slowdown). Both bounded so a beat stays one datagram.
+MAX_THROTTLED = 8
+MAX_THROTTLED_TEXT = 80
+MAX_STRAGGLERS = 4
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NODE_BYTES = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAC_LEN = 64
@@ -89,6 +97,8 @@ class Heartbeat:
     problems: tuple[str, ...] = field(default_factory=tuple)
     stopping_s: float = 0.0
     suspect_jobs: tuple[int, ...] = ()
+    throttled: tuple[str, ...] = ()
+    stragglers: tuple[tuple[int, str, float], ...] = ()
 
     def __post_init__(self) -> None:
         if not is_node_name(self.node):
@@ -101,6 +111,16 @@ class Heartbeat:
             type(j) is not int or not 0 < j < 2**32 for j in self.suspect_jobs
         ):
             raise BadHeartbeat(f"suspect_jobs: at most {MAX_SUSPECT_JOBS} job ids, got {self.suspect_jobs!r:.80}")
+        if len(self.throttled) > MAX_THROTTLED or any(len(t) > MAX_THROTTLED_TEXT for t in self.throttled):
+            raise BadHeartbeat(f"throttled: at most {MAX_THROTTLED} texts of {MAX_THROTTLED_TEXT} characters")
+        if len(self.stragglers) > MAX_STRAGGLERS or any(
+            len(r) != 3 or type(r[0]) is not int or not 0 < r[0] < 2**32 or not is_node_name(r[1])
+            or not 1.0 < r[2] <= 100.0
+            for r in self.stragglers
+        ):  # fmt: skip
+            raise BadHeartbeat(
+                f"stragglers: at most {MAX_STRAGGLERS} (job, node, slowdown), got {self.stragglers!r:.80}"
+            )
 
 
 def load_key(path: str | Path) -> bytes:
@@ -188,9 +208,9 @@ def encode(hb: Heartbeat, key: bytes) -> bytes:
             **{
                 k: (list(v) if isinstance(v, tuple) else v)
                 for k, v in asdict(hb).items()
-                if k not in ("stopping_s", "suspect_jobs") or v
+                if k not in ("stopping_s", "suspect_jobs", "throttled", "stragglers") or v
             },
-        },  # only a stopping agent's last beat carries stopping_s, only a reporting node's suspect_jobs
+        },  # only a stopping agent's last beat carries stopping_s, only a reporting node's suspect_jobs, ...
         separators=(",", ":"),
         sort_keys=True,
     ).encode()
@@ -252,6 +272,8 @@ def parse_body(node: str, body: bytes) -> Heartbeat:
             problems=tuple(str(p) for p in raw.get("problems", ())),
             stopping_s=float(raw.get("stopping_s", 0.0)),
             suspect_jobs=tuple(raw.get("suspect_jobs", ())),
+            throttled=tuple(str(t) for t in raw.get("throttled", ())),
+            stragglers=tuple((r[0], str(r[1]), float(r[2])) for r in raw.get("stragglers", ())),
         )
     except BadHeartbeat:
         raise

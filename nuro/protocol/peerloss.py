@@ -32,6 +32,7 @@ from nuro.protocol.heartbeat import is_node_name
 
 PREFIX = b"nuro-peerloss/1 "
 MAX_REPORT = 64
+MAX_DATAGRAM = 256  # what the agent reads of one datagram (any report fits; more is junk)
 #: How long one report keeps a job's nodes under the shorter silence (the agent repeats it in every beat meanwhile).
 SUSPECT_TTL_S = 3.0
 #: An agent sends at most one immediate beat per job this often (a worker printing the error in a loop).
@@ -74,6 +75,47 @@ def parse(data: bytes) -> int | None:
     return job if 0 < job < 2**32 else None
 
 
+# -- straggler reports (issue 16 item 2): "a rank of my job on NODE runs SLOWDOWN times slower" ----------------------
+STRAGGLER_PREFIX = b"nuro-straggler/1 "
+#: How long the agent repeats one straggler report in its beats (the controller needs one beat to judge it).
+STRAGGLER_TTL_S = 10.0
+MAX_SLOWDOWN = 100.0
+
+
+def encode_straggler(job_id: int, node: str, slowdown: float) -> bytes:
+    """``nuro-straggler/1 <job> <node> <slowdown>``: what a job's rank 0 says when it flags a straggler."""
+    if not is_node_name(node):
+        raise ValueError(f"node name {node!r} is not a valid Slurm node name")
+    return STRAGGLER_PREFIX + f"{int(job_id)} {node} {min(float(slowdown), MAX_SLOWDOWN):.3f}".encode()
+
+
+def parse_straggler(data: bytes) -> tuple[int, str, float] | None:
+    """(job id, node, slowdown) of a well-formed straggler report, else None. The job's own claim: the controller
+    believes it only where Slurm and the node's NVML agree (``slurm_plugins/controller/liveness``)."""
+    if len(data) > MAX_DATAGRAM or not data.startswith(STRAGGLER_PREFIX):
+        return None
+    parts = data[len(STRAGGLER_PREFIX) :].split(b" ")
+    if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 10:
+        return None
+    job, node = int(parts[0]), parts[1].decode("ascii", "replace")
+    try:
+        slowdown = float(parts[2])
+    except ValueError:
+        return None
+    if not 0 < job < 2**32 or not is_node_name(node) or not 1.0 < slowdown <= MAX_SLOWDOWN:
+        return None
+    return job, node, slowdown
+
+
+def send_straggler(path: Path, job_id: int, node: str, slowdown: float) -> bool:
+    """One straggler report to the agent at ``path``; False (never an exception) when it could not be sent."""
+    with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.setblocking(False)
+        s.sendto(encode_straggler(job_id, node, slowdown), str(path))
+        return True
+    return False
+
+
 def accept(job_id: int, sender_uid: int, record_uid: int | None, record_node: str | None, node: str) -> bool:
     """Whether the agent takes a report: the job has a root-written record on this node, and the sender is its user
     (or root)."""
@@ -102,5 +144,6 @@ class LineWatch:
 
 
 __all__ = [
-    "PEER_DEATH_RE", "SUSPECT_TTL_S", "LineWatch", "accept", "encode", "parse", "send", "socket_dir", "socket_path",
+    "PEER_DEATH_RE", "STRAGGLER_TTL_S", "SUSPECT_TTL_S", "LineWatch", "accept", "encode", "encode_straggler", "parse",
+    "parse_straggler", "send", "send_straggler", "socket_dir", "socket_path",
 ]  # fmt: skip

@@ -18,6 +18,8 @@ heartbeat_key_file: /etc/nuro/heartbeat.key  # the master HMAC key (mode 600); e
 heartbeat_interval_s: 0.25        # the agents' send interval (nuro-nodeagent --interval-s must match)
 miss_limit: 4                     # intervals of silence before a node is declared lost (0.25 × 4: about 1 s)
 detector_tick_s: 0.25             # how often the detector judges (its own loop, independent of interval_s)
+straggler_clear_s: 30             # a straggler drain (nuro-straggler:) lifts once the node's GPUs report no slowing
+                                  # clock reason for this long
 event_log: /var/log/nuro/events.jsonl  # append-only JSONL journal (nuro.lifecycle.platform_events); unset = log lines
 only
 slurm_metrics_url: http://ctl:6817  # Slurm 25.11+ with MetricsType=metrics/openmetrics: slurmctld's own address and
@@ -64,6 +66,7 @@ class ControllerConfig(BaseModel):
     heartbeat_interval_s: float = Field(default=DEFAULT_INTERVAL_S, gt=0, le=60)
     miss_limit: int = Field(default=DEFAULT_MISS_LIMIT, ge=2, le=100)
     detector_tick_s: float = Field(default=0.25, gt=0, le=10)
+    straggler_clear_s: float = Field(default=30.0, ge=1, le=3600)
     event_log: Path | None = None
     slurm_metrics_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+/?$")
     slurm_metrics_interval_s: float = Field(default=10.0, ge=1, le=3600)

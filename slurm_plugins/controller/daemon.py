@@ -439,7 +439,8 @@ def main(
             )
         detector = FailureDetector(
             _backend(cfg), receiver,
-            LivenessConfig(interval_s=cfg.heartbeat_interval_s, miss_limit=cfg.miss_limit),
+            LivenessConfig(interval_s=cfg.heartbeat_interval_s, miss_limit=cfg.miss_limit,
+                           straggler_clear_s=cfg.straggler_clear_s),
             events=EventLog(cfg.event_log) if cfg.event_log else None, dry_run=cfg.dry_run, clock=wall,
         )  # fmt: skip
         detector_thread = threading.Thread(

@@ -97,6 +97,7 @@ class FailureDetector:
         self.slurm_nodes: dict[str, NodeInfo] = {}
         self._nodes_at = float("-inf")
         self._guard_logged = RateLog(60.0, 1, clock=monotonic)
+        self._straggler_logged = RateLog(60.0, 256, clock=monotonic)  # one line per (job, node) a minute
         self._faults_logged: dict[str, str] = {}
         self._drops: int | None = None
         self._drops_at = float("-inf")
@@ -106,8 +107,8 @@ class FailureDetector:
         self.ticks = 0
 
     def _reported_jobs(self, beats: list, now: float) -> dict[int, tuple[str, ...]]:
-        """The nodes of the jobs this tick's beats report (``suspect_jobs``), from Slurm, cached."""
-        wanted = {j for b in beats for j in b.suspect_jobs}
+        """The nodes of the jobs this tick's beats report (``suspect_jobs``, ``stragglers``), from Slurm, cached."""
+        wanted = {j for b in beats for j in b.suspect_jobs} | {r[0] for b in beats for r in b.stragglers}
         for job in [j for j, (at, _) in self._job_nodes.items() if now - at > JOB_NODES_TTL_S]:
             del self._job_nodes[job]
         for job in sorted(wanted - self._job_nodes.keys())[:REPORT_LOOKUPS_PER_TICK]:
@@ -116,7 +117,7 @@ class FailureDetector:
             except Exception as exc:  # noqa: BLE001 - a report is an optimisation: heartbeats still decide
                 log.warning("in-band report of job %d: its nodes could not be read: %s", job, exc)
                 continue
-            log.info("in-band report: job %d on %s lost a peer", job, ",".join(self._job_nodes[job][1]) or "-")
+            log.info("in-band report: job %d on %s", job, ",".join(self._job_nodes[job][1]) or "-")
         return {j: self._job_nodes[j][1] for j in wanted if j in self._job_nodes}
 
     def _refresh_nodes(self, now: float) -> None:
@@ -172,7 +173,7 @@ class FailureDetector:
         if now - self._nodes_at >= self.node_poll_s:
             self._refresh_nodes(now)
         dropping = self._kernel_dropping(now)
-        jobs = self._reported_jobs(beats, now) if any(b.suspect_jobs for b in beats) else None
+        jobs = self._reported_jobs(beats, now) if any(b.suspect_jobs or b.stragglers for b in beats) else None
         before = self.state
         actions, self.state = assess(before, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping,
                                      job_nodes=jobs)  # fmt: skip
@@ -182,6 +183,10 @@ class FailureDetector:
             self._refresh_nodes(now)
             actions, self.state = assess(before, beats, self.slurm_nodes, now, self.cfg, wall, hold_losses=dropping,
                                          job_nodes=jobs)  # fmt: skip
+        for job, node, why in self.state.unconfirmed:  # a job's straggler claim the platform could not back
+            if self._straggler_logged.allow((job, node))[0]:
+                log.warning("straggler report of job %d about %s not acted on: %s", job, node, why)
+                self._emit("straggler_unconfirmed", node=node, jobs=[job], reason=why)
         if now - self._stats_at >= STATS_EVERY_S:
             self._log_stats(now)
         if self.state.faults or self._faults_logged:
@@ -250,6 +255,8 @@ class FailureDetector:
             if action.cause is Cause.FLAPPING:
                 hold = self.state.nodes[action.node].hold_until - now if action.node in self.state.nodes else 0.0
                 self._emit("node_flapping", node=action.node, hold_s=round(hold, 1), reason=action.reason)
+        elif action.kind is NodeActionKind.DRAIN and action.cause is Cause.STRAGGLER:
+            self._emit("node_straggler", node=action.node, reason=action.reason)
         elif action.kind is NodeActionKind.DRAIN and action.cause is Cause.UNHEALTHY:
             problems = self.state.nodes[action.node].problems if action.node in self.state.nodes else ()
             self._emit("node_unhealthy", node=action.node, problems=list(problems))

@@ -233,7 +233,8 @@ class HeartbeatReceiver:
         except BadHeartbeat as exc:
             return self._reject(reject_reason(exc), source, mono, str(exc))
         beat = Beat(hb.node, hb.boot, hb.seq, hb.sent, mono, hb.healthy, hb.problems, received_wall=self.clock(),
-                    stopping_s=hb.stopping_s, suspect_jobs=hb.suspect_jobs)  # fmt: skip
+                    stopping_s=hb.stopping_s, suspect_jobs=hb.suspect_jobs, throttled=hb.throttled,
+                    stragglers=hb.stragglers)  # fmt: skip
         with self._lock:
             self._beats.append(beat)
             self.accepted += 1

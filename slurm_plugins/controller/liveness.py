@@ -65,6 +65,8 @@ from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, DEFAULT_MISS_LIMIT, MAX_
 from nuro.slurm.models import NodeInfo
 
 REASON_PREFIX = "nuro:"
+#: A straggler drain's reason (issue 16): its own prefix, so operators (and ``sinfo -R``) tell it from a loss.
+STRAGGLER_PREFIX = "nuro-straggler: "
 ADMIN_MARK = "(admin drain:"
 MAX_REASON = 200  # Slurm keeps long reasons, but sinfo columns and humans do not
 _HELD_UNTIL = re.compile(r"until (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ)")
@@ -82,6 +84,7 @@ class Cause(StrEnum):
     LOST = "lost"
     FLAPPING = "flapping"
     UNHEALTHY = "unhealthy"
+    STRAGGLER = "straggler"
     RECOVERED = "recovered"
 
 
@@ -104,6 +107,9 @@ class LivenessConfig:
     mass_loss_min: int = 4
     # In-band reports (nuro.protocol.peerloss): how long one keeps a job's nodes under the shorter silence.
     suspect_ttl_s: float = 3.0
+    # Straggler drains: a node a job flagged while its own NVML said a slowing clock reason held its GPUs stays
+    # drained until its beats have said no such reason for this long (the health check that clears it).
+    straggler_clear_s: float = 30.0
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.miss_limit < 2:
@@ -144,6 +150,8 @@ class Beat:
     received_wall: float | None = None
     stopping_s: float = 0.0
     suspect_jobs: tuple[int, ...] = ()
+    throttled: tuple[str, ...] = ()
+    stragglers: tuple[tuple[int, str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -162,6 +170,10 @@ class NodeLiveness:
         quiet_until: its agent announced a clean stop: silence until then is no loss (0: none announced).
         suspected_at: when a report last named it (a peer of one of its jobs saw a peer die; -inf: never), by
             whom (``suspected_by``, the reporting node) and for which job (``suspected_job``).
+        throttled: its GPUs a slowing clock reason holds down, as its last beat said (NVML); ``throttled_at``
+            when a beat last said any.
+        straggler: a confirmed straggler report (a job of this node flagged it, and ``throttled`` agreed): the
+            drain reason to set; "" when none.
     """
 
     last_beat: float
@@ -181,6 +193,9 @@ class NodeLiveness:
     suspected_at: float = float("-inf")
     suspected_by: str = ""
     suspected_job: int = 0
+    throttled: tuple[str, ...] = ()
+    throttled_at: float = float("-inf")
+    straggler: str = ""
 
     def limit_s(self, now: float, cfg: LivenessConfig) -> float:
         """The silence after which this node is lost now: shorter while a report names it."""
@@ -196,6 +211,8 @@ class DetectorState:
     nodes: Mapping[str, NodeLiveness] = field(default_factory=lambda: MappingProxyType({}))
     suppressed: tuple[str, ...] = ()
     faults: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    #: straggler reports of the last call not believed: (job, node, why), for the runtime's event log
+    unconfirmed: tuple[tuple[int, str, str], ...] = ()
 
     @classmethod
     def fresh(cls, now: float) -> DetectorState:
@@ -223,8 +240,8 @@ class NodeAction:
 
 
 def is_ours(reason: str | None) -> bool:
-    """A Slurm reason nuro wrote and may undo: ``nuro:`` prefix and no admin drain carried inside it."""
-    return bool(reason) and reason.startswith(REASON_PREFIX) and ADMIN_MARK not in reason
+    """A reason this controller set (a loss, a flap, an unhealthy agent, a straggler), not an admin's."""
+    return bool(reason) and reason.startswith((REASON_PREFIX, STRAGGLER_PREFIX)) and ADMIN_MARK not in reason
 
 
 def held_until(reason: str | None) -> float:
@@ -247,7 +264,7 @@ def _admin_drained(node: NodeInfo | None) -> str | None:
     """The admin's reason when someone other than nuro drained/downed the node, else None."""
     if node is None or not (node.is_drained or "DOWN" in node.flags):
         return None
-    if node.reason and not node.reason.startswith(REASON_PREFIX):
+    if node.reason and not node.reason.startswith((REASON_PREFIX, STRAGGLER_PREFIX)):
         return node.reason
     if node.reason and ADMIN_MARK in node.reason:
         return node.reason
@@ -275,6 +292,8 @@ def _absorb(prev: NodeLiveness | None, beats: list[Beat], cfg: LivenessConfig) -
             healthy_since=(streak_start if streak_start is not None else b.received) if b.healthy else None,
             # a stopping beat opens a quiet period; any other beat (the restarted agent's first) closes it
             quiet_until=b.received + min(b.stopping_s, MAX_STOP_GRACE_S) if b.stopping_s > 0 else 0.0,
+            throttled=tuple(b.throttled),
+            throttled_at=b.received if b.throttled else cur.throttled_at,
         )
     if cur is None:
         raise ValueError("_absorb needs a previous state or at least one beat")
@@ -326,6 +345,18 @@ def assess(
                 cur = nodes.get(name)
                 if name != b.node and cur is not None and b.received >= cur.suspected_at:
                     nodes[name] = replace(cur, suspected_at=b.received, suspected_by=b.node, suspected_job=job)
+    unconfirmed: list[tuple[int, str, str]] = []
+    for b in beats:  # straggler reports: believed only for a node of the reporting job whose own NVML agrees
+        for job, name, slowdown in b.stragglers:
+            held = set((job_nodes or {}).get(job, ()))
+            cur = nodes.get(name)
+            if b.node not in held or name not in held or cur is None:
+                unconfirmed.append((job, name, "not a node of that job (Slurm)"))
+            elif not cur.throttled:
+                unconfirmed.append((job, name, "its GPUs report no slowing clock reason (NVML)"))
+            elif not cur.straggler:
+                why = f"{STRAGGLER_PREFIX}job {job} ran {slowdown:.2f}x slower here; {'; '.join(cur.throttled)}"
+                nodes[name] = replace(cur, straggler=_clip(why))
     actions: list[NodeAction] = []
     suppressed: tuple[str, ...] = ()
     if now - state.started_at >= cfg.timeout_s:  # restart grace: judge nobody before one full timeout
@@ -350,7 +381,7 @@ def assess(
             actions.extend(acts)
     return actions, DetectorState(
         started_at=state.started_at, nodes=MappingProxyType(nodes), suppressed=suppressed,
-        faults=MappingProxyType(faults),
+        faults=MappingProxyType(faults), unconfirmed=tuple(unconfirmed),
     )  # fmt: skip
 
 
@@ -420,6 +451,22 @@ def _judge(
             return new, [NodeAction(name, NodeActionKind.DRAIN, reason, Cause.UNHEALTHY, last_seq=cur.seq,
                                     last_beat=cur.last_beat_wall or cur.last_beat)]  # fmt: skip
         return cur, []
+    # 3b. Straggler: a job flagged it and its own NVML agrees (``assess``). Drained until its beats have shown no
+    # slowing clock reason for ``straggler_clear_s``; never over an admin's drain.
+    if cur.straggler:
+        if now - cur.throttled_at >= cfg.straggler_clear_s and not cur.throttled:
+            cur = replace(cur, straggler="")  # cleared: step 4 resumes it
+        elif admin is not None:
+            return cur, []
+        else:
+            hold = max(cur.hold_until, (now if cur.throttled else cur.throttled_at) + cfg.straggler_clear_s)
+            if cur.claimed is None or (
+                now - cur.issued_at >= cfg.retry_s and not (snode.is_drained and is_ours(snode.reason))
+            ):
+                new = replace(cur, claimed=Cause.STRAGGLER, issued_at=now, hold_until=hold)
+                return new, [NodeAction(name, NodeActionKind.DRAIN, cur.straggler, Cause.STRAGGLER, last_seq=cur.seq,
+                                        last_beat=cur.last_beat_wall or cur.last_beat)]  # fmt: skip
+            return replace(cur, hold_until=hold), []
     # 4. Recovered: healthy long enough, hold passed, and the reason in Slurm is still ours.
     ours_in_slurm = (snode.is_drained or "DOWN" in snode.flags) and is_ours(snode.reason)
     if cur.claimed is None and (not ours_in_slurm or now - cur.issued_at < cfg.retry_s):

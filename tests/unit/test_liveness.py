@@ -344,3 +344,59 @@ def test_stopping_agents_neither_trip_nor_hide_behind_the_mass_loss_guard() -> N
     acts = sim.run(4, ("gpu005",))  # gpu004 died; gpu001-003 are restarting
     assert [(a.node, a.kind) for a in acts] == [("gpu004", NodeActionKind.DOWN), ("gpu004", NodeActionKind.DRAIN)]
     assert sim.state.suppressed == ()
+
+
+# -- straggler reports (issue 16): a job's flag, believed only where Slurm and the node's own NVML agree ------------
+SLOW = ("gpu2: SM 900 MHz (SW thermal slowdown)",)
+
+
+def _straggler_step(sim: Sim, jobs: dict[int, tuple[str, ...]], throttled: tuple[str, ...],
+                    report: tuple[int, str, float] = (7, "gpu002", 1.4), dt: float = 1.0) -> list:  # fmt: skip
+    """One tick: gpu002 beats with ``throttled``; gpu001 (the job's rank 0) beats carrying ``report``."""
+    sim.seq["gpu001"] = sim.seq.get("gpu001", 0) + 1
+    sim.seq["gpu002"] = sim.seq.get("gpu002", 0) + 1
+    t = sim.now + dt
+    beats = [Beat("gpu002", 1, sim.seq["gpu002"], t, t, throttled=throttled),
+             Beat("gpu001", 1, sim.seq["gpu001"], t, t, stragglers=(report,) if report else ())]  # fmt: skip
+    sim.now = t
+    actions, sim.state = assess(sim.state, beats, sim.slurm, sim.now, CFG, job_nodes=jobs)
+    for a in actions:  # Slurm takes them
+        if a.kind is NodeActionKind.DRAIN:
+            sim.slurm[a.node] = NodeInfo(a.node, "IDLE+DRAIN", frozenset({"IDLE", "DRAIN"}), a.reason)
+        elif a.kind is NodeActionKind.RESUME:
+            sim.slurm[a.node] = node(a.node)
+    return actions
+
+
+def test_a_flagged_node_whose_nvml_agrees_is_drained_as_a_straggler_until_its_clocks_recover() -> None:
+    sim = Sim()
+    sim.run(4, ("gpu001", "gpu002"))
+    acts = _straggler_step(sim, {7: ("gpu001", "gpu002")}, SLOW)
+    assert [(a.node, a.kind, a.cause) for a in acts] == [("gpu002", NodeActionKind.DRAIN, Cause.STRAGGLER)]
+    assert acts[0].reason == "nuro-straggler: job 7 ran 1.40x slower here; gpu2: SM 900 MHz (SW thermal slowdown)"
+    assert is_ours(acts[0].reason)
+    for _ in range(40):  # still throttled, then clocks back: held until 30 s without a slowing reason
+        assert _straggler_step(sim, {}, SLOW, report=None) == []
+    quiet = [_straggler_step(sim, {}, (), report=None) for _ in range(int(CFG.straggler_clear_s) + 2)]
+    resumed = [a for acts in quiet for a in acts]
+    assert [(a.node, a.kind) for a in resumed] == [("gpu002", NodeActionKind.RESUME)]
+    assert sum(1 for acts in quiet[:29] for _ in acts) == 0, "not before 30 s without a slowing reason"
+
+
+def test_a_job_cannot_drain_a_node_that_is_not_its_own_or_whose_gpus_are_fine() -> None:
+    sim = Sim(("gpu001", "gpu002", "gpu003"))
+    sim.run(4, ("gpu001", "gpu002", "gpu003"))
+    # gpu002 throttled but not the job's node (the job runs on gpu001 and gpu003)
+    assert _straggler_step(sim, {7: ("gpu001", "gpu003")}, SLOW) == []
+    assert sim.state.unconfirmed == ((7, "gpu002", "not a node of that job (Slurm)"),)
+    # the job's node, but its NVML reports no slowing reason: the job's word alone drains nothing
+    assert _straggler_step(sim, {7: ("gpu001", "gpu002")}, ()) == []
+    assert sim.state.unconfirmed == ((7, "gpu002", "its GPUs report no slowing clock reason (NVML)"),)
+
+
+def test_an_admin_drain_is_kept_over_a_straggler() -> None:
+    sim = Sim()
+    sim.run(4, ("gpu001", "gpu002"))
+    sim.slurm["gpu002"] = node("gpu002", "IDLE+DRAIN", reason="rma ticket 42")
+    assert _straggler_step(sim, {7: ("gpu001", "gpu002")}, SLOW) == []
+    assert sim.slurm["gpu002"].reason == "rma ticket 42"

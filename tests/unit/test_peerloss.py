@@ -153,6 +153,59 @@ def test_the_agents_socket_hears_the_kernels_uid_and_beats_at_once(tmp_path: Pat
     assert beats[1].suspect_jobs == (43,) and agent.reports_accepted == 1
 
 
+# -- straggler reports (issue 16): rank 0's flag, through its node's agent --------------------------------------------
+def test_straggler_reports_parse_strictly() -> None:
+    data = peerloss.encode_straggler(7, "gpu002", 1.3)
+    assert data == b"nuro-straggler/1 7 gpu002 1.300" and peerloss.parse_straggler(data) == (7, "gpu002", 1.3)
+    assert peerloss.parse(data) is None  # one parser per kind: a straggler report is no peer loss
+    for junk in (b"nuro-straggler/1 7 gpu002", b"nuro-straggler/1 0 gpu002 1.3", b"nuro-straggler/1 7 ../x 1.3",
+                 b"nuro-straggler/1 7 gpu002 0.9", b"nuro-straggler/1 7 gpu002 nan", b"nuro-straggler/1 7 gpu002 1e9",
+                 b"nuro-straggler/1 7 gpu002 1.3 x", b"nuro-straggler/1 7 gpu002 " + b"1" * 300):  # fmt: skip
+        assert peerloss.parse_straggler(junk) is None, junk
+    with pytest.raises(ValueError):
+        peerloss.encode_straggler(7, "a b", 1.3)
+
+
+def test_heartbeats_carry_throttled_gpus_and_straggler_reports_only_when_there_are_some() -> None:
+    plain = hb.encode(hb.Heartbeat("gpu001", 1, 1, 1.0), KEY)
+    assert b"throttled" not in plain and b"stragglers" not in plain
+    beat = hb.Heartbeat("gpu001", 1, 2, 1.0, throttled=("gpu2: SM 900 MHz (SW thermal slowdown)",),
+                        stragglers=((7, "gpu002", 1.3),))  # fmt: skip
+    back = hb.decode(hb.encode(beat, KEY), KEY)
+    assert back.throttled == beat.throttled and back.stragglers == ((7, "gpu002", 1.3),)
+    too_many = tuple((j, "gpu002", 1.3) for j in range(1, 6))
+    for bad in ({"stragglers": ((7, "../x", 1.3),)}, {"stragglers": ((7, "gpu002", 0.5),)},
+                {"throttled": ("x" * 81,)}, {"stragglers": too_many}):  # fmt: skip
+        with pytest.raises(hb.BadHeartbeat):
+            hb.Heartbeat("gpu001", 1, 3, 1.0, **bad)
+
+
+def test_the_agent_names_only_gpus_a_slowing_reason_holds_down() -> None:
+    from nuro.healthcheck.agent import throttled_gpus
+    from nuro.healthcheck.probes import GpuStatus, NodeGpuReport
+
+    report = NodeGpuReport("fake", gpus=(
+        GpuStatus(0, sm_clock_mhz=1980, throttle_reasons=("GPU idle",)),
+        GpuStatus(2, sm_clock_mhz=900, throttle_reasons=("SW thermal slowdown", "applications clocks setting")),
+        GpuStatus(3, throttle_reasons=("HW power brake slowdown",)),
+    ))  # fmt: skip
+    assert throttled_gpus(report) == ("gpu2: SM 900 MHz (SW thermal slowdown)", "gpu3: (HW power brake slowdown)")
+    assert throttled_gpus(None) == ()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's files (the agent refuses others')")
+def test_the_agent_carries_a_straggler_report_of_its_own_jobs_user_for_a_while(tmp_path: Path) -> None:
+    clock = [100.0]
+    agent, _ = _agent(tmp_path, clock)
+    _record(tmp_path, 41, 1001)
+    assert not agent.report_straggler(41, "gpu002", 1.3, 1002)  # not its user
+    assert not agent.report_straggler(40, "gpu002", 1.3, 1001)  # no such job here
+    assert agent.report_straggler(41, "gpu002", 1.3, 1001)
+    assert agent.beat_once().stragglers == ((41, "gpu002", 1.3),)
+    clock[0] += peerloss.STRAGGLER_TTL_S + 0.1
+    assert agent.beat_once().stragglers == ()
+
+
 # -- the detector ------------------------------------------------------------------------------------------------
 
 CFG = LivenessConfig(interval_s=0.25, miss_limit=4)

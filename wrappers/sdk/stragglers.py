@@ -22,8 +22,10 @@ re-synchronise the ranks too, so their waits count as waits (``timed_collective`
 collectives of its own (a metrics all-reduce) wraps them the same way, or the straggler hides in them.
 
 Noise is not a straggler: a window's median ignores one slow step, and a step that saved a checkpoint can be left
-out (``observe(skip=True)``); ``sustain`` windows must agree. Attribution to a GPU is the node agent's part: its
-``gpu`` points carry each GPU's SM clock and throttle reasons (``nuro.healthcheck.probes``) for the node named here.
+out (``observe(skip=True)``); ``sustain`` windows must agree. Attribution to a GPU is the platform's part: rank 0
+reports each flag to its node agent (``nuro-straggler/1``), and the controller drains the flagged node with a
+``nuro-straggler:`` reason only when it is this job's node (Slurm) and its own agent's NVML readings show a slowing
+clock reason (``slurm_plugins/controller/liveness``); a job's word alone never drains a node.
 
 Acting is opt-in (issue 16 item 2): with ``move=MovePolicy(guard)`` rank 0 weighs each new straggler by cost
 (``nuro.policy.straggler_move``: the remaining steps at today's step time against the job's own checkpoint time
@@ -160,6 +162,19 @@ class MovePolicy:
         return decide_move(slowdown, remaining_s, self.checkpoint_s(), self.restart_s, self.margin)
 
 
+def _tell_the_platform(node: str, slowdown: float) -> bool:
+    """Report the flag to this node's agent (``nuro-straggler/1``, ``nuro.protocol.peerloss``): the controller
+    drains ``node`` with a ``nuro-straggler:`` reason only if it is this job's and its own NVML shows a slowing
+    clock reason. Never raises; False outside a Slurm job or without an agent."""
+    from nuro.protocol import peerloss  # lazy: only on a flag
+
+    job, here = os.environ.get("SLURM_JOB_ID", ""), os.environ.get("SLURMD_NODENAME", "")
+    if not job.isdigit() or not peerloss.is_node_name(here) or not peerloss.is_node_name(node) or not slowdown > 1:
+        return False
+    return peerloss.send_straggler(peerloss.socket_path(peerloss.socket_dir(os.environ), here), int(job), node,
+                                   slowdown)  # fmt: skip
+
+
 def _env_float(name: str) -> float | None:
     raw = os.environ.get(name, "").strip()
     try:
@@ -278,6 +293,7 @@ class StragglerWatch:
             node = self.nodes[rank] if rank < len(self.nodes) else ""
             log.warning("straggler: rank %d on %s is %.2fx the fastest rank", rank, node or "?", scores[rank])
             self._emit("straggler", rank=rank, node_of_rank=node, slowdown=round(scores[rank], 3), window=self.window)
+            _tell_the_platform(node, scores[rank])
             if self.move is not None:
                 self._decide(rank, node, scores[rank], step_s)
         for rank in cleared:
