@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import argparse
 import signal
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 from bench.bench_detection import _controller
-from bench.common import cluster, save
+from bench.common import cluster, p50, save
 from nuro.checkpoint.restore import latest_committed_step
 from nuro.devcluster import scenario
 from nuro.objectstore import ObjectStore
@@ -99,19 +98,8 @@ def _round(layout, env: dict[str, str], work: Path, dataset: str, repo: Path, nu
         rate = (progress[-1].step - progress[0].step) / max(1e-9, progress[-1].ts - progress[0].ts)
         row["lost_steps"] = max(before) - restored
         row["lost_s"] = round(row["lost_steps"] / rate, 2) if rate > 0 else None
-    scenario.revive_node(env, victim)
-    node_back = time.time()
-    while time.time() - node_back < 60:
-        info = next((n for n in backend.nodes() if n.name == victim), None)
-        if info is not None and not info.flags & {"DOWN", "DRAIN", "NOT_RESPONDING"}:
-            break
-        time.sleep(0.5)
+    scenario.revive_and_wait(env, victim)
     return row
-
-
-def _p50(rows: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return round(statistics.median(vals), 2) if vals else None
 
 
 def main() -> None:
@@ -138,7 +126,7 @@ def main() -> None:
     for version in versions:
         mine = [r for r in rows if r["slurm"] == version]
         summary = {
-            mode: {k: _p50([r for r in mine if r["mode"] == mode], k) for k in (*PHASES, "lost_steps", "lost_s")}
+            mode: {k: p50([r for r in mine if r["mode"] == mode], k) for k in (*PHASES, "lost_steps", "lost_s")}
             for mode in ("nuro", "slurm_alone")
         }
         n, b = summary["nuro"]["first_step"], summary["slurm_alone"]["first_step"]

@@ -13,12 +13,11 @@ detect (controller's node_lost), restart (spare: the swap; requeue: the new atte
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import cluster, save
+from bench.common import cluster, p50, save
 from nuro.checkpoint.restore import latest_committed_step
 from nuro.devcluster import scenario
 from nuro.objectstore import ObjectStore
@@ -66,19 +65,8 @@ def _round(env: dict[str, str], work: Path, dataset: str, repo: Path, spare: boo
         "first_step": since(rec.first_step) if rec else None,
         "steps_lost": rec.to_json()["steps_lost"] if rec else None,
     }
-    scenario.revive_node(env, victim)
-    back = time.time()
-    while time.time() - back < 60:
-        info = next((n for n in backend.nodes() if n.name == victim), None)
-        if info is not None and not info.flags & {"DOWN", "DRAIN", "NOT_RESPONDING"}:
-            break
-        time.sleep(0.5)
+    scenario.revive_and_wait(env, victim)
     return row
-
-
-def _p50(rows: list[dict], key: str) -> float | None:
-    vals = [r[key] for r in rows if r.get(key) is not None]
-    return round(statistics.median(vals), 2) if vals else None
 
 
 def main() -> None:
@@ -97,7 +85,7 @@ def main() -> None:
             row = {"slurm": args.slurm, **_round(env, work, dataset, repo, spare=i % 2 == 0)}
             rows.append(row)
             print(f"{row['mode']} {i // 2 + 1}: {row}", flush=True)
-    summary = {m: {k: _p50([r for r in rows if r["mode"] == m], k) for k in (*PHASES, "steps_lost")}
+    summary = {m: {k: p50([r for r in rows if r["mode"] == m], k) for k in (*PHASES, "steps_lost")}
                for m in ("spare", "requeue")}  # fmt: skip
     s, r = summary["spare"]["first_step"], summary["requeue"]["first_step"]
     save("spares", {

@@ -49,6 +49,12 @@ def median_s(fn: Callable[[], object], repeat: int) -> float:
     return statistics.median(timed(fn) for _ in range(repeat))
 
 
+def p50(rows: list[dict], key: str) -> float | None:
+    """The median of ``key`` over the rows that have it (None when none does), rounded to 0.01."""
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return round(statistics.median(vals), 2) if vals else None
+
+
 def run(argv: list[str], env: dict[str, str], stdin: str | None = None) -> str:
     res = subprocess.run(
         argv, input=stdin, env={**os.environ, **env}, capture_output=True, text=True, timeout=120, check=True

@@ -22,6 +22,7 @@ from typing import TypeVar
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.metrics.sink import sink_from_env
 from nuro.runs import report
+from nuro.slurm import CliBackend
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_ddp"
@@ -135,6 +136,20 @@ def kill_node(env: dict[str, str], node: str) -> dict:
 
 def revive_node(env: dict[str, str], node: str) -> None:
     run_cmd([str(BIN / "nuro-admin"), "devcluster", "revive-node", node], env)
+
+
+def revive_and_wait(env: dict[str, str], node: str, timeout_s: float = 60) -> bool:
+    """Revive ``node`` and wait until the detector has put it back in service (no DOWN, DRAIN, NOT_RESPONDING);
+    False when it was not back within ``timeout_s`` (the caller decides whether that matters)."""
+    revive_node(env, node)
+    backend = CliBackend(env=env)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        info = next((n for n in backend.nodes() if n.name == node), None)
+        if info is not None and not info.flags & {"DOWN", "DRAIN", "NOT_RESPONDING"}:
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def steps_logged(log: Path) -> list[tuple[float, int]]:

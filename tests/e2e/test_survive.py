@@ -21,7 +21,7 @@ from nuro.checkpoint.restore import latest_committed_step
 from nuro.devcluster import scenario
 from nuro.objectstore import ObjectStore
 from nuro.runs import timeline_report
-from nuro.slurm import JobPhase
+from nuro.slurm import JobInfo, JobPhase
 from tests.integration.conftest import LiveCluster, cancel_jobs_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
@@ -59,13 +59,10 @@ def test_a_node_kill_with_a_hot_spare_goes_on_without_a_requeue(
                                     and j.phase == JobPhase.RUNNING and len(j.nodes) == 3 and j, 180)  # fmt: skip
             scenario.wait_for("a committed checkpoint", lambda: latest_committed_step(store, run.team, run.name), 180)
             victim = job.nodes[1]  # the second training node (the first is the batch host, the last the spare)
-            on_failure.callback(_revive_quietly, env, victim)
-            killed = scenario.kill_node(env, victim)
-            final = backend.wait_for_job(run.job_id, timeout_s=400)
+            killed, final = _crash_and_wait(cluster, run, victim, on_failure)
         finally:
             cancel_jobs_of(cluster, ("alice",))
-        log = run.log.read_text()
-        assert final.phase == JobPhase.COMPLETED, f"job {run.job_id} ended {final.state}:\n{log[-3000:]}"
+        log = _completed_log(run, final)
         assert final.restart_count == 0, "no requeue: the spare took the lost node's place"
         assert [a.state for a in backend.attempts(run.job_id)] == ["COMPLETED"], "one attempt in accounting"
         assert f"nuro: node(s) {victim} lost; going on with spare(s) {job.nodes[2]}" in log, log[-3000:]
@@ -123,13 +120,10 @@ def _check_recovery(
         job = scenario.wait_for("the run to start on 2 nodes", running, 180)
         scenario.wait_for("a committed checkpoint", lambda: latest_committed_step(store, run.team, run.name), 180)
         victim = job.nodes[-1]
-        on_failure.callback(_revive_quietly, env, victim)
-        killed = scenario.kill_node(env, victim)
-        final = backend.wait_for_job(run.job_id, timeout_s=400)
+        killed, final = _crash_and_wait(cluster, run, victim, on_failure)
     finally:
         cancel_jobs_of(cluster, ("alice",))
-    log = run.log.read_text()
-    assert final.phase == JobPhase.COMPLETED, f"job {run.job_id} ended {final.state}:\n{log[-3000:]}"
+    log = _completed_log(run, final)
     assert final.restart_count == 1, "exactly one requeue: the node loss"
     assert victim not in final.nodes, "the restart ran on healthy nodes"
 
@@ -173,6 +167,22 @@ def _check_recovery(
     scenario.revive_node(env, victim)
     scenario.wait_for(f"{victim} to be resumed", lambda: in_service(cluster, victim), 60)
     return restored
+
+
+def _crash_and_wait(
+    cluster: LiveCluster, run: scenario.Run, victim: str, on_failure: contextlib.ExitStack
+) -> tuple[dict, JobInfo]:
+    """Crash ``victim`` like a host (revived by ``on_failure`` if the test fails) and wait for the job's end."""
+    on_failure.callback(_revive_quietly, cluster.env, victim)
+    killed = scenario.kill_node(cluster.env, victim)
+    return killed, cluster.backend.wait_for_job(run.job_id, timeout_s=400)
+
+
+def _completed_log(run: scenario.Run, final: JobInfo) -> str:
+    """The run's output, once it is known the job ended COMPLETED (else the test fails with its tail)."""
+    log = run.log.read_text()
+    assert final.phase == JobPhase.COMPLETED, f"job {run.job_id} ended {final.state}:\n{log[-3000:]}"
+    return log
 
 
 def _events(path: Path) -> list[dict]:

@@ -17,6 +17,7 @@ import pytest
 from nuro.wrappers import launch
 from nuro.wrappers.launch import LaunchError, plan_torchrun, rdzv_port
 from nuro.wrappers.launch_outcome import Kind
+from tests.clocks import SleepClock
 
 ENV = {"SLURM_JOB_ID": "4711", "SLURM_JOB_NUM_NODES": "2", "SLURM_NODEID": "1"}
 
@@ -223,28 +224,15 @@ def test_only_an_unsignalled_consequence_verdict_waits_for_the_others(kind, node
     assert launch.should_settle(Kind(kind), nodes, stop) is want
 
 
-class _Clock:
-    """A fake monotonic clock that sleeping advances."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
 def test_the_step_requeues_itself_when_no_node_goes_down_in_time() -> None:
-    clock, asked = _Clock(), []
+    clock, asked = SleepClock(), []
     taken = launch.await_node_loss("7", 3.0, job_state=lambda j: asked.append(j) or "RUNNING",
                                    sleep=clock.sleep, clock=clock)  # fmt: skip
     assert taken is False and 3.0 <= clock.now < 4.0 and set(asked) == {"7"}
 
 
 def test_once_slurm_requeues_the_job_the_step_waits_to_be_ended_and_never_requeues() -> None:
-    clock = _Clock()
+    clock = SleepClock()
     states = iter(["RUNNING", "RUNNING", "SlurmError", "REQUEUED"])
 
     def state(_job: str) -> str:

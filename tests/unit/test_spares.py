@@ -9,6 +9,7 @@ import pytest
 
 from nuro.wrappers import launch, spares
 from nuro.wrappers.launch_outcome import Kind, Outcome
+from tests.clocks import SleepClock
 
 ALLOC = ["gpu001", "gpu002", "gpu003", "gpu004"]
 
@@ -88,21 +89,10 @@ def _verdict(node: int) -> Outcome:
     return Outcome(Kind.REQUEUE, 75, "lost a peer", node=node, at=1.0)
 
 
-class _Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, s: float) -> None:
-        self.now += s
-
-
 def test_the_step_swaps_only_once_slurm_took_the_silent_node_out() -> None:
     state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
     answers = iter([["gpu001", "gpu002", "gpu003"], ["gpu001", "gpu002", "gpu003"], ["gpu001", "gpu003"]])
-    clock = _Clock()
+    clock = SleepClock()
     swap = launch._swap_for_lost(state, "7", [_verdict(0)], 10, job_nodes=lambda _j: next(answers),
                                  sleep=clock.sleep, clock=clock)  # fmt: skip
     assert swap is not None and swap.lost == ("gpu002",) and state.active == ["gpu001", "gpu003"]
@@ -110,7 +100,7 @@ def test_the_step_swaps_only_once_slurm_took_the_silent_node_out() -> None:
 
 def test_a_silent_node_that_stays_allocated_is_not_swapped(capsys: pytest.CaptureFixture[str]) -> None:
     state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
-    clock = _Clock()
+    clock = SleepClock()
     swap = launch._swap_for_lost(state, "7", [_verdict(0)], 2, job_nodes=lambda _j: ["gpu001", "gpu002", "gpu003"],
                                  sleep=clock.sleep, clock=clock)  # fmt: skip
     assert swap is None and state.active == ["gpu001", "gpu002"] and clock.now >= 2
