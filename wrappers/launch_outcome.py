@@ -208,9 +208,17 @@ _ROOT_CAUSE_RE = re.compile(
 )
 
 
+#: torch.distributed prefixes what a rank prints to stderr with ``[rank<N>]: `` (its uncaught exception included)
+_RANK_PREFIX_RE = re.compile(r"^\[rank\d+\]:\s?")
+
+
 def last_exception_line(traceback_text: str) -> str:
-    """The ``Type: message`` line that ends a Python traceback (or the text's last non-empty line)."""
-    lines = [ln.strip() for ln in traceback_text.strip().splitlines() if ln.strip()]
+    """The ``Type: message`` line that ends a Python traceback (or the text's last non-empty line). A ``[rankN]: ``
+    prefix is looked through: torch adds one to each line, and an error raised inside a DDP communication hook is
+    followed by an ``At:`` frame list, so the text's last line is no exception (captured in CI: a lost peer then
+    read as the user's failure)."""
+    lines = [_RANK_PREFIX_RE.sub("", ln.strip()).strip() for ln in traceback_text.strip().splitlines() if ln.strip()]
+    lines = [ln for ln in lines if ln]
     for line in reversed(lines):
         if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt)\b", line) or line.startswith("Signal "):
             return line

@@ -1,10 +1,11 @@
-"""A straggler report on the real controller: a node is drained ``nuro-straggler:`` only when Slurm says it is the
-reporting job's and its own heartbeats say a slowing clock reason holds its GPUs; it is resumed once they no longer do.
+"""A straggler report end to end on the real cluster: a node is drained ``nuro-straggler:`` only when Slurm says it is
+the reporting job's and its own NVML readings show a slowing clock reason; resumed once they no longer do.
 
-The two nodes' real agents are paused (SIGSTOP) and the test beats for them, signed with each node's own key, as
-their agents would: the job's rank-0 node carrying the job's report (``stragglers``), the flagged node carrying what
-its NVML probe would say (``throttled``). The agent's half (the report socket, ``throttled_gpus``) is unit-tested in
-tests/unit/test_peerloss.py. Afterwards the agents are restarted (a new boot) and the nodes put back in service.
+Every part is real: a 2-node Slurm job whose batch step (on the first node) reports the second node to its node
+agent's socket every second, as ``StragglerWatch`` does on a flag (``nuro-straggler/1``; the agent checks the sender's
+uid from the kernel against the job's root-written record); the agents' heartbeats; the controller's judgement;
+Slurm's drain and resume. The flagged node's GPUs come from the fake ``libnvidia-ml.so.1`` (tests/fake_nvml.py): a
+node agent with the NVML probe replaces the dev cluster's own (which probes nothing) while the GPU is "throttled".
 """
 
 from __future__ import annotations
@@ -13,103 +14,97 @@ import contextlib
 import json
 import os
 import signal
-import threading
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from nuro.devcluster import manager
 from nuro.devcluster.layout import PortPlan
 from nuro.lifecycle.platform_events import read_events
-from nuro.protocol import heartbeat as hb
+from nuro.protocol import peerloss
 from nuro.slurm import NodeInfo
+from tests import fake_nvml
 from tests.integration.conftest import LiveCluster, wait_until
 
 pytestmark = [pytest.mark.slurm]
 
-SLOW = ("gpu2: SM 900 MHz (SW thermal slowdown)",)
+REPORTER, FLAGGED = "gpu003", "gpu004"
+THROTTLED = {"gpus": 8, "gpu2.throttle": "0x20", "gpu2.sm_clock": 900}  # SW thermal slowdown
+SLOW_TEXT = "gpu2: SM 900 MHz (SW thermal slowdown)"
+
+
+@pytest.fixture(scope="module")
+def lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return fake_nvml.build(tmp_path_factory.mktemp("fake_nvml"))
 
 
 def _node(cluster: LiveCluster, name: str) -> NodeInfo:
     return next(n for n in cluster.backend.nodes() if n.name == name)
 
 
-class _Beats:
-    """Beats for ``reporter`` and ``flagged`` every 0.25 s, in place of their paused agents; what they carry is set
-    while it runs."""
-
-    def __init__(self, cluster: LiveCluster, reporter: str, flagged: str) -> None:
-        master = hb.load_key(cluster.layout.heartbeat_key)
-        self.keys = {n: hb.node_key(master, n) for n in (reporter, flagged)}
-        port = PortPlan(manager.recorded_port_base(cluster.layout)).heartbeat
-        self.addr = ("127.0.0.1", port)
-        self.reporter, self.flagged = reporter, flagged
-        self.boot = int(time.time() * 1000)
-        self.report: tuple[tuple[int, str, float], ...] = ()
-        self.throttled: tuple[str, ...] = ()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        import socket
-
-        seq = 0
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            while not self.stop.is_set():
-                seq += 1
-                now = time.time()
-                for node, extra in ((self.reporter, {"stragglers": self.report}),
-                                    (self.flagged, {"throttled": self.throttled})):  # fmt: skip
-                    s.sendto(hb.encode(hb.Heartbeat(node, self.boot, seq, now, **extra), self.keys[node]), self.addr)
-                self.stop.wait(0.25)
+def _agent_status(cluster: LiveCluster, node: str) -> dict:
+    return json.loads((cluster.layout.agents_dir / f"{node}.json").read_text())
 
 
-def _agent_pid(cluster: LiveCluster, node: str) -> int:
-    return int(json.loads((cluster.layout.agents_dir / f"{node}.json").read_text())["pid"])
+def _events(cluster: LiveCluster, since: float, kind: str) -> list[dict]:
+    return [e for e in read_events(cluster.layout.events_log, since=since, node=FLAGGED) if e["kind"] == kind]
+
+
+def _nvml_agent(cluster: LiveCluster, lib_dir: Path, tmp_path: Path) -> subprocess.Popen:
+    """A node agent for FLAGGED with the NVML probe on the fake library (throttled GPU 2), its own status dir; its
+    boot is newer than the dev cluster's agent, so the controller takes its beats from then on."""
+    env = fake_nvml.env_for(lib_dir, fake_nvml.write_scenario(tmp_path / "throttled.txt", THROTTLED))
+    env.pop("NURO_ENV_FILE", None)
+    port = PortPlan(manager.recorded_port_base(cluster.layout)).heartbeat
+    key = cluster.layout.heartbeat_key.parent / "heartbeat-nodes" / f"{FLAGGED}.key"
+    argv = [sys.executable, "-m", "nuro.healthcheck.agent", "--node", FLAGGED, "--controller", f"127.0.0.1:{port}",
+            "--key-file", str(key), "--interval-s", "0.25", "--probe", "nvml", "--status-dir", str(tmp_path / "st"),
+            "--log-file", str(tmp_path / "agent.log")]  # fmt: skip
+    agent = subprocess.Popen(argv, env=env)
+    wait_until(lambda: (tmp_path / "st" / f"{FLAGGED}.json").exists(), 30, "the NVML agent's first beat")
+    return agent
 
 
 def test_a_flagged_node_is_drained_only_when_it_is_the_jobs_and_its_nvml_agrees(
-    cluster: LiveCluster, restore: list[str]
+    cluster: LiveCluster, restore: list[str], lib_dir: Path, tmp_path: Path
 ) -> None:
-    reporter, flagged = "gpu003", "gpu004"
-    restore += [reporter, flagged]
-    job_id = cluster.backend.submit("#!/bin/bash\nsleep 900\n", "-N2", f"--nodelist={reporter},{flagged}",
-                                    "-o", "/dev/null")  # fmt: skip
-    beats = _Beats(cluster, reporter, flagged)
-    paused = [_agent_pid(cluster, n) for n in (reporter, flagged)]
+    restore += [REPORTER, FLAGGED]
+    sock = peerloss.socket_path(peerloss.socket_dir(cluster.env), REPORTER)
+    report = (f"from pathlib import Path; from nuro.protocol import peerloss; "
+              f"peerloss.send_straggler(Path('{sock}'), int('$SLURM_JOB_ID'), '{FLAGGED}', 1.4)")  # fmt: skip
+    script = f'#!/bin/bash\nwhile :; do {sys.executable} -c "{report}"; sleep 1; done\n'
+    t0 = time.time()
+    job_id = cluster.backend.submit(script, "-N2", f"--nodelist={REPORTER},{FLAGGED}", "-o", "/dev/null")
+    nvml_agent = None
+    own = _agent_status(cluster, FLAGGED)["pid"]
     try:
         wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING", 60, "the job running")
-        t0 = time.time()
-        for pid in paused:
-            os.kill(pid, signal.SIGSTOP)
-        beats.thread.start()
-        # 1. the job's word alone: its node's GPUs report nothing slowing -> not acted on, on record
-        beats.report = ((job_id, flagged, 1.4),)
-        wait_until(lambda: any(e["kind"] == "straggler_unconfirmed" and e["jobs"] == [job_id]
-                               for e in read_events(cluster.layout.events_log, since=t0, node=flagged)),
-                   15, "the unconfirmed report on record")  # fmt: skip
-        assert not _node(cluster, flagged).is_drained
-        # 2. its NVML agrees: drained with the straggler reason, on record
-        beats.throttled = SLOW
-        wait_until(lambda: _node(cluster, flagged).is_drained, 15, f"{flagged} drained as a straggler")
-        reason = _node(cluster, flagged).reason or ""
-        assert reason == f"nuro-straggler: job {job_id} ran 1.40x slower here; {SLOW[0]}", reason
-        events = read_events(cluster.layout.events_log, since=t0, node=flagged)
-        assert any(e["kind"] == "node_straggler" for e in events), events
-        assert not _node(cluster, reporter).is_drained
-        # 3. clocks back: resumed once its beats have said nothing slowing for straggler_clear_s (30 s)
-        beats.report, beats.throttled = (), ()
-        cleared = time.time()
-        wait_until(lambda: not _node(cluster, flagged).is_drained, 60, f"{flagged} resumed when its clocks recovered")
-        print(f"\nresumed {time.time() - cleared:.1f} s after its GPUs stopped reporting a slowing reason")
-        assert time.time() - cleared >= 29
+        # 1. the job's word alone (the node's agent probes no GPU slowdown): not acted on, on record
+        wait_until(lambda: _events(cluster, t0, "straggler_unconfirmed"), 30, "the unconfirmed report on record")
+        assert not _node(cluster, FLAGGED).is_drained
+        # 2. its NVML shows a slowing clock reason: drained with it in the reason, on record
+        nvml_agent = _nvml_agent(cluster, lib_dir, tmp_path)
+        os.kill(own, signal.SIGSTOP)  # its beats (an older boot) are refused from now on anyway
+        wait_until(lambda: _node(cluster, FLAGGED).is_drained, 30, f"{FLAGGED} drained as a straggler")
+        reason = _node(cluster, FLAGGED).reason or ""
+        assert reason == f"nuro-straggler: job {job_id} ran 1.40x slower here; {SLOW_TEXT}", reason
+        assert _events(cluster, t0, "node_straggler") and not _node(cluster, REPORTER).is_drained
     finally:
-        for pid in paused:  # a new boot: the restarted agents' beats outrank the test's
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGTERM)
-        with contextlib.suppress(Exception):
-            for n in (reporter, flagged):
-                wait_until(lambda n=n: _agent_pid(cluster, n) not in paused, 30, f"{n}'s agent restarted")
-        beats.stop.set()
         cluster.run(["scancel", str(job_id)], check=False)
+        with contextlib.suppress(ProcessLookupError):  # restarted: a new boot, beats taken over from the NVML agent
+            os.kill(own, signal.SIGCONT)
+            os.kill(own, signal.SIGTERM)
+        with contextlib.suppress(Exception):
+            wait_until(lambda: _agent_status(cluster, FLAGGED)["pid"] != own, 30, f"{FLAGGED}'s own agent restarted")
+        if nvml_agent is not None:
+            nvml_agent.terminate()
+            nvml_agent.wait(10)
+    # 3. no slowing reason any more (its own agent again): resumed once straggler_clear_s (30 s) has passed
+    cleared = time.time()
+    wait_until(lambda: not _node(cluster, FLAGGED).is_drained, 75, f"{FLAGGED} resumed once its clocks recovered")
+    print(f"\nresumed {time.time() - cleared:.1f} s after its GPUs stopped reporting a slowing reason")
+    assert [e for e in read_events(cluster.layout.events_log, since=cleared, node=FLAGGED)
+            if e["kind"] == "node_resumed"]  # fmt: skip

@@ -225,3 +225,13 @@ def test_a_restart_with_a_silent_node_waits_for_slurms_node_verdict(status, node
 
     verdicts = [V(Kind.REQUEUE, 75, n, 1) for n in nodes_reported]
     assert awaits_node_loss(status, verdicts, num_nodes) is want
+
+
+def test_a_lost_peer_raised_inside_a_ddp_comm_hook_is_a_restart_not_the_users_failure() -> None:
+    # rank 0's stderr in CI (Slurm 26.05, the spare e2e test): gloo's error came out of StragglerWatch's all-reduce
+    # hook, every line prefixed "[rank0]: " and followed by torch's "At:" frame lists
+    text = (FIX / "hook-peer-loss.stderr").read_text()
+    line = last_exception_line(text)
+    assert line.startswith("RuntimeError: Got the following error when running the callback") and is_comm_error(line)
+    got = classify(Evidence(torchrun_rc=1, failures=(WorkerFailure(1, line, 0),), tail=text))
+    assert (got.kind, got.exit_code) == (Kind.REQUEUE, 75), got
