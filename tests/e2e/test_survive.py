@@ -22,7 +22,7 @@ from nuro.devcluster import scenario
 from nuro.objectstore import ObjectStore
 from nuro.runs import timeline_report
 from nuro.slurm import JobInfo, JobPhase
-from tests.integration.conftest import LiveCluster, cancel_jobs_of
+from tests.integration.conftest import TEST_SLURM, LiveCluster, cancel_jobs_of
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
 
@@ -42,6 +42,12 @@ def test_a_crashed_node_is_detected_and_the_run_resumes_from_its_checkpoint(
     _check_samples_exactly_once(sample_log, restored)
 
 
+@pytest.mark.skipif(
+    TEST_SLURM == "24.11",
+    reason="Slurm 24.11 on the dev cluster sets the --no-kill job's other nodes DOWN ('not responding') ~15 s after "
+    "one of them is lost and requeues the job, after nuro's swap has already resumed it (slurmctld.log 2026-12-04; "
+    "22.05 and 26.05 keep the job running): a Slurm 24.11 behaviour under investigation, see docs/stragglers.md",
+)
 def test_a_node_kill_with_a_hot_spare_goes_on_without_a_requeue(
     cluster: LiveCluster, prepared: tuple[Path, str, Path]
 ) -> None:
