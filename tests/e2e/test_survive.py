@@ -44,9 +44,10 @@ def test_a_crashed_node_is_detected_and_the_run_resumes_from_its_checkpoint(
 
 @pytest.mark.skipif(
     TEST_SLURM == "24.11",
-    reason="Slurm 24.11 on the dev cluster sets the --no-kill job's other nodes DOWN ('not responding') ~15 s after "
-    "one of them is lost and requeues the job, after nuro's swap has already resumed it (slurmctld.log 2026-12-04; "
-    "22.05 and 26.05 keep the job running): a Slurm 24.11 behaviour under investigation, see docs/stragglers.md",
+    reason="Slurm 24.11.5 (the cached rootfs) has a ping race: healthy nodes are set DOWN 'not responding' when a ping "
+    "round to a dead node outlasts SlurmdTimeout (6 s here), so the --no-kill job loses its batch host and is requeued "
+    "after nuro's swap already resumed it; fixed in 24.11.6 ('Fix ping cycle race condition with last_response "
+    "updates'). docs/stragglers.md",
 )
 def test_a_node_kill_with_a_hot_spare_goes_on_without_a_requeue(
     cluster: LiveCluster, prepared: tuple[Path, str, Path]
