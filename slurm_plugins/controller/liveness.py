@@ -477,6 +477,10 @@ def _judge(
     in_reason = held_until(snode.reason)  # wall clock, from Slurm: as monotonic time
     hold_until = max(cur.hold_until, now + (in_reason - wall) if in_reason else 0.0)
     streak_ok = cur.healthy_since is not None and now - cur.healthy_since >= cfg.recover_intervals * cfg.interval_s
+    if ours_in_slurm and (snode.reason or "").startswith(STRAGGLER_PREFIX) and cur.healthy_since is not None:
+        # a straggler drain lifts only after straggler_clear_s of beats without a slowing reason, also when this
+        # controller did not see it set (a restart forgot the claim): count from its first beat we heard
+        streak_ok = streak_ok and now - max(cur.throttled_at, cur.healthy_since) >= cfg.straggler_clear_s
     if ours_in_slurm and streak_ok and now >= hold_until:
         resume = NodeAction(name, NodeActionKind.RESUME, snode.reason or "", Cause.RECOVERED, last_seq=cur.seq,
                             last_beat=cur.last_beat_wall or cur.last_beat)  # fmt: skip

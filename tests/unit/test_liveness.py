@@ -400,3 +400,13 @@ def test_an_admin_drain_is_kept_over_a_straggler() -> None:
     sim.slurm["gpu002"] = node("gpu002", "IDLE+DRAIN", reason="rma ticket 42")
     assert _straggler_step(sim, {7: ("gpu001", "gpu002")}, SLOW) == []
     assert sim.slurm["gpu002"].reason == "rma ticket 42"
+
+
+def test_a_restarted_controller_keeps_a_straggler_drain_until_the_node_has_been_clear_long_enough() -> None:
+    sim = Sim()  # a fresh controller: it never saw the drain set
+    reason = f"nuro-straggler: job 7 ran 1.40x slower here; {SLOW[0]}"
+    sim.slurm["gpu002"] = NodeInfo("gpu002", "IDLE+DRAIN", frozenset({"IDLE", "DRAIN"}), reason)
+    early = sim.run(10, ("gpu001", "gpu002"))
+    assert early == [], "not resumed after a mere healthy streak"
+    late = sim.run(CFG.straggler_clear_s, ("gpu001", "gpu002"))
+    assert [(a.node, a.kind) for a in late] == [("gpu002", NodeActionKind.RESUME)]

