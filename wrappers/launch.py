@@ -611,7 +611,11 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     wait_s = node_loss_wait_s(env)
     state = _spare_state(env)
     while True:
-        step_env = dict(env) if state is None or not state.swaps else {**env, spares.ENV_LAUNCH_SWAP: str(state.swaps)}
+        step_env = dict(env)
+        if state is not None:  # the training weighs a move by the spares still left (MovePolicy)
+            step_env[spares.ENV_SPARES_LEFT] = str(len(state.spares))
+            if state.swaps:
+                step_env[spares.ENV_LAUNCH_SWAP] = str(state.swaps)
         vdir = attempt_dir(base, step_env) if base else None
         _fresh_verdict_dir(vdir)
         argv = args.script if state is None else spares.with_nodelist(args.script, state.active)

@@ -24,6 +24,8 @@ ENV_SPARE_NODES = "NURO_SPARE_NODES"
 #: Which incarnation of the step this is within one attempt (0 first, 1 after the first swap, ...): the nodes write
 #: their verdicts to a directory of their own per swap, so a late verdict of a lost step never counts in the next.
 ENV_LAUNCH_SWAP = "NURO_LAUNCH_SWAP"
+#: The spares not used yet, for the training's step (a move's restart is a swap only while one is left).
+ENV_SPARES_LEFT = "NURO_SPARES_LEFT"
 MAX_SPARE_NODES = 64
 
 
@@ -147,6 +149,7 @@ class Swap:
 
 __all__ = [
     "ENV_LAUNCH_SWAP",
+    "ENV_SPARES_LEFT",
     "ENV_SPARE_NODES",
     "MAX_SPARE_NODES",
     "SpareError",

@@ -47,7 +47,9 @@ def test_a_straggler_is_moved_away_from_only_when_it_pays(
         assert final.phase == JobPhase.COMPLETED and final.restart_count == 0, log[-3000:]
         assert f"nuro: the training left straggler {slow}; going on with spare(s) {job.nodes[2]}" in log, log[-3000:]
         events = run_events.read(store, long.team, long.name, long.job_id)
-        (decision,) = [e.fields for e in events if e.kind == "straggler_decision"]
+        # the first decision moves; a later one may flag a rank slowed by a busy box (CI runs three clusters), and
+        # must then not be worth a move of its own (one swap below)
+        decision = next(e.fields for e in events if e.kind == "straggler_decision")
         assert decision["move"] is True and decision["node_of_rank"] == slow, decision
         (swap,) = [e.fields for e in events if e.kind == "spare_swap"]
         assert swap["why"] == "straggler" and swap["lost"] == [slow]

@@ -132,5 +132,8 @@ def test_the_restart_cost_follows_the_spares(monkeypatch: pytest.MonkeyPatch) ->
     assert MovePolicy(_Guard()).restart_s == 5.0
     monkeypatch.setenv("NURO_SPARE_NODES", "0")
     assert MovePolicy(_Guard()).restart_s == 20.0
+    monkeypatch.setenv("NURO_SPARE_NODES", "1")
+    monkeypatch.setenv("NURO_SPARES_LEFT", "0")  # the job had one, a swap used it: a move now requeues
+    assert MovePolicy(_Guard()).restart_s == 20.0
     monkeypatch.setenv("NURO_RESTART_COST_S", "7.5")
     assert MovePolicy(_Guard()).restart_s == 7.5

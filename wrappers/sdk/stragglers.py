@@ -129,8 +129,8 @@ class MovePolicy:
         guard: the run's ``PreemptionGuard``: a move is its MOVE stop.
         checkpoint_s: the job's own save time, measured (``Checkpointer.save_seconds``) or a number.
         restart_s: what a move's restart costs; default ``NURO_RESTART_COST_S``, else the measured swap
-            (``DEFAULT_SWAP_S``) with hot spares (``NURO_SPARE_NODES``), the requeue path (``DEFAULT_REQUEUE_S``)
-            without.
+            (``DEFAULT_SWAP_S``) while a hot spare is left (``NURO_SPARES_LEFT``, else ``NURO_SPARE_NODES``), the
+            requeue path (``DEFAULT_REQUEUE_S``) without.
         margin: staying must cost this many times the move.
     """
 
@@ -147,7 +147,8 @@ class MovePolicy:
         self.guard = guard
         self._checkpoint_s = checkpoint_s
         env_cost = _env_float("NURO_RESTART_COST_S")
-        spares = (os.environ.get("NURO_SPARE_NODES") or "0").strip()
+        # the spares still left in this step (nuro-launch --step), else the job's: a swap only while one is left
+        spares = (os.environ.get("NURO_SPARES_LEFT") or os.environ.get("NURO_SPARE_NODES") or "0").strip()
         default = sm.DEFAULT_SWAP_S if spares.isdigit() and int(spares) > 0 else sm.DEFAULT_REQUEUE_S
         self.restart_s = restart_s if restart_s is not None else (env_cost if env_cost is not None else default)
         self.margin = margin if margin is not None else sm.DEFAULT_MARGIN
