@@ -306,22 +306,29 @@ class Agent:
         self._kick.set()
 
     # -- in-band reports (nuro.protocol.peerloss) -----------------------------------------------------------------
-    def report(self, job_id: int, sender_uid: int) -> bool:
-        """A job's process on this node saw a peer die: accepted when the job's root-written record names this node
-        and ``sender_uid`` (the kernel's word) is its user or root; the next beat then goes at once."""
+    def _accepts(self, job_id: int, sender_uid: int, kind: str) -> bool:
+        """Whether an in-band report of ``job_id`` from ``sender_uid`` is heard (``peerloss.accept`` against the job's
+        root-written record on this node); refusals are counted and logged at most once a minute."""
         root = self.config.health.for_node(self.config.node).staging_root
         try:
             rec = jobrecord.read(Path(root), str(job_id))
         except (OSError, ValueError):  # not a record root wrote: no job of this node
             rec = None
         uid, node = (rec.uid, rec.node) if rec is not None else (None, None)
-        if not peerloss.accept(job_id, sender_uid, uid, node, self.config.node):
-            self.reports_refused += 1
-            now = self.monotonic()
-            if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:  # a user flooding the socket must not flood the log
-                self._refusal_logged = now
-                log.warning("peer-loss report refused job=%d uid=%d (no record of that job and user here; %d refused "
-                            "so far)", job_id, sender_uid, self.reports_refused)  # fmt: skip
+        if peerloss.accept(job_id, sender_uid, uid, node, self.config.node):
+            return True
+        self.reports_refused += 1
+        now = self.monotonic()
+        if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:  # a user flooding the socket must not flood the log
+            self._refusal_logged = now
+            log.warning("%s report refused job=%d uid=%d (no record of that job and user here; %d refused so far)",
+                        kind, job_id, sender_uid, self.reports_refused)  # fmt: skip
+        return False
+
+    def report(self, job_id: int, sender_uid: int) -> bool:
+        """A job's process on this node saw a peer die: accepted when the job's root-written record names this node
+        and ``sender_uid`` (the kernel's word) is its user or root; the next beat then goes at once."""
+        if not self._accepts(job_id, sender_uid, "peer-loss"):
             return False
         now = self.monotonic()
         with self._lock:
@@ -338,14 +345,7 @@ class Agent:
     def report_straggler(self, job_id: int, node: str, slowdown: float, sender_uid: int) -> bool:
         """A job of this node flagged a rank on ``node`` as slow: carried in the beats for ``STRAGGLER_TTL_S`` when
         the job's record names this node and that user (as ``report``). The controller decides what it is worth."""
-        root = self.config.health.for_node(self.config.node).staging_root
-        try:
-            rec = jobrecord.read(Path(root), str(job_id))
-        except (OSError, ValueError):
-            rec = None
-        uid, rec_node = (rec.uid, rec.node) if rec is not None else (None, None)
-        if not peerloss.accept(job_id, sender_uid, uid, rec_node, self.config.node):
-            self.reports_refused += 1
+        if not self._accepts(job_id, sender_uid, "straggler"):
             return False
         with self._lock:
             self._stragglers[(job_id, node)] = (self.monotonic() + peerloss.STRAGGLER_TTL_S, slowdown)

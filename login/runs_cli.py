@@ -136,7 +136,8 @@ def status(job_id: int, as_json: bool) -> None:
 def _spares(job: JobInfo, meta: dict) -> dict | None:
     """The job's hot spares (``--spare-nodes``): its swaps from the run's events in S3 and the spares' idle time
     (``nuro.runs.spares``); None for a job without spares. A store that cannot be read leaves the swaps out."""
-    count = (meta.get("spares") or {}).get("nodes") if isinstance(meta.get("spares"), dict) else None
+    spares = meta.get("spares")
+    count = spares.get("nodes") if isinstance(spares, dict) else None
     if not isinstance(count, int) or count <= 0:
         return None
     swaps: list = []

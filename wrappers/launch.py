@@ -639,9 +639,7 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         if moving is not None:
             swap = state.replace([moving], _allocation(env["SLURM_JOB_ID"], [*state.active, *state.spares]))
             if swap is not None:
-                print(f"nuro: the training left straggler {moving}; going on with spare(s) {','.join(swap.spares)} "
-                      f"({swap.spares_left} left) on {','.join(swap.nodes)}", flush=True)  # fmt: skip
-                run_events.record_later("spare_swap", env=dict(env), why="straggler", **swap.fields())
+                _announce(swap, env, "straggler", f"the training left straggler {moving}")
                 env = _rendezvous_on(env, swap.nodes[0]) if swap.nodes[0] != first else env
                 continue
             print(f"nuro: no spare left to replace straggler {moving}: the requeue path follows", flush=True)
@@ -649,9 +647,7 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         if state is not None and not seen and _may_have_lost_a_node(status, found, num_nodes, env):
             swap = _swap_for_lost(state, env["SLURM_JOB_ID"], found, wait_s)
             if swap is not None:
-                print(f"nuro: node(s) {','.join(swap.lost)} lost; going on with spare(s) {','.join(swap.spares)} "
-                      f"({swap.spares_left} left) on {','.join(swap.nodes)}", flush=True)  # fmt: skip
-                run_events.record_later("spare_swap", env=dict(env), why="node_lost", **swap.fields())
+                _announce(swap, env, "node_lost", f"node(s) {','.join(swap.lost)} lost")
                 continue
             print("nuro: no spare left for the lost node: the requeue path follows", flush=True)
             return status
@@ -667,6 +663,13 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         return status
 
 
+def _announce(swap: spares.Swap, env: Mapping[str, str], why: str, what: str) -> None:
+    """Say a swap in the job's output and record it (``spare_swap`` run event)."""
+    print(f"nuro: {what}; going on with spare(s) {','.join(swap.spares)} ({swap.spares_left} left) on "
+          f"{','.join(swap.nodes)}", flush=True)  # fmt: skip
+    run_events.record_later("spare_swap", env=dict(env), why=why, **swap.fields())
+
+
 def _move_from(found: Sequence[Outcome], state: spares.SpareState) -> str | None:
     """The training node a stop asked to leave (a straggler), if it is one of the step's nodes."""
     wanted = {v.details.get("move_from") for v in found if v.kind in (Kind.REQUEUE, Kind.STOPPED)}
@@ -680,11 +683,11 @@ def _rendezvous_on(env: Mapping[str, str], first: str) -> dict[str, str]:
 
 
 def _allocation(job_id: str, fallback: list[str]) -> list[str]:
-    """The job's nodes now (Slurm's order), else ``fallback`` when Slurm does not answer."""
+    """The job's nodes now (Slurm's order), else ``fallback`` when Slurm does not answer (or lists none)."""
     try:
         return CliBackend(timeout_s=5).job_nodes(job_id) or fallback
     except SlurmError as exc:
-        log.warning("job %s nodes unreadable (%s): choosing the spare from the step's own view", job_id, exc)
+        log.warning("job %s nodes unreadable (%s)", job_id, exc)
         return fallback
 
 
@@ -722,16 +725,12 @@ def _swap_for_lost(
     """Wait up to ``wait_s`` for Slurm to take a silent training node (no verdict) out of the allocation (nuro's
     detector sets a lost node DOWN; with --no-kill Slurm removes it from the job), then swap it for a spare. Only
     nodes Slurm removed are replaced; None when none was (a launcher died, not its node) or the spares ran out."""
-    job_nodes = job_nodes or CliBackend(timeout_s=5).job_nodes
+    job_nodes = job_nodes or (lambda job: _allocation(job, []))
     reported = {v.node for v in found}
     silent = [n for i, n in enumerate(state.active) if i not in reported]
     deadline = clock() + wait_s
     while True:
-        try:
-            allocation = job_nodes(job_id)
-        except SlurmError as exc:
-            log.warning("job %s nodes unreadable while looking for the lost node (%s)", job_id, exc)
-            allocation = []
+        allocation = job_nodes(job_id)  # [] while Slurm does not answer
         # the first node gone is enough (no verdict at all: any node may be it); a second one lost at the same time
         # fails the next step, which swaps again
         lost = [n for n in state.gone(allocation) if n in silent] if allocation else []

@@ -255,28 +255,16 @@ def _swaps(
              and isinstance(e.get("ts"), int | float) and swap.ts - 120 <= e["ts"] <= swap.ts),
             key=lambda e: e["ts"], default=None,
         )  # fmt: skip
-        after = [e for e in run_events if e.restart == swap.restart and e.ts >= swap.ts]
-        first = next((e for e in after if e.kind == "first_step"), None)
-        restored = next((e for e in after if e.kind == "restored"), None)
-        progress = [e.step for e in run_events if e.restart == swap.restart and e.ts < swap.ts and e.step is not None]
-        before = [c.step for c in checkpoints if c.at <= swap.ts]
-        resumed = first.step if first else (restored.step + 1 if restored and restored.step is not None else None)
-        last_beat = lost.get("last_beat") if lost else None
+        same = [e for e in run_events if e.restart == swap.restart]
         out.append(
-            Recovery(
-                attempt=swap.restart,
-                node=lost_nodes[0] if lost_nodes else None,
-                last_beat=float(last_beat) if isinstance(last_beat, int | float) else None,
-                detected=float(lost["ts"]) if lost else None,
-                requeued=None,
-                restarted=swap.ts,
-                first_step=first.ts if first else None,
-                resumed_step=resumed,
-                last_step_before=max(progress) if progress else None,
-                last_committed_before=max(before) if before else None,
-                via="spare",
+            _recovery(
+                swap.restart, lost_nodes[0] if lost_nodes else None, lost,
+                after=[e for e in same if e.ts >= swap.ts],
+                progress=[e.step for e in same if e.ts < swap.ts and e.step is not None],
+                before=[c.step for c in checkpoints if c.at <= swap.ts],
+                requeued=None, restarted=swap.ts, via="spare",
             )
-        )
+        )  # fmt: skip
     return out
 
 
@@ -301,24 +289,46 @@ def _recoveries(
             ),
             None,
         )
-        first = next((e for e in run_events if e.kind == "first_step" and e.restart == i + 1), None)
-        restored = next((e for e in run_events if e.kind == "restored" and e.restart == i + 1), None)
-        progress = [e.step for e in run_events if e.restart == i and e.step is not None]
-        before = [c.step for c in checkpoints if c.restart is not None and c.restart <= i]
-        resumed = first.step if first else (restored.step + 1 if restored and restored.step is not None else None)
-        last_beat = lost.get("last_beat") if lost else None
         out.append(
-            Recovery(
-                attempt=i,
-                node=str(lost.get("node")) if lost else None,
-                last_beat=float(last_beat) if isinstance(last_beat, int | float) else None,
-                detected=float(lost["ts"]) if lost else None,
-                requeued=_ts(a.end_time),
-                restarted=_ts(attempts[i + 1].start_time),
-                first_step=first.ts if first else None,
-                resumed_step=resumed,
-                last_step_before=max(progress) if progress else None,
-                last_committed_before=max(before) if before else None,
+            _recovery(
+                i, str(lost.get("node")) if lost else None, lost,
+                after=[e for e in run_events if e.restart == i + 1],
+                progress=[e.step for e in run_events if e.restart == i and e.step is not None],
+                before=[c.step for c in checkpoints if c.restart is not None and c.restart <= i],
+                requeued=_ts(a.end_time), restarted=_ts(attempts[i + 1].start_time),
             )
-        )
+        )  # fmt: skip
     return out
+
+
+def _recovery(
+    attempt: int,
+    node: str | None,
+    lost: dict[str, Any] | None,
+    *,
+    after: list[RunEvent],
+    progress: list[int],
+    before: list[int],
+    requeued: float | None,
+    restarted: float | None,
+    via: str = "requeue",
+) -> Recovery:
+    """One Recovery from its records: the ``node_lost`` event (None when none), the run's events after the restart
+    (its first ``first_step``/``restored``), the steps reported before it and the checkpoints committed before it."""
+    first = next((e for e in after if e.kind == "first_step"), None)
+    restored = next((e for e in after if e.kind == "restored"), None)
+    resumed = first.step if first else (restored.step + 1 if restored and restored.step is not None else None)
+    last_beat = lost.get("last_beat") if lost else None
+    return Recovery(
+        attempt=attempt,
+        node=node,
+        last_beat=float(last_beat) if isinstance(last_beat, int | float) else None,
+        detected=float(lost["ts"]) if lost else None,
+        requeued=requeued,
+        restarted=restarted,
+        first_step=first.ts if first else None,
+        resumed_step=resumed,
+        last_step_before=max(progress) if progress else None,
+        last_committed_before=max(before) if before else None,
+        via=via,
+    )

@@ -109,11 +109,10 @@ def parse_straggler(data: bytes) -> tuple[int, str, float] | None:
 
 def send_straggler(path: Path, job_id: int, node: str, slowdown: float) -> bool:
     """One straggler report to the agent at ``path``; False (never an exception) when it could not be sent."""
-    with contextlib.suppress(OSError, ValueError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
-        s.setblocking(False)
-        s.sendto(encode_straggler(job_id, node, slowdown), str(path))
-        return True
-    return False
+    try:
+        return _send(path, encode_straggler(job_id, node, slowdown))
+    except ValueError:
+        return False
 
 
 def accept(job_id: int, sender_uid: int, record_uid: int | None, record_node: str | None, node: str) -> bool:
@@ -124,9 +123,14 @@ def accept(job_id: int, sender_uid: int, record_uid: int | None, record_node: st
 
 def send(path: Path, job_id: int) -> bool:
     """One report datagram to the agent at ``path``; False (never an exception) when it could not be sent."""
+    return _send(path, encode(job_id))
+
+
+def _send(path: Path, data: bytes) -> bool:
+    """One datagram to the agent's socket, non-blocking; False when it could not be sent (no agent, full queue)."""
     with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.setblocking(False)
-        s.sendto(encode(job_id), str(path))
+        s.sendto(data, str(path))
         return True
     return False
 

@@ -451,22 +451,21 @@ def _judge(
             return new, [NodeAction(name, NodeActionKind.DRAIN, reason, Cause.UNHEALTHY, last_seq=cur.seq,
                                     last_beat=cur.last_beat_wall or cur.last_beat)]  # fmt: skip
         return cur, []
-    # 3b. Straggler: a job flagged it and its own NVML agrees (``assess``). Drained until its beats have shown no
-    # slowing clock reason for ``straggler_clear_s``; never over an admin's drain.
+    # 3b. Straggler: a job flagged it and its own NVML agrees (``assess``). Drained (never over an admin's drain)
+    # until its beats have shown no slowing clock reason for ``straggler_clear_s``; step 4 then resumes it.
     if cur.straggler:
         if now - cur.throttled_at >= cfg.straggler_clear_s and not cur.throttled:
-            cur = replace(cur, straggler="")  # cleared: step 4 resumes it
+            cur = replace(cur, straggler="")  # cleared: a new report may claim it again
         elif admin is not None:
             return cur, []
+        elif cur.claimed is None or (
+            now - cur.issued_at >= cfg.retry_s and not (snode.is_drained and is_ours(snode.reason))
+        ):
+            new = replace(cur, claimed=Cause.STRAGGLER, issued_at=now)
+            return new, [NodeAction(name, NodeActionKind.DRAIN, cur.straggler, Cause.STRAGGLER, last_seq=cur.seq,
+                                    last_beat=cur.last_beat_wall or cur.last_beat)]  # fmt: skip
         else:
-            hold = max(cur.hold_until, (now if cur.throttled else cur.throttled_at) + cfg.straggler_clear_s)
-            if cur.claimed is None or (
-                now - cur.issued_at >= cfg.retry_s and not (snode.is_drained and is_ours(snode.reason))
-            ):
-                new = replace(cur, claimed=Cause.STRAGGLER, issued_at=now, hold_until=hold)
-                return new, [NodeAction(name, NodeActionKind.DRAIN, cur.straggler, Cause.STRAGGLER, last_seq=cur.seq,
-                                        last_beat=cur.last_beat_wall or cur.last_beat)]  # fmt: skip
-            return replace(cur, hold_until=hold), []
+            return cur, []
     # 4. Recovered: healthy long enough, hold passed, and the reason in Slurm is still ours.
     ours_in_slurm = (snode.is_drained or "DOWN" in snode.flags) and is_ours(snode.reason)
     if cur.claimed is None and (not ours_in_slurm or now - cur.issued_at < cfg.retry_s):
@@ -478,8 +477,8 @@ def _judge(
     hold_until = max(cur.hold_until, now + (in_reason - wall) if in_reason else 0.0)
     streak_ok = cur.healthy_since is not None and now - cur.healthy_since >= cfg.recover_intervals * cfg.interval_s
     if ours_in_slurm and (snode.reason or "").startswith(STRAGGLER_PREFIX) and cur.healthy_since is not None:
-        # a straggler drain lifts only after straggler_clear_s of beats without a slowing reason, also when this
-        # controller did not see it set (a restart forgot the claim): count from its first beat we heard
+        # a straggler drain lifts only after straggler_clear_s of beats without a slowing reason (also when this
+        # controller did not see it set: a restart forgot the claim; counted from the first beat heard)
         streak_ok = streak_ok and now - max(cur.throttled_at, cur.healthy_since) >= cfg.straggler_clear_s
     if ours_in_slurm and streak_ok and now >= hold_until:
         resume = NodeAction(name, NodeActionKind.RESUME, snode.reason or "", Cause.RECOVERED, last_seq=cur.seq,

@@ -302,30 +302,29 @@ MOVE_MARKER = "move"
 
 def _mark_move(node: str) -> None:
     """Tell nuro-launch which node the job is leaving (a straggler's). Never raises."""
-    stop_dir = os.environ.get("NURO_LAUNCH_STOP_DIR")
-    if not stop_dir:
-        return
-    try:
-        os.makedirs(stop_dir, exist_ok=True)
-        tmp = Path(stop_dir, f".{MOVE_MARKER}.tmp")
-        tmp.write_text(node + "\n")
-        os.replace(tmp, Path(stop_dir, MOVE_MARKER))
-    except OSError as exc:
-        log.warning("move marker not written to %s (%s)", stop_dir, exc)
+    _write_marker(MOVE_MARKER, node, "move")
 
 
 def _mark_stopped(rank: int) -> None:
     """Tell nuro-launch (``NURO_LAUNCH_STOP_DIR``) that this rank is leaving by the guard's decision (exit 75):
     however the process ends from here on (gloo's teardown can abort it), its node's verdict is "restart me".
     Never raises."""
+    _write_marker(f"rank-{rank}", "committed", f"rank {rank}: stop")
+
+
+def _write_marker(name: str, text: str, what: str) -> None:
+    """``<NURO_LAUNCH_STOP_DIR>/<name>`` holding ``text``, whole or not at all (no stop dir outside nuro-launch: no
+    marker). Never raises: a marker that cannot be written is logged, the stop goes on."""
     stop_dir = os.environ.get("NURO_LAUNCH_STOP_DIR")
     if not stop_dir:
         return
     try:
         os.makedirs(stop_dir, exist_ok=True)
-        Path(stop_dir, f"rank-{rank}").write_text("committed\n")
+        tmp = Path(stop_dir, f".{name}.tmp")
+        tmp.write_text(text + "\n")
+        os.replace(tmp, Path(stop_dir, name))
     except OSError as exc:
-        log.warning("rank %d: stop marker not written to %s (%s)", rank, stop_dir, exc)
+        log.warning("%s marker not written to %s (%s)", what, stop_dir, exc)
 
 
 __all__ = ["AckFn", "GuardNotStartedError", "PreemptionGuard", "StopReason"]

@@ -55,6 +55,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nuro.wrappers.spares import ENV_SPARE_NODES, ENV_SPARES_LEFT
+
 log = logging.getLogger(__name__)
 
 #: Steps per window; the threshold (slowdown over the fastest rank) and the windows in a row that make a straggler.
@@ -148,7 +150,7 @@ class MovePolicy:
         self._checkpoint_s = checkpoint_s
         env_cost = _env_float("NURO_RESTART_COST_S")
         # the spares still left in this step (nuro-launch --step), else the job's: a swap only while one is left
-        spares = (os.environ.get("NURO_SPARES_LEFT") or os.environ.get("NURO_SPARE_NODES") or "0").strip()
+        spares = (os.environ.get(ENV_SPARES_LEFT) or os.environ.get(ENV_SPARE_NODES) or "0").strip()
         default = sm.DEFAULT_SWAP_S if spares.isdigit() and int(spares) > 0 else sm.DEFAULT_REQUEUE_S
         self.restart_s = restart_s if restart_s is not None else (env_cost if env_cost is not None else default)
         self.margin = margin if margin is not None else sm.DEFAULT_MARGIN
