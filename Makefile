@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 # Debian's interpreter, not a per-user one (pyenv under /root): jobs and prolog run the venv as other users.
 PYTHON ?= /usr/bin/python3.11
 STATE := $(CURDIR)/.devcluster
+DEEPSPEED_VERSION := 0.19.8
 export NURO_DEVCLUSTER_DIR := $(STATE)
 
 .PHONY: venv demo test unit integration lint bench up down clean packages
@@ -18,6 +19,14 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 	# torch first, pinned: the CPU wheel on disk (an open range would fetch a multi-GB CUDA build)
 	$(PY) -m pip install -q torch==2.13.0 numpy
+	# DeepSpeed with the op it needs on CPU (shared-memory comm) built now, into this root-owned venv: no job ever
+	# compiles it (a JIT cache would have to be writable by every team, docs/deepspeed.md). The build must see this
+	# torch (--no-build-isolation) and a C++ compiler with Python's headers.
+	command -v g++ >/dev/null && test -f /usr/include/python3.11/Python.h || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ python3.11-dev)
+	$(PY) -c 'from deepspeed.git_version_info import installed_ops as o; assert o["deepspeed_shm_comm"]' 2>/dev/null || \
+	  DS_ACCELERATOR=cpu DS_BUILD_OPS=0 DS_BUILD_SHM_COMM=1 $(PY) -m pip install -q --no-build-isolation \
+	    --no-cache-dir --no-binary deepspeed -c <(echo torch==2.13.0) 'deepspeed==$(DEEPSPEED_VERSION)'
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 

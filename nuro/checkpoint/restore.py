@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -147,6 +147,7 @@ def _move_verified(src: Dir, entry: FileEntry, dest: Dir, owner: tuple[int, int]
 def _materialise(
     store: ObjectStore,
     manifest: Manifest,
+    entries: Sequence[FileEntry],
     candidates: Sequence[tuple[Dir, bool]],
     dest: Dir,
     owner: tuple[int, int] | None,
@@ -155,7 +156,7 @@ def _materialise(
     way) or from S3; returns (problems, downloaded bytes, reused local bytes)."""
     downloaded = reused = 0
     problems: list[Problem] = []
-    for entry in manifest.shards:
+    for entry in entries:
         if check_local_file(dest, entry) is None:
             reused += entry.size
             continue
@@ -191,15 +192,20 @@ def restore_step(
     owner: tuple[int, int] | None = None,
     in_place: bool = True,
     movable: Sequence[Where] = (),
+    need: Callable[[str], bool] | None = None,
 ) -> Restored:
     """Materialise one committed step (a valid local copy in place, else into ``dest/step-N``); VerificationFailed
     if a shard cannot be had with the right bytes.
+
+    ``need`` limits it to the files one node must have (a DeepSpeed checkpoint: the model states and its own ranks'
+    shards, ``nuro.checkpoint.dsfiles.needed``); None = every file of the step.
 
     Root (the prolog) passes open Dirs for every root and ``dest``, ``owner`` = the job's uid/gid for everything it
     creates, ``in_place=False`` (the job must get its own copy in its restore dir) and ``movable`` = roots no job
     can write (the node cache), whose files are moved rather than copied. The job itself passes paths.
     """
     name = L.step_name(manifest.step)
+    entries = manifest.shards if need is None else tuple(s for s in manifest.shards if need(s.path))
     with contextlib.ExitStack() as stack:
         candidates: list[tuple[Dir, bool]] = []
         for root in [*local_roots, *movable]:
@@ -209,8 +215,8 @@ def restore_step(
                 candidates.append((d, any(root is m for m in movable)))
         if in_place:
             for cand, _ in candidates:
-                if not verify_local(cand, manifest.shards):
-                    return Restored(manifest.step, cand.path, "local", manifest, reused_bytes=manifest.total_bytes)
+                if not verify_local(cand, entries):
+                    return Restored(manifest.step, cand.path, "local", manifest, reused_bytes=_size(entries))
         if dest is None:
             raise VerificationFailed(f"step {manifest.step}: no valid local copy and no dest to download into")
         if isinstance(dest, Path):
@@ -218,9 +224,9 @@ def restore_step(
         top = stack.enter_context(as_dir(dest))
         target = top.mkdir(name, 0o700, owner)
         stack.callback(target.close)
-        if in_place and not verify_local(target, manifest.shards):
-            return Restored(manifest.step, target.path, "local", manifest, reused_bytes=manifest.total_bytes)
-        problems, downloaded, reused = _materialise(store, manifest, candidates, target, owner)
+        if in_place and not verify_local(target, entries):
+            return Restored(manifest.step, target.path, "local", manifest, reused_bytes=_size(entries))
+        problems, downloaded, reused = _materialise(store, manifest, entries, candidates, target, owner)
         if problems:
             safefs.remove_at(top.fd, name)
             raise VerificationFailed(f"step {manifest.step}: corrupt: " + "; ".join(str(p) for p in problems[:5]))
@@ -228,6 +234,10 @@ def restore_step(
         safefs.write_atomic_at(target.fd, L.VERIFIED_FILE, verified, 0o644, owner)
         source: Literal["local", "s3"] = "s3" if downloaded else "local"
         return Restored(manifest.step, target.path, source, manifest, downloaded_bytes=downloaded, reused_bytes=reused)
+
+
+def _size(entries: Sequence[FileEntry]) -> int:
+    return sum(e.size for e in entries)
 
 
 def restore_latest(
@@ -241,6 +251,7 @@ def restore_latest(
     owner: tuple[int, int] | None = None,
     in_place: bool = True,
     movable: Sequence[Where] = (),
+    need: Callable[[str], bool] | None = None,
 ) -> Restored | None:
     """The newest valid checkpoint of ``team/run`` (at or below ``max_step``), materialised; None if there is none.
 
@@ -248,6 +259,7 @@ def restore_latest(
         local_roots: directories that may hold ``step-N`` copies (checked first, by sha256 against the manifest).
         dest: where ``step-N`` is downloaded when no local copy is valid. None = local copies only.
         owner, in_place, movable: root's settings (``restore_step``).
+        need: only the files one node must have (``restore_step``).
     """
     skipped: list[Skipped] = []
     for step in step_numbers(store, L.validate_team(team), L.validate_run(run)):
@@ -262,7 +274,14 @@ def restore_latest(
             continue
         try:
             restored = restore_step(
-                store, found, local_roots=local_roots, dest=dest, owner=owner, in_place=in_place, movable=movable
+                store,
+                found,
+                local_roots=local_roots,
+                dest=dest,
+                owner=owner,
+                in_place=in_place,
+                movable=movable,
+                need=need,
             )
         except (VerificationFailed, OSError) as exc:
             skipped.append(Skipped(step, str(exc).removeprefix(f"step {step}: ")))

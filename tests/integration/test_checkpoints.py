@@ -577,3 +577,113 @@ def test_reused_staging_buffers_never_mix_saves(store: ObjectStore, tmp_path: Pa
         got = {"w": torch.zeros_like(w), "nested": {"b": torch.zeros(8)}, "step": -1}
         dcp.load(got, checkpoint_id=str(ck.step_dir(step)), no_dist=True)
         assert torch.equal(got["w"], w) and torch.equal(got["nested"]["b"], b) and got["step"] == step, step
+
+
+_DS_WORKER = r"""
+import os, sys, torch, torch.distributed as dist
+from datetime import timedelta
+from pathlib import Path
+os.environ.setdefault("DS_ACCELERATOR", "cpu")
+CFG = {"train_batch_size": 16, "train_micro_batch_size_per_gpu": 16, "zero_optimization": {"stage": 2},
+       "zero_allow_untested_optimizer": True, "checkpoint": {"use_node_local_storage": True},
+       "steps_per_print": 10**9}
+
+def engine(world, seed):
+    import deepspeed
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+    cfg = dict(CFG, train_batch_size=16 * world)
+    eng, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3), config=cfg)
+    return eng
+
+def train(eng, steps, rank):
+    losses = []
+    for s in steps:
+        x = torch.randn(16, 32, generator=torch.Generator().manual_seed(1000 * s + rank))
+        loss = torch.nn.functional.mse_loss(eng(x), x.sum(1, keepdim=True))
+        eng.backward(loss)
+        eng.step()
+        losses.append(loss.item())
+    return losses
+
+def main(rank, world, run, root, port, s3_port):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", GROUP_RANK=str(rank), GLOO_SOCKET_IFNAME="lo")
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    from nuro.checkpoint.errors import CheckpointError
+    from nuro.devcluster import s3
+    from nuro.devcluster.layout import PortPlan
+    from nuro.wrappers.sdk.checkpointer import Checkpointer
+    store = s3.dev_store(PortPlan(s3_port))
+    jobs = {"node": "900", "fresh": "901", "solo": "902"}
+    node = lambda name: Path(root) / f"{name}{rank}" / jobs[name]  # each rank its own node's staging dir
+    if world == 1:  # a ZeRO checkpoint of 2 ranks cannot be loaded by 1: a clear error, nothing loaded
+        ck = Checkpointer(team="vision", run=run, store=store, staging_dir=node("solo"), upload="inline",
+                          engine=engine(1, 0))
+        try:
+            ck.restore({})
+        except CheckpointError as exc:
+            assert "saved by 2 ranks and this run has 1" in str(exc), exc
+            print("refused:", exc)
+        else:
+            raise AssertionError("a world-size change was not refused")
+        return
+    eng = engine(world, 0)
+    ck = Checkpointer(team="vision", run=run, store=store, staging_dir=node("node"), upload="inline", engine=eng)
+    state = {"progress": {"step": -1}}
+    assert ck.restore(state) is None
+    train(eng, range(0, 3), rank)
+    state["progress"]["step"] = 2
+    ck.save(state, 2)                      # async: the next steps change the weights while the writer writes
+    train(eng, range(3, 5), rank)
+    state["progress"]["step"] = 4
+    ck.save(state, 4)
+    want = train(eng, range(5, 9), rank)
+    assert ck.wait_committed(4, 60), "step 4 not committed"
+    ck.close()
+    eng2 = engine(world, 1)               # other initial weights: everything must come from the checkpoint
+    fresh = Checkpointer(team="vision", run=run, store=store, staging_dir=node("fresh"), upload="inline",
+                         engine=eng2)
+    got = {"progress": {"step": -1}}
+    assert fresh.restore(got) == 4 and got == {"progress": {"step": 4}}, got
+    assert train(eng2, range(5, 9), rank) == want, "the resumed losses differ from the uninterrupted run"
+    from nuro.checkpoint import layout as L
+    restored = sorted(p.name for p in (node("fresh") / "restore" / L.step_name(4)).iterdir())
+    shard = f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+    assert restored == [".verified.json", "mp_rank_00_model_states.pt", shard], restored  # only this node's
+    fresh.save(got, 9, sync=True)
+    assert (fresh.step_dir(9) / shard).is_file()
+    assert fresh.wait_committed(9, 60)
+    fresh.close()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    import torch.multiprocessing as mp
+    world = int(sys.argv[1])
+    mp.spawn(main, args=(world, sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])), nprocs=world,
+             join=True)
+"""
+
+
+def test_deepspeed_zero2_engine_checkpoints_through_the_pipeline(store: ObjectStore, tmp_path: Path) -> None:
+    """Issue 17: a real ZeRO-2 DeepSpeed engine on two gloo ranks (each its own node) saves asynchronously through
+    nuro's staging, upload and manifest; fresh engines resume bitwise equal, each node fetching only the model
+    states and its own shard; a run of another world size is refused with a clear error."""
+    run = _run()
+    script = tmp_path / "ds_worker.py"
+    script.write_text(_DS_WORKER)
+    port = 29500 + os.getpid() % 400
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_EXTENSIONS_DIR": str(tmp_path / "no-jit")}
+    for world in (2, 1):
+        res = subprocess.run(
+            [sys.executable, str(script), str(world), run, str(tmp_path), str(port + world), str(PORT_BASE)],
+            cwd=REPO, capture_output=True, text=True, timeout=240, env=env,
+        )  # fmt: skip
+        assert res.returncode == 0, res.stderr[-4000:]
+    parts = [parse_part(store.get(L.part_key(TEAM, run, 4, p))[0]) for p in (0, 1)]
+    model, shard0 = "mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    assert {f.path for f in parts[0].files} == {model, shard0}
+    assert {f.path for f in parts[1].files} == {"zero_pp_rank_1_mp_rank_00_optim_states.pt"}  # not its model copy
+    assert load_manifest(store, TEAM, run, 4).world_size == 2
+    # the op DeepSpeed needs on CPU was built when it was installed: no job compiles it (no JIT cache was made)
+    assert not (tmp_path / "no-jit").exists()

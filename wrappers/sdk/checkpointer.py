@@ -52,9 +52,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
+from nuro.checkpoint import dsfiles
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import CheckpointError, InvalidCheckpointInput
-from nuro.checkpoint.manifest import UploadRequest, utc_now
+from nuro.checkpoint.manifest import Manifest, UploadRequest, utc_now
 from nuro.checkpoint.nodestage import staging_root
 from nuro.checkpoint.restore import latest_committed_step, load_manifest, restore_latest, restore_step
 from nuro.checkpoint.staging import job_dirs, request_parts, write_request
@@ -118,6 +119,9 @@ class Checkpointer:
         async_save: False makes every ``save`` synchronous (the state is written before ``save`` returns).
         upload: ``"agent"`` (the node agent uploads) or ``"inline"`` (a thread of this process does); default
             ``"agent"`` when ``NURO_UPLOAD=agent``, else ``"inline"``.
+        engine: a DeepSpeed engine (``deepspeed.initialize``): ``save``/``restore`` then checkpoint the engine with
+            DeepSpeed's own API, and their ``state_dict`` is the client state saved beside it (``save`` stores it,
+            ``restore`` updates it in place). See ``nuro.wrappers.sdk.dsengine`` and docs/deepspeed.md.
 
     Raises:
         InvalidCheckpointInput: team/run missing or malformed, or a malformed NURO_* value.
@@ -136,6 +140,7 @@ class Checkpointer:
         upload: UploadMode | None = None,
         *,
         env: RunEnv | None = None,
+        engine: Any = None,
     ) -> None:
         self.env = env or RunEnv.from_env()
         team, run = team or self.env.team, run or self.env.run_name
@@ -168,6 +173,12 @@ class Checkpointer:
                 "it; elsewhere pass staging_dir= or set NURO_STAGING_DIR to a writable node-local directory"
             ) from None
 
+        self._engine, self._writer = engine, None
+        if engine is not None:
+            from nuro.wrappers.sdk import dsengine  # lazy: DeepSpeed (~1 s to import) only for a DeepSpeed job
+
+            dsengine.check_engine(engine)
+            self._writer = dsengine.install_writer(engine) if async_save else None
         self._dist, self._group, self._ctl_group = self._setup_groups(process_group)
         self.rank = self._dist.get_rank() if self._dist else self.env.rank
         self.world_size = self._dist.get_world_size() if self._dist else 1
@@ -203,7 +214,8 @@ class Checkpointer:
             self._start_thread("nuro-ckpt-record", self._record_loop)
         self._stager: Any = None  # DCP's DefaultStager, made on first use (it needs torch.distributed.checkpoint)
         self._prestage: threading.Thread | None = None
-        self._start_thread("nuro-ckpt-import", _import_dcp)  # off the first save's path (see the module docstring)
+        if engine is None:
+            self._start_thread("nuro-ckpt-import", _import_dcp)  # off the first save's path (see the module docstring)
 
     # -- set-up ------------------------------------------------------------------------------------------------
     def _default_staging_dir(self) -> Path:
@@ -235,7 +247,11 @@ class Checkpointer:
     def _owns(self, relpath: str) -> bool:
         """Is ``relpath`` (a file DCP wrote) this node's to upload? ``__<rank>_*`` files belong to that rank's
         node, everything else (``.metadata``) to the coordinator's (rank 0). On a real node the dir holds only its
-        own files anyway; this matters where nodes share the staging file system."""
+        own files anyway; this matters where nodes share the staging file system. A DeepSpeed checkpoint's files
+        go by ``dsfiles.owner_rank`` (its model states may be on every node; only rank 0's node uploads them)."""
+        if self._engine is not None:
+            rank = dsfiles.owner_rank(relpath)
+            return rank < len(self._rank_nodes) and self._rank_nodes[rank] == self.node_rank
         m = _RANK_FILE.match(relpath)
         if m and int(m.group(1)) < len(self._rank_nodes):
             return self._rank_nodes[int(m.group(1))] == self.node_rank
@@ -264,7 +280,7 @@ class Checkpointer:
     def _prestage_later(self, state_dict: dict[str, Any]) -> None:
         """Stage ``state_dict`` once on a background thread, so the first save's buffers are already allocated and
         faulted in (its content is staged again by that save). Skipped with ``async_save=False``."""
-        if not self.async_save or self._prestage is not None:
+        if not self.async_save or self._prestage is not None or self._engine is not None:
             return
 
         def run() -> None:
@@ -298,8 +314,6 @@ class Checkpointer:
             log.debug("save step=%d skipped: step %d already saved", step, self._last_saved_step)
             return
         self._wait_inflight()  # one save at a time: bounded memory, and the save group is never shared
-        import torch.distributed.checkpoint as dcp  # lazy: torch is the optional 'train' extra
-
         path = self.step_dir(step)
         if self.local_rank == 0:
             self._clear_stale(path)
@@ -310,6 +324,11 @@ class Checkpointer:
         timing = self.timings.setdefault(step, {})
         self._last_saved_step = step
         self._last_save_time = t0
+        if self._engine is not None:
+            self._save_engine(state_dict, step, path, sync)
+            return
+        import torch.distributed.checkpoint as dcp  # lazy: torch is the optional 'train' extra
+
         if sync or not self.async_save:
             dcp.save(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
             timing["stall_s"] = timing["durable_s"] = time.monotonic() - t0
@@ -328,6 +347,31 @@ class Checkpointer:
             self._finalize(step, path, t0)
 
         self._inflight = (step, self._executor.submit(finish))
+
+    def _save_engine(self, client_state: dict[str, Any], step: int, path: Path, sync: bool) -> None:
+        """DeepSpeed's save into ``path`` (its tag is the step dir's name); with the writer it returns once the
+        state is copied, and the files are handed to the upload worker when every rank's writes are done."""
+        from nuro.wrappers.sdk import dsengine  # lazy: DeepSpeed only for a DeepSpeed job (imported at __init__)
+
+        t0 = self._last_save_time
+        timing = self.timings[step]
+        dsengine.save(self._engine, path.parent, path.name, client_state)
+        timing["stall_s"] = time.monotonic() - t0
+        writer = self._writer
+
+        def finish() -> None:
+            if writer is not None:
+                writer.wait(path.name)
+            if self._dist:
+                self._dist.barrier(group=self._group)  # every rank's files are on disk before the node's scan
+            timing["durable_s"] = time.monotonic() - t0
+            self._finalize(step, path, t0)
+
+        if writer is None or sync:
+            finish()
+            timing["stall_s"] = time.monotonic() - t0
+        else:
+            self._inflight = (step, self._executor.submit(finish))
 
     def _clear_stale(self, path: Path) -> None:
         """A step dir left by an earlier attempt is moved aside, never mixed into this save."""
@@ -454,8 +498,6 @@ class Checkpointer:
         copies first), each other node's leader materialises that step too, and if any node cannot (a shard torn in
         S3 that rank 0 had a good local copy of), all ranks fall back together to the newest valid step below it.
         """
-        import torch.distributed.checkpoint as dcp  # lazy: torch is the optional 'train' extra
-
         max_step: int | None = None
         self.restore_skipped = []
         self._rank0_skipped = []
@@ -475,7 +517,14 @@ class Checkpointer:
         if step < 0 or path is None:
             self._prestage_later(state_dict)
             return None
-        dcp.load(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
+        if self._engine is not None:
+            from nuro.wrappers.sdk import dsengine  # lazy: DeepSpeed only for a DeepSpeed job
+
+            state_dict.update(dsengine.load(self._engine, path))
+        else:
+            import torch.distributed.checkpoint as dcp  # lazy: torch is the optional 'train' extra
+
+            dcp.load(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
         self._prestage_later(state_dict)
         self._last_saved_step = step
         log.info("restored step=%d from %s", step, path)
@@ -489,11 +538,12 @@ class Checkpointer:
             try:
                 found = restore_latest(
                     self.store, self.team, self.run, local_roots=self.local_roots(), dest=self.staging_dir / "restore",
-                    max_step=max_step,
+                    max_step=max_step, need=self._need(),
                 )  # fmt: skip
                 if found is not None:
                     path, step = found.path, found.step
                     self._rank0_skipped += [(s.step, s.reason) for s in found.skipped]
+                    error = self._format_problem(found.manifest)
             except (CheckpointError, ObjectStoreError, OSError) as exc:
                 error = f"rank 0: {exc}"
         if self._dist:
@@ -503,6 +553,37 @@ class Checkpointer:
         elif error:
             raise CheckpointError(f"restore failed: {error}")
         return path, step
+
+    def _need(self) -> Callable[[str], bool] | None:
+        """The files of a step this node must have: for a DeepSpeed engine the model states and its own ranks'
+        shards (``dsfiles.needed``); None (all of them) for DCP."""
+        if self._engine is None:
+            return None
+        mine = frozenset(r for r, node in enumerate(self._rank_nodes) if node == self.node_rank)
+        return lambda relpath: dsfiles.needed(relpath, mine)
+
+    def _format_problem(self, manifest: Manifest) -> str:
+        """Why this Checkpointer cannot load ``manifest``'s step ('' when it can): a DeepSpeed checkpoint is
+        loaded only into an engine, and only at the world size that wrote it (ZeRO shards are per rank)."""
+        paths = [s.path for s in manifest.shards]
+        step = manifest.step
+        if self._engine is None:
+            if dsfiles.is_deepspeed(paths):
+                return (f"rank 0: step {step} was saved by a DeepSpeed engine; restore it with "
+                        "Checkpointer(engine=engine)")  # fmt: skip
+            return ""
+        if not dsfiles.is_deepspeed(paths):
+            return (f"rank 0: step {step} is a DCP checkpoint (a DDP run); a DeepSpeed engine loads only DeepSpeed "
+                    "checkpoints: start a new run name (nuro-train --name) or restore it without engine=")  # fmt: skip
+        if dsfiles.model_parallel(paths):
+            return f"rank 0: step {step} holds model-parallel files, which nuro cannot split by node"
+        if manifest.world_size != self.world_size:
+            return (
+                f"rank 0: step {step} was saved by {manifest.world_size} ranks and this run has {self.world_size}: "
+                "a ZeRO checkpoint is sharded per rank, so resume with the same --nodes and --gpus-per-node (or "
+                "consolidate it with the step's zero_to_fp32.py and start a new run from the weights)"
+            )
+        return ""
 
     def _record_skipped(self, restored: int) -> None:
         """Rank 0 records the committed steps this restore passed over (``checkpoint_skipped`` run event), so
@@ -530,7 +611,11 @@ class Checkpointer:
             try:
                 manifest = load_manifest(self.store, self.team, self.run, step)
                 path = restore_step(
-                    self.store, manifest, local_roots=self.local_roots(), dest=self.staging_dir / "restore"
+                    self.store,
+                    manifest,
+                    local_roots=self.local_roots(),
+                    dest=self.staging_dir / "restore",
+                    need=self._need(),
                 ).path
             except (CheckpointError, ObjectStoreError, OSError) as exc:
                 error = f"rank {self.rank}: {exc}"
@@ -571,6 +656,8 @@ class Checkpointer:
             if self._stager is not None:
                 self._stager.close()  # frees the staged copy
                 self._stager = None
+            if self._writer is not None:
+                self._writer.close()
         return result
 
     def __enter__(self) -> Checkpointer:
