@@ -54,6 +54,7 @@ def resume_flags(job: JobInfo, run_root: str | None, python: str | None, time_li
     optional = {
         "tier": meta.get("tier"),
         "entrypoint.deepspeed_config": entry.get("deepspeed_config"),
+        "entrypoint.launcher": entry.get("launcher"),
         "checkpoint.interval_s": (meta.get("ckpt_policy") or {}).get("interval_s"),
         "checkpoint.keep": (meta.get("ckpt_policy") or {}).get("keep"),
         "max_requeues": (meta.get("requeue") or {}).get("max"),

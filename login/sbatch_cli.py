@@ -5,8 +5,8 @@
 Flag rules (see docs/submit.md):
 
 1. Platform flags (``--team --tier --dataset --data-seed --code REPO[@COMMIT] --commit --allow-dirty
-   --spare-nodes --ckpt-interval --ckpt-keep --resume-from --max-requeues --run-root``, plus ``--dry-run`` and
-   ``--policy``) are read only
+   --spare-nodes --launcher --deepspeed-config --ckpt-interval --ckpt-keep --resume-from --max-requeues
+   --run-root``, plus ``--dry-run`` and ``--policy``) are read only
    *before* the script, like every sbatch option; after the script everything is the script's own argument.
 2. Platform flags must be spelled in full. sbatch accepts unique prefixes of its options, so an abbreviation of a
    platform flag (``--tea``, ``--comm``) is refused instead of guessed: it could mean either.
@@ -20,6 +20,10 @@ Flag rules (see docs/submit.md):
    spare in for a lost node (``nuro.wrappers.spares``).
 7. ``--dataset`` and ``--code`` go together: the run record (``--comment``) pins both or is not written (the bridge
    refuses a record missing either). ``--team``/``--tier`` alone only set the account and QOS.
+8. ``--deepspeed-config PATH`` (relative to the ``--code`` repository; ``--launcher deepspeed`` is implied) is
+   checked at submit like nuro-train's (``nuro.jobspec.dsconfig``: JSON, batch sizes at ``-N`` × GPUs (or tasks)
+   per node, what the installed DeepSpeed refuses), recorded in the run record and exported as
+   ``NURO_DEEPSPEED_CONFIG`` for the script to pass to ``deepspeed.initialize``.
 
 With ``--code`` the job runs exactly the pinned commit: nuro inserts a preamble (the same checkout code as
 ``nuro-train submit``) after the script's ``#SBATCH`` header and submits that copy; the user's lines follow
@@ -59,7 +63,7 @@ from nuro.jobspec.record import comment_json, export_lines, job_env, run_record
 from nuro.jobspec.render import HELPER_LINES, checkout_lines, code_exports
 from nuro.jobspec.sbatch_args import SbatchArgError, Word, is_option, parse_options, read_option, script_directives
 from nuro.jobspec.spec import SpecError, split_code_flag
-from nuro.jobspec.submission import DEFAULT_RUN_ROOT, requeue_args
+from nuro.jobspec.submission import DEFAULT_RUN_ROOT, InvalidSubmission, deepspeed_notes, requeue_args
 from nuro.slurm import CliBackend, SlurmCommandNotFound, SlurmError, SubmitCommand
 
 PROG = "nuro-sbatch"
@@ -159,7 +163,32 @@ def _values(p: Parsed) -> tuple[dict[str, Any], list[str]]:
         )
     if values.get("code.allow_dirty") and values.get("code.commit"):
         problems.append("--allow-dirty: only applies to HEAD; drop the commit or --allow-dirty")
+    config, launcher = values.get("entrypoint.deepspeed_config"), values.get("entrypoint.launcher")
+    if config and "code.repo" not in values:
+        problems.append("--deepspeed-config: needs --code REPO (the path is relative to the pinned repository)")
+    if launcher == "deepspeed" and not config:
+        problems.append("--launcher deepspeed: needs --deepspeed-config PATH (checked at submit, exported to the "
+                        "job as NURO_DEEPSPEED_CONFIG)")  # fmt: skip
+    if launcher == "torchrun" and config:
+        problems.append("--deepspeed-config: given with --launcher torchrun; use --launcher deepspeed")
     return values, problems
+
+
+def world_size(words: Sequence[Word]) -> int:
+    """The job's training processes as its sbatch options say: nodes (-N, first number of a range) × processes per
+    node (--gpus-per-node, else --ntasks-per-node, else --gres=gpu:N, else 1), for the DeepSpeed batch check."""
+
+    def last(name: str) -> str | None:
+        return next((w.value for w in reversed(words) if w.name == name and w.value), None)
+
+    def number(text: str | None) -> int | None:
+        digits = (text or "").split("-")[0].split(":")[-1]
+        return int(digits) if digits.isdigit() and int(digits) > 0 else None
+
+    gres = last("gres") or ""
+    per_node = number(last("gpus-per-node")) or number(last("ntasks-per-node"))
+    per_node = per_node or (number(gres.split(",")[0]) if gres.startswith("gpu") else None)
+    return (number(last("nodes")) or 1) * (per_node or 1)
 
 
 def _default(name: str) -> Any:
@@ -181,7 +210,18 @@ def platform_metadata(values: dict[str, Any], team: str, dataset: DatasetPin | N
         max_requeues=values.get("max_requeues", _default("max_requeues")),
         data_seed=values.get("data_seed", _default("data_seed")),
         spare_nodes=values.get("spare_nodes", 0),
+        entry=_entry(values),
     )
+
+
+def _entry(values: dict[str, Any]) -> dict[str, Any] | None:
+    """The record's entry for a nuro-sbatch job: only the launcher and its DeepSpeed config (the script is the
+    user's own)."""
+    config = values.get("entrypoint.deepspeed_config")
+    launcher = values.get("entrypoint.launcher") or ("deepspeed" if config else None)
+    if launcher is None:
+        return None
+    return {"launcher": launcher, **({"deepspeed_config": config} if config else {})}
 
 
 def spare_args(spares: int, words: Sequence[Word]) -> list[str]:
@@ -407,14 +447,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         dataset = resolve_dataset(values["dataset"]) if "dataset" in values else None
         code = None
         if "code.repo" in values:
+            config = values.get("entrypoint.deepspeed_config")
             code = pin_code(
-                values["code.repo"], values.get("code.commit"), allow_dirty=values.get("code.allow_dirty", False)
-            )
+                values["code.repo"], values.get("code.commit"), allow_dirty=values.get("code.allow_dirty", False),
+                require_paths=[config] if config else [],
+            )  # fmt: skip
             if code.diff is not None and store_configured() and not dry_run:
                 code = store_diff(code, team)
+        if values.get("entrypoint.deepspeed_config") and code is not None:
+            for note in deepspeed_notes(values["entrypoint.deepspeed_config"], code, world_size(words)):
+                print(f"{PROG}: note: {note}", file=sys.stderr)
         run_root = values.get("run_root") or AbsPath().parse(os.path.expanduser(DEFAULT_RUN_ROOT))
     except (FieldError, PinError, CodePinError) as exc:
         return say(ExitCode.INVALID, str(exc), prog=PROG)
+    except InvalidSubmission as exc:
+        return say(ExitCode.INVALID, "\n".join(exc.problems), prog=PROG)
     meta = platform_metadata(values, team, dataset, code)
     backend = CliBackend(env=job_env(meta))
     front = [f"--account={team}", *([f"--qos={values['tier']}"] if values.get("tier") else [])]

@@ -57,6 +57,8 @@ def submit(
     except PreviewError as exc:
         stop(ExitCode.USAGE, str(exc), as_json=as_json)
     request = planned.request
+    for note in planned.notes:
+        click.echo(f"nuro-train submit: note: {note}", err=True)
     if dry_run:
         user = pwd.getpwuid(os.getuid()).pw_name  # who Slurm will see, whatever $USER says
         admission = preview(request, source, user) if source is not None else None
@@ -64,7 +66,7 @@ def submit(
         if as_json:
             payload = {"dry_run": True, "argv": list(request.argv), "comment": request.comment,
                        "script": request.script, "bridge": admission_dict(admission) if admission else None,
-                       "exit_code": code}  # fmt: skip
+                       "notes": list(planned.notes), "exit_code": code}  # fmt: skip
             click.echo(json.dumps(payload, indent=2))
         else:
             click.echo(request.script, nl=False)

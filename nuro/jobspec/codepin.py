@@ -262,6 +262,26 @@ def pin_code(
     return CodePin(repo=repo, commit=target, dirty=True, diff=diff, diff_sha256=digest_bytes(diff))
 
 
+def read_pinned(pin: CodePin, path: str, *, max_bytes: int, git: str = "git", timeout_s: float = 30.0) -> bytes:
+    """The bytes of ``path`` as the job will see it: from the pinned commit, or from the work tree when uncommitted
+    changes ship with the job (the patch is the work tree against HEAD). ``path`` was checked by ``pin_code``.
+
+    Raises:
+        CodePinError: unreadable, or larger than ``max_bytes``.
+    """
+    if pin.dirty:
+        try:
+            with open(os.path.join(pin.repo, path), "rb") as fh:
+                data = fh.read(max_bytes + 1)
+        except OSError as exc:
+            raise CodePinError(f"cannot read {path} in {pin.repo}: {exc.strerror}") from None
+    else:
+        data = _Git(pin.repo, git, timeout_s).run("cat-file", "blob", f"{pin.commit}:{path}").stdout
+    if len(data) > max_bytes:
+        raise CodePinError(f"{path} is larger than {max_bytes} bytes")
+    return data
+
+
 def _diagnose(g: _Git, repo: str, commit: str | None) -> None:
     """The precise error when the commit lookup failed (the slow path: only when pinning already failed)."""
     g.text("rev-parse", "--show-toplevel")  # raises git's own words: not a repository, dubious ownership, ...
@@ -272,4 +292,4 @@ def _diagnose(g: _Git, repo: str, commit: str | None) -> None:
     )
 
 
-__all__ = ["MAX_DIFF_BYTES", "CodePin", "CodePinError", "digest_bytes", "pin_code"]
+__all__ = ["MAX_DIFF_BYTES", "CodePin", "CodePinError", "digest_bytes", "pin_code", "read_pinned"]

@@ -132,6 +132,18 @@ _TIME_FORMS = (
 
 
 @dataclass(frozen=True)
+class Choice(Kind):
+    """One of a fixed set of words."""
+
+    choices: tuple[str, ...] = ()
+
+    def parse(self, raw: Any) -> str:
+        if not isinstance(raw, str) or raw not in self.choices:
+            raise FieldError(f"must be one of {', '.join(self.choices)}; got {show(raw)}")
+        return raw
+
+
+@dataclass(frozen=True)
 class TimeLimit(Kind):
     """A Slurm time limit in one of sbatch's forms (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S), or an int of minutes."""
 

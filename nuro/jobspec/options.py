@@ -16,6 +16,7 @@ from nuro.jobspec.fields import (
     TEAM_PATTERN,
     AbsPath,
     ArgList,
+    Choice,
     Commit,
     DatasetRef,
     EnvMap,
@@ -141,9 +142,14 @@ SPEC_OPTIONS: tuple[Opt, ...] = (
         "every node by nuro-launch with torchrun's variables (`--launcher=direct`).", "--script", "script"),
     Opt("entrypoint.args", ArgList(), (), "", "Arguments for the script (repeat the flag once per argument).",
         "--arg", "args", multiple=True),
-    Opt("entrypoint.deepspeed_config", RelPath(), None, "", "DeepSpeed config (relative to the repository): adds "
-        "--deepspeed --deepspeed_config <path> to the script's arguments.", "--deepspeed-config",
-        "deepspeed_config"),
+    Opt("entrypoint.launcher", Choice(metavar="torchrun|deepspeed", choices=("torchrun", "deepspeed")), None, "",
+        "How the script trains: torchrun (DDP and the like) or deepspeed (a DeepSpeed engine; needs "
+        "entrypoint.deepspeed_config). Both start under nuro-launch with torchrun's variables.", "--launcher",
+        "launcher", sbatch=True, default_doc="deepspeed with a DeepSpeed config, else torchrun"),
+    Opt("entrypoint.deepspeed_config", RelPath(), None, "", "DeepSpeed config (relative to the repository), checked "
+        "at submit against the installed DeepSpeed and the job's world size; adds --deepspeed --deepspeed_config "
+        "<path> to the script's arguments and exports NURO_DEEPSPEED_CONFIG.", "--deepspeed-config",
+        "deepspeed_config", sbatch=True),
     Opt("entrypoint.python", PythonCommand(), "python3", "", "Interpreter on the nodes that runs "
         "torch.distributed.run.", "--python", "python"),
     Opt("env", EnvMap(), (), "", "Environment for the training processes (KEY=VALUE; repeat the flag).", "--env",

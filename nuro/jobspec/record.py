@@ -92,6 +92,9 @@ def job_env(meta: Mapping[str, Any]) -> dict[str, str]:
     env["NURO_PREEMPT_SIGNAL"] = PREEMPT_SIGNAL
     if "spares" in meta:
         env["NURO_SPARE_NODES"] = str(meta["spares"]["nodes"])
+    entry = meta.get("entry") or {}
+    if entry.get("deepspeed_config"):  # the script passes it to deepspeed.initialize (config=...)
+        env["NURO_DEEPSPEED_CONFIG"] = str(entry["deepspeed_config"])
     return env
 
 

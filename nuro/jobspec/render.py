@@ -353,6 +353,7 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         '  export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}" ;;',
         "esac",
         *export_lines(env, ("NURO_RESUME_FROM", "NURO_MAX_REQUEUES", "NURO_PREEMPT_SIGNAL", "NURO_SPARE_NODES")),
+        *export_lines(env, ("NURO_DEEPSPEED_CONFIG",)),
         f"export NURO_STOP_SIGNAL={TIME_LIMIT_SIGNAL}",
         f"export NURO_EXIT_REQUEUE={EXIT_REQUEUE}",
         *HELPER_LINES,

@@ -68,6 +68,8 @@ class JobSpec:
     allow_dirty: bool = False
     args: tuple[str, ...] = ()
     deepspeed_config: str | None = None
+    #: ``deepspeed`` when a DeepSpeed config is given and no launcher is, else ``torchrun``
+    launcher: str = "torchrun"
     python: str = "python3"
     env: tuple[tuple[str, str], ...] = ()
     ckpt_interval_s: int = 1800
@@ -88,9 +90,9 @@ class JobSpec:
         return self.alloc_nodes * self.gpus_per_node
 
     @property
-    def launcher(self) -> str:
-        """``deepspeed`` when a DeepSpeed config is given, else ``torchrun`` (both start under torchrun)."""
-        return "deepspeed" if self.deepspeed_config else "torchrun"
+    def world_size(self) -> int:
+        """Training processes: one per GPU of the training nodes (one per node without GPUs); spares excluded."""
+        return self.nodes * max(self.gpus_per_node, 1)
 
 
 def flatten(data: Any, source: str = "job spec") -> dict[str, Any]:
@@ -194,6 +196,8 @@ def build_spec(*layers: Mapping[str, Any], source: str = "job spec") -> JobSpec:
             values[opt.attr] = opt.parse(merged[opt.name])
         except FieldError as exc:
             problems.append(f"{opt.name}: {exc}")
+    if "launcher" not in values:
+        values["launcher"] = "deepspeed" if values.get("deepspeed_config") else "torchrun"
     if not problems:
         problems.extend(_cross_checks(values))
     if problems:
@@ -211,6 +215,15 @@ def _cross_checks(v: dict[str, Any]) -> list[str]:
         problems.append(
             "code.allow_dirty: only applies to HEAD (the uncommitted changes are a diff against HEAD); "
             "drop code.commit or allow_dirty"
+        )
+    if v["launcher"] == "deepspeed" and not v.get("deepspeed_config"):
+        problems.append(
+            "entrypoint.launcher: deepspeed needs entrypoint.deepspeed_config (--deepspeed-config PATH): the "
+            "engine's config, checked at submit against the installed DeepSpeed"
+        )
+    if v["launcher"] == "torchrun" and v.get("deepspeed_config"):
+        problems.append(
+            "entrypoint.deepspeed_config: given with launcher torchrun; set launcher: deepspeed (or drop the config)"
         )
     for field in ("script", "deepspeed_config"):
         path = v.get(field)

@@ -15,7 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from nuro.jobspec.codepin import CodePinError, pin_code
+from nuro.jobspec.codepin import CodePin, CodePinError, pin_code, read_pinned
+from nuro.jobspec.dsconfig import MAX_CONFIG_BYTES, check_config
 from nuro.jobspec.pins import PinError, resolve_dataset, store_diff, with_planned_diff_uri
 from nuro.jobspec.preview import PolicySource, decide_words
 from nuro.jobspec.render import ClusterFacts, Pins, RenderError, SbatchRequest, render_submission
@@ -42,6 +43,8 @@ class PlannedSubmission:
     spec: JobSpec
     pins: Pins
     request: SbatchRequest
+    #: things worth saying that do not stop the submit (e.g. a DeepSpeed config key DeepSpeed ignores)
+    notes: tuple[str, ...] = ()
 
 
 def spec_from(
@@ -90,12 +93,30 @@ def plan_submission(
             problems.append(f"code: {exc}")
     if problems:
         raise InvalidSubmission(problems)
+    notes = deepspeed_notes(spec.deepspeed_config, code, spec.world_size) if spec.deepspeed_config else []
     facts = ClusterFacts.from_policy_table(source.table) if source is not None else ClusterFacts()
     pins = Pins(code=code, dataset=dataset)
     try:
-        return PlannedSubmission(spec, pins, render_submission(spec, pins, facts))
+        return PlannedSubmission(spec, pins, render_submission(spec, pins, facts), tuple(notes))
     except RenderError as exc:
         raise InvalidSubmission([str(exc)]) from exc
+
+
+def deepspeed_notes(path: str, code: CodePin, world: int) -> list[str]:
+    """Check the DeepSpeed config ``path`` as the job will read it (``nuro.jobspec.dsconfig``) for ``world`` ranks;
+    the notes to print. Shared by nuro-train and nuro-sbatch.
+
+    Raises:
+        InvalidSubmission: what DeepSpeed would refuse when the engine starts, each line saying what to change.
+    """
+    field = f"entrypoint.deepspeed_config ({path})"
+    try:
+        check = check_config(read_pinned(code, path, max_bytes=MAX_CONFIG_BYTES), world=world)
+    except CodePinError as exc:
+        raise InvalidSubmission([f"{field}: {exc}"]) from None
+    if check.problems:
+        raise InvalidSubmission([f"{field}: {p}" for p in check.problems])
+    return [f"{field}: {n}" for n in check.notes]
 
 
 #: Slurm 25.11+ requeues a job submitted with ``--requeue=expedite`` at once when its node fails (no ``cred_expire``
@@ -148,6 +169,7 @@ __all__ = [
     "InvalidSubmission",
     "PlannedSubmission",
     "apply_submission",
+    "deepspeed_notes",
     "plan_submission",
     "preview",
     "spec_from",

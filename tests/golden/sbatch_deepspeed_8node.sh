@@ -35,6 +35,7 @@ case "${NURO_STAGING_ROOT:-}" in *"{node}"*) ;; *)
 esac
 export NURO_MAX_REQUEUES=3
 export NURO_PREEMPT_SIGNAL=USR1
+export NURO_DEEPSPEED_CONFIG=llm/ds_z3.json
 export NURO_STOP_SIGNAL=USR2
 export NURO_EXIT_REQUEUE=75
 nuro_fail() { echo "nuro: $*" >&2; exit 1; }
