@@ -26,6 +26,9 @@ from nuro.slurm import CliBackend
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_ddp"
+DEEPSPEED_EXAMPLE = REPO / "examples" / "train_deepspeed"
+#: the DeepSpeed example's config (in its repository), given with ``submit(..., deepspeed=True)``
+DEEPSPEED_CONFIG = "ds_zero2.json"
 BIN = Path(sys.executable).parent
 T = TypeVar("T")
 
@@ -65,9 +68,15 @@ def wait_for(what: str, check: Callable[[], T], timeout_s: float, poll_s: float 
 
 
 def prepare(
-    env: dict[str, str], work: Path, user: str = "alice", dataset: str = "demo-synth", apply_policy: bool = True
+    env: dict[str, str],
+    work: Path,
+    user: str = "alice",
+    dataset: str = "demo-synth",
+    apply_policy: bool = True,
+    example: Path = EXAMPLE,
 ) -> tuple[str, Path]:
-    """Team policy, the synthetic dataset snapshot, and a git repository of the example; returns (dataset, repo)."""
+    """Team policy, the synthetic dataset snapshot, and a git repository of the example; returns (dataset, repo).
+    ``example``: the DDP example, or ``DEEPSPEED_EXAMPLE`` (its own dataset: pass ``dataset="demo-tracks"``)."""
     ensure_unix_users(POLICY_USERS)
     if apply_policy:
         run_cmd([str(BIN / "nuro-admin"), "policy", "apply", str(REPO / "examples/policy/teams.yaml")], env)
@@ -76,7 +85,7 @@ def prepare(
     # and become a sample of another size than the rows (seen: "stack expects each tensor to be equal size")
     shutil.rmtree(data, ignore_errors=True)
     data.mkdir(parents=True)
-    run_cmd([sys.executable, str(EXAMPLE / "make_dataset.py"), str(data)], env)
+    run_cmd([sys.executable, str(example / "make_dataset.py"), str(data)], env)
     snap = json.loads(
         run_cmd(
             [str(BIN / "nuro-train"), "dataset", "snapshot", str(data), "--name", dataset, "--json", "--no-progress"],
@@ -85,7 +94,7 @@ def prepare(
     )
     repo = work / "code"
     shutil.rmtree(repo, ignore_errors=True)
-    shutil.copytree(EXAMPLE, repo, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(example, repo, ignore=shutil.ignore_patterns("__pycache__"))
     git = ["git", "-c", "user.name=nuro", "-c", "user.email=nuro@example.invalid", "-C", str(repo)]
     for argv in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "example training code"]):
         run_cmd(git + argv, {})
@@ -111,8 +120,11 @@ def submit(
     progress_every_s: float = 1.0,
     name: str | None = None,
     script_args: tuple[str, ...] = (),
+    deepspeed: bool = False,
 ) -> Run:
-    name = name or f"ddp-{int(time.time() * 1000) % 10**9}"
+    """``nuro-train submit`` of the example in ``repo`` as ``user``; ``deepspeed``: the DeepSpeed example (launcher
+    deepspeed with its ZeRO-2 config)."""
+    name = name or f"{'ds' if deepspeed else 'ddp'}-{int(time.time() * 1000) % 10**9}"
     argv = [
         str(BIN / "nuro-train"), "submit", "--name", name, "--team", team, "--nodes", str(nodes),
         *(["--spare-nodes", str(spare_nodes)] if spare_nodes else []),
@@ -122,6 +134,7 @@ def submit(
         *(w for a in script_args for w in ("--arg", a)),
         "--python", sys.executable, "--ckpt-interval", str(ckpt_interval_s), "--ckpt-keep", str(ckpt_keep),
         "--run-root", str(work / "runs"),
+        *(["--deepspeed-config", DEEPSPEED_CONFIG] if deepspeed else []),
         "--env", "GLOO_SOCKET_IFNAME=lo", "--json",
     ]  # fmt: skip
     res = json.loads(run_cmd(argv, env, user=user, cwd=work).stdout)
