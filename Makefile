@@ -36,8 +36,10 @@ up: venv
 down:
 	test ! -x $(VENV)/bin/nuro-admin || $(VENV)/bin/nuro-admin devcluster down
 
+# make demo: the DDP job; make demo DEMO=deepspeed: the DeepSpeed ZeRO-2 job (examples/train_deepspeed)
+DEMO ?= ddp
 demo: venv
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py --example $(DEMO)
 
 lint: venv
 	$(VENV)/bin/ruff check .

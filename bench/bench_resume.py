@@ -42,10 +42,14 @@ CKPT_INTERVAL_S = 4
 PHASES = ("detect", "requeue", "eligible", "start", "process", "restored", "first_step")
 
 
-def _round(layout, env: dict[str, str], work: Path, dataset: str, repo: Path, nuro: bool) -> dict:
+def _round(
+    layout, env: dict[str, str], work: Path, dataset: str, repo: Path, nuro: bool, deepspeed: bool = False
+) -> dict:
+    """One crash of one of the example job's 2 nodes (the DeepSpeed example with ``deepspeed``), phases from the
+    kill; ``nuro`` False pauses the controller (Slurm alone)."""
     backend = CliBackend(env=env)
     store = ObjectStore.from_env(env)
-    run = scenario.submit(env, work, dataset, repo, steps=150, ckpt_interval_s=CKPT_INTERVAL_S)
+    run = scenario.submit(env, work, dataset, repo, steps=150, ckpt_interval_s=CKPT_INTERVAL_S, deepspeed=deepspeed)
 
     def running():
         j = backend.find_job(run.job_id)

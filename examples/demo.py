@@ -1,8 +1,10 @@
 """`make demo`: a real 2-node DDP training run through nuro survives the loss of a node.
+`make demo DEMO=deepspeed`: the same with a DeepSpeed ZeRO-2 engine (`examples/train_deepspeed`, multi-agent tracks).
 
 1. bring up the local cluster (Slurm, SeaweedFS, one node agent per node, the controller's failure detector);
 2. apply the team policy, snapshot the synthetic dataset, commit the example code to a throwaway git repository;
-3. submit `examples/train_ddp/train.py` as alice (team perception) with `nuro-train submit` on 2 nodes;
+3. submit `examples/train_ddp/train.py` (or `examples/train_deepspeed/train.py` with its ZeRO-2 config) as alice
+   (team perception) with `nuro-train submit` on 2 nodes;
 4. once a checkpoint is committed, crash the second node (its slurmd, its job processes and its agent: SIGKILL);
 5. the controller notices the silent node, sets it DOWN+DRAIN, Slurm requeues the job, it starts again on healthy
    nodes, restores the latest valid checkpoint and finishes;
@@ -13,6 +15,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -20,7 +23,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from nuro.checkpoint.restore import latest_committed_step
+from nuro.checkpoint.restore import latest_committed_step, load_manifest
 from nuro.devcluster import manager, scenario
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
 from nuro.objectstore import ObjectStore
@@ -35,7 +38,10 @@ CKPT_INTERVAL_S = 4
 out = Console(soft_wrap=True)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--example", choices=("ddp", "deepspeed"), default="ddp", help="which training job to run")
+    deepspeed = parser.parse_args(argv).example == "deepspeed"
     layout = Layout(default_state_dir())
     out.print(f"[bold]1.[/] local cluster in {layout.root} (Slurm, SeaweedFS, node agents, failure detector)")
     res = manager.up(layout, DEFAULT_NODES, PORT_BASE)
@@ -46,11 +52,15 @@ def main() -> int:
 
     out.print("[bold]2.[/] team policy, dataset snapshot, code commit")
     WORK.mkdir(parents=True, exist_ok=True)
-    dataset, repo = scenario.prepare(env, WORK)
+    if deepspeed:
+        dataset, repo = scenario.prepare(env, WORK, dataset="demo-tracks", example=scenario.DEEPSPEED_EXAMPLE)
+    else:
+        dataset, repo = scenario.prepare(env, WORK)
     out.print(f"   dataset {dataset}\n   code    {repo} (git)")
 
-    out.print(f"[bold]3.[/] nuro-train submit as alice: 2 nodes, DDP over gloo, checkpoint every {CKPT_INTERVAL_S} s")
-    run = scenario.submit(env, WORK, dataset, repo, ckpt_interval_s=CKPT_INTERVAL_S)
+    how = f"DeepSpeed ZeRO-2 ({scenario.DEEPSPEED_CONFIG})" if deepspeed else "DDP"
+    out.print(f"[bold]3.[/] nuro-train submit as alice: 2 nodes, {how} over gloo, checkpoint every {CKPT_INTERVAL_S} s")
+    run = scenario.submit(env, WORK, dataset, repo, ckpt_interval_s=CKPT_INTERVAL_S, deepspeed=deepspeed)
     out.print(f"   job {run.job_id} ({run.name}); output {run.log}")
 
     def running():
@@ -61,6 +71,9 @@ def main() -> int:
     out.print(f"   running on {', '.join(job.nodes)}")
     step = scenario.wait_for("a committed checkpoint", lambda: latest_committed_step(store, run.team, run.name), 180)
     out.print(f"   checkpoint of step {step} committed")
+    if deepspeed:
+        files = ", ".join(s.path for s in load_manifest(store, run.team, run.name, step).shards)
+        out.print(f"   its files (DeepSpeed's own: model states + each rank's ZeRO shard): {files}")
 
     victim = job.nodes[-1]
     time.sleep(2)  # a few more steps past the checkpoint, as in real life
