@@ -31,7 +31,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.common import REPO, cluster, p50, save
+from bench.common import REPO, RESULTS, cluster, p50, save
 
 STALL_PORT_BASE = 9300
 RESUME_PORT_BASE = 29800
@@ -187,6 +187,9 @@ def main() -> None:
     if args.part in ("resume", "both"):
         result["resume"] = resume(args)
         print("resume:", json.dumps(result["resume"]["p50_seconds_from_kill"]))
+    earlier = RESULTS / "deepspeed.json"  # one part run alone keeps the other part's last result
+    if args.part != "both" and earlier.exists():
+        result = {**{k: v for k, v in json.loads(earlier.read_text()).items() if k in ("stall", "resume")}, **result}
     save("deepspeed", result)
 
 

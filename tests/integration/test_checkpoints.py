@@ -641,6 +641,7 @@ def main(rank, world, run, root, port, s3_port):
     want = train(eng, range(5, 9), rank)
     assert ck.wait_committed(4, 60), "step 4 not committed"
     ck.close()
+    assert type(eng.checkpoint_engine).__name__ == "TorchCheckpointEngine"  # the engine's own saves work again
     eng2 = engine(world, 1)               # other initial weights: everything must come from the checkpoint
     fresh = Checkpointer(team="vision", run=run, store=store, staging_dir=node("fresh"), upload="inline",
                          engine=eng2)

@@ -657,7 +657,9 @@ class Checkpointer:
                 self._stager.close()  # frees the staged copy
                 self._stager = None
             if self._writer is not None:
-                self._writer.close()
+                from nuro.wrappers.sdk import dsengine  # lazy: DeepSpeed only for a DeepSpeed job
+
+                dsengine.remove_writer(self._engine, self._writer)
         return result
 
     def __enter__(self) -> Checkpointer:

@@ -67,6 +67,8 @@ class StagedWriter(TorchCheckpointEngine):
         self._lock = threading.Lock()
         self._tag: str | None = None
         self._pending: dict[str, list[Future[None]]] = {}
+        #: the engine's checkpoint engine before this one (``remove_writer`` puts it back)
+        self.previous: Any = None
 
     def create(self, info: Any) -> None:
         self._tag = str(info.tag)
@@ -112,8 +114,17 @@ def check_engine(engine: Any) -> None:
 def install_writer(engine: Any) -> StagedWriter:
     """Make ``engine``'s saves asynchronous (``StagedWriter``); its loads stay DeepSpeed's."""
     writer = StagedWriter()
+    writer.previous = engine.checkpoint_engine
     engine.checkpoint_engine = writer
     return writer
+
+
+def remove_writer(engine: Any, writer: StagedWriter) -> None:
+    """Stop ``writer`` (after its files are written) and give ``engine`` back the checkpoint engine it had, so the
+    engine's own ``save_checkpoint`` works again after the Checkpointer is closed."""
+    writer.close()
+    if engine.checkpoint_engine is writer:
+        engine.checkpoint_engine = writer.previous
 
 
 def save(engine: Any, ckpt_root: Path, tag: str, client_state: dict[str, Any]) -> None:
@@ -136,4 +147,4 @@ def load(engine: Any, step_dir: Path) -> dict[str, Any]:
     return dict((client or {}).get(CLIENT_KEY) or {})
 
 
-__all__ = ["CLIENT_KEY", "StagedWriter", "check_engine", "install_writer", "load", "save", "snapshot"]
+__all__ = ["CLIENT_KEY", "StagedWriter", "check_engine", "install_writer", "load", "remove_writer", "save", "snapshot"]
