@@ -35,6 +35,7 @@ from tests.integration.test_controller import MEMBERS, _submit
 pytestmark = pytest.mark.slurm
 
 CKPT_INTERVAL_S = 3
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "sbatch_deepspeed_8node.sh"
 _STEP = re.compile(r"^step (\d+) loss ([0-9.]+)")
 
 
@@ -45,6 +46,28 @@ def prepared_ds(cluster: LiveCluster) -> tuple[Path, str, Path]:
     work.chmod(0o755)
     dataset, repo = scenario.prepare(cluster.env, work, dataset="demo-tracks", example=scenario.DEEPSPEED_EXAMPLE)
     return work, dataset, repo
+
+
+def _launch(script: str) -> list[str]:
+    """A rendered script's DeepSpeed launch, with what differs between jobs (interpreter, GPUs per node, script
+    and arguments, the user's --env exports) taken out: the shape the golden file and the real job must share."""
+    lines = script.splitlines()
+    block = lines[lines.index("# 4. launch: nuro-launch per node (srun) starts the workers, rendezvous on the first "
+                              "node of the allocation;"):]  # fmt: skip
+    block = block[: block.index("NURO_STEP_PID=$!") + 1]
+    out = []
+    for line in block:
+        if line.startswith("export ") and "NURO_" not in line:
+            continue  # the job's own --env
+        line = re.sub(r"^(\s*)\S+ -m nuro\.wrappers\.launch", r"\1PYTHON -m nuro.wrappers.launch", line)
+        line = re.sub(r"--nproc-per-node=\d+", "--nproc-per-node=N", line)
+        line = re.sub(r":-\d+\}", ":-N}", line)  # the site's rendezvous port range
+        entry = r"^    \S+\.py .*(--deepspeed --deepspeed_config) \S+\.json &$"
+        line = re.sub(entry, r"    SCRIPT ARGS \1 CONFIG &", line)
+        out.append(line)
+    exports = [line for line in lines if line.startswith("export NURO_DEEPSPEED_CONFIG=")]
+    assert len(exports) == 1, exports
+    return [*out, re.sub(r"=.*", "=CONFIG", exports[0])]
 
 
 def _losses(text: str) -> list[tuple[int, float]]:
@@ -92,6 +115,8 @@ def test_a_deepspeed_run_survives_a_crashed_node_from_its_zero_checkpoint(
             cancel_jobs_of(cluster, ("alice",))
         log = _completed_log(run, final)
         assert final.restart_count == 1 and victim not in final.nodes
+        ran = cluster.run(["scontrol", "write", "batch_script", str(run.job_id), "-"]).stdout
+        assert _launch(ran) == _launch(GOLDEN.read_text()), "the golden DeepSpeed render drifted from what runs"
         restored = _resumed_step(log)
         assert restored >= step, (restored, step)
         _check_continuous(log, restored)
