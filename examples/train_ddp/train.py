@@ -61,18 +61,6 @@ def decode(sample: dict[str, bytes]) -> torch.Tensor:
     return torch.from_numpy(np.frombuffer(data, dtype="<f4").copy())
 
 
-def save_committed(ckpt: Checkpointer, state: dict, step: int, metrics: MetricsLogger | None = None) -> bool:
-    """Save now and wait until the checkpoint is committed in S3: a preemption may only be acknowledged then.
-
-    The metrics still buffered are flushed after the save (bounded), so the steps before a preemption show too.
-    """
-    ckpt.save(state, step, sync=True)
-    committed = ckpt.wait_committed(step, 60)
-    if metrics is not None:
-        metrics.close(timeout_s=2.0)
-    return committed
-
-
 def main() -> int:
     args = parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -144,10 +132,10 @@ def main() -> int:
                 run_events.record_later("progress", step=step, loss=round(loss.item(), 5))
         saved = ckpt.maybe_save(lambda: state, step)
         if guard.should_stop(step):  # every rank answers the same at the same step
-            guard.checkpoint_and_exit(lambda s=step: save_committed(ckpt, state, s, metrics), step)
+            metrics.close(timeout_s=2.0)  # the steps before the stop show too (a sink that is down costs 2 s)
+            guard.checkpoint_and_exit(lambda s=step: ckpt.save_committed(state, s), step)  # commit, then ack
 
-    ckpt.save(state, step, sync=True)
-    committed = ckpt.wait_committed(step, 120)
+    committed = ckpt.save_committed(state, step, timeout_s=120)
     ckpt.close()
     metrics.close()
     run_events.record("finished", step=step, committed=committed)

@@ -80,14 +80,6 @@ def decode(sample: dict[str, bytes]) -> torch.Tensor:
     return track - track[:, PAST - 1 : PAST]
 
 
-def save_committed(ckpt: Checkpointer, state: dict, step: int, metrics: MetricsLogger) -> bool:
-    """Checkpoint the engine now and wait until S3 has it: a preemption may only be acknowledged then."""
-    ckpt.save(state, step, sync=True)
-    committed = ckpt.wait_committed(step, 60)
-    metrics.close(timeout_s=2.0)
-    return committed
-
-
 def main() -> int:
     args = parse_args()
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
@@ -146,10 +138,10 @@ def main() -> int:
                 run_events.record_later("progress", step=step, loss=round(loss.item(), 5))
         ckpt.maybe_save(lambda: state, step)
         if guard.should_stop(step):  # every rank answers the same at the same step
-            guard.checkpoint_and_exit(lambda s=step: save_committed(ckpt, state, s, metrics), step)
+            metrics.close(timeout_s=2.0)  # the steps before the stop show too (a sink that is down costs 2 s)
+            guard.checkpoint_and_exit(lambda s=step: ckpt.save_committed(state, s), step)  # commit, then ack
 
-    ckpt.save(state, step, sync=True)
-    committed = ckpt.wait_committed(step, 120)
+    committed = ckpt.save_committed(state, step, timeout_s=120)
     ckpt.close()
     metrics.close()
     run_events.record("finished", step=step, committed=committed)

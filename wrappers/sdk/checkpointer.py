@@ -348,6 +348,13 @@ class Checkpointer:
 
         self._inflight = (step, self._executor.submit(finish))
 
+    def save_committed(self, state_dict: dict[str, Any], step: int, timeout_s: float = 60.0) -> bool:
+        """Save ``step`` now and wait until it is committed in S3 (every rank, in step): what a stop's
+        acknowledgement (``PreemptionGuard.checkpoint_and_exit``) and a run's last checkpoint need. False when it was
+        not committed within ``timeout_s``."""
+        self.save(state_dict, step, sync=True)
+        return self.wait_committed(step, timeout_s)
+
     def _save_engine(self, client_state: dict[str, Any], step: int, path: Path, sync: bool) -> None:
         """DeepSpeed's save into ``path`` (its tag is the step dir's name); with the writer it returns once the
         state is copied, and the files are handed to the upload worker when every rank's writes are done."""
