@@ -119,3 +119,21 @@ def test_nuro_sbatch_checks_the_config_and_exports_it(tmp_path: Path) -> None:
     assert out.returncode == 3 and "missing.json" in out.stderr, out.stderr
     out = nuro_sbatch("--team", "prediction", "--launcher", "deepspeed", "job.sh", cwd=repo)
     assert out.returncode == 3 and "--launcher deepspeed: needs --deepspeed-config" in out.stderr
+
+
+def test_resume_keeps_the_launcher_and_the_config() -> None:
+    from nuro.jobspec.codepin import CodePin
+    from nuro.jobspec.pins import DatasetPin
+    from nuro.jobspec.record import comment_json, job_env, run_record
+    from nuro.login.resume_cli import resume_flags
+    from nuro.slurm.models import JobInfo, JobPhase
+
+    entry = {"launcher": "deepspeed", "script": "train.py", "args": [], "deepspeed_config": "ds.json"}
+    meta = run_record(team="prediction", dataset=DatasetPin("tracks", DIGEST), code=CodePin("/r", "a" * 40),
+                      ckpt_interval_s=60, ckpt_keep=2, max_requeues=3, name="traj", entry=entry)  # fmt: skip
+    assert job_env(meta)["NURO_DEEPSPEED_CONFIG"] == "ds.json"
+    job = JobInfo(job_id=41, name="traj", user="priya", state="COMPLETED", phase=JobPhase.COMPLETED,
+                  account="prediction", comment=comment_json(meta))  # fmt: skip
+    flags = resume_flags(job, None, None, None)
+    assert flags["entrypoint.launcher"] == "deepspeed" and flags["entrypoint.deepspeed_config"] == "ds.json"
+    assert build_spec(BASE, {k: v for k, v in flags.items() if k.startswith("entrypoint.")}).launcher == "deepspeed"
