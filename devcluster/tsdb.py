@@ -191,11 +191,12 @@ def vm_ready(base_url: str) -> bool:
 class LocalServer:
     """One TSDB process we own: ``start``/``stop`` (by PID) can be repeated, e.g. to stage an outage in a test."""
 
-    kind: str  # "influxd" | "victoria-metrics"
+    kind: str  # "influxd" | "victoria-metrics" | "mlflow"
     argv: list[str]
     port: int
     log_path: Path
     ready_check: object  # Callable[[str], bool]
+    env: dict[str, str] | None = field(default=None, repr=False)  # None: ours
     proc: subprocess.Popen | None = field(default=None, repr=False)
 
     @property
@@ -214,7 +215,7 @@ class LocalServer:
         log.info("start %s: %s", self.kind, " ".join(self.argv))
         with open(self.log_path, "ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=self.log_path.parent
+                self.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=self.log_path.parent, env=self.env
             )
         while not self.ready_check(self.url):  # type: ignore[operator]
             if self.proc.poll() is not None or time.monotonic() - t0 > timeout_s:

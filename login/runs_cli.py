@@ -305,4 +305,39 @@ def lineage(job_id: int, as_json: bool) -> None:
         err.print(f"[yellow]note:[/] {note}", highlight=False)
 
 
-COMMANDS = (ls_cmd, status, cancel, logs, quota, lineage)
+@click.command("open")
+@click.argument("job_id", type=int)
+@click.option("--browser", is_flag=True, help="Also open the page in a web browser.")
+@click.option("--json", "as_json", is_flag=True)
+def open_cmd(job_id: int, browser: bool, as_json: bool) -> None:
+    """The run's page in the MLflow UI (MLFLOW_TRACKING_URI): prints its URL.
+
+    The run is found in its team's experiment (``nuro/<team>``, the job's Slurm account) by the tag
+    ``nuro.job_id``; nuro-mlflow-bridge creates it within one pass of the job appearing in the queue.
+    """
+    from nuro.tracking import mirror  # lazy: only this command talks to MLflow
+    from nuro.tracking.mlflow import MlflowError, client_from_env, filter_value, run_url
+
+    job = _find(_backend(), job_id)
+    try:
+        client = client_from_env()
+        exp = client.experiment_id(mirror.experiment_name(job.account), create=False)
+        runs = client.search_runs([exp], f"tags.`{mirror.TAG_JOB}` = {filter_value(str(job_id))}", 1)[0] if exp else []
+    except MlflowError as exc:
+        fail(ExitCode.FAILED, str(exc))
+    if not runs:
+        fail(ExitCode.NOT_FOUND, f"job {job_id} has no MLflow run yet (nuro-mlflow-bridge mirrors a run within a "
+             "pass of its appearing in the queue; is it running?)")  # fmt: skip
+    url = run_url(client.base_url, str(exp), runs[0]["info"]["run_id"])
+    if as_json:
+        click.echo(json.dumps({"job_id": job_id, "experiment_id": exp, "run_id": runs[0]["info"]["run_id"],
+                               "url": url}))  # fmt: skip
+    else:
+        click.echo(url)
+    if browser:
+        import webbrowser  # lazy: only --browser
+
+        webbrowser.open(url)
+
+
+COMMANDS = (ls_cmd, status, cancel, logs, quota, lineage, open_cmd)

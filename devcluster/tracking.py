@@ -1,0 +1,100 @@
+"""The dev cluster's tracking UI: an MLflow server of our own, embedded and lean (issue 18).
+
+Installed once per machine into its own venv, ``/var/cache/nuro/mlflow-<version>`` (root-owned, ~850 MB: pandas,
+pyarrow, scipy, scikit-learn come with it), never into nuro's: nuro talks to it over REST
+(``nuro.tracking.mlflow``). Measured here (../shared/DATAPLANE_FACTS.md): the default server is ~15 processes and
+~3.1 GB; with ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`` and ``--workers 1`` it is 2 processes, ~400 MB, up in ~4 s.
+
+What is pinned and why: SQLite backend store and a local artifact root in the state dir (no extra service);
+``127.0.0.1`` only; telemetry off (``MLFLOW_DISABLE_TELEMETRY``); one worker, no job execution. Started as our child
+and stopped by PID (``LocalServer``), never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import urllib3
+
+from nuro.devcluster.install import machine_lock
+from nuro.devcluster.tsdb import LocalServer
+
+MLFLOW_VERSION = "3.17.2"
+CACHE_ROOT = Path("/var/cache/nuro")
+_HTTP = urllib3.PoolManager(retries=False, timeout=urllib3.Timeout(connect=0.5, read=5.0))
+#: the lean server's environment (see the module docstring)
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true",
+              "DO_NOT_TRACK": "true"}  # fmt: skip
+
+
+class TrackingError(RuntimeError):
+    """MLflow could not be installed or started; the message says which step and why."""
+
+
+def venv_dir(root: Path = CACHE_ROOT, version: str = MLFLOW_VERSION) -> Path:
+    return root / f"mlflow-{version}"
+
+
+def ensure_mlflow(root: Path = CACHE_ROOT, version: str = MLFLOW_VERSION) -> Path:
+    """The ``mlflow`` executable of the cached venv, installed first when missing (pip, one builder per machine).
+
+    A venv's scripts name its own path, so it is built in place, not renamed: a marker file written last says it
+    is complete, and a directory without it (a crashed install) is removed and built again."""
+    final = venv_dir(root, version)
+    exe, done = final / "bin" / "mlflow", final / ".nuro-complete"
+    if done.exists():
+        return exe
+    root.mkdir(parents=True, exist_ok=True)
+    with machine_lock(f"mlflow-{version}"):
+        if done.exists():
+            return exe
+        shutil.rmtree(final, ignore_errors=True)
+        python = "/usr/bin/python3.11" if Path("/usr/bin/python3.11").exists() else sys.executable
+        for argv in ([python, "-m", "venv", str(final)],
+                     [str(final / "bin" / "pip"), "install", "-q", f"mlflow=={version}"]):  # fmt: skip
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+            if res.returncode != 0:
+                shutil.rmtree(final, ignore_errors=True)
+                raise TrackingError(f"installing MLflow {version}: {' '.join(argv[:4])} failed:\n{res.stderr[-2000:]}")
+        done.write_text(f"mlflow=={version}\n")
+    return exe
+
+
+def mlflow_argv(exe: Path, state_dir: Path, port: int) -> list[str]:
+    return [
+        str(exe), "server", "--backend-store-uri", f"sqlite:///{state_dir / 'mlflow.db'}",
+        "--artifacts-destination", str(state_dir / "artifacts"), "--serve-artifacts",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+
+
+def mlflow_ready(base_url: str) -> bool:
+    try:
+        return _HTTP.request("GET", f"{base_url}/health").status == 200
+    except urllib3.exceptions.HTTPError:
+        return False
+
+
+def mlflow_server(state_dir: Path, port: int) -> LocalServer:
+    """An MLflow server on ``port`` with its SQLite store and artifacts in ``state_dir`` (not started)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    exe = ensure_mlflow()
+    return LocalServer("mlflow", mlflow_argv(exe, state_dir, port), port, state_dir / "mlflow.log", mlflow_ready,
+                       env={**os.environ, **SERVER_ENV})  # fmt: skip
+
+
+@contextmanager
+def standalone_mlflow(state_dir: Path, port: int) -> Iterator[LocalServer]:
+    """An MLflow server of our own for tests and benches; stopped by PID on exit (its data stays in ``state_dir``)."""
+    server = mlflow_server(state_dir, port)
+    server.start(timeout_s=120)
+    try:
+        yield server
+    finally:
+        server.stop()

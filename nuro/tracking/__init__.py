@@ -1,0 +1,1 @@
+"""Experiment tracking: nuro's runs mirrored into MLflow (issue 18)."""

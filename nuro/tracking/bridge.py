@@ -1,0 +1,228 @@
+"""The MLflow bridge: mirrors every nuro run into MLflow, out of band (issue 18).
+
+Why a bridge and not MLflow calls in the training processes: training never waits on, or breaks because of, the
+tracking server (the SDK's ``MetricsLogger`` already writes every point, buffered, to the metrics sink); one writer
+holds the server's credential (no per-rank, per-user tokens); and everything MLflow shows comes from the records
+nuro already keeps, so MLflow and ``nuro-train metrics/lineage`` can never disagree. The cost is latency: a point
+shows in MLflow one pass (``--interval-s``, default 5 s) after it reached the sink.
+
+One pass (``sync_once``): the jobs Slurm lists with a ``nuro`` record, plus those seen before that have left the
+queue (their final state from accounting); for each, its MLflow run (found by the tag ``nuro.job_id`` in the team's
+experiment ``nuro/<team>``, created with its params, dataset input and parent run when missing), its tags and status
+now, and its ``train`` points newer than the run's cursor (tag ``nuro.synced_to_ns``, written after each batch: a
+restarted bridge neither loses nor repeats points). Identity comes from Slurm's own fields (account, user, job id)
+and the record; the job's name or comment text never names another team's experiment.
+
+Failures: the server down or slow → the pass stops at the first ``MlflowUnavailable``, nothing is lost (the points
+stay in the sink; the cursor did not move), and the next pass retries; the failures are counted (``stats``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from nuro.metrics.model import TRAIN, Query, Row
+from nuro.metrics.sink import SinkError
+from nuro.protocol import jobcomment
+from nuro.slurm import JobInfo
+from nuro.tracking import mirror
+from nuro.tracking.mlflow import MlflowClient, MlflowError, MlflowRejected, MlflowUnavailable, filter_value
+
+log = logging.getLogger(__name__)
+
+TAG_CURSOR = "nuro.synced_to_ns"
+#: points read from the sink per job and pass (the rest next pass)
+MAX_POINTS_PER_PASS = 20_000
+
+
+def _ms(t: Any) -> int | None:
+    return int(t.timestamp() * 1000) if t is not None else None
+
+
+def job_view(job: JobInfo) -> mirror.JobView:
+    return mirror.JobView(
+        job_id=job.job_id, user=job.user, phase=job.phase.name, state=job.state, reason=job.reason,
+        nodes=tuple(job.nodes), restart_count=job.restart_count, start_ms=_ms(job.start_time),
+        end_ms=_ms(job.end_time) if job.is_finished else None,
+    )  # fmt: skip
+
+
+def record_of(job: JobInfo) -> dict[str, Any]:
+    """The job's ``nuro`` record (its comment), or {} for a job without one."""
+    raw = jobcomment.parse(job.comment).raw.get("nuro")
+    return raw if isinstance(raw, dict) else {}
+
+
+@dataclass
+class RunState:
+    """What the bridge knows of one job's MLflow run."""
+
+    run_id: str
+    experiment_id: str
+    cursor_ns: int = 0
+    tags: dict[str, str] = field(default_factory=dict)
+    status: str = ""
+    done: bool = False
+
+
+@dataclass
+class Stats:
+    passes: int = 0
+    runs_created: int = 0
+    points: int = 0
+    failures: int = 0
+    last_error: str = ""
+
+
+class Bridge:
+    """Mirrors nuro's runs into one MLflow server.
+
+    Args:
+        client: the MLflow adapter.
+        jobs: Slurm's live jobs (``backend.jobs``); finished: accounting records of job ids (``finished_jobs``).
+        train_rows: a job's ``train`` points newer than a time (``(team, job_id, since_ns) -> rows``).
+        bucket: the S3 bucket datasets live in (the dataset input's source).
+    """
+
+    def __init__(
+        self,
+        client: MlflowClient,
+        jobs: Callable[[], list[JobInfo]],
+        finished: Callable[[Iterable[int]], list[JobInfo]],
+        train_rows: Callable[[str, int, int], list[Row]],
+        bucket: str = "nuro",
+    ) -> None:
+        self.client, self._jobs, self._finished, self._train_rows = client, jobs, finished, train_rows
+        self.bucket = bucket
+        self.runs: dict[int, RunState] = {}
+        self._experiments: dict[str, str] = {}
+        self.stats = Stats()
+
+    # -- one pass ------------------------------------------------------------------------------------------------
+    def sync_once(self) -> Stats:
+        """Mirror every nuro job once; stops at the first unavailability (the next pass goes on from there)."""
+        self.stats.passes += 1
+        live = [j for j in self._jobs() if record_of(j).get("team")]
+        seen = {j.job_id for j in live}
+        gone = [jid for jid, st in self.runs.items() if jid not in seen and not st.done]
+        jobs = live + (self._finished(gone) if gone else [])
+        try:
+            for job in sorted(jobs, key=lambda j: j.job_id):  # parents (older ids) before their children
+                self.sync_job(job)
+        except MlflowUnavailable as exc:
+            self.stats.failures += 1
+            self.stats.last_error = str(exc)
+            log.warning("MLflow unavailable, the pass stops here (nothing is lost): %s", exc)
+        return self.stats
+
+    def sync_job(self, job: JobInfo) -> RunState | None:
+        meta = record_of(job)
+        team = str(meta.get("team") or "")
+        if not team or team != job.account:  # the record names the job's own account, or it is not mirrored
+            return None
+        view = job_view(job)
+        st = self.runs.get(job.job_id) or self._find_or_create(job, view, meta, team)
+        self.runs[job.job_id] = st
+        tags = mirror.tags_of(meta, view, self._marks(job))
+        changed = {k: v for k, v in tags.items() if st.tags.get(k) != v}
+        status = mirror.mlflow_status(view.phase)
+        self._push_points(st, team, job.job_id)
+        if changed:
+            self.client.log_batch(st.run_id, tags=changed)
+            st.tags.update(changed)
+        if status != st.status:
+            end = view.end_ms if job.is_finished else None
+            self.client.update_run(st.run_id, status=status, end_ms=end)
+            st.status = status
+        st.done = job.is_finished
+        return st
+
+    # -- pieces --------------------------------------------------------------------------------------------------
+    def _experiment(self, team: str) -> str:
+        if team not in self._experiments:
+            exp = self.client.experiment_id(mirror.experiment_name(team), tags={"nuro.team": team})
+            assert exp is not None
+            self._experiments[team] = exp
+        return self._experiments[team]
+
+    def find_run(self, team: str, job_id: int) -> dict[str, Any] | None:
+        runs, _ = self.client.search_runs(
+            [self._experiment(team)], f"tags.`{mirror.TAG_JOB}` = {filter_value(str(job_id))}", max_results=5
+        )
+        return runs[0] if runs else None
+
+    def _find_or_create(self, job: JobInfo, view: mirror.JobView, meta: Mapping[str, Any], team: str) -> RunState:
+        exp = self._experiment(team)
+        found = self.find_run(team, job.job_id)
+        if found is not None:
+            tags = {t["key"]: t["value"] for t in found.get("data", {}).get("tags", [])}
+            cursor = int(tags.get(TAG_CURSOR, "0") or 0)
+            return RunState(found["info"]["run_id"], exp, cursor, tags, found["info"].get("status", ""))
+        tags = mirror.tags_of(meta, view)
+        parent = meta.get("resume_from")
+        if parent and str(parent).isdigit():
+            prun = self.runs.get(int(parent)) or self.find_run(team, int(parent))
+            if prun is not None:
+                tags[mirror.TAG_PARENT] = prun.run_id if isinstance(prun, RunState) else prun["info"]["run_id"]
+        name = str(meta.get("name") or job.name)
+        run_id = self.client.create_run(exp, name, start_ms=view.start_ms, tags=tags)
+        self.stats.runs_created += 1
+        self.client.log_batch(run_id, params=mirror.params_of(meta, job.node_count, job.gpus_per_node))
+        ds = mirror.dataset_input(meta, self.bucket)
+        if ds is not None:
+            self.client.log_dataset(run_id, **ds)
+        log.info("mlflow run %s for job %d (%s/%s)", run_id, job.job_id, team, name)
+        return RunState(run_id, exp, 0, tags, "")
+
+    def _marks(self, job: JobInfo) -> dict[str, str]:
+        """The comment's marks as tags: the newest committed checkpoint, a preemption request and its ack."""
+        c = jobcomment.parse(job.comment)
+        out = {}
+        if c.checkpoint is not None and c.checkpoint.step is not None:
+            out["nuro.checkpoint.step"] = str(c.checkpoint.step)
+        if c.preempt is not None:
+            out["nuro.preempted_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.preempt.at))
+        if c.ack is not None and c.ack.step is not None:
+            out["nuro.ack_step"] = str(c.ack.step)
+        return out
+
+    def _push_points(self, st: RunState, team: str, job_id: int) -> None:
+        try:
+            rows = self._train_rows(team, job_id, st.cursor_ns)
+        except SinkError as exc:
+            log.warning("metrics of job %d not readable now: %s", job_id, exc)
+            return
+        rows = sorted((r for r in rows if r.ts_ns > st.cursor_ns), key=lambda r: r.ts_ns)[:MAX_POINTS_PER_PASS]
+        if not rows:
+            return
+        metrics = mirror.metrics_of(rows)
+        cursor = str(rows[-1].ts_ns)
+        try:
+            self.client.log_batch(st.run_id, metrics, tags={TAG_CURSOR: cursor})
+        except MlflowRejected as exc:  # e.g. a value MLflow refuses: skip these points rather than stall forever
+            log.warning("MLflow refused job %d's points up to %s: %s", job_id, cursor, exc)
+            self.client.log_batch(st.run_id, tags={TAG_CURSOR: cursor})
+        st.cursor_ns = int(cursor)
+        st.tags[TAG_CURSOR] = cursor
+        self.stats.points += len(metrics)
+
+
+def sink_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], list[Row]]:
+    """``train_rows`` for ``Bridge`` from a sink factory (``team -> sink``): the job's points newer than a time."""
+    def rows(team: str, job_id: int, since_ns: int) -> list[Row]:
+        sink = open_sink(team)
+        try:
+            q = Query(TRAIN, where={"job": str(job_id)}, since_ns=since_ns + 1 if since_ns else None)
+            return list(sink.query(q))
+        finally:
+            sink.close()
+
+    return rows
+
+
+__all__ = ["MAX_POINTS_PER_PASS", "TAG_CURSOR", "Bridge", "RunState", "Stats", "job_view", "record_of", "sink_rows"]
+_ = MlflowError  # re-exported for callers catching every MLflow failure

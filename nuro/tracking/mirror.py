@@ -1,0 +1,159 @@
+"""What a nuro run looks like in MLflow: pure functions from nuro's records to an MLflow run's content (issue 18).
+
+One nuro run (a Slurm job with a ``nuro`` record, all its attempts) is one MLflow run, in the experiment of its team
+(``nuro/<team>``: MLflow's unit of permissions, so a team's runs can be guarded as a whole). Found again by its tag
+``nuro.job_id``; a run continued with ``--resume-from`` is the child of the earlier job's run
+(``mlflow.parentRunId``), so the resume chain shows as nested runs.
+
+Names (MLflow's conventions where it has one):
+
+- params: the job spec as submitted (``team``, ``tier``, ``nodes``, ``gpus_per_node``, ``launcher``, ``script``,
+  ``args``, ``deepspeed_config``, ``ckpt_interval_s``, ``ckpt_keep``, ``max_requeues``, ``data_seed``,
+  ``spare_nodes``, ``dataset``, ``code_commit``): params never change, so only what the record fixed at submit;
+- tags: ``mlflow.user`` (the Slurm user), ``mlflow.source.name``/``mlflow.source.git.commit`` (the pinned code),
+  ``nuro.job_id``, ``nuro.state`` (Slurm's), ``nuro.attempts``, ``nuro.nodes``, ``nuro.reason`` (why it waits),
+  ``nuro.code_diff`` (a dirty run's patch digest);
+- metrics: every ``train`` point of ``MetricsLogger``: rank 0's under the field's own name (``loss``,
+  ``samples_per_s``, ``step_time_s``, custom scalars), every other rank's as ``rank<r>/<field>``, at the point's
+  step and wall time; the dataset as an MLflow dataset input (name + snapshot digest, source ``s3://…``).
+
+Slurm states map to MLflow's run statuses: pending/requeued → SCHEDULED, running → RUNNING, completed → FINISHED,
+cancelled → KILLED, every other end → FAILED.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nuro.metrics.model import Row
+from nuro.tracking.mlflow import Metric
+
+EXPERIMENT_PREFIX = "nuro/"
+TAG_JOB = "nuro.job_id"
+TAG_PARENT = "mlflow.parentRunId"
+#: the fields of a train point that are not metrics
+_NOT_METRICS = frozenset({"step"})
+
+
+def experiment_name(team: str) -> str:
+    return f"{EXPERIMENT_PREFIX}{team}"
+
+
+def mlflow_status(phase: str) -> str:
+    """Slurm's job phase (``JobPhase`` name) → MLflow's run status."""
+    return {
+        "PENDING": "SCHEDULED", "REQUEUED": "SCHEDULED", "RUNNING": "RUNNING", "COMPLETING": "RUNNING",
+        "SUSPENDED": "RUNNING", "COMPLETED": "FINISHED", "CANCELLED": "KILLED",
+    }.get(phase, "FAILED")  # fmt: skip
+
+
+def params_of(meta: Mapping[str, Any], nodes: int, gpus_per_node: int) -> dict[str, str]:
+    """The run's params from its record and its allocation request (what was submitted; they never change)."""
+    entry = meta.get("entry") or {}
+    dataset = meta.get("dataset") or {}
+    code = meta.get("code") or {}
+    ckpt = meta.get("ckpt_policy") or {}
+    out: dict[str, Any] = {
+        "team": meta.get("team"),
+        "tier": meta.get("tier") or f"g-{meta.get('team')}",
+        "nodes": nodes,
+        "gpus_per_node": gpus_per_node,
+        "launcher": entry.get("launcher"),
+        "script": entry.get("script"),
+        "args": " ".join(map(str, entry.get("args") or [])) or None,
+        "deepspeed_config": entry.get("deepspeed_config"),
+        "ckpt_interval_s": ckpt.get("interval_s"),
+        "ckpt_keep": ckpt.get("keep"),
+        "max_requeues": (meta.get("requeue") or {}).get("max"),
+        "data_seed": (meta.get("data") or {}).get("seed", 0),
+        "spare_nodes": (meta.get("spares") or {}).get("nodes", 0),
+        "dataset": f"{dataset.get('name')}@{dataset.get('digest')}" if dataset else None,
+        "code_commit": code.get("commit"),
+        "resume_from": meta.get("resume_from"),
+        "submitted_via": meta.get("via", "nuro-train"),
+    }
+    return {k: str(v) for k, v in out.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the mirror needs of a Slurm job (from ``nuro.slurm.JobInfo``)."""
+
+    job_id: int
+    user: str
+    phase: str
+    state: str
+    reason: str
+    nodes: tuple[str, ...]
+    restart_count: int
+    start_ms: int | None
+    end_ms: int | None
+
+
+def tags_of(meta: Mapping[str, Any], job: JobView, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The run's tags now (they change with the job: state, attempts, nodes, why it waits)."""
+    code = meta.get("code") or {}
+    out: dict[str, str] = {
+        TAG_JOB: str(job.job_id),
+        "mlflow.user": job.user,
+        "mlflow.source.type": "JOB",
+        "nuro.team": str(meta.get("team", "")),
+        "nuro.state": job.state,
+        "nuro.attempts": str(job.restart_count + 1),
+        "nuro.nodes": ",".join(job.nodes),
+        "nuro.reason": job.reason if job.phase == "PENDING" else "",
+    }
+    if code.get("repo"):
+        out["mlflow.source.name"] = str(code["repo"])
+    if code.get("commit"):
+        out["mlflow.source.git.commit"] = str(code["commit"])
+    if code.get("diff"):
+        out["nuro.code_diff"] = str(code["diff"])
+    out.update(extra or {})
+    return out
+
+
+def metric_key(field: str, rank: int) -> str:
+    return field if rank == 0 else f"rank{rank}/{field}"
+
+
+def metrics_of(rows: Iterable[Row]) -> list[Metric]:
+    """MLflow metrics of ``train`` rows (every rank, every restart), oldest first."""
+    out: list[Metric] = []
+    for row in sorted(rows, key=lambda r: r.ts_ns):
+        rank = int(row.tags.get("rank", "0") or 0) if str(row.tags.get("rank", "0")).isdigit() else 0
+        step = row.fields.get("step")
+        step_i = int(step) if isinstance(step, int | float) else 0
+        ms = row.ts_ns // 1_000_000
+        for name, value in row.fields.items():
+            if name in _NOT_METRICS or not isinstance(value, int | float) or isinstance(value, bool):
+                continue
+            out.append(Metric(metric_key(name, rank), float(value), ms, step_i))
+    return out
+
+
+def dataset_input(meta: Mapping[str, Any], bucket: str) -> dict[str, str] | None:
+    """The dataset snapshot as an MLflow dataset input (name, digest, source), or None without one."""
+    ds = meta.get("dataset") or {}
+    if not ds.get("name") or not ds.get("digest"):
+        return None
+    digest = str(ds["digest"])
+    return {"name": str(ds["name"]), "digest": digest.removeprefix("sha256:")[:36],
+            "source": f"s3://{bucket}/datasets/{ds['name']}/{digest}", "source_type": "s3"}  # fmt: skip
+
+
+__all__ = [
+    "EXPERIMENT_PREFIX",
+    "TAG_JOB",
+    "TAG_PARENT",
+    "JobView",
+    "dataset_input",
+    "experiment_name",
+    "metric_key",
+    "metrics_of",
+    "mlflow_status",
+    "params_of",
+    "tags_of",
+]

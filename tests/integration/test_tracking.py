@@ -1,0 +1,109 @@
+"""nuro's runs in MLflow (issue 18): a real 2-rank Slurm job, mirrored by the bridge into a real ``mlflow server``.
+
+The job is the example DDP run (``nuro-train submit`` as alice, MetricsLogger into the cluster's InfluxDB); the
+bridge (``nuro.tracking.bridge``, what ``nuro-mlflow-bridge`` runs) passes every second meanwhile, against an MLflow
+3.17 server of our own (SQLite, loopback), which is stopped for a few passes mid-run. What MLflow then holds must be
+exactly what ``nuro-train metrics --json`` and ``lineage --json`` show, every point once, and the job must not have
+noticed the outage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from nuro.devcluster import scenario
+from nuro.devcluster.tracking import standalone_mlflow
+from nuro.metrics.sink import sink_from_env
+from nuro.slurm import CliBackend
+from nuro.tracking import mirror
+from nuro.tracking.bridge import Bridge, sink_rows
+from nuro.tracking.mlflow import MlflowClient
+from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of
+
+pytestmark = pytest.mark.slurm
+
+BIN = Path(sys.executable).parent
+PORT = int(os.environ.get("NURO_TEST_MLFLOW_PORT", "9460"))
+STATE_DIR = REPO / f".devcluster-test-mlflow-{PORT}"
+
+
+def _train(cluster: LiveCluster, *args: str) -> dict:
+    res = subprocess.run([str(BIN / "nuro-train"), *args], env={**os.environ, **cluster.env}, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    return json.loads(res.stdout)
+
+
+def test_a_run_is_mirrored_into_mlflow_exactly_and_survives_an_mlflow_outage(cluster: LiveCluster) -> None:
+    work = Path(tempfile.mkdtemp(prefix="nuro-mlflow-", dir="/tmp"))
+    work.chmod(0o755)
+    shutil.rmtree(STATE_DIR, ignore_errors=True)
+    dataset, repo = scenario.prepare(cluster.env, work)
+    backend = CliBackend(env=cluster.env)
+    env = {**os.environ, **cluster.env}
+    rows = sink_rows(lambda team: sink_from_env({**env, "NURO_TEAM": team}))
+    try:
+        with standalone_mlflow(STATE_DIR, PORT) as server:
+            client = MlflowClient(server.url)
+            bridge = Bridge(client, backend.jobs, backend.finished_jobs, rows, bucket=env.get("NURO_S3_BUCKET", "nuro"))
+            run = scenario.submit(cluster.env, work, dataset, repo, steps=120, step_time_s=0.05, ckpt_interval_s=3)
+            down_at = None
+            while True:
+                job = backend.find_job(run.job_id)
+                st = bridge.runs.get(run.job_id)
+                if down_at is None and st is not None and st.cursor_ns:  # points are flowing: take MLflow away
+                    server.stop()
+                    down_at = time.monotonic()
+                if down_at is not None and server.proc is not None and server.proc.poll() is not None \
+                        and time.monotonic() - down_at > 4:  # fmt: skip
+                    server.start(timeout_s=120)
+                bridge.sync_once()
+                if job is not None and job.is_finished and (server.proc and server.proc.poll() is None):
+                    break
+                time.sleep(1.0)
+            assert job.state == "COMPLETED", job  # the job never saw the outage
+            assert bridge.stats.failures >= 1, "MLflow was down for passes: they must be counted"
+            bridge.sync_once()  # the last points and the final status
+            st = bridge.runs[run.job_id]
+            assert st.done and st.status == "FINISHED"
+
+            got = client.get_run(st.run_id)
+            params = {p["key"]: p["value"] for p in got["data"].get("params", [])}
+            tags = {t["key"]: t["value"] for t in got["data"].get("tags", [])}
+            assert got["info"]["status"] == "FINISHED" and got["info"]["run_name"] == run.name
+            assert params["team"] == "perception" and params["nodes"] == "2" and params["launcher"] == "torchrun"
+            assert params["dataset"] == dataset and params["script"] == "train.py"
+            lineage = _train(cluster, "lineage", str(run.job_id), "--json")[0]
+            assert tags["mlflow.source.git.commit"] == lineage["code"]["commit"] == params["code_commit"]
+            assert tags[mirror.TAG_JOB] == str(run.job_id) and tags["nuro.attempts"] == "1"
+            assert tags["mlflow.user"] == "alice" and "nuro.checkpoint.step" in tags
+            (ds,) = got["inputs"]["dataset_inputs"]
+            assert ds["dataset"]["name"] == dataset.split("@")[0]
+            assert dataset.split("@")[1].removeprefix("sha256:").startswith(ds["dataset"]["digest"])
+
+            shown = _train(cluster, "metrics", str(run.job_id), "--json")
+            for rank in (0, 1):
+                want = sorted((h["step"], h["loss"]) for h in shown["history"] if h["rank"] == rank and "loss" in h)
+                hist = client.metric_history(st.run_id, mirror.metric_key("loss", rank))
+                have = sorted((m["step"], m["value"]) for m in hist)
+                assert have == want, f"rank {rank}: MLflow {len(have)} points, nuro-train metrics {len(want)}"
+            assert len(want) >= 100
+
+            url = subprocess.run([str(BIN / "nuro-train"), "open", str(run.job_id)], capture_output=True, text=True,
+                                 env={**env, "MLFLOW_TRACKING_URI": server.url}, timeout=60)  # fmt: skip
+            assert url.returncode == 0, url.stderr
+            assert url.stdout.strip() == f"{server.url}/#/experiments/{st.experiment_id}/runs/{st.run_id}"
+            print(f"\nMLflow run {st.run_id}: {len(want)} steps per rank; bridge {vars(bridge.stats)}")
+    finally:
+        cancel_jobs_of(cluster, ("alice",))
+        shutil.rmtree(STATE_DIR, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
