@@ -191,6 +191,11 @@ class PortPlan:
         return self.base + 88
 
     @property
+    def mlflow(self) -> int:
+        """The MLflow tracking server's HTTP port (base+92; ``nuro.devcluster.tracking``)."""
+        return self.base + 92
+
+    @property
     def rdzv_base(self) -> int:
         """torchrun rendezvous ports of this cluster's jobs: base+500 .. base+899 (``RDZV_SPAN``), exported as
         ``NURO_RDZV_PORT_BASE``/``SPAN``. Every emulated node is 127.0.0.1, so two dev clusters side by side (the
@@ -200,7 +205,7 @@ class PortPlan:
     def all(self, n_nodes: int) -> dict[str, int]:
         ports = {"mariadb": self.mariadb, "slurmctld": self.slurmctld, "slurmdbd": self.slurmdbd}
         ports.update({f"seaweedfs -{flag}": port for flag, port in self.weed().items()})
-        ports.update({"influxd http": self.influx, "influxd rpc": self.influx_rpc})
+        ports.update({"influxd http": self.influx, "influxd rpc": self.influx_rpc, "mlflow": self.mlflow})
         ports.update({f"slurmd gpu{i + 1:03d}": self.slurmd(i) for i in range(n_nodes)})
         return ports
 
@@ -282,6 +287,11 @@ class Layout:
     def s3_data(self) -> Path:
         """SeaweedFS's data dir (volumes, filer metadata, IAM identity): survives down/up, removed by --purge."""
         return self.root / "s3"
+
+    @property
+    def mlflow_dir(self) -> Path:
+        """The MLflow server's SQLite store, artifacts and log (``nuro.devcluster.tracking``): removed by --purge."""
+        return self.root / "mlflow"
 
     @property
     def influx_dir(self) -> Path:

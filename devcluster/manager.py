@@ -34,7 +34,7 @@ from nuro.cluster.slurmconf import (
     render_topology,
     topology_file,
 )
-from nuro.devcluster import cgroups, rootfs, s3, slurmroot
+from nuro.devcluster import cgroups, rootfs, s3, slurmroot, tracking
 from nuro.devcluster.install import ensure_packages
 from nuro.devcluster.layout import (
     DEFAULT_PORT_BASE,
@@ -139,6 +139,8 @@ def env_exports(layout: Layout) -> dict[str, str]:
         env[ENV_RDZV_PORT_SPAN] = str(RDZV_SPAN)
         env.update(metrics_identities.admin_env(layout.influx_dir))  # admin: root only (members use their team's)
         env[metrics_identities.ENV_CREDENTIALS] = str(layout.etc / "metrics")  # <team>.env, as etc/s3
+        if (_ports_record(layout) or {}).get("mlflow"):
+            env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{PortPlan(base).mlflow}"  # MLflow's own variable
     return env
 
 
@@ -320,7 +322,8 @@ def _prepare(
     for name in node_names(n_nodes):  # root's, 0755 (as open_root makes it): the health check measures its disk
         layout.node_staging(name).mkdir(parents=True, exist_ok=True)
     layout.ports_file.write_text(
-        json.dumps({"port_base": port_base, "slurm": slurm.version, "topology": topology}) + "\n"
+        json.dumps({"port_base": port_base, "slurm": slurm.version, "topology": topology,
+                    "mlflow": tracking.enabled()}) + "\n"
     )
     slurmroot.write_wrappers(slurm, layout.slurm_bin, layout.slurm_conf)
     layout.munge_dir.mkdir(exist_ok=True)
@@ -428,6 +431,11 @@ def up(
     if s3.find_weed() is None:
         raise DevClusterError(s3.WEED_MISSING)
     installed = ensure_packages()
+    if tracking.enabled():  # MLflow's own venv (~30 s once per machine), before the supervisor's start-up clock
+        try:
+            tracking.ensure_mlflow()
+        except tracking.TrackingError as exc:
+            raise DevClusterError(f"{exc}; or start without it: {tracking.ENV_ENABLED}=0") from exc
     busy = busy_ports(PortPlan(port_base), n_nodes)
     if udp_port_busy(PortPlan(port_base).heartbeat):
         busy.append(("nuro-controller heartbeats (udp)", PortPlan(port_base).heartbeat))
@@ -435,7 +443,7 @@ def up(
         what = ", ".join(f"{port} ({name}, held by {_port_owner(port)})" for name, port in busy[:5])
         raise DevClusterError(
             f"ports in use: {what}{' …' if len(busy) > 5 else ''}. The dev cluster uses {port_base}+6, +17, +19, "
-            f"+33..+43 (SeaweedFS), +86/+88 (InfluxDB), udp +50 (heartbeats) and "
+            f"+33..+43 (SeaweedFS), +86/+88 (InfluxDB), +92 (MLflow), udp +50 (heartbeats) and "
             f"{port_base + 1000}..{port_base + 999 + n_nodes}: "
             "choose free ones with --port-base (e.g. --port-base 20800) or stop the process holding them."
         )

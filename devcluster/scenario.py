@@ -192,3 +192,10 @@ def metrics_view(env: dict[str, str], job_id: int, backend, plot: bool = True) -
     summary = report.summarize(ref, train, gpus)
     text = report.plot_text(report.plot_series(train), width=100, height=24) if plot and train else None
     return summary, text
+
+
+def mlflow_url(env: dict[str, str], job_id: int) -> str | None:
+    """The job's run page in the cluster's MLflow (``nuro-train open JOB``), None until the bridge mirrored it."""
+    res = subprocess.run([str(BIN / "nuro-train"), "open", str(job_id)], env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    return res.stdout.strip() if res.returncode == 0 else None

@@ -49,7 +49,7 @@ import psutil
 import nuro
 from nuro.cluster.description import release_of
 from nuro.cluster.slurmconf import OPENMETRICS_SINCE
-from nuro.devcluster import cgroups, s3, slurmroot, tsdb
+from nuro.devcluster import cgroups, s3, slurmroot, tracking, tsdb
 from nuro.devcluster.layout import (
     CLUSTER_NAME,
     DB_NAME,
@@ -177,6 +177,8 @@ class Supervisor:
             started_at=time.time(),
         )
         self.stopping = False
+        #: MLflow and its bridge (``NURO_DEVCLUSTER_MLFLOW=0``: without them)
+        self.tracking = tracking.enabled()
 
     # -- bookkeeping ------------------------------------------------------------------------------------------
     def _save(self) -> None:
@@ -262,6 +264,25 @@ class Supervisor:
             identities.provision_auth(url, ids)
         else:
             tsdb.create_database(url, METRICS_DB)
+
+    def start_mlflow(self) -> None:
+        """The MLflow tracking server (``nuro.devcluster.tracking``: SQLite store, loopback, one worker, telemetry
+        off; installed by ``up`` before we start); ready when ``/health`` answers."""
+        lay = self.layout
+        lay.mlflow_dir.mkdir(parents=True, exist_ok=True)
+        argv = tracking.mlflow_argv(tracking.ensure_mlflow(), lay.mlflow_dir, self.ports.mlflow)
+        proc = self._spawn("mlflow", argv, "mlflow.log", env={**self.env, **tracking.SERVER_ENV}, cwd=lay.mlflow_dir)
+        url = f"http://127.0.0.1:{self.ports.mlflow}"
+        self._ready("mlflow", proc, lambda: tracking.mlflow_ready(url), 120, "mlflow.log")
+
+    def start_mlflow_bridge(self) -> None:
+        """``nuro-mlflow-bridge``: nuro's runs into the cluster's MLflow, every 2 s, with the platform's metrics
+        login (it reads every team's database) and the Slurm client's environment."""
+        env = {**self.env, ENV_METRICS_URL: metrics_url(self.ports), **identities.admin_env(self.layout.influx_dir),
+               **s3.s3_env(self.ports, self.layout.s3_data)}  # fmt: skip
+        env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{self.ports.mlflow}"
+        argv = [sys.executable, "-m", "nuro.slurm_plugins.mlflow_bridge", "--interval-s", "2"]
+        self._spawn("mlflow-bridge", argv, "mlflow-bridge.log", env=env)
 
     def start_mariadb(self) -> None:
         lay = self.layout
@@ -518,6 +539,9 @@ class Supervisor:
         self.start_slurmds()
         self.start_controller()
         self.start_agents()
+        if self.tracking:
+            self.start_mlflow()
+            self.start_mlflow_bridge()
         self.record.phase = Phase.RUNNING
         self.record.running_at = time.time()
         self._save()

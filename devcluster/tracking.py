@@ -33,6 +33,14 @@ SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TEL
               "DO_NOT_TRACK": "true"}  # fmt: skip
 
 
+#: ``0`` leaves the dev cluster without MLflow (the test suite's clusters: the tracking test runs its own server)
+ENV_ENABLED = "NURO_DEVCLUSTER_MLFLOW"
+
+
+def enabled(env: dict[str, str] | None = None) -> bool:
+    return (env if env is not None else os.environ).get(ENV_ENABLED, "1") != "0"
+
+
 class TrackingError(RuntimeError):
     """MLflow could not be installed or started; the message says which step and why."""
 

@@ -94,9 +94,23 @@ def main(argv: list[str] | None = None) -> int:
     out.print(f"   {victim} revived; the controller returns it once its heartbeats are healthy again")
     out.print(f"[bold]7.[/] nuro-train metrics {run.job_id} --plot")
     _show_metrics(env, run.job_id, backend)
+    _show_mlflow(env, run.job_id)
     out.print('plain Slurm tools work too:  eval "$(.venv/bin/nuro-admin devcluster env)"; squeue; sinfo')
     out.print("stop the cluster with:  make down")
     return 0 if final.phase == JobPhase.COMPLETED and final.restart_count >= 1 else 1
+
+
+def _show_mlflow(env: dict[str, str], job_id: int) -> None:
+    """The run in the cluster's MLflow UI (mirrored by nuro-mlflow-bridge): its URL, as ``nuro-train open`` prints."""
+    if "MLFLOW_TRACKING_URI" not in env:
+        return
+    out.print(f"[bold]8.[/] the run in MLflow (nuro-train open {job_id})")
+    try:
+        found = scenario.wait_for("the run in MLflow", lambda: scenario.mlflow_url(env, job_id), 30)
+    except scenario.ScenarioError as exc:
+        out.print(f"   [yellow]not shown:[/] {exc}")
+        return
+    out.print(f"   {found}", highlight=False)
 
 
 def _show_metrics(env: dict[str, str], job_id: int, backend: CliBackend) -> None:

@@ -33,6 +33,9 @@ TEST_NODES = 8
 # agent of the three CI clusters shares 2 cores, and a few stalled together for ~1 s under load, taking a test's job
 # down with their nodes. Behaviour is the same; speed is the benches' to measure (they use the product's settings).
 os.environ.setdefault("NURO_DEVCLUSTER_MISS_LIMIT", "8")
+# The session clusters run without MLflow (~500 MB and a few seconds each, three clusters in CI): the tracking test
+# runs a server of its own, and the lifecycle test turns it on to prove up starts and down stops it.
+os.environ.setdefault("NURO_DEVCLUSTER_MLFLOW", "0")
 #: The Slurm version of the session's cluster (``make test SLURM=26.05`` sets it): the host's 22.05 by default.
 TEST_SLURM = os.environ.get("NURO_TEST_SLURM", "22.05")
 #: Its placement plugin: ``tree`` (topology/tree) by default, ``block`` (topology/block, 24.11+) when

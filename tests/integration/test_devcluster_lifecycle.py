@@ -69,14 +69,20 @@ def _run_a_job_then_down(layout: Layout, tmp_path: Path) -> None:
     )
     started = _tree(supervisor_pid)
     assert len(started) >= 1 + 4 + 2 + 2  # supervisor, 4 core daemons, 2 slurmd, job processes
+    env = manager.env_exports(layout)
+    assert env["MLFLOW_TRACKING_URI"] == f"http://127.0.0.1:{PORT_BASE + 92}"
+    assert any("mlflow_bridge" in _cmd(p) for p in started) and any("mlflow" in _cmd(p) for p in started)
     stopped = manager.down(layout)
-    assert "supervisor" in stopped and "slurmctld" in stopped
+    assert "supervisor" in stopped and "slurmctld" in stopped and "mlflow" in stopped
     still = [p for p in started if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert not still, f"left behind: {[(p.pid, p.cmdline()) for p in still]}"
     assert manager.status(layout)["phase"] == "down"
 
 
-def test_down_stops_everything_up_started_and_up_works_again(tmp_path: Path) -> None:
+def test_down_stops_everything_up_started_and_up_works_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NURO_DEVCLUSTER_MLFLOW", "1")  # the tracking server and its bridge too (issue 18)
     # A state dir far deeper than sun_path's 108 bytes: every socket lives in the short runtime dir instead.
     layout = Layout(tmp_path / ("deep-checkout-" + "x" * 150) / "cluster")
     assert len(str(layout.root)) > 200
