@@ -121,6 +121,7 @@ def submit(
     name: str | None = None,
     script_args: tuple[str, ...] = (),
     deepspeed: bool = False,
+    resume_from: int | None = None,
 ) -> Run:
     """``nuro-train submit`` of the example in ``repo`` as ``user``; ``deepspeed``: the DeepSpeed example (launcher
     deepspeed with its ZeRO-2 config)."""
@@ -135,6 +136,7 @@ def submit(
         "--python", sys.executable, "--ckpt-interval", str(ckpt_interval_s), "--ckpt-keep", str(ckpt_keep),
         "--run-root", str(work / "runs"),
         *(["--deepspeed-config", DEEPSPEED_CONFIG] if deepspeed else []),
+        *(["--resume-from", str(resume_from)] if resume_from else []),
         "--env", "GLOO_SOCKET_IFNAME=lo", "--json",
     ]  # fmt: skip
     res = json.loads(run_cmd(argv, env, user=user, cwd=work).stdout)

@@ -134,6 +134,9 @@ class Bridge:
         if changed:
             self.client.log_batch(st.run_id, tags=changed)
             st.tags.update(changed)
+        if mirror.TAG_REASON in st.tags and mirror.TAG_REASON not in tags:  # it no longer waits
+            self.client.delete_tag(st.run_id, mirror.TAG_REASON)
+            del st.tags[mirror.TAG_REASON]
         if status != st.status:
             end = view.end_ms if job.is_finished else None
             self.client.update_run(st.run_id, status=status, end_ms=end)

@@ -33,6 +33,7 @@ from nuro.tracking.mlflow import Metric
 EXPERIMENT_PREFIX = "nuro/"
 TAG_JOB = "nuro.job_id"
 TAG_PARENT = "mlflow.parentRunId"
+TAG_REASON = "nuro.reason"
 #: the fields of a train point that are not metrics
 _NOT_METRICS = frozenset({"step"})
 
@@ -103,8 +104,9 @@ def tags_of(meta: Mapping[str, Any], job: JobView, extra: Mapping[str, str] | No
         "nuro.state": job.state,
         "nuro.attempts": str(job.restart_count + 1),
         "nuro.nodes": ",".join(job.nodes),
-        "nuro.reason": job.reason if job.phase == "PENDING" else "",
     }
+    if job.phase == "PENDING" and job.reason and job.reason != "None":  # why it waits (removed once it runs)
+        out[TAG_REASON] = job.reason
     if code.get("repo"):
         out["mlflow.source.name"] = str(code["repo"])
     if code.get("commit"):
@@ -148,6 +150,7 @@ __all__ = [
     "EXPERIMENT_PREFIX",
     "TAG_JOB",
     "TAG_PARENT",
+    "TAG_REASON",
     "JobView",
     "dataset_input",
     "experiment_name",

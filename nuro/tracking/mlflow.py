@@ -171,6 +171,9 @@ class MlflowClient:
             self._call("POST", "runs/log-batch", {"run_id": run_id, **body})
         return len(calls)
 
+    def delete_tag(self, run_id: str, key: str) -> None:
+        self._call("POST", "runs/delete-tag", {"run_id": run_id, "key": key})
+
     def log_dataset(self, run_id: str, *, name: str, digest: str, source: str, source_type: str = "s3",
                     context: str = "training", profile: str | None = None) -> None:  # fmt: skip
         dataset: dict[str, Any] = {"name": name, "digest": digest, "source_type": source_type, "source": source}

@@ -107,3 +107,60 @@ def test_a_run_is_mirrored_into_mlflow_exactly_and_survives_an_mlflow_outage(clu
         cancel_jobs_of(cluster, ("alice",))
         shutil.rmtree(STATE_DIR, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+
+
+ARTIFACTS = REPO / "test-artifacts" / "mlflow"
+
+
+def test_the_ui_shows_the_run_its_metrics_chart_and_its_parent(cluster: LiveCluster) -> None:
+    """A run continued with --resume-from is the child of the run it continues; headless Chromium opens the MLflow
+    UI as a person would and finds the child run, its parent and its metrics charts. Screenshots are kept in
+    test-artifacts/mlflow/."""
+    from nuro.devcluster.browser import page_text, screenshot
+    from nuro.tracking.mlflow import run_url
+
+    work = Path(tempfile.mkdtemp(prefix="nuro-mlflow-ui-", dir="/tmp"))
+    work.chmod(0o755)
+    state = STATE_DIR.with_name(STATE_DIR.name + "-ui")
+    shutil.rmtree(state, ignore_errors=True)
+    dataset, repo = scenario.prepare(cluster.env, work)
+    backend = CliBackend(env=cluster.env)
+    env = {**os.environ, **cluster.env}
+    rows = sink_rows(lambda team: sink_from_env({**env, "NURO_TEAM": team}))
+    try:
+        with standalone_mlflow(state, PORT + 1) as server:
+            client = MlflowClient(server.url)
+            bridge = Bridge(client, backend.jobs, backend.finished_jobs, rows, bucket=env.get("NURO_S3_BUCKET", "nuro"))
+
+            def run_to_end(run: scenario.Run) -> None:
+                while not ((job := backend.find_job(run.job_id)) and job.is_finished):
+                    bridge.sync_once()
+                    time.sleep(1.0)
+                assert job.state == "COMPLETED", run.log.read_text()[-3000:]
+                bridge.sync_once()
+
+            parent = scenario.submit(cluster.env, work, dataset, repo, steps=40, step_time_s=0.05, ckpt_interval_s=2)
+            run_to_end(parent)
+            # as nuro-train resume submits it: the same run name (its checkpoints), the parent's job id as lineage
+            child = scenario.submit(cluster.env, work, dataset, repo, steps=80, step_time_s=0.05, ckpt_interval_s=2,
+                                    name=parent.name, resume_from=parent.job_id)  # fmt: skip
+            run_to_end(child)
+            assert "resumed from the checkpoint of step" in child.log.read_text()
+            p, c = bridge.runs[parent.job_id], bridge.runs[child.job_id]
+            tags = {t["key"]: t["value"] for t in client.get_run(c.run_id)["data"]["tags"]}
+            assert tags[mirror.TAG_PARENT] == p.run_id
+
+            page = run_url(server.url, c.experiment_id, c.run_id)
+            text = page_text(page)
+            assert c.run_id in text and f"Parent run {parent.name}" in text, text[:3000]  # the run, its parent
+            assert "loss" in text and "samples_per_s" in text and "demo-synth" in text, text[:3000]
+            charts = page_text(page + "/model-metrics")
+            assert "loss" in charts and "Step" in charts, charts[:3000]  # the metrics charts are drawn
+            shots = [screenshot(page, ARTIFACTS / "run.png"), screenshot(page + "/model-metrics",
+                                                                         ARTIFACTS / "metrics.png")]  # fmt: skip
+            assert all(s.stat().st_size > 20_000 for s in shots), [s.stat().st_size for s in shots]
+            print(f"\nscreenshots: {', '.join(map(str, shots))}")
+    finally:
+        cancel_jobs_of(cluster, ("alice",))
+        shutil.rmtree(state, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
