@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nuro.metrics.model import TRAIN, Query, Row
+from nuro.metrics.identities import platform_view
+from nuro.metrics.model import GPU, TRAIN, Query, Row
 from nuro.metrics.sink import SinkError
 from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo
@@ -35,6 +36,7 @@ from nuro.tracking.mlflow import MlflowClient, MlflowError, MlflowRejected, Mlfl
 log = logging.getLogger(__name__)
 
 TAG_CURSOR = "nuro.synced_to_ns"
+TAG_GPU_CURSOR = "nuro.synced_gpu_to_ns"
 #: points read from the sink per job and pass (the rest next pass)
 MAX_POINTS_PER_PASS = 20_000
 
@@ -85,7 +87,9 @@ class Bridge:
         client: the MLflow adapter.
         jobs: Slurm's live jobs (``backend.jobs``); finished: accounting records of job ids (``finished_jobs``).
         train_rows: a job's ``train`` points newer than a time (``(team, job_id, since_ns) -> rows``).
-        bucket: the S3 bucket datasets live in (the dataset input's source).
+        bucket: the S3 bucket datasets and checkpoints live in (the dataset input's source, the manifests' URIs).
+        gpu_rows: the node agents' ``gpu`` points of the job's GPUs newer than a time (same shape), for MLflow's
+            system metrics; None: none mirrored.
     """
 
     def __init__(
@@ -95,8 +99,10 @@ class Bridge:
         finished: Callable[[Iterable[int]], list[JobInfo]],
         train_rows: Callable[[str, int, int], list[Row]],
         bucket: str = "nuro",
+        gpu_rows: Callable[[str, int, int], list[Row]] | None = None,
     ) -> None:
         self.client, self._jobs, self._finished, self._train_rows = client, jobs, finished, train_rows
+        self._gpu_rows = gpu_rows
         self.bucket = bucket
         self.runs: dict[int, RunState] = {}
         self._experiments: dict[str, str] = {}
@@ -127,10 +133,11 @@ class Bridge:
         view = job_view(job)
         st = self.runs.get(job.job_id) or self._find_or_create(job, view, meta, team)
         self.runs[job.job_id] = st
-        tags = mirror.tags_of(meta, view, self._marks(job))
+        tags = mirror.tags_of(meta, view, self._marks(job, meta))
         changed = {k: v for k, v in tags.items() if st.tags.get(k) != v}
         status = mirror.mlflow_status(view.phase)
         self._push_points(st, team, job.job_id)
+        self._push_system(st, team, job.job_id)
         if changed:
             self.client.log_batch(st.run_id, tags=changed)
             st.tags.update(changed)
@@ -181,12 +188,16 @@ class Bridge:
         log.info("mlflow run %s for job %d (%s/%s)", run_id, job.job_id, team, name)
         return RunState(run_id, exp, 0, tags, "")
 
-    def _marks(self, job: JobInfo) -> dict[str, str]:
-        """The comment's marks as tags: the newest committed checkpoint, a preemption request and its ack."""
+    def _marks(self, job: JobInfo, meta: Mapping[str, Any]) -> dict[str, str]:
+        """The comment's marks as tags: the newest committed checkpoint (its step and its manifest in S3), a
+        preemption request and its ack."""
         c = jobcomment.parse(job.comment)
         out = {}
         if c.checkpoint is not None and c.checkpoint.step is not None:
             out["nuro.checkpoint.step"] = str(c.checkpoint.step)
+            uri = mirror.checkpoint_uri(meta, c.checkpoint.step, self.bucket)
+            if uri:
+                out["nuro.checkpoint.manifest"] = uri
         if c.preempt is not None:
             out["nuro.preempted_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.preempt.at))
         if c.ack is not None and c.ack.step is not None:
@@ -214,6 +225,21 @@ class Bridge:
         self.stats.points += len(metrics)
 
 
+    def _push_system(self, st: RunState, team: str, job_id: int) -> None:
+        if self._gpu_rows is None:
+            return
+        since = int(st.tags.get(TAG_GPU_CURSOR, "0") or 0)
+        try:
+            rows = sorted((r for r in self._gpu_rows(team, job_id, since) if r.ts_ns > since), key=lambda r: r.ts_ns)
+        except SinkError as exc:
+            log.warning("GPU telemetry of job %d not readable now: %s", job_id, exc)
+            return
+        if rows:
+            cursor = str(rows[-1].ts_ns)
+            self.client.log_batch(st.run_id, mirror.system_metrics_of(rows), tags={TAG_GPU_CURSOR: cursor})
+            st.tags[TAG_GPU_CURSOR] = cursor
+
+
 def sink_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], list[Row]]:
     """``train_rows`` for ``Bridge`` from a sink factory (``team -> sink``): the job's points newer than a time."""
     def rows(team: str, job_id: int, since_ns: int) -> list[Row]:
@@ -227,5 +253,25 @@ def sink_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], list
     return rows
 
 
-__all__ = ["MAX_POINTS_PER_PASS", "TAG_CURSOR", "Bridge", "RunState", "Stats", "job_view", "record_of", "sink_rows"]
+def sink_gpu_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], list[Row]]:
+    """``gpu_rows`` for ``Bridge``: the agents' points tagged with the job (the platform database)."""
+
+    def rows(team: str, job_id: int, since_ns: int) -> list[Row]:
+        sink = open_sink(team)
+        gpu_sink: Any = platform_view(sink)
+        try:
+            since = since_ns + 1 if since_ns else None
+            return list(gpu_sink.query(Query(GPU, where={"job": str(job_id)}, since_ns=since)))
+        finally:
+            if gpu_sink is not sink:
+                gpu_sink.close()
+            sink.close()
+
+    return rows
+
+
+__all__ = [
+    "MAX_POINTS_PER_PASS", "TAG_CURSOR", "TAG_GPU_CURSOR", "Bridge", "RunState", "Stats", "job_view", "record_of",
+    "sink_gpu_rows", "sink_rows",
+]  # fmt: skip
 _ = MlflowError  # re-exported for callers catching every MLflow failure

@@ -136,6 +136,32 @@ def metrics_of(rows: Iterable[Row]) -> list[Metric]:
     return out
 
 
+#: the agents' ``gpu`` fields → MLflow's system-metric names (its own GPU monitor's), with a unit conversion
+_SYSTEM = (("util_pct", "utilization_percentage", 1.0), ("mem_used_bytes", "memory_usage_megabytes", 1 / 2**20),
+           ("temp_c", "temperature_celsius", 1.0), ("power_w", "power_usage_watts", 1.0))  # fmt: skip
+
+
+def system_metrics_of(rows: Iterable[Row]) -> list[Metric]:
+    """MLflow system metrics (``system/<node>/gpu_<i>_<name>``, the UI's System metrics tab) of the node agents'
+    ``gpu`` points for the job's GPUs, oldest first."""
+    out: list[Metric] = []
+    for row in sorted(rows, key=lambda r: r.ts_ns):
+        node, gpu = row.tags.get("node", "?"), row.tags.get("gpu", "?")
+        for field, name, scale in _SYSTEM:
+            value = row.fields.get(field)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out.append(Metric(f"system/{node}/gpu_{gpu}_{name}", float(value) * scale, row.ts_ns // 1_000_000))
+    return out
+
+
+def checkpoint_uri(meta: Mapping[str, Any], step: int, bucket: str) -> str | None:
+    """Where the manifest of the run's committed ``step`` is (the checkpoint itself stays in S3: no copy)."""
+    from nuro.checkpoint.layout import manifest_key  # lazy: the checkpoint package only for this one key
+
+    team, run = meta.get("team"), meta.get("name")
+    return f"s3://{bucket}/{manifest_key(str(team), str(run), step)}" if team and run else None
+
+
 def dataset_input(meta: Mapping[str, Any], bucket: str) -> dict[str, str] | None:
     """The dataset snapshot as an MLflow dataset input (name, digest, source), or None without one."""
     ds = meta.get("dataset") or {}
@@ -158,5 +184,7 @@ __all__ = [
     "metrics_of",
     "mlflow_status",
     "params_of",
+    "system_metrics_of",
+    "checkpoint_uri",
     "tags_of",
 ]

@@ -20,12 +20,15 @@ from pathlib import Path
 
 import pytest
 
+from nuro.checkpoint import layout as L
+from nuro.checkpoint.restore import load_manifest
 from nuro.devcluster import scenario
 from nuro.devcluster.tracking import standalone_mlflow
 from nuro.metrics.sink import sink_from_env
+from nuro.objectstore import ObjectStore
 from nuro.slurm import CliBackend
 from nuro.tracking import mirror
-from nuro.tracking.bridge import Bridge, sink_rows
+from nuro.tracking.bridge import Bridge, sink_gpu_rows, sink_rows
 from nuro.tracking.mlflow import MlflowClient
 from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of
 
@@ -50,11 +53,12 @@ def test_a_run_is_mirrored_into_mlflow_exactly_and_survives_an_mlflow_outage(clu
     dataset, repo = scenario.prepare(cluster.env, work)
     backend = CliBackend(env=cluster.env)
     env = {**os.environ, **cluster.env}
-    rows = sink_rows(lambda team: sink_from_env({**env, "NURO_TEAM": team}))
+    opener = lambda team: sink_from_env({**env, "NURO_TEAM": team})  # noqa: E731
     try:
         with standalone_mlflow(STATE_DIR, PORT) as server:
             client = MlflowClient(server.url)
-            bridge = Bridge(client, backend.jobs, backend.finished_jobs, rows, bucket=env.get("NURO_S3_BUCKET", "nuro"))
+            bridge = Bridge(client, backend.jobs, backend.finished_jobs, sink_rows(opener),
+                            bucket=env.get("NURO_S3_BUCKET", "nuro"), gpu_rows=sink_gpu_rows(opener))  # fmt: skip
             run = scenario.submit(cluster.env, work, dataset, repo, steps=120, step_time_s=0.05, ckpt_interval_s=3)
             down_at = None
             while True:
@@ -86,6 +90,10 @@ def test_a_run_is_mirrored_into_mlflow_exactly_and_survives_an_mlflow_outage(clu
             assert tags["mlflow.source.git.commit"] == lineage["code"]["commit"] == params["code_commit"]
             assert tags[mirror.TAG_JOB] == str(run.job_id) and tags["nuro.attempts"] == "1"
             assert tags["mlflow.user"] == "alice" and "nuro.checkpoint.step" in tags
+            step = int(tags["nuro.checkpoint.step"])
+            assert tags["nuro.checkpoint.manifest"].endswith(f"/{run.name}/{L.step_name(step)}/manifest.json")
+            store = ObjectStore.from_env(env)  # the tag names a committed manifest, no copy
+            assert load_manifest(store, "perception", run.name, step).step == step
             (ds,) = got["inputs"]["dataset_inputs"]
             assert ds["dataset"]["name"] == dataset.split("@")[0]
             assert dataset.split("@")[1].removeprefix("sha256:").startswith(ds["dataset"]["digest"])
