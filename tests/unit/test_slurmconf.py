@@ -131,7 +131,7 @@ def test_devcluster_layout_renders_into_its_state_dir(tmp_path: Path) -> None:
     plan = PortPlan(16800).all(2)
     assert plan == {"mariadb": 16806, "slurmctld": 16817, "slurmdbd": 16819,
                     **{f"seaweedfs -{f}": 16833 + i for i, f in enumerate(PortPlan(16800).weed())},
-                    "influxd http": 16886, "influxd rpc": 16888,
+                    "influxd http": 16886, "influxd rpc": 16888, "mlflow": 16892,
                     "slurmd gpu001": 17800, "slurmd gpu002": 17801}  # fmt: skip
 
 
