@@ -289,6 +289,11 @@ class Layout:
         return self.root / "s3"
 
     @property
+    def controller_waits(self) -> Path:
+        """The controller's reasons for pending jobs, rewritten every cycle (``nuro.runs.pending``)."""
+        return self.root / "controller-waits.json"
+
+    @property
     def mlflow_dir(self) -> Path:
         """The MLflow server's SQLite store, artifacts and log (``nuro.devcluster.tracking``): removed by --purge."""
         return self.root / "mlflow"

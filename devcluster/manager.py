@@ -59,6 +59,7 @@ from nuro.metrics.base import ENV_URL as ENV_METRICS_URL
 from nuro.objectstore import ENV_CREDENTIALS as ENV_S3_CREDENTIALS
 from nuro.protocol.contract import ENV_RDZV_PORT_BASE, ENV_RDZV_PORT_SPAN
 from nuro.protocol.heartbeat import write_key
+from nuro.runs.pending import ENV_WAITS
 from nuro.slurm import CliBackend
 
 log = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ def env_exports(layout: Layout) -> dict[str, str]:
         "NURO_STAGING_ROOT": str(layout.staging / "{node}"),  # one root per emulated node (Layout.node_staging)
         "NURO_DATA_CACHE_DIR": str(layout.datacache),
         "NURO_EVENT_LOG": str(layout.events_log),
+        ENV_WAITS: str(layout.controller_waits),  # why pending jobs wait, as the controller saw it last cycle
     }
     if recorded_slurm(layout) != slurmroot.HOST_VERSION:
         # the root filesystem's clients first (slurmroot.write_wrappers)

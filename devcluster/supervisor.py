@@ -75,6 +75,7 @@ from nuro.devcluster.restart import RestartBook, nice_for
 from nuro.metrics import identities
 from nuro.metrics.base import ENV_URL as ENV_METRICS_URL
 from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, load_key, write_node_key
+from nuro.runs.pending import ENV_WAITS
 
 log = logging.getLogger("nuro.devcluster.supervisor")
 
@@ -281,6 +282,7 @@ class Supervisor:
         env = {**self.env, ENV_METRICS_URL: metrics_url(self.ports), **identities.admin_env(self.layout.influx_dir),
                **s3.s3_env(self.ports, self.layout.s3_data)}  # fmt: skip
         env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{self.ports.mlflow}"
+        env[ENV_WAITS] = str(self.layout.controller_waits)
         argv = [sys.executable, "-m", "nuro.slurm_plugins.mlflow_bridge", "--interval-s", "2"]
         self._spawn("mlflow-bridge", argv, "mlflow-bridge.log", env=env)
 
@@ -393,7 +395,8 @@ class Supervisor:
     def controller_env(self) -> dict[str, str]:
         """The controller's environment with the dev cluster's test hooks: a wall-clock offset file
         (``daemon.OffsetClock``) and the fault mark (``engine.FAULT_MARK``). Production sets neither."""
-        env = {**self.env, CLOCK_OFFSET_ENV: str(self.clock_offset_file()), FAULT_MARK_ENV: FAULT_MARK}
+        env = {**self.env, CLOCK_OFFSET_ENV: str(self.clock_offset_file()), FAULT_MARK_ENV: FAULT_MARK,
+               ENV_WAITS: str(self.layout.controller_waits)}  # fmt: skip
         if self.openmetrics:  # slurmctld's metrics go to the cluster's influxd, as the nodes' identity (write only)
             ids = identities.read_identities(self.layout.influx_dir)
             env[ENV_METRICS_URL] = metrics_url(self.ports)

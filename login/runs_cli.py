@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import os
 import sys
 import time
 from collections.abc import Iterable
@@ -27,8 +28,9 @@ from nuro.policy import PolicyError, load_policy
 from nuro.policy.classify import build_view
 from nuro.protocol import jobcomment
 from nuro.runs.checkpoints import checkpoint_lines, find_job, lineage_of
+from nuro.runs.pending import ENV_WAITS, pending_view, read_waits
 from nuro.runs.spares import spare_lines, spare_summary
-from nuro.slurm import CliBackend, InvalidJobId, JobInfo, SlurmError
+from nuro.slurm import CliBackend, InvalidJobId, JobInfo, JobPhase, SlurmError
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -119,6 +121,9 @@ def status(job_id: int, as_json: bool) -> None:
     job = _find(_backend(), job_id)
     row = _row(job)
     row["record"] = jobcomment.parse(job.comment).raw
+    if job.phase == JobPhase.PENDING:  # why it waits: Slurm's reason, the controller's, its place in the queue
+        waits = read_waits(os.environ.get(ENV_WAITS), time.time())
+        row["waiting"] = pending_view(job, _jobs(_backend()), waits)
     spares = _spares(job, row["nuro"])
     if spares is not None:
         row["spares"] = spares
@@ -126,11 +131,25 @@ def status(job_id: int, as_json: bool) -> None:
         click.echo(json.dumps(row, indent=2))
         return
     for key, value in row.items():
-        if key not in ("nuro", "spares") and value not in (None, [], {}):
+        if key not in ("nuro", "spares", "waiting") and value not in (None, [], {}):
             out.print(f"[bold]{key:>16}[/]  {value}", highlight=False)
+    for line in waiting_lines(row.get("waiting") or {}):
+        out.print(f"[bold]{'waiting':>16}[/]  {line}", highlight=False)
     if spares is not None:
         for i, line in enumerate(spare_lines(spares)):
             out.print(f"[bold]{'spares' if i == 0 else '':>16}[/]  {line}", highlight=False)
+
+
+def waiting_lines(view: dict) -> list[str]:
+    """``pending_view`` as the status table's lines (Slurm's reason, the controller's, the queue position)."""
+    lines = []
+    if view.get("slurm_reason"):
+        lines.append(f"Slurm: {view['slurm_reason']}")
+    if view.get("controller"):
+        lines.append(f"nuro-controller: {view['controller']['reason']} ({view['controller']['code']})")
+    if view.get("queue_position"):
+        lines.append(f"queue position {view['queue_position']} of {view['queue_length']} (by Slurm priority)")
+    return lines
 
 
 def _spares(job: JobInfo, meta: dict) -> dict | None:

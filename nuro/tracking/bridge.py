@@ -20,6 +20,7 @@ stay in the sink; the cursor did not move), and the next pass retries; the failu
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from nuro.metrics.identities import platform_view
 from nuro.metrics.model import GPU, TRAIN, Query, Row
 from nuro.metrics.sink import SinkError
 from nuro.protocol import jobcomment
+from nuro.runs.pending import ENV_WAITS, pending_view, read_waits
 from nuro.slurm import JobInfo
 from nuro.tracking import mirror
 from nuro.tracking.mlflow import MlflowClient, MlflowError, MlflowRejected, MlflowUnavailable, filter_value
@@ -105,6 +107,10 @@ class Bridge:
         self._gpu_rows = gpu_rows
         self.bucket = bucket
         self.runs: dict[int, RunState] = {}
+        #: the controller's reasons for pending jobs (``nuro.runs.pending``); None: Slurm's reason only
+        self.waits_file: str | None = os.environ.get(ENV_WAITS)
+        self._queue: list[JobInfo] = []
+        self._waits: dict[int, dict[str, str]] = {}
         self._experiments: dict[str, str] = {}
         self.stats = Stats()
 
@@ -112,7 +118,10 @@ class Bridge:
     def sync_once(self) -> Stats:
         """Mirror every nuro job once; stops at the first unavailability (the next pass goes on from there)."""
         self.stats.passes += 1
-        live = [j for j in self._jobs() if record_of(j).get("team")]
+        everything = self._jobs()
+        self._queue = everything
+        self._waits = read_waits(self.waits_file, time.time())
+        live = [j for j in everything if record_of(j).get("team")]
         seen = {j.job_id for j in live}
         gone = [jid for jid, st in self.runs.items() if jid not in seen and not st.done]
         jobs = live + (self._finished(gone) if gone else [])
@@ -133,7 +142,8 @@ class Bridge:
         view = job_view(job)
         st = self.runs.get(job.job_id) or self._find_or_create(job, view, meta, team)
         self.runs[job.job_id] = st
-        tags = mirror.tags_of(meta, view, self._marks(job, meta))
+        extra = {**self._marks(job, meta), **mirror.pending_tags(pending_view(job, self._queue, self._waits))}
+        tags = mirror.tags_of(meta, view, extra)
         changed = {k: v for k, v in tags.items() if st.tags.get(k) != v}
         status = mirror.mlflow_status(view.phase)
         self._push_points(st, team, job.job_id)
@@ -141,9 +151,10 @@ class Bridge:
         if changed:
             self.client.log_batch(st.run_id, tags=changed)
             st.tags.update(changed)
-        if mirror.TAG_REASON in st.tags and mirror.TAG_REASON not in tags:  # it no longer waits
-            self.client.delete_tag(st.run_id, mirror.TAG_REASON)
-            del st.tags[mirror.TAG_REASON]
+        for key in mirror.PENDING_TAGS:  # it no longer waits
+            if key in st.tags and key not in tags:
+                self.client.delete_tag(st.run_id, key)
+                del st.tags[key]
         if status != st.status:
             end = view.end_ms if job.is_finished else None
             self.client.update_run(st.run_id, status=status, end_ms=end)

@@ -34,6 +34,10 @@ EXPERIMENT_PREFIX = "nuro/"
 TAG_JOB = "nuro.job_id"
 TAG_PARENT = "mlflow.parentRunId"
 TAG_REASON = "nuro.reason"
+TAG_WAIT = "nuro.controller.wait"
+TAG_QUEUE = "nuro.queue_position"
+#: tags that exist only while the job waits (removed from the run once it starts)
+PENDING_TAGS = (TAG_REASON, TAG_WAIT, TAG_QUEUE)
 #: the fields of a train point that are not metrics
 _NOT_METRICS = frozenset({"step"})
 
@@ -117,6 +121,16 @@ def tags_of(meta: Mapping[str, Any], job: JobView, extra: Mapping[str, str] | No
     return out
 
 
+def pending_tags(view: Mapping[str, Any]) -> dict[str, str]:
+    """The scheduler's view of a waiting job (``nuro.runs.pending.pending_view``) as tags."""
+    out = {}
+    if "queue_position" in view:
+        out[TAG_QUEUE] = f"{view['queue_position']} of {view['queue_length']}"
+    if "controller" in view:
+        out[TAG_WAIT] = f"{view['controller']['reason']} ({view['controller']['code']})"
+    return out
+
+
 def metric_key(field: str, rank: int) -> str:
     return field if rank == 0 else f"rank{rank}/{field}"
 
@@ -177,6 +191,10 @@ __all__ = [
     "TAG_JOB",
     "TAG_PARENT",
     "TAG_REASON",
+    "TAG_WAIT",
+    "TAG_QUEUE",
+    "PENDING_TAGS",
+    "pending_tags",
     "JobView",
     "dataset_input",
     "experiment_name",

@@ -9,7 +9,9 @@ The controller runs as the real daemon (``nuro-controller``), a child process st
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -245,6 +247,14 @@ def test_lending_limits_hold_even_with_free_gpus(
         assert job.phase is JobPhase.PENDING and job.qos == "g-perception", job
         free = [n for n in cluster.backend.nodes() if n.gpus_alloc == 0]
         assert len(free) == 1
+        # why it waits, as its owner sees it: Slurm's reason, the controller's own, its place in the queue (issue 18)
+        res = subprocess.run([str(BIN / "nuro-train"), "status", str(hopeful), "--json"], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, **cluster.env})  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        waiting = json.loads(res.stdout)["waiting"]
+        assert waiting["slurm_reason"] == "QOSGrpGRES" and waiting["queue_position"] >= 1, waiting
+        assert waiting["controller"]["code"] in ("wait_lend_pool", "wait_capacity"), waiting
+        assert "lend" in waiting["controller"]["reason"] or "idle" in waiting["controller"]["reason"], waiting
 
 
 def test_restarted_controller_rebuilds_in_flight_preemptions(

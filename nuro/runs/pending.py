@@ -1,0 +1,97 @@
+"""Why a run waits: Slurm's reason, the controller's own decision, and the job's place in the queue (issue 18).
+
+The controller writes, after every cycle, what it decided not to do for each pending job it looked at and why
+(``decisions.Wait``: "team perception holds 16/16 borrowed GPUs (its borrow limit)") to one JSON file,
+``NURO_CONTROLLER_WAITS`` (atomically: a reader never sees half a file). Readers (``nuro-train status``, the MLflow
+bridge) join it with Slurm's own reason. One writer, one parser (``read_waits``), here.
+
+File (``nuro.controller-waits/v1``)::
+
+    {"format": "nuro.controller-waits/v1", "at": 1733330000.5, "jobs": {"42": {"code": "wait_borrow_limit",
+     "reason": "team perception holds 16/16 borrowed GPUs (its borrow limit)"}}}
+
+The queue position is Slurm's: pending jobs of the same partition by priority (highest first, then the older
+submission), the order the main scheduler considers them in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from nuro.slurm import JobInfo, JobPhase
+
+ENV_WAITS = "NURO_CONTROLLER_WAITS"
+FORMAT = "nuro.controller-waits/v1"
+#: a waits file older than this is stale (the controller stopped): not shown
+STALE_S = 60.0
+_MAX_BYTES = 8 * 1024 * 1024
+
+
+def write_waits(path: Path, at: float, waits: Iterable[Any]) -> None:
+    """The controller's side: ``waits`` (``decisions.Wait``) as the file, written atomically (temp + rename)."""
+    body = {"format": FORMAT, "at": at,
+            "jobs": {str(w.job_id): {"code": str(w.code), "reason": str(w.reason)[:500]} for w in waits}}  # fmt: skip
+    fd, tmp = tempfile.mkstemp(prefix=".waits-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(body, fh)
+        os.chmod(tmp, 0o644)  # readable by members: reasons name teams and counts, never data
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_waits(path: Path | str | None, now: float) -> dict[int, dict[str, str]]:
+    """The controller's reasons by job id; {} when there is no (readable, well-formed, fresh) file."""
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(_MAX_BYTES + 1)
+        data = json.loads(raw) if len(raw) <= _MAX_BYTES else None
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("jobs"), dict):
+        return {}
+    at = data.get("at")
+    if not isinstance(at, int | float) or now - at > STALE_S:
+        return {}
+    out: dict[int, dict[str, str]] = {}
+    for key, value in data["jobs"].items():
+        if str(key).isdigit() and isinstance(value, dict):
+            out[int(key)] = {"code": str(value.get("code", ""))[:64], "reason": str(value.get("reason", ""))[:500]}
+    return out
+
+
+def queue_position(job: JobInfo, jobs: Iterable[JobInfo]) -> tuple[int, int] | None:
+    """(position, of how many) among the pending jobs of its partition, by Slurm's priority; None unless pending."""
+    if job.phase != JobPhase.PENDING:
+        return None
+    queue = sorted(
+        (j for j in jobs if j.phase == JobPhase.PENDING and j.partition == job.partition),
+        key=lambda j: (-j.priority, j.submit_time.timestamp() if j.submit_time else 0.0, j.job_id),
+    )
+    ids = [j.job_id for j in queue]
+    return (ids.index(job.job_id) + 1, len(ids)) if job.job_id in ids else None
+
+
+def pending_view(job: JobInfo, jobs: Iterable[JobInfo], waits: Mapping[int, Mapping[str, str]]) -> dict[str, Any]:
+    """What ``nuro-train status`` and the MLflow tags say about a waiting job ({} when it does not wait)."""
+    if job.phase != JobPhase.PENDING:
+        return {}
+    out: dict[str, Any] = {"slurm_reason": job.reason}
+    pos = queue_position(job, jobs)
+    if pos is not None:
+        out["queue_position"], out["queue_length"] = pos
+    if job.job_id in waits:
+        out["controller"] = waits[job.job_id]
+    return out
+
+
+__all__ = ["ENV_WAITS", "FORMAT", "STALE_S", "pending_view", "queue_position", "read_waits", "write_waits"]
