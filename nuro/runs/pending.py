@@ -36,6 +36,7 @@ def write_waits(path: Path, at: float, waits: Iterable[Any]) -> None:
     """The controller's side: ``waits`` (``decisions.Wait``) as the file, written atomically (temp + rename)."""
     body = {"format": FORMAT, "at": at,
             "jobs": {str(w.job_id): {"code": str(w.code), "reason": str(w.reason)[:500]} for w in waits}}  # fmt: skip
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)  # /run/nuro after a reboot
     fd, tmp = tempfile.mkstemp(prefix=".waits-", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
