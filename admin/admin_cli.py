@@ -17,6 +17,7 @@ from rich.table import Table
 
 from nuro.admin.nodes_cli import nodes as nodes_group
 from nuro.admin.policy_cli import policy
+from nuro.admin.tracking_cli import tracking_group
 from nuro.cluster.description import TOPOLOGIES
 from nuro.console import ExitCode, fail
 
@@ -243,6 +244,7 @@ def revive_node(node: str, as_json: bool, state_dir: Path | None) -> None:
 
 main.add_command(policy)
 main.add_command(nodes_group)
+main.add_command(tracking_group)
 
 if __name__ == "__main__":
     main()

@@ -13,6 +13,7 @@ and stopped by PID (``LocalServer``), never by name.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -50,36 +51,57 @@ def venv_dir(root: Path = CACHE_ROOT, version: str = MLFLOW_VERSION) -> Path:
 
 
 def ensure_mlflow(root: Path = CACHE_ROOT, version: str = MLFLOW_VERSION) -> Path:
-    """The ``mlflow`` executable of the cached venv, installed first when missing (pip, one builder per machine).
+    """The ``mlflow`` executable of the cached venv, installed first when missing (pip, one builder per machine;
+    ``mlflow[auth]``: the basic-auth app too).
 
-    A venv's scripts name its own path, so it is built in place, not renamed: a marker file written last says it
-    is complete, and a directory without it (a crashed install) is removed and built again."""
+    A venv's scripts name its own path, so it is built in place, not renamed: a marker file written last names what
+    was installed; a directory without it (a crashed install) is removed and built again, one with another spec
+    (an older nuro's) gets the new one installed into it."""
     final = venv_dir(root, version)
     exe, done = final / "bin" / "mlflow", final / ".nuro-complete"
-    if done.exists():
+    spec = f"mlflow[auth]=={version}"
+    if done.exists() and done.read_text().strip() == spec:
         return exe
     root.mkdir(parents=True, exist_ok=True)
     with machine_lock(f"mlflow-{version}"):
-        if done.exists():
+        if done.exists() and done.read_text().strip() == spec:
             return exe
-        shutil.rmtree(final, ignore_errors=True)
-        python = "/usr/bin/python3.11" if Path("/usr/bin/python3.11").exists() else sys.executable
-        for argv in ([python, "-m", "venv", str(final)],
-                     [str(final / "bin" / "pip"), "install", "-q", f"mlflow=={version}"]):  # fmt: skip
+        steps = [[str(final / "bin" / "pip"), "install", "-q", spec]]
+        if not done.exists():
+            shutil.rmtree(final, ignore_errors=True)
+            python = "/usr/bin/python3.11" if Path("/usr/bin/python3.11").exists() else sys.executable
+            steps.insert(0, [python, "-m", "venv", str(final)])
+        for argv in steps:
             res = subprocess.run(argv, capture_output=True, text=True, timeout=900)
             if res.returncode != 0:
-                shutil.rmtree(final, ignore_errors=True)
+                if not done.exists():
+                    shutil.rmtree(final, ignore_errors=True)
                 raise TrackingError(f"installing MLflow {version}: {' '.join(argv[:4])} failed:\n{res.stderr[-2000:]}")
-        done.write_text(f"mlflow=={version}\n")
+        done.write_text(spec + "\n")
     return exe
 
 
-def mlflow_argv(exe: Path, state_dir: Path, port: int) -> list[str]:
+def mlflow_argv(exe: Path, state_dir: Path, port: int, auth: bool = False) -> list[str]:
+    """``auth``: MLflow's basic-auth app (users, per-experiment permissions; ``auth_config``)."""
     return [
         str(exe), "server", "--backend-store-uri", f"sqlite:///{state_dir / 'mlflow.db'}",
         "--artifacts-destination", str(state_dir / "artifacts"), "--serve-artifacts",
         "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+        *(["--app-name", "basic-auth"] if auth else []),
     ]  # fmt: skip
+
+
+def auth_config(state_dir: Path) -> Path:
+    """basic-auth's settings for a server where nobody sees anything not granted (``NO_PERMISSIONS`` by default:
+    team boundaries, ``nuro.tracking.access``); users in ``auth.db`` beside the runs."""
+    path = state_dir / "basic_auth.ini"
+    path.write_text(
+        "[mlflow]\ndefault_permission = NO_PERMISSIONS\n"
+        f"database_uri = sqlite:///{state_dir / 'auth.db'}\nadmin_username = admin\n"
+        "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+        "grant_default_workspace_access = false\n"
+    )
+    return path
 
 
 def mlflow_ready(base_url: str) -> bool:
@@ -89,18 +111,34 @@ def mlflow_ready(base_url: str) -> bool:
         return False
 
 
-def mlflow_server(state_dir: Path, port: int) -> LocalServer:
-    """An MLflow server on ``port`` with its SQLite store and artifacts in ``state_dir`` (not started)."""
+def _csrf_secret(state_dir: Path) -> str:
+    """The basic-auth app's CSRF key, made once per state dir (a restarted server keeps its sessions valid)."""
+    path = state_dir / "flask-secret"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+    return path.read_text().strip()
+
+
+def mlflow_server(state_dir: Path, port: int, admin_password: str | None = None) -> LocalServer:
+    """An MLflow server on ``port`` with its SQLite store and artifacts in ``state_dir`` (not started);
+    ``admin_password``: with the basic-auth app, its admin ``admin`` having this password."""
     state_dir.mkdir(parents=True, exist_ok=True)
     exe = ensure_mlflow()
-    return LocalServer("mlflow", mlflow_argv(exe, state_dir, port), port, state_dir / "mlflow.log", mlflow_ready,
-                       env={**os.environ, **SERVER_ENV})  # fmt: skip
+    env = {**os.environ, **SERVER_ENV}
+    if admin_password is not None:
+        env.update(MLFLOW_AUTH_CONFIG_PATH=str(auth_config(state_dir)), MLFLOW_AUTH_ADMIN_PASSWORD=admin_password,
+                   MLFLOW_FLASK_SERVER_SECRET_KEY=_csrf_secret(state_dir))  # fmt: skip
+    argv = mlflow_argv(exe, state_dir, port, auth=admin_password is not None)
+    return LocalServer("mlflow", argv, port, state_dir / "mlflow.log", mlflow_ready, env=env)
 
 
 @contextmanager
-def standalone_mlflow(state_dir: Path, port: int) -> Iterator[LocalServer]:
-    """An MLflow server of our own for tests and benches; stopped by PID on exit (its data stays in ``state_dir``)."""
-    server = mlflow_server(state_dir, port)
+def standalone_mlflow(state_dir: Path, port: int, admin_password: str | None = None) -> Iterator[LocalServer]:
+    """An MLflow server of our own for tests and benches; stopped by PID on exit (its data stays in ``state_dir``).
+    ``admin_password``: with the basic-auth app (``mlflow_server``)."""
+    server = mlflow_server(state_dir, port, admin_password)
     server.start(timeout_s=120)
     try:
         yield server

@@ -101,8 +101,8 @@ class MlflowClient:
             self._headers["Authorization"] = f"Bearer {token}"
 
     def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None,
-              fields: Mapping[str, str] | None = None) -> dict[str, Any]:  # fmt: skip
-        url = f"{self.base_url}/api/2.0/mlflow/{path}"
+              fields: Mapping[str, str] | None = None, api: str = "2.0") -> dict[str, Any]:  # fmt: skip
+        url = f"{self.base_url}/api/{api}/mlflow/{path}"
         try:
             if method == "GET":
                 resp = self._http.request("GET", url, fields=fields, headers=self._headers)
@@ -196,6 +196,34 @@ class MlflowClient:
         got = self._call("GET", "metrics/get-history", fields={"run_id": run_id, "metric_key": key,
                                                                 "max_results": "25000"})  # fmt: skip
         return list(got.get("metrics") or [])
+
+    # -- users and permissions (a server run with ``--app-name basic-auth``; the caller is its admin) -------------
+    def ensure_user(self, username: str, password: str) -> bool:
+        """Create ``username`` (True), or set its password when it exists (False)."""
+        try:
+            self._call("POST", "users/create", {"username": username, "password": password})
+            return True
+        except MlflowRejected as exc:
+            if "RESOURCE_ALREADY_EXISTS" not in str(exc) and "already" not in str(exc):
+                raise
+        self._call("PATCH", "users/update-password", {"username": username, "password": password})
+        return False
+
+    def grant(self, username: str, experiment_id: str, permission: str) -> None:
+        """``permission`` (READ, EDIT, MANAGE) for ``username`` on one experiment."""
+        body = {"username": username, "resource_type": "experiment", "resource_id": experiment_id,
+                "permission": permission}  # fmt: skip
+        try:
+            self._call("POST", "users/permissions/grant", body, api="3.0")
+            return
+        except MlflowRejected as exc:
+            if "RESOURCE_ALREADY_EXISTS" not in str(exc):
+                raise
+        which = {k: body[k] for k in ("username", "resource_type", "resource_id")}
+        held = self._call("GET", "users/permissions/get", fields=which, api="3.0").get("permission")
+        if held != permission:  # a grant cannot be changed in place: revoke, grant again
+            self._call("POST", "users/permissions/revoke", which, api="3.0")
+            self._call("POST", "users/permissions/grant", body, api="3.0")
 
     def health(self) -> bool:
         try:
