@@ -19,6 +19,7 @@ stay in the sink; the cursor did not move), and the next pass retries; the failu
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -92,6 +93,8 @@ class Bridge:
         bucket: the S3 bucket datasets and checkpoints live in (the dataset input's source, the manifests' URIs).
         gpu_rows: the node agents' ``gpu`` points of the job's GPUs newer than a time (same shape), for MLflow's
             system metrics; None: none mirrored.
+        checkpoints: a run's committed checkpoints (``(team, run) -> records``, ``nuro.runs.checkpoints``), written
+            as the run's artifact ``checkpoints.json`` (pointers to the manifests, no copy) when a new one commits.
     """
 
     def __init__(
@@ -102,9 +105,11 @@ class Bridge:
         train_rows: Callable[[str, int, int], list[Row]],
         bucket: str = "nuro",
         gpu_rows: Callable[[str, int, int], list[Row]] | None = None,
+        checkpoints: Callable[[str, str], list[dict[str, Any]]] | None = None,
     ) -> None:
         self.client, self._jobs, self._finished, self._train_rows = client, jobs, finished, train_rows
         self._gpu_rows = gpu_rows
+        self._checkpoints = checkpoints
         self.bucket = bucket
         self.runs: dict[int, RunState] = {}
         #: the controller's reasons for pending jobs (``nuro.runs.pending``); None: Slurm's reason only
@@ -148,6 +153,8 @@ class Bridge:
         status = mirror.mlflow_status(view.phase)
         self._push_points(st, team, job.job_id)
         self._push_system(st, team, job.job_id)
+        if "nuro.checkpoint.step" in changed:
+            self._write_checkpoints(st, meta)
         if changed:
             self.client.log_batch(st.run_id, tags=changed)
             st.tags.update(changed)
@@ -235,6 +242,18 @@ class Bridge:
         st.tags[TAG_CURSOR] = cursor
         self.stats.points += len(metrics)
 
+    def _write_checkpoints(self, st: RunState, meta: Mapping[str, Any]) -> None:
+        if self._checkpoints is None or not meta.get("name"):
+            return
+        team, run = str(meta["team"]), str(meta["name"])
+        try:
+            records = self._checkpoints(team, run)
+        except Exception as exc:  # noqa: BLE001 - the store's errors: the list waits for the next commit
+            log.warning("checkpoints of %s/%s not listed now: %s", team, run, exc)
+            return
+        listing = [{**r, "manifest": mirror.checkpoint_uri(meta, int(r["step"]), self.bucket)} for r in records]
+        body = json.dumps({"team": team, "run": run, "checkpoints": listing}, indent=1).encode()
+        self.client.put_artifact(st.experiment_id, st.run_id, "checkpoints.json", body)
 
     def _push_system(self, st: RunState, team: str, job_id: int) -> None:
         if self._gpu_rows is None:
@@ -253,6 +272,7 @@ class Bridge:
 
 def sink_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], list[Row]]:
     """``train_rows`` for ``Bridge`` from a sink factory (``team -> sink``): the job's points newer than a time."""
+
     def rows(team: str, job_id: int, since_ns: int) -> list[Row]:
         sink = open_sink(team)
         try:
@@ -262,6 +282,16 @@ def sink_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], list
             sink.close()
 
     return rows
+
+
+def store_checkpoints(store: Any) -> Callable[[str, str], list[dict[str, Any]]]:
+    """``checkpoints`` for ``Bridge``: the run's committed checkpoints from its S3 manifests (as ``lineage`` shows)."""
+    from nuro.runs.checkpoints import run_checkpoints  # lazy: the S3 side only where a store is given
+
+    def records(team: str, run: str) -> list[dict[str, Any]]:
+        return run_checkpoints(store, team, run)[0]
+
+    return records
 
 
 def sink_gpu_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], list[Row]]:
@@ -283,6 +313,6 @@ def sink_gpu_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], 
 
 __all__ = [
     "MAX_POINTS_PER_PASS", "TAG_CURSOR", "TAG_GPU_CURSOR", "Bridge", "RunState", "Stats", "job_view", "record_of",
-    "sink_gpu_rows", "sink_rows",
+    "sink_gpu_rows", "sink_rows", "store_checkpoints",
 ]  # fmt: skip
 _ = MlflowError  # re-exported for callers catching every MLflow failure

@@ -197,6 +197,30 @@ class MlflowClient:
                                                                 "max_results": "25000"})  # fmt: skip
         return list(got.get("metrics") or [])
 
+    def put_artifact(self, experiment_id: str, run_id: str, name: str, data: bytes) -> None:
+        """One file into the run's artifacts (a server with ``--serve-artifacts``: the proxied artifact store)."""
+        url = f"{self.base_url}/api/2.0/mlflow-artifacts/artifacts/{experiment_id}/{run_id}/artifacts/{name}"
+        try:
+            resp = self._http.request(
+                "PUT", url, body=data, headers={**self._headers, "Content-Type": "application/octet-stream"}
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise MlflowUnavailable(f"MLflow artifact {name}: no answer from {self.base_url}: {exc}") from None
+        if resp.status >= 500 or resp.status == 429:
+            raise MlflowUnavailable(f"MLflow artifact {name}: HTTP {resp.status}")
+        if resp.status >= 400:
+            raise MlflowRejected(f"MLflow artifact {name}: HTTP {resp.status}: {resp.data[:300]!r}")
+
+    def get_artifact(self, experiment_id: str, run_id: str, name: str) -> bytes:
+        url = f"{self.base_url}/api/2.0/mlflow-artifacts/artifacts/{experiment_id}/{run_id}/artifacts/{name}"
+        try:
+            resp = self._http.request("GET", url, headers=self._headers)
+        except urllib3.exceptions.HTTPError as exc:
+            raise MlflowUnavailable(f"MLflow artifact {name}: no answer from {self.base_url}: {exc}") from None
+        if resp.status >= 400:
+            raise MlflowRejected(f"MLflow artifact {name}: HTTP {resp.status}")
+        return resp.data
+
     # -- users and permissions (a server run with ``--app-name basic-auth``; the caller is its admin) -------------
     def ensure_user(self, username: str, password: str) -> bool:
         """Create ``username`` (True), or set its password when it exists (False)."""
