@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from nuro.objectstore import ObjectStore
 from nuro.runs.report import open_sink
 from nuro.slurm import CliBackend
-from nuro.tracking.bridge import Bridge, sink_gpu_rows, sink_rows, store_checkpoints
+from nuro.tracking.bridge import Bridge, job_timeline, sink_gpu_rows, sink_rows, store_checkpoints
 from nuro.tracking.mlflow import MlflowError, client_from_env
 
 log = logging.getLogger("nuro.mlflow_bridge")
@@ -35,9 +35,11 @@ def build(uri: str | None = None) -> Bridge:
         client = client_from_env(uri)
     except MlflowError as exc:
         raise SystemExit(f"nuro-mlflow-bridge: {exc}") from None
+    store = ObjectStore.from_env()
     return Bridge(client, backend.jobs, backend.finished_jobs, sink_rows(open_sink),
                   bucket=os.environ.get("NURO_S3_BUCKET", "nuro"), gpu_rows=sink_gpu_rows(open_sink),
-                  checkpoints=store_checkpoints(ObjectStore.from_env()))  # fmt: skip
+                  checkpoints=store_checkpoints(store),
+                  timeline=job_timeline(backend, os.environ.get("NURO_EVENT_LOG"), store))  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -95,6 +95,9 @@ class Bridge:
             system metrics; None: none mirrored.
         checkpoints: a run's committed checkpoints (``(team, run) -> records``, ``nuro.runs.checkpoints``), written
             as the run's artifact ``checkpoints.json`` (pointers to the manifests, no copy) when a new one commits.
+        timeline: a job's timeline as ``nuro-train events --json`` shows it (``job_id -> dict``), written as the
+            artifact ``events.json`` with its failures, preemptions and restarts counted as tags, whenever the
+            job's state or attempts change.
     """
 
     def __init__(
@@ -106,10 +109,12 @@ class Bridge:
         bucket: str = "nuro",
         gpu_rows: Callable[[str, int, int], list[Row]] | None = None,
         checkpoints: Callable[[str, str], list[dict[str, Any]]] | None = None,
+        timeline: Callable[[int], dict[str, Any]] | None = None,
     ) -> None:
         self.client, self._jobs, self._finished, self._train_rows = client, jobs, finished, train_rows
         self._gpu_rows = gpu_rows
         self._checkpoints = checkpoints
+        self._timeline = timeline
         self.bucket = bucket
         self.runs: dict[int, RunState] = {}
         #: the controller's reasons for pending jobs (``nuro.runs.pending``); None: Slurm's reason only
@@ -155,6 +160,8 @@ class Bridge:
         self._push_system(st, team, job.job_id)
         if "nuro.checkpoint.step" in changed:
             self._write_checkpoints(st, meta)
+        if {"nuro.state", "nuro.attempts"} & changed.keys():
+            changed.update(self._write_timeline(st, job.job_id))
         if changed:
             self.client.log_batch(st.run_id, tags=changed)
             st.tags.update(changed)
@@ -255,6 +262,17 @@ class Bridge:
         body = json.dumps({"team": team, "run": run, "checkpoints": listing}, indent=1).encode()
         self.client.put_artifact(st.experiment_id, st.run_id, "checkpoints.json", body)
 
+    def _write_timeline(self, st: RunState, job_id: int) -> dict[str, str]:
+        if self._timeline is None:
+            return {}
+        try:
+            tl = self._timeline(job_id)
+        except Exception as exc:  # noqa: BLE001 - Slurm/S3 errors: the next change writes it
+            log.warning("timeline of job %d not read now: %s", job_id, exc)
+            return {}
+        self.client.put_artifact(st.experiment_id, st.run_id, "events.json", json.dumps(tl, indent=1).encode())
+        return {k: v for k, v in mirror.event_tags(tl).items() if st.tags.get(k) != v}
+
     def _push_system(self, st: RunState, team: str, job_id: int) -> None:
         if self._gpu_rows is None:
             return
@@ -294,6 +312,19 @@ def store_checkpoints(store: Any) -> Callable[[str, str], list[dict[str, Any]]]:
     return records
 
 
+def job_timeline(backend: Any, event_log: str | None, store: Any) -> Callable[[int], dict[str, Any]]:
+    """``timeline`` for ``Bridge``: what ``nuro-train events JOB --json`` shows (``nuro.runs.timeline_report``)."""
+    from pathlib import Path
+
+    from nuro.runs import timeline_report  # lazy: Slurm accounting and S3 reads, only on a job's change
+
+    def timeline(job_id: int) -> dict[str, Any]:
+        tl, notes = timeline_report.gather(job_id, backend, Path(event_log) if event_log else None, store)
+        return {**tl.to_json(), "notes": list(notes)}
+
+    return timeline
+
+
 def sink_gpu_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], list[Row]]:
     """``gpu_rows`` for ``Bridge``: the agents' points tagged with the job (the platform database)."""
 
@@ -313,6 +344,6 @@ def sink_gpu_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], 
 
 __all__ = [
     "MAX_POINTS_PER_PASS", "TAG_CURSOR", "TAG_GPU_CURSOR", "Bridge", "RunState", "Stats", "job_view", "record_of",
-    "sink_gpu_rows", "sink_rows", "store_checkpoints",
+    "job_timeline", "sink_gpu_rows", "sink_rows", "store_checkpoints",
 ]  # fmt: skip
 _ = MlflowError  # re-exported for callers catching every MLflow failure

@@ -131,6 +131,23 @@ def pending_tags(view: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
+#: timeline event kinds counted as the run's tags (failures, preemptions, restarts at a glance)
+EVENT_TAGS = {"node_lost": "nuro.events.node_lost", "requeued": "nuro.events.requeued",
+              "job_preempt_signalled": "nuro.events.preempted", "spare_swap": "nuro.events.spare_swap",
+              "node_fail": "nuro.events.node_fail", "failed": "nuro.events.failed",
+              "resumed": "nuro.events.resumed", "checkpoint_skipped": "nuro.events.checkpoint_skipped"}  # fmt: skip
+
+
+def event_tags(timeline: Mapping[str, Any]) -> dict[str, str]:
+    """Counts of the timeline's failure, preemption and restart events (``nuro-train events --json``) as tags."""
+    counts: dict[str, int] = {}
+    for e in timeline.get("events", []):
+        tag = EVENT_TAGS.get(str(e.get("kind")))
+        if tag:
+            counts[tag] = counts.get(tag, 0) + 1
+    return {k: str(v) for k, v in counts.items()}
+
+
 def metric_key(field: str, rank: int) -> str:
     return field if rank == 0 else f"rank{rank}/{field}"
 
@@ -195,6 +212,8 @@ __all__ = [
     "TAG_QUEUE",
     "PENDING_TAGS",
     "pending_tags",
+    "EVENT_TAGS",
+    "event_tags",
     "JobView",
     "dataset_input",
     "experiment_name",

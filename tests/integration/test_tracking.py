@@ -28,7 +28,7 @@ from nuro.metrics.sink import sink_from_env
 from nuro.objectstore import ObjectStore
 from nuro.slurm import CliBackend
 from nuro.tracking import mirror
-from nuro.tracking.bridge import Bridge, sink_gpu_rows, sink_rows, store_checkpoints
+from nuro.tracking.bridge import Bridge, job_timeline, sink_gpu_rows, sink_rows, store_checkpoints
 from nuro.tracking.mlflow import MlflowClient
 from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of
 
@@ -57,9 +57,11 @@ def test_a_run_is_mirrored_into_mlflow_exactly_and_survives_an_mlflow_outage(clu
     try:
         with standalone_mlflow(STATE_DIR, PORT) as server:
             client = MlflowClient(server.url)
+            s3 = ObjectStore.from_env(env)
             bridge = Bridge(client, backend.jobs, backend.finished_jobs, sink_rows(opener),
                             bucket=env.get("NURO_S3_BUCKET", "nuro"), gpu_rows=sink_gpu_rows(opener),
-                            checkpoints=store_checkpoints(ObjectStore.from_env(env)))  # fmt: skip
+                            checkpoints=store_checkpoints(s3),
+                            timeline=job_timeline(backend, env.get("NURO_EVENT_LOG"), s3))  # fmt: skip
             run = scenario.submit(cluster.env, work, dataset, repo, steps=120, step_time_s=0.05, ckpt_interval_s=3)
             down_at = None
             while True:
@@ -99,6 +101,9 @@ def test_a_run_is_mirrored_into_mlflow_exactly_and_survives_an_mlflow_outage(clu
             committed = [c["step"] for c in lineage["checkpoints"]]
             assert [c["step"] for c in listed["checkpoints"]] == committed and step in committed, (listed, committed)
             assert all(c["manifest"].startswith("s3://") for c in listed["checkpoints"])
+            events = json.loads(client.get_artifact(st.experiment_id, st.run_id, "events.json"))
+            kinds = [e["kind"] for e in events["events"]]
+            assert "checkpoint_committed" in kinds and "finished" in kinds, kinds  # nuro-train events' timeline
             (ds,) = got["inputs"]["dataset_inputs"]
             assert ds["dataset"]["name"] == dataset.split("@")[0]
             assert dataset.split("@")[1].removeprefix("sha256:").startswith(ds["dataset"]["digest"])

@@ -96,3 +96,10 @@ def test_gpu_telemetry_becomes_mlflow_system_metrics() -> None:
         mirror.checkpoint_uri({"team": "t", "name": "r"}, 7, "b")
         == "s3://b/checkpoints/t/r/step-000000000007/manifest.json"
     )
+
+
+def test_failures_preemptions_and_restarts_are_counted_as_tags() -> None:
+    timeline = {"events": [{"kind": "node_lost"}, {"kind": "requeued"}, {"kind": "resumed"}, {"kind": "requeued"},
+                           {"kind": "progress"}, {"kind": "job_preempt_signalled"}]}  # fmt: skip
+    assert mirror.event_tags(timeline) == {"nuro.events.node_lost": "1", "nuro.events.requeued": "2",
+                                           "nuro.events.resumed": "1", "nuro.events.preempted": "1"}  # fmt: skip
