@@ -117,6 +117,8 @@ def tags_of(meta: Mapping[str, Any], job: JobView, extra: Mapping[str, str] | No
         out["mlflow.source.git.commit"] = str(code["commit"])
     if code.get("diff"):
         out["nuro.code_diff"] = str(code["diff"])
+    if code.get("diff_uri"):  # where the shipped patch itself is kept (the job checks it against the digest)
+        out["nuro.code_diff_uri"] = str(code["diff_uri"])
     out.update(extra or {})
     return out
 

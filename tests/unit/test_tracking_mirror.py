@@ -11,7 +11,7 @@ from nuro.tracking.mlflow import MAX_ENTITIES, MAX_METRICS, MAX_PARAMS, Metric, 
 
 META = {
     "v": 1, "name": "traj", "team": "prediction", "dataset": {"name": "tracks", "digest": "sha256:" + "ab" * 32},
-    "code": {"repo": "/shared/pred", "commit": "c" * 40, "diff": "sha256:" + "d" * 64},
+    "code": {"repo": "/shared/pred", "commit": "c" * 40, "diff": "sha256:" + "d" * 64, "diff_uri": "s3://nuro/p"},
     "entry": {"launcher": "deepspeed", "script": "train.py", "args": ["--steps", "9"], "deepspeed_config": "ds.json"},
     "ckpt_policy": {"interval_s": 600, "keep": 3}, "requeue": {"max": 3}, "resume_from": "41",
 }  # fmt: skip
@@ -32,6 +32,7 @@ def test_tags_follow_the_job_and_the_reason_only_while_it_waits() -> None:
     t = mirror.tags_of(META, JOB)
     assert t[mirror.TAG_JOB] == "42" and t["mlflow.user"] == "priya" and t["mlflow.source.git.commit"] == "c" * 40
     assert t["nuro.reason"] == "QOSGrpGRES" and t["nuro.code_diff"].startswith("sha256:")
+    assert t["nuro.code_diff_uri"] == "s3://nuro/p"
     running = mirror.JobView(**{**JOB.__dict__, "phase": "RUNNING", "state": "RUNNING", "nodes": ("gpu001",)})
     assert (
         "nuro.reason" not in mirror.tags_of(META, running) and mirror.tags_of(META, running)["nuro.nodes"] == "gpu001"
