@@ -100,21 +100,26 @@ class MlflowClient:
         elif token:
             self._headers["Authorization"] = f"Bearer {token}"
 
+    def _request(self, method: str, url: str, what: str, *, body: bytes | None = None,
+                 fields: Mapping[str, str] | None = None, content_type: str = "application/json") -> Any:  # fmt: skip
+        """One HTTP call, its failure classified (``MlflowUnavailable``/``MlflowRejected``); the response."""
+        headers = {**self._headers, "Content-Type": content_type}
+        try:
+            resp = self._http.request(method, url, body=body, fields=fields, headers=headers)
+        except urllib3.exceptions.HTTPError as exc:
+            raise MlflowUnavailable(f"MLflow {what}: no answer from {self.base_url}: {exc}") from None
+        if resp.status >= 500 or resp.status == 429:
+            raise MlflowUnavailable(f"MLflow {what}: HTTP {resp.status}: {resp.data[:300]!r}")
+        if resp.status >= 400:
+            raise MlflowRejected(f"MLflow {what}: HTTP {resp.status}: {resp.data.decode(errors='replace')[:300]}")
+        return resp
+
     def _call(self, method: str, path: str, body: Mapping[str, Any] | None = None,
               fields: Mapping[str, str] | None = None, api: str = "2.0") -> dict[str, Any]:  # fmt: skip
         url = f"{self.base_url}/api/{api}/mlflow/{path}"
-        try:
-            if method == "GET":
-                resp = self._http.request("GET", url, fields=fields, headers=self._headers)
-            else:
-                resp = self._http.request(method, url, body=json.dumps(body or {}).encode(), headers=self._headers)
-        except urllib3.exceptions.HTTPError as exc:
-            raise MlflowUnavailable(f"MLflow {path}: no answer from {self.base_url}: {exc}") from None
+        data = None if method == "GET" else json.dumps(body or {}).encode()
+        resp = self._request(method, url, path, body=data, fields=fields if method == "GET" else None)
         text = resp.data.decode("utf-8", errors="replace")
-        if resp.status >= 500 or resp.status == 429:
-            raise MlflowUnavailable(f"MLflow {path}: HTTP {resp.status}: {text[:300]}")
-        if resp.status >= 400:
-            raise MlflowRejected(f"MLflow {path}: HTTP {resp.status}: {text[:300]}")
         try:
             out = json.loads(text) if text else {}
         except ValueError:
@@ -197,29 +202,16 @@ class MlflowClient:
                                                                 "max_results": "25000"})  # fmt: skip
         return list(got.get("metrics") or [])
 
+    def _artifact_url(self, experiment_id: str, run_id: str, name: str) -> str:
+        return f"{self.base_url}/api/2.0/mlflow-artifacts/artifacts/{experiment_id}/{run_id}/artifacts/{name}"
+
     def put_artifact(self, experiment_id: str, run_id: str, name: str, data: bytes) -> None:
         """One file into the run's artifacts (a server with ``--serve-artifacts``: the proxied artifact store)."""
-        url = f"{self.base_url}/api/2.0/mlflow-artifacts/artifacts/{experiment_id}/{run_id}/artifacts/{name}"
-        try:
-            resp = self._http.request(
-                "PUT", url, body=data, headers={**self._headers, "Content-Type": "application/octet-stream"}
-            )
-        except urllib3.exceptions.HTTPError as exc:
-            raise MlflowUnavailable(f"MLflow artifact {name}: no answer from {self.base_url}: {exc}") from None
-        if resp.status >= 500 or resp.status == 429:
-            raise MlflowUnavailable(f"MLflow artifact {name}: HTTP {resp.status}")
-        if resp.status >= 400:
-            raise MlflowRejected(f"MLflow artifact {name}: HTTP {resp.status}: {resp.data[:300]!r}")
+        url = self._artifact_url(experiment_id, run_id, name)
+        self._request("PUT", url, f"artifact {name}", body=data, content_type="application/octet-stream")
 
     def get_artifact(self, experiment_id: str, run_id: str, name: str) -> bytes:
-        url = f"{self.base_url}/api/2.0/mlflow-artifacts/artifacts/{experiment_id}/{run_id}/artifacts/{name}"
-        try:
-            resp = self._http.request("GET", url, headers=self._headers)
-        except urllib3.exceptions.HTTPError as exc:
-            raise MlflowUnavailable(f"MLflow artifact {name}: no answer from {self.base_url}: {exc}") from None
-        if resp.status >= 400:
-            raise MlflowRejected(f"MLflow artifact {name}: HTTP {resp.status}")
-        return resp.data
+        return self._request("GET", self._artifact_url(experiment_id, run_id, name), f"artifact {name}").data
 
     # -- users and permissions (a server run with ``--app-name basic-auth``; the caller is its admin) -------------
     def ensure_user(self, username: str, password: str) -> bool:
