@@ -34,23 +34,6 @@ from bench.common import save
 PORT = 9470
 
 
-def _jobs(n: int):  # noqa: ANN202 - JobInfo list
-    from nuro.jobspec.codepin import CodePin
-    from nuro.jobspec.pins import DatasetPin
-    from nuro.jobspec.record import comment_json, run_record
-    from nuro.slurm.models import JobInfo, JobPhase
-
-    out = []
-    for i in range(n):
-        meta = run_record(team="perception", dataset=DatasetPin("bench", "sha256:" + "0" * 64),
-                          code=CodePin("/r", "a" * 40), ckpt_interval_s=600, ckpt_keep=3, max_requeues=3,
-                          name=f"bench-{i}", entry={"launcher": "torchrun", "script": "t.py", "args": []})  # fmt: skip
-        out.append(JobInfo(job_id=1000 + i, name=f"bench-{i}", user="alice", state="RUNNING",
-                           phase=JobPhase.RUNNING, account="perception", comment=comment_json(meta),
-                           nodes=("gpu001",), node_count=1))  # fmt: skip
-    return out
-
-
 def _generator(db: str, runs: int, rate: float, seconds: float, written) -> None:  # noqa: ANN001
     """What ``runs`` runs log at ``rate`` steps/s each, in 100 ms batches, straight into the sink."""
     from nuro.metrics.model import TRAIN, Point
@@ -74,11 +57,12 @@ def _generator(db: str, runs: int, rate: float, seconds: float, written) -> None
 
 
 def _bridge(db: str, url: str, runs: int, stop, points, lag_ns) -> None:  # noqa: ANN001
+    from nuro.devcluster.scenario import listed_jobs
     from nuro.metrics.sqlite import SQLiteSink
     from nuro.tracking.bridge import Bridge, sink_rows
     from nuro.tracking.mlflow import MlflowClient
 
-    jobs = _jobs(runs)
+    jobs = listed_jobs(runs)
     rows = sink_rows(lambda team: SQLiteSink(db))
     bridge = Bridge(MlflowClient(url, timeout_s=30), lambda: jobs, lambda ids: [], rows)
     while not stop.is_set():

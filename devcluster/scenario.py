@@ -20,9 +20,12 @@ from pathlib import Path
 from typing import TypeVar
 
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
+from nuro.jobspec.codepin import CodePin
+from nuro.jobspec.pins import DatasetPin
+from nuro.jobspec.record import comment_json, run_record
 from nuro.metrics.sink import sink_from_env
 from nuro.runs import report
-from nuro.slurm import CliBackend
+from nuro.slurm import CliBackend, JobInfo, JobPhase
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_ddp"
@@ -201,3 +204,17 @@ def mlflow_url(env: dict[str, str], job_id: int) -> str | None:
     res = subprocess.run([str(BIN / "nuro-train"), "open", str(job_id)], env={**os.environ, **env},
                          capture_output=True, text=True, timeout=30)  # fmt: skip
     return res.stdout.strip() if res.returncode == 0 else None
+
+
+def listed_jobs(n: int) -> list[JobInfo]:
+    """``n`` running nuro jobs of team perception as Slurm would list them (a ``nuro`` record in the comment):
+    the MLflow bridge's input in its bench and tests, without a cluster."""
+    out = []
+    for i in range(n):
+        meta = run_record(team="perception", dataset=DatasetPin("bench", "sha256:" + "0" * 64),
+                          code=CodePin("/r", "a" * 40), ckpt_interval_s=600, ckpt_keep=3, max_requeues=3,
+                          name=f"bench-{i}", entry={"launcher": "torchrun", "script": "t.py", "args": []})  # fmt: skip
+        out.append(JobInfo(job_id=1000 + i, name=f"bench-{i}", user="alice", state="RUNNING",
+                           phase=JobPhase.RUNNING, account="perception", comment=comment_json(meta),
+                           nodes=("gpu001",), node_count=1))  # fmt: skip
+    return out

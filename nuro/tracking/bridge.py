@@ -25,6 +25,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from nuro.metrics.identities import platform_view
@@ -42,6 +43,10 @@ TAG_CURSOR = "nuro.synced_to_ns"
 TAG_GPU_CURSOR = "nuro.synced_gpu_to_ns"
 #: points read from the sink per job and pass (the rest next pass)
 MAX_POINTS_PER_PASS = 20_000
+#: how late a rank's point may reach the sink after a newer point of another rank and still be mirrored (each rank
+#: writes through its own buffered writer, flushing about every second; a writer held up longer, e.g. by a sink
+#: outage, delivers its points later than this: they are in the sink, not in MLflow)
+SETTLE_NS = 30_000_000_000
 
 
 def _ms(t: Any) -> int | None:
@@ -72,6 +77,8 @@ class RunState:
     tags: dict[str, str] = field(default_factory=dict)
     status: str = ""
     done: bool = False
+    #: the newest point pushed per series (rank, restart)
+    series: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 @dataclass
@@ -230,21 +237,34 @@ class Bridge:
         return out
 
     def _push_points(self, st: RunState, team: str, job_id: int) -> None:
+        """The job's points MLflow lacks. Every rank writes through its own buffered writer, so a point can reach the
+        sink after a newer point of another rank: each pass reads back ``SETTLE_NS`` before the newest point pushed,
+        and a per-series cursor (rank, restart: each series arrives in order) keeps what was pushed from going again.
+        After a bridge restart the window is pushed again; MLflow ignores exact duplicates."""
+        since = max(0, st.cursor_ns - SETTLE_NS) if st.cursor_ns else 0
         try:
-            rows = self._train_rows(team, job_id, st.cursor_ns)
+            rows = self._train_rows(team, job_id, since)
         except SinkError as exc:
             log.warning("metrics of job %d not readable now: %s", job_id, exc)
             return
-        rows = sorted((r for r in rows if r.ts_ns > st.cursor_ns), key=lambda r: r.ts_ns)[:MAX_POINTS_PER_PASS]
-        if not rows:
+
+        def series(r: Row) -> tuple[str, str]:
+            return (r.tags.get("rank", "0"), r.tags.get("restart", "0"))
+
+        fresh = sorted((r for r in rows if r.ts_ns > st.series.get(series(r), since)), key=lambda r: r.ts_ns)
+        fresh = fresh[:MAX_POINTS_PER_PASS]
+        if not fresh:
             return
-        metrics = mirror.metrics_of(rows)
-        cursor = str(rows[-1].ts_ns)
+        metrics = mirror.metrics_of(fresh)
+        cursor = str(max(st.cursor_ns, fresh[-1].ts_ns))
         try:
             self.client.log_batch(st.run_id, metrics, tags={TAG_CURSOR: cursor})
         except MlflowRejected as exc:  # e.g. a value MLflow refuses: skip these points rather than stall forever
             log.warning("MLflow refused job %d's points up to %s: %s", job_id, cursor, exc)
             self.client.log_batch(st.run_id, tags={TAG_CURSOR: cursor})
+        for r in fresh:
+            key = series(r)
+            st.series[key] = max(st.series.get(key, 0), r.ts_ns)
         st.cursor_ns = int(cursor)
         st.tags[TAG_CURSOR] = cursor
         self.stats.points += len(metrics)
@@ -314,8 +334,6 @@ def store_checkpoints(store: Any) -> Callable[[str, str], list[dict[str, Any]]]:
 
 def job_timeline(backend: Any, event_log: str | None, store: Any) -> Callable[[int], dict[str, Any]]:
     """``timeline`` for ``Bridge``: what ``nuro-train events JOB --json`` shows (``nuro.runs.timeline_report``)."""
-    from pathlib import Path
-
     from nuro.runs import timeline_report  # lazy: Slurm accounting and S3 reads, only on a job's change
 
     def timeline(job_id: int) -> dict[str, Any]:
@@ -343,7 +361,7 @@ def sink_gpu_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], 
 
 
 __all__ = [
-    "MAX_POINTS_PER_PASS", "TAG_CURSOR", "TAG_GPU_CURSOR", "Bridge", "RunState", "Stats", "job_view", "record_of",
-    "job_timeline", "sink_gpu_rows", "sink_rows", "store_checkpoints",
+    "MAX_POINTS_PER_PASS", "SETTLE_NS", "TAG_CURSOR", "TAG_GPU_CURSOR", "Bridge", "RunState", "Stats", "job_view",
+    "record_of", "job_timeline", "sink_gpu_rows", "sink_rows", "store_checkpoints",
 ]  # fmt: skip
 _ = MlflowError  # re-exported for callers catching every MLflow failure
