@@ -87,6 +87,7 @@ class Stats:
     runs_created: int = 0
     points: int = 0
     failures: int = 0
+    skipped: int = 0  # jobs a pass could not mirror (a record MLflow or nuro's checks refuse)
     last_error: str = ""
 
 
@@ -144,7 +145,13 @@ class Bridge:
         jobs = live + (self._finished(gone) if gone else [])
         try:
             for job in sorted(jobs, key=lambda j: j.job_id):  # parents (older ids) before their children
-                self.sync_job(job)
+                try:
+                    self.sync_job(job)
+                except MlflowUnavailable:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - one job's hostile or broken record costs only that job
+                    self.stats.skipped += 1
+                    log.warning("job %d not mirrored this pass: %s: %s", job.job_id, type(exc).__name__, exc)
         except MlflowUnavailable as exc:
             self.stats.failures += 1
             self.stats.last_error = str(exc)

@@ -192,7 +192,10 @@ def checkpoint_uri(meta: Mapping[str, Any], step: int, bucket: str) -> str | Non
     from nuro.checkpoint.layout import manifest_key  # lazy: the checkpoint package only for this one key
 
     team, run = meta.get("team"), meta.get("name")
-    return f"s3://{bucket}/{manifest_key(str(team), str(run), step)}" if team and run else None
+    try:
+        return f"s3://{bucket}/{manifest_key(str(team), str(run), step)}" if team and run else None
+    except ValueError:  # a record naming what no checkpoint can be stored under (the comment is the user's)
+        return None
 
 
 def dataset_input(meta: Mapping[str, Any], bucket: str) -> dict[str, str] | None:

@@ -9,6 +9,7 @@ noticed the outage.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -204,8 +205,14 @@ def test_a_point_that_reaches_the_sink_late_is_still_mirrored_once(tmp_path: Pat
     with standalone_mlflow(tmp_path / "mlflow", PORT + 2) as server:
         client = MlflowClient(server.url)
 
+        # a job whose owner rewrote its comment (scontrol update comment=...) with a run name no checkpoint can have
+        # and a checkpoint mark: it must cost only itself, never the other runs' mirroring
+        forged = json.loads(job.comment)
+        forged["nuro"]["name"], forged["ckpt"] = "../../prediction/x", {"step": 3, "at": 1.0}
+        hostile = dataclasses.replace(job, job_id=job.job_id - 1, comment=json.dumps(forged, separators=(",", ":")))
+
         def bridge() -> Bridge:
-            return Bridge(client, lambda: [job], lambda ids: [], sink_rows(lambda team: SQLiteSink(db)))
+            return Bridge(client, lambda: [hostile, job], lambda ids: [], sink_rows(lambda team: SQLiteSink(db)))
 
         first = bridge()
         sink.write([point(0, s) for s in range(15)] + [point(1, s) for s in range(13)])

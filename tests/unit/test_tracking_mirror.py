@@ -104,3 +104,7 @@ def test_failures_preemptions_and_restarts_are_counted_as_tags() -> None:
                            {"kind": "progress"}, {"kind": "job_preempt_signalled"}]}  # fmt: skip
     assert mirror.event_tags(timeline) == {"nuro.events.node_lost": "1", "nuro.events.requeued": "2",
                                            "nuro.events.resumed": "1", "nuro.events.preempted": "1"}  # fmt: skip
+
+
+def test_a_hostile_run_name_gives_no_checkpoint_uri() -> None:
+    assert mirror.checkpoint_uri({"team": "t", "name": "../../other-team/run"}, 7, "b") is None
