@@ -335,22 +335,22 @@ def open_cmd(job_id: int, browser: bool, as_json: bool) -> None:
     ``nuro.job_id``; nuro-mlflow-bridge creates it within one pass of the job appearing in the queue.
     """
     from nuro.tracking import mirror  # lazy: only this command talks to MLflow
-    from nuro.tracking.mlflow import MlflowError, client_from_env, filter_value, run_url
+    from nuro.tracking.mlflow import MlflowError, client_from_env, run_url
 
     job = _find(_backend(), job_id)
     try:
         client = client_from_env()
         exp = client.experiment_id(mirror.experiment_name(job.account), create=False)
-        runs = client.search_runs([exp], f"tags.`{mirror.TAG_JOB}` = {filter_value(str(job_id))}", 1)[0] if exp else []
+        run = client.find_run(exp, mirror.TAG_JOB, str(job_id)) if exp else None
     except MlflowError as exc:
         fail(ExitCode.FAILED, str(exc))
-    if not runs:
+    if run is None:
         fail(ExitCode.NOT_FOUND, f"job {job_id} has no MLflow run yet (nuro-mlflow-bridge mirrors a run within a "
              "pass of its appearing in the queue; is it running?)")  # fmt: skip
-    url = run_url(client.base_url, str(exp), runs[0]["info"]["run_id"])
+    run_id = run["info"]["run_id"]
+    url = run_url(client.base_url, str(exp), run_id)
     if as_json:
-        click.echo(json.dumps({"job_id": job_id, "experiment_id": exp, "run_id": runs[0]["info"]["run_id"],
-                               "url": url}))  # fmt: skip
+        click.echo(json.dumps({"job_id": job_id, "experiment_id": exp, "run_id": run_id, "url": url}))
     else:
         click.echo(url)
     if browser:

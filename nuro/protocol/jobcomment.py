@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nuro.protocol.contract import COMMENT_ACK, COMMENT_CHECKPOINT, COMMENT_PREEMPT
+from nuro.protocol.contract import COMMENT_ACK, COMMENT_CHECKPOINT, COMMENT_PREEMPT, COMMENT_RUN
 
 MAX_COMMENT_BYTES = 8192  # well below Slurm's limits; nuro metadata is small
 MAX_DEPTH = 32  # containers nested at most this deep (the top object is level 1)
@@ -73,6 +73,12 @@ class JobComment:
 
     raw: dict[str, Any]
     not_record: str | None = field(default=None, compare=False)
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """The run record (``nuro``: what submit wrote), or {} for a comment without one."""
+        rec = self.raw.get(COMMENT_RUN)
+        return rec if isinstance(rec, dict) else {}
 
     @property
     def checkpoint(self) -> Mark | None:

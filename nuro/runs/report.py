@@ -63,8 +63,7 @@ class RunRef:
 
 
 def _meta(comment: str) -> dict:
-    raw = jobcomment.parse(comment).raw.get("nuro")
-    return raw if isinstance(raw, dict) else {}
+    return jobcomment.parse(comment).record
 
 
 def resolve_run(backend: CliBackend, job_id: int) -> RunRef:

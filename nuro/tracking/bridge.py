@@ -35,7 +35,7 @@ from nuro.protocol import jobcomment
 from nuro.runs.pending import ENV_WAITS, pending_view, read_waits
 from nuro.slurm import JobInfo
 from nuro.tracking import mirror
-from nuro.tracking.mlflow import MlflowClient, MlflowError, MlflowRejected, MlflowUnavailable, filter_value
+from nuro.tracking.mlflow import MlflowClient, MlflowError, MlflowRejected, MlflowUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -59,12 +59,6 @@ def job_view(job: JobInfo) -> mirror.JobView:
         nodes=tuple(job.nodes), restart_count=job.restart_count, start_ms=_ms(job.start_time),
         end_ms=_ms(job.end_time) if job.is_finished else None,
     )  # fmt: skip
-
-
-def record_of(job: JobInfo) -> dict[str, Any]:
-    """The job's ``nuro`` record (its comment), or {} for a job without one."""
-    raw = jobcomment.parse(job.comment).raw.get("nuro")
-    return raw if isinstance(raw, dict) else {}
 
 
 @dataclass
@@ -139,14 +133,16 @@ class Bridge:
         everything = self._jobs()
         self._queue = everything
         self._waits = read_waits(self.waits_file, time.time())
-        live = [j for j in everything if record_of(j).get("team")]
+        comments = {j.job_id: jobcomment.parse(j.comment) for j in everything}  # once per job and pass
+        live = [j for j in everything if comments[j.job_id].record.get("team")]
         seen = {j.job_id for j in live}
         gone = [jid for jid, st in self.runs.items() if jid not in seen and not st.done]
-        jobs = live + (self._finished(gone) if gone else [])
+        finished = self._finished(gone) if gone else []
+        comments.update((j.job_id, jobcomment.parse(j.comment)) for j in finished)
         try:
-            for job in sorted(jobs, key=lambda j: j.job_id):  # parents (older ids) before their children
+            for job in sorted(live + finished, key=lambda j: j.job_id):  # parents (older ids) before their children
                 try:
-                    self.sync_job(job)
+                    self.sync_job(job, comments[job.job_id])
                 except MlflowUnavailable:
                     raise
                 except Exception as exc:  # noqa: BLE001 - one job's hostile or broken record costs only that job
@@ -158,15 +154,17 @@ class Bridge:
             log.warning("MLflow unavailable, the pass stops here (nothing is lost): %s", exc)
         return self.stats
 
-    def sync_job(self, job: JobInfo) -> RunState | None:
-        meta = record_of(job)
+    def sync_job(self, job: JobInfo, comment: jobcomment.JobComment | None = None) -> RunState | None:
+        """Mirror one job (``comment``: its comment parsed, when the caller has it)."""
+        comment = comment if comment is not None else jobcomment.parse(job.comment)
+        meta = comment.record
         team = str(meta.get("team") or "")
         if not team or team != job.account:  # the record names the job's own account, or it is not mirrored
             return None
         view = job_view(job)
         st = self.runs.get(job.job_id) or self._find_or_create(job, view, meta, team)
         self.runs[job.job_id] = st
-        extra = {**self._marks(job, meta), **mirror.pending_tags(pending_view(job, self._queue, self._waits))}
+        extra = {**self._marks(comment, meta), **mirror.pending_tags(pending_view(job, self._queue, self._waits))}
         tags = mirror.tags_of(meta, view, extra)
         changed = {k: v for k, v in tags.items() if st.tags.get(k) != v}
         status = mirror.mlflow_status(view.phase)
@@ -199,10 +197,7 @@ class Bridge:
         return self._experiments[team]
 
     def find_run(self, team: str, job_id: int) -> dict[str, Any] | None:
-        runs, _ = self.client.search_runs(
-            [self._experiment(team)], f"tags.`{mirror.TAG_JOB}` = {filter_value(str(job_id))}", max_results=5
-        )
-        return runs[0] if runs else None
+        return self.client.find_run(self._experiment(team), mirror.TAG_JOB, str(job_id))
 
     def _find_or_create(self, job: JobInfo, view: mirror.JobView, meta: Mapping[str, Any], team: str) -> RunState:
         exp = self._experiment(team)
@@ -227,10 +222,9 @@ class Bridge:
         log.info("mlflow run %s for job %d (%s/%s)", run_id, job.job_id, team, name)
         return RunState(run_id, exp, 0, tags, "")
 
-    def _marks(self, job: JobInfo, meta: Mapping[str, Any]) -> dict[str, str]:
+    def _marks(self, c: jobcomment.JobComment, meta: Mapping[str, Any]) -> dict[str, str]:
         """The comment's marks as tags: the newest committed checkpoint (its step and its manifest in S3), a
         preemption request and its ack."""
-        c = jobcomment.parse(job.comment)
         out = {}
         if c.checkpoint is not None and c.checkpoint.step is not None:
             out["nuro.checkpoint.step"] = str(c.checkpoint.step)
@@ -315,14 +309,19 @@ class Bridge:
             st.tags[TAG_GPU_CURSOR] = cursor
 
 
+def _job_points(sink: Any, measurement: str, job_id: int, since_ns: int) -> list[Row]:
+    """One job's ``measurement`` points newer than ``since_ns`` (all of them for 0)."""
+    since = since_ns + 1 if since_ns else None
+    return list(sink.query(Query(measurement, where={"job": str(job_id)}, since_ns=since)))
+
+
 def sink_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], list[Row]]:
     """``train_rows`` for ``Bridge`` from a sink factory (``team -> sink``): the job's points newer than a time."""
 
     def rows(team: str, job_id: int, since_ns: int) -> list[Row]:
         sink = open_sink(team)
         try:
-            q = Query(TRAIN, where={"job": str(job_id)}, since_ns=since_ns + 1 if since_ns else None)
-            return list(sink.query(q))
+            return _job_points(sink, TRAIN, job_id, since_ns)
         finally:
             sink.close()
 
@@ -357,8 +356,7 @@ def sink_gpu_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], 
         sink = open_sink(team)
         gpu_sink: Any = platform_view(sink)
         try:
-            since = since_ns + 1 if since_ns else None
-            return list(gpu_sink.query(Query(GPU, where={"job": str(job_id)}, since_ns=since)))
+            return _job_points(gpu_sink, GPU, job_id, since_ns)
         finally:
             if gpu_sink is not sink:
                 gpu_sink.close()
@@ -369,6 +367,6 @@ def sink_gpu_rows(open_sink: Callable[[str], Any]) -> Callable[[str, int, int], 
 
 __all__ = [
     "MAX_POINTS_PER_PASS", "SETTLE_NS", "TAG_CURSOR", "TAG_GPU_CURSOR", "Bridge", "RunState", "Stats", "job_view",
-    "record_of", "job_timeline", "sink_gpu_rows", "sink_rows", "store_checkpoints",
+    "job_timeline", "sink_gpu_rows", "sink_rows", "store_checkpoints",
 ]  # fmt: skip
 _ = MlflowError  # re-exported for callers catching every MLflow failure

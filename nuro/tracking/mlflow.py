@@ -197,6 +197,11 @@ class MlflowClient:
         got = self._call("POST", "runs/search", body)
         return list(got.get("runs") or []), got.get("next_page_token")
 
+    def find_run(self, experiment_id: str, tag: str, value: str) -> dict[str, Any] | None:
+        """The run of ``experiment_id`` whose tag ``tag`` is ``value`` (nuro's runs: ``nuro.job_id``), or None."""
+        runs, _ = self.search_runs([experiment_id], f"tags.`{tag}` = {filter_value(value)}", max_results=1)
+        return runs[0] if runs else None
+
     def metric_history(self, run_id: str, key: str) -> list[dict[str, Any]]:
         got = self._call("GET", "metrics/get-history", fields={"run_id": run_id, "metric_key": key,
                                                                 "max_results": "25000"})  # fmt: skip
