@@ -61,9 +61,18 @@ from nuro.jobspec.pins import DatasetPin, PinError, resolve_dataset, store_confi
 from nuro.jobspec.preview import PreviewError, decide_words, describe, load_policy_source, user_team
 from nuro.jobspec.record import comment_json, export_lines, job_env, run_record
 from nuro.jobspec.render import HELPER_LINES, checkout_lines, code_exports
-from nuro.jobspec.sbatch_args import SbatchArgError, Word, is_option, parse_options, read_option, script_directives
+from nuro.jobspec.sbatch_args import (
+    SbatchArgError,
+    Word,
+    admission_args,
+    is_option,
+    parse_options,
+    read_option,
+    script_directives,
+)
 from nuro.jobspec.spec import SpecError, split_code_flag
 from nuro.jobspec.submission import DEFAULT_RUN_ROOT, InvalidSubmission, deepspeed_notes, requeue_args
+from nuro.policy.admission import parse_sbatch_args
 from nuro.slurm import CliBackend, SlurmCommandNotFound, SlurmError, SubmitCommand
 
 PROG = "nuro-sbatch"
@@ -175,20 +184,14 @@ def _values(p: Parsed) -> tuple[dict[str, Any], list[str]]:
 
 
 def world_size(words: Sequence[Word]) -> int:
-    """The job's training processes as its sbatch options say: nodes (-N, first number of a range) × processes per
-    node (--gpus-per-node, else --ntasks-per-node, else --gres=gpu:N, else 1), for the DeepSpeed batch check."""
-
-    def last(name: str) -> str | None:
-        return next((w.value for w in reversed(words) if w.name == name and w.value), None)
-
-    def number(text: str | None) -> int | None:
-        digits = (text or "").split("-")[0].split(":")[-1]
-        return int(digits) if digits.isdigit() and int(digits) > 0 else None
-
-    gres = last("gres") or ""
-    per_node = number(last("gpus-per-node")) or number(last("ntasks-per-node"))
-    per_node = per_node or (number(gres.split(",")[0]) if gres.startswith("gpu") else None)
-    return (number(last("nodes")) or 1) * (per_node or 1)
+    """The job's training processes as its sbatch options say, for the DeepSpeed batch check: nodes (-N, the lower
+    end of a range) × processes per node (GPUs per node from --gpus-per-node/--gres, else --ntasks-per-node, else 1),
+    read by the admission preview's own sbatch parser."""
+    try:
+        req = parse_sbatch_args("", admission_args(words))
+    except ValueError:  # a value sbatch itself will refuse with its own message
+        return 1
+    return (req.nodes or 1) * (req.gpus_per_node or req.tasks_per_node or 1)
 
 
 def _default(name: str) -> Any:
