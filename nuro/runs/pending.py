@@ -32,10 +32,38 @@ STALE_S = 60.0
 _MAX_BYTES = 8 * 1024 * 1024
 
 
+def _jobs(waits: Iterable[Any]) -> dict[str, dict[str, str]]:
+    return {str(w.job_id): {"code": str(w.code), "reason": str(w.reason)[:500]} for w in waits}
+
+
 def write_waits(path: Path, at: float, waits: Iterable[Any]) -> None:
     """The controller's side: ``waits`` (``decisions.Wait``) as the file, written atomically (temp + rename)."""
-    body = {"format": FORMAT, "at": at,
-            "jobs": {str(w.job_id): {"code": str(w.code), "reason": str(w.reason)[:500]} for w in waits}}  # fmt: skip
+    _write(path, at, _jobs(waits))
+
+
+class WaitsFile:
+    """The controller's waits file across cycles: rewritten when the reasons change, else only often enough to stay
+    fresh (``REFRESH_S``), so a cycle with 5,000 pending jobs does not rewrite the same file twice a second."""
+
+    REFRESH_S = STALE_S / 3
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._jobs: dict[str, dict[str, str]] | None = None
+        self._at = 0.0
+
+    def publish(self, at: float, waits: Iterable[Any]) -> bool:
+        """Write this cycle's reasons when they changed or the file is getting old; whether it wrote."""
+        jobs = _jobs(waits)
+        if jobs == self._jobs and at - self._at < self.REFRESH_S:
+            return False
+        _write(self.path, at, jobs)
+        self._jobs, self._at = jobs, at
+        return True
+
+
+def _write(path: Path, at: float, jobs: Mapping[str, Mapping[str, str]]) -> None:
+    body = {"format": FORMAT, "at": at, "jobs": jobs}
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)  # /run/nuro after a reboot
     fd, tmp = tempfile.mkstemp(prefix=".waits-", dir=path.parent)
     try:
@@ -95,4 +123,6 @@ def pending_view(job: JobInfo, jobs: Iterable[JobInfo], waits: Mapping[int, Mapp
     return out
 
 
-__all__ = ["ENV_WAITS", "FORMAT", "STALE_S", "pending_view", "queue_position", "read_waits", "write_waits"]
+__all__ = [
+    "ENV_WAITS", "FORMAT", "STALE_S", "WaitsFile", "pending_view", "queue_position", "read_waits", "write_waits",
+]  # fmt: skip

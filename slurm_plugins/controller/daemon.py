@@ -55,7 +55,7 @@ from nuro.metrics.buffer import writer_from_env
 from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol import marks
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
-from nuro.runs.pending import ENV_WAITS, write_waits
+from nuro.runs.pending import ENV_WAITS, WaitsFile
 from nuro.slurm import Backend, CliBackend, SlurmError
 from nuro.slurm.errors import SlurmTimeout
 from nuro.slurm.models import ClusterSnapshot
@@ -147,7 +147,7 @@ class Controller:
         self.isolator = Isolator()
         #: where each cycle's reasons for pending jobs go (``nuro.runs.pending``); None: nowhere
         waits = os.environ.get(ENV_WAITS)
-        self.waits_file = Path(waits) if waits else None
+        self.waits_file = WaitsFile(Path(waits)) if waits else None
         self._once = once()  # per-job apply errors: logged when they first appear (or change)
         self._cycle_errors = RateLog(60.0, 64)
 
@@ -201,10 +201,10 @@ class Controller:
         decisions = result
         if self.waits_file is not None:
             try:  # best effort: a reader without it shows Slurm's reason only
-                write_waits(self.waits_file, now, decisions.waiting)
+                self.waits_file.publish(now, decisions.waiting)
             except OSError as exc:
                 if self._cycle_errors.allow(f"waits: {exc}")[0]:
-                    log.warning("cycle=%d reasons not written to %s: %s", self.cycles, self.waits_file, exc)
+                    log.warning("cycle=%d reasons not written to %s: %s", self.cycles, self.waits_file.path, exc)
         t2 = time.monotonic()
         failed: set[int] = set()
         applicable = self.isolator.filter(decisions)

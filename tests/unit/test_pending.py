@@ -49,3 +49,14 @@ def test_the_view_joins_slurm_the_controller_and_the_queue() -> None:
     assert mirror.pending_tags(view) == {mirror.TAG_QUEUE: "2 of 2",
                                          mirror.TAG_WAIT: "lenders at their limits (wait_lend_pool)"}  # fmt: skip
     assert pending_view(_job(3, 1, JobPhase.RUNNING), jobs, {}) == {}
+
+
+def test_the_controller_rewrites_the_file_only_on_change_or_to_stay_fresh(tmp_path: Path) -> None:
+    from nuro.runs.pending import STALE_S, WaitsFile
+
+    f = WaitsFile(tmp_path / "waits.json")
+    same = [Wait(7, "lenders at their limits", "wait_lend_pool")]
+    assert f.publish(1000.0, same) and not f.publish(1000.5, same)  # an unchanged cycle writes nothing
+    assert f.publish(1001.0, [])  # the reasons changed
+    assert not f.publish(1001.5, []) and f.publish(1001.0 + STALE_S / 3, [])  # refreshed before it goes stale
+    assert read_waits(tmp_path / "waits.json", 1001.0 + STALE_S / 3) == {}

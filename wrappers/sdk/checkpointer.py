@@ -363,7 +363,6 @@ class Checkpointer:
         t0 = self._last_save_time
         timing = self.timings[step]
         dsengine.save(self._engine, path.parent, path.name, client_state)
-        timing["stall_s"] = time.monotonic() - t0
         writer = self._writer
 
         def finish() -> None:
@@ -376,9 +375,9 @@ class Checkpointer:
 
         if writer is None or sync:
             finish()
-            timing["stall_s"] = time.monotonic() - t0
         else:
             self._inflight = (step, self._executor.submit(finish))
+        timing["stall_s"] = time.monotonic() - t0  # what the training waited: the copy, or the whole save
 
     def _clear_stale(self, path: Path) -> None:
         """A step dir left by an earlier attempt is moved aside, never mixed into this save."""
