@@ -14,9 +14,9 @@ in one set per free-GPU count, so the answer costs O(GPUs per node), not O(nodes
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from nuro.slurm.models import JobInfo, NodeInfo
+from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,30 @@ def gpus_on_nodes(job: JobInfo) -> tuple[tuple[str, int], ...]:
         return tuple((n, job.gpus_per_node) for n in job.nodes)
     base, extra = divmod(max(0, job.gpus_total), len(job.nodes))
     return tuple((n, base + (1 if i < extra else 0)) for i, n in enumerate(job.nodes))
+
+
+def settled(snapshot: ClusterSnapshot) -> ClusterSnapshot:
+    """The snapshot with each node's allocated GPUs no more than its jobs hold, as the jobs read saw them.
+
+    Why: the node read (``sinfo``) and the job read (``squeue``) are taken side by side, so a job Slurm starts between
+    them can show as allocated on its node and still pending in the job list (and a job that ends can still show on
+    its node after it left the job list). Taken as is, that pending job looks unplaceable while its own GPUs block it,
+    and the engine preempts a borrower for a job that is already running (seen on the real cluster: a reclaim seconds
+    after four jobs were submitted onto four idle nodes). Counting a node's GPUs as free when either read says so
+    means nothing is preempted on the strength of one read alone; the cost of the other direction (a GPU lent that
+    is not yet free) is a borrower that waits in Slurm's queue until the next cycle sees it right.
+    """
+    held: dict[str, int] = {}
+    for job in snapshot.jobs:
+        if job.phase.holds_resources:
+            for node, gpus in gpus_on_nodes(job):
+                held[node] = held.get(node, 0) + gpus
+    if all(n.gpus_alloc <= held.get(n.name, 0) for n in snapshot.nodes):
+        return snapshot
+    nodes = tuple(
+        replace(n, gpus_alloc=held.get(n.name, 0)) if n.gpus_alloc > held.get(n.name, 0) else n for n in snapshot.nodes
+    )
+    return replace(snapshot, nodes=nodes)
 
 
 class Capacity:

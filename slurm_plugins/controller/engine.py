@@ -37,7 +37,7 @@ from nuro.protocol import jobcomment, marks
 from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import ClusterSnapshot
 from nuro.slurm_plugins.controller.borrowing import borrow, demand_peaks, lendable_gpus, return_to_quota
-from nuro.slurm_plugins.controller.capacity import Capacity
+from nuro.slurm_plugins.controller.capacity import Capacity, settled
 from nuro.slurm_plugins.controller.cycle import ControllerState, Cycle
 from nuro.slurm_plugins.controller.decisions import (
     Borrow,
@@ -88,7 +88,9 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
         phases.append((name, t2 - t))
         t = t2
 
-    # 1. classify: a scratch copy of capacity and per-team usage; the snapshot stays untouched (K2)
+    # 1. classify: a scratch copy of capacity and per-team usage; the snapshot stays untouched (K2), but a node's GPUs
+    #    count as free when either the node read or the job read says so (``capacity.settled``)
+    snapshot = settled(snapshot)
     index = PolicyIndex.of(policy)
     cy = Cycle(
         snapshot=snapshot,

@@ -3,12 +3,13 @@ placeable victims, tiers, requeue on ack or at grace end."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
 from nuro.policy.model import Policy
 from nuro.slurm.models import ClusterSnapshot
+from nuro.slurm_plugins.controller.capacity import settled
 from nuro.slurm_plugins.controller.decisions import Code
 from nuro.slurm_plugins.controller.engine import (
     Borrow,
@@ -446,6 +447,27 @@ def test_decisions_come_in_apply_order_with_reasons_and_codes() -> None:
         "fairshare",
     }
     assert "n.requeue=1" in d.cycle_stats.log_fields()
+
+
+def test_a_job_started_between_the_node_and_job_reads_is_no_claimant() -> None:
+    """The CI failure of stop 27: sinfo saw team b's job 20 already on n04 while squeue still listed it pending, so
+    n04 looked full and b's borrower 3 was reclaimed for a job Slurm had just started. A node counts as free when
+    either read says so (``capacity.settled``): no preemption on one read alone."""
+    snap = (
+        a_cluster()
+        .nodes(4)
+        .jobs(a_job(1).running_on("n01"), a_job(2).running_on("n02"), a_job(3).borrowed().running_on("n03"))
+        .jobs(a_job(20).team("b").pending())
+        .build()
+    )
+    raced = replace(snap, nodes=tuple(replace(n, gpus_alloc=8) if n.name == "n04" else n for n in snap.nodes))
+    policy = a_policy(32).team("a", 16, borrow=8, lend=8).team("b", 16, borrow=8, lend=8).build()
+    assert summarize(decide(snap, policy, ControllerState(), NOW)) == []
+    assert summarize(decide(raced, policy, ControllerState(), NOW)) == []
+    # a job gone from the job list while its node still shows it: its GPUs count as free too
+    ended = replace(snap, jobs=tuple(j for j in snap.jobs if j.job_id != 2))
+    assert settled(ended).node("n02").gpus_free == 8
+    assert settled(snap) is snap  # consistent reads are passed through untouched
 
 
 def test_next_state_tracks_new_victims_and_forgets_ended_ones() -> None:
