@@ -135,9 +135,12 @@ def stall(args: argparse.Namespace) -> dict:
         "params": params,
         "ranks": 2,
         **got,
-        "p50": {"deepspeed_sync_stall_s": round(sync_p50, 3), "nuro_stall_s": round(async_p50, 3),
-                "nuro_durable_s": round(statistics.median(got["durable_s"]), 3),
-                "nuro_committed_s": p50([{"v": v} for v in got["committed_s"]], "v")},  # fmt: skip
+        "p50": {
+            "deepspeed_sync_stall_s": round(sync_p50, 3),
+            "nuro_stall_s": round(async_p50, 3),
+            "nuro_durable_s": round(statistics.median(got["durable_s"]), 3),
+            "nuro_committed_s": p50([{"v": v} for v in got["committed_s"]], "v"),
+        },  # fmt: skip
         "sync_over_async": round(sync_p50 / async_p50, 2) if async_p50 else None,
     }
 
@@ -152,8 +155,9 @@ def resume(args: argparse.Namespace) -> dict:
         work.chmod(0o755)
         prepared = {
             False: scenario.prepare(env, work / "ddp"),
-            True: scenario.prepare(env, work / "ds", dataset="demo-tracks", example=scenario.DEEPSPEED_EXAMPLE,
-                                   apply_policy=False),  # fmt: skip
+            True: scenario.prepare(
+                env, work / "ds", dataset="demo-tracks", example=scenario.DEEPSPEED_EXAMPLE, apply_policy=False
+            ),  # fmt: skip
         }
         time.sleep(4)  # the controller's restart grace has passed
         for i in range(2 * args.rounds):

@@ -324,8 +324,8 @@ def _prepare(
     for name in node_names(n_nodes):  # root's, 0755 (as open_root makes it): the health check measures its disk
         layout.node_staging(name).mkdir(parents=True, exist_ok=True)
     layout.ports_file.write_text(
-        json.dumps({"port_base": port_base, "slurm": slurm.version, "topology": topology,
-                    "mlflow": tracking.enabled()}) + "\n"
+        json.dumps({"port_base": port_base, "slurm": slurm.version, "topology": topology, "mlflow": tracking.enabled()})
+        + "\n"
     )
     slurmroot.write_wrappers(slurm, layout.slurm_bin, layout.slurm_conf)
     layout.munge_dir.mkdir(exist_ok=True)

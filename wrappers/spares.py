@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from nuro.protocol.contract import MAX_SPARE_NODES
+
 #: The job's hot spares, exported by the batch script from the run record (``nuro-train submit --spare-nodes``).
 ENV_SPARE_NODES = "NURO_SPARE_NODES"
 #: Which incarnation of the step this is within one attempt (0 first, 1 after the first swap, ...): the nodes write
@@ -26,7 +28,6 @@ ENV_SPARE_NODES = "NURO_SPARE_NODES"
 ENV_LAUNCH_SWAP = "NURO_LAUNCH_SWAP"
 #: The spares not used yet, for the training's step (a move's restart is a swap only while one is left).
 ENV_SPARES_LEFT = "NURO_SPARES_LEFT"
-MAX_SPARE_NODES = 64
 
 
 class SpareError(ValueError):

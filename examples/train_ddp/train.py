@@ -47,8 +47,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=1.0,
                    help="a throttled GPU's slowdown, for --slow-rank / --slow-node")  # fmt: skip
     p.add_argument("--slow-node", default="", help="this node's ranks (SLURMD_NODENAME) are --slow-factor x slower")
-    p.add_argument("--burn", action="store_true",
-                   help="the stand-in compute spins the CPU instead of sleeping (a cgroup cpu quota then slows it)")
+    p.add_argument(
+        "--burn",
+        action="store_true",
+        help="the stand-in compute spins the CPU instead of sleeping (a cgroup cpu quota then slows it)",
+    )
     p.add_argument("--move-stragglers", action="store_true",
                    help="leave a straggler's node when moving pays (StragglerWatch with a MovePolicy)")  # fmt: skip
     p.add_argument("--sample-log", help="append 'restart step epoch indices' per step to PATH.rank<r> (tests)")

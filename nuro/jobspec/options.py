@@ -28,6 +28,7 @@ from nuro.jobspec.fields import (
     Text,
     TimeLimit,
 )
+from nuro.protocol.contract import MAX_SPARE_NODES
 
 
 class _Required:
@@ -118,10 +119,10 @@ SPEC_OPTIONS: tuple[Opt, ...] = (
         "QOS g-<team>.", "--tier", "tier", sbatch=True, default_doc="g-<team>", metavar="TIER"),
     Opt("nodes", Int(minimum=1, maximum=1024), 1, "nodes", "Nodes, all allocated at once (gang).", "--nodes",
         "nodes"),
-    Opt("spare_nodes", Int(minimum=0, maximum=64), 0, "nodes", "Hot spare nodes allocated with the job (sbatch "
-        "--no-kill): when a training node dies, nuro-launch goes on with a spare from the newest checkpoint, without "
-        "a requeue; spares count in the quota like any allocated node.", "--spare-nodes", "spare_nodes",
-        sbatch=True),
+    Opt("spare_nodes", Int(minimum=0, maximum=MAX_SPARE_NODES), 0, "nodes", "Hot spare nodes allocated with the "
+        "job (sbatch --no-kill): when a training node dies, nuro-launch goes on with a spare from the newest "
+        "checkpoint, without a requeue; spares count in the quota like any allocated node.",
+        "--spare-nodes", "spare_nodes", sbatch=True),
     Opt("gpus_per_node", Int(minimum=0, maximum=16), 8, "GPUs", "GPUs per node; 0 runs one CPU process per node.",
         "--gpus-per-node", "gpus_per_node"),
     Opt("time_limit", TimeLimit(), 3600, "", "Wall-clock limit per attempt, in sbatch's forms (90, 4:00:00, "

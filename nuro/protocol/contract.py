@@ -41,6 +41,10 @@ RDZV_PORT_SPAN = 1000
 ENV_RDZV_PORT_BASE = "NURO_RDZV_PORT_BASE"
 ENV_RDZV_PORT_SPAN = "NURO_RDZV_PORT_SPAN"
 
+#: The most hot spare nodes one job may hold: submit refuses more (``--spare-nodes``) and so does the job's launcher
+#: when it reads ``NURO_SPARE_NODES`` (``nuro.wrappers.spares``).
+MAX_SPARE_NODES = 64
+
 #: The job comment's top-level keys (canonical JSON, ``nuro.protocol.jobcomment``), by writer.
 COMMENT_RUN = "nuro"  # submit: the run's metadata
 COMMENT_CHECKPOINT = "ckpt"  # the job: the last committed checkpoint

@@ -150,8 +150,8 @@ def from_prolog_env(environ: Mapping[str, str]) -> JobRecord:
         if account:
             log.warning("job=%d account %r is not a team name: no checkpoint work as root", job_id, account)
     run = keep = None
-    meta = jobcomment.parse(environ.get("SLURM_JOB_COMMENT")).raw.get("nuro")
-    if isinstance(meta, dict) and team is not None:
+    meta = jobcomment.parse(environ.get("SLURM_JOB_COMMENT")).record
+    if meta and team is not None:
         if meta.get("team") != team:
             why = "job=%d nuro record names team %r, the job's account is %r: record ignored"
             log.warning(why, job_id, meta.get("team"), team)

@@ -124,7 +124,7 @@ def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20, store=None
             chain.append({"job_id": current, "missing": "not known to slurmctld or accounting"})
             break
         rec = jobcomment.parse(job.comment)
-        meta = rec.raw.get("nuro") if isinstance(rec.raw.get("nuro"), dict) else {}
+        meta = rec.record
         ckpt = rec.checkpoint
         chain.append(
             {

@@ -50,12 +50,12 @@ def gather(job_id: int, backend: CliBackend, event_log: Path | None, store: Obje
     notes: list[str] = []
     meta = {}
     for a in reversed(attempts):
-        meta = jobcomment.parse(a.comment).raw.get("nuro") or {}
+        meta = jobcomment.parse(a.comment).record
         if meta:
             break
     if not meta:
         live = backend.find_job(job_id)
-        meta = (jobcomment.parse(live.comment).raw.get("nuro") or {}) if live else {}
+        meta = jobcomment.parse(live.comment).record if live else {}
     controller: list[dict] = []
     if event_log is None:
         notes.append("controller events not shown: set NURO_EVENT_LOG or pass --event-log")

@@ -79,9 +79,7 @@ def _run_a_job_then_down(layout: Layout, tmp_path: Path) -> None:
     assert manager.status(layout)["phase"] == "down"
 
 
-def test_down_stops_everything_up_started_and_up_works_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_down_stops_everything_up_started_and_up_works_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NURO_DEVCLUSTER_MLFLOW", "1")  # the tracking server and its bridge too (issue 18)
     # A state dir far deeper than sun_path's 108 bytes: every socket lives in the short runtime dir instead.
     layout = Layout(tmp_path / ("deep-checkout-" + "x" * 150) / "cluster")

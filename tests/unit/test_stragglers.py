@@ -137,3 +137,12 @@ def test_the_restart_cost_follows_the_spares(monkeypatch: pytest.MonkeyPatch) ->
     assert MovePolicy(_Guard()).restart_s == 20.0
     monkeypatch.setenv("NURO_RESTART_COST_S", "7.5")
     assert MovePolicy(_Guard()).restart_s == 7.5
+
+
+@pytest.mark.parametrize("raw", ["7.5s", "-1", "nan", "inf"])
+def test_a_malformed_restart_cost_is_an_error_not_the_default(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
+    monkeypatch.setenv("NURO_RESTART_COST_S", raw)
+    with pytest.raises(ValueError, match=r"NURO_RESTART_COST_S=.* is not a number of seconds ≥ 0; unset it"):
+        MovePolicy(_Guard())
+    monkeypatch.setenv("NURO_RESTART_COST_S", " ")
+    assert MovePolicy(_Guard(), restart_s=3.0).restart_s == 3.0

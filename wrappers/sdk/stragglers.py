@@ -179,12 +179,18 @@ def _tell_the_platform(node: str, slowdown: float) -> bool:
 
 
 def _env_float(name: str) -> float | None:
+    """A number of seconds ≥ 0 from the environment; None when unset or empty. A value that is set but not such a
+    number is an error, not a silent fallback to the default (a typo would otherwise change every move decision)."""
     raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
     try:
         value = float(raw)
     except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}={raw!r} is not a number of seconds ≥ 0; unset it to use the default")
+    return value
 
 
 class StragglerWatch:
