@@ -90,7 +90,7 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
 
     # 1. classify: a scratch copy of capacity and per-team usage; the snapshot stays untouched (K2), but a node's GPUs
     #    count as free when either the node read or the job read says so (``capacity.settled``)
-    snapshot = settled(snapshot)
+    reported, snapshot = snapshot, settled(snapshot)
     index = PolicyIndex.of(policy)
     cy = Cycle(
         snapshot=snapshot,
@@ -148,6 +148,8 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
     counts.update(
         {"jobs.running": len(cy.view.running), "jobs.pending": len(cy.view.pending), "in_flight": len(cy.in_flight)}
     )
+    if snapshot is not reported:  # nodes the two reads disagreed on (one cycle now and then; every cycle is a bug)
+        counts["nodes.settled"] = sum(a != b for a, b in zip(reported.nodes, snapshot.nodes, strict=True))
     stats = CycleStats(phase_s=tuple(phases), counts=MappingProxyType(dict(counts)))
     return Decisions(items, cycle_stats=stats, waiting=tuple(cy.waits), next_state=next_state)
 

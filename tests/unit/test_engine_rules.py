@@ -463,7 +463,9 @@ def test_a_job_started_between_the_node_and_job_reads_is_no_claimant() -> None:
     raced = replace(snap, nodes=tuple(replace(n, gpus_alloc=8) if n.name == "n04" else n for n in snap.nodes))
     policy = a_policy(32).team("a", 16, borrow=8, lend=8).team("b", 16, borrow=8, lend=8).build()
     assert summarize(decide(snap, policy, ControllerState(), NOW)) == []
-    assert summarize(decide(raced, policy, ControllerState(), NOW)) == []
+    d = decide(raced, policy, ControllerState(), NOW)
+    assert summarize(d) == [] and d.cycle_stats.counts["nodes.settled"] == 1  # logged: n.nodes.settled=1
+    assert "nodes.settled" not in decide(snap, policy, ControllerState(), NOW).cycle_stats.counts
     # a job gone from the job list while its node still shows it: its GPUs count as free too
     ended = replace(snap, jobs=tuple(j for j in snap.jobs if j.job_id != 2))
     assert settled(ended).node("n02").gpus_free == 8
