@@ -40,6 +40,7 @@ ROWS = (
     ("offered load (work / capacity)", "offered_load", "f3", False),
     ("GPU utilisation", "utilisation", "pct", True),
     ("GPU capacity idle while work waited", "idle_while_waiting", "pct", False),
+    ("… while single-node jobs waited", "idle_while_waiting_single_node", "pct", False),
     ("goodput (kept progress)", "goodput", "pct", True),
     ("GPU alloc-idle % (not training)", "alloc_idle_pct", "f3", False),
     ("  + fractional pods on whole GPUs %", "fractional_rounding_pct", "f2", False),
@@ -219,7 +220,7 @@ def load_table(rows: list[dict]) -> str:
         f"{'policy':<10} {'seed':>4} {'jobs':>5} {'util b → n':>11} {'util n/b':>8} {'bound':>6} {'gain %':>6} "
         f"{'Jain base → nuro':>17} {'preempt':>7} "
         f"{'/1000':>6} {'max/job':>7} {'< min run':>9} {'lost+restart GPU-h':>19} {'% deliv':>7} {'viol':>5} "
-        f"{'gang wait h b → n':>17} {'Jain≤1 b → n':>13}"
+        f"{'gang wait h b → n':>17} {'Jain≤1 b → n':>13} {'1-node idle∧wait % b → n':>24}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -233,7 +234,8 @@ def load_table(rows: list[dict]) -> str:
             f"{n['most_preemptions_of_one_job']:>7} {n['requeued_within_min_run']:>9} "
             f"{n['gpu_h_lost_to_preemption']:>9.2f} + {n['gpu_h_restart_staging']:<7.2f} "
             f"{n['lost_pct_of_delivered']:>7.3f} {viol:>5} {gang_wait(b):>8} → {gang_wait(n):<8} "
-            f"{b['jain_shortfall_mean']:.3f} → {n['jain_shortfall_mean']:.3f}"
+            f"{b['jain_shortfall_mean']:.3f} → {n['jain_shortfall_mean']:.3f} "
+            f"{100 * b['idle_while_waiting_single_node']:>12.2f} → {100 * n['idle_while_waiting_single_node']:.2f}"
         )
     lines.append("")
     for name in dict.fromkeys(r["policy"] for r in rows):
@@ -249,10 +251,14 @@ def load_table(rows: list[dict]) -> str:
             all(r["nuro"]["quota_violation_samples"] + r["nuro"]["borrow_limit_violation_samples"] == 0 for r in mine),
         )
         bound = [util_bound(r) for r in mine]
+        single = sum(r["nuro"]["idle_while_waiting_single_node"] for r in mine)
+        left = sum(r["nuro"]["idle_while_waiting"] for r in mine)
         lines.append(
             f"{name}: utilisation ratio mean {sum(util) / len(util):.3f} "
             f"(attainable mean {sum(bound) / len(bound):.3f}, "
-            f"gain captured {100 * sum(map(gain_captured, mine)) / len(mine):.0f} %), "
+            f"gain captured {100 * sum(map(gain_captured, mine)) / len(mine):.0f} %; of the capacity left idle while "
+            f"work waited under nuro, {100 * (1 - single / left) if left else 0:.0f} % could serve only multi-node "
+            "gangs), "
             f"Jain nuro mean {sum(jn) / len(jn):.3f} (≥ baseline on {_at_least_base(mine, 'jain_mean')} seeds; "
             f"Jain of shortfalls ≥ baseline on {_at_least_base(mine, 'jain_shortfall_mean')}); "
             + "; ".join(f"{t}: {'met' if ok else 'NOT met'}" for t, ok in zip(TARGETS, checks, strict=True))
@@ -313,8 +319,8 @@ def main(argv: list[str] | None = None) -> dict:
             for _, key, _, meaningful in ROWS
             if meaningful and base[key] and not math.isnan(base[key]) and not math.isnan(nuro[key])
         }
-        keys = ("utilisation", "idle_while_waiting", "goodput", "alloc_idle_pct", "jain_mean", "jain_p10",
-                "jain_shortfall_mean",
+        keys = ("utilisation", "idle_while_waiting", "idle_while_waiting_single_node", "goodput", "alloc_idle_pct",
+                "jain_mean", "jain_p10", "jain_shortfall_mean",
                 "preemptions",
                 "preemptions_per_1000_jobs", "requeued_within_min_run", "most_preemptions_of_one_job",
                 "gpu_h_lost_to_preemption", "gpu_h_restart_staging", "lost_pct_of_delivered",

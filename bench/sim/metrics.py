@@ -106,14 +106,20 @@ def wait_stats(waits: Sequence[float], censored: int) -> dict:
 IDLE_BIN_S = 300.0
 
 
-def _idle_while_waiting(log: ReplayLog, t0: float, t1: float) -> float:
+def _idle_while_waiting(log: ReplayLog, t0: float, t1: float, single_node_only: bool = False) -> float:
     """GPU·s that sat idle while jobs waited: per ``IDLE_BIN_S`` bin, the smaller of the idle GPUs and the GPUs of
-    pending jobs (whatever their shape or QOS: an upper estimate of what a work-conserving scheduler could add)."""
+    pending jobs (whatever their shape or QOS: an upper estimate of what a work-conserving scheduler could add).
+
+    ``single_node_only`` counts only pending single-node jobs: the part of that headroom that idle GPUs could serve
+    whatever the nodes they sit on (a multi-node gang needs whole nodes, which scattered idle GPUs are not)."""
     n = max(1, math.ceil((t1 - t0) / IDLE_BIN_S))
     held, wanted = [0.0] * n, [0.0] * n
+    nodes = {j.job_id: j.spec.node_count for j in log.jobs} if single_node_only else {}
     for r in log.runs:
         _spread(held, max(r.start_s, t0), min(r.end_s, t1), t0, IDLE_BIN_S, r.gpus)
     for p in log.pends:
+        if single_node_only and nodes.get(p.job_id, 1) > 1:
+            continue
         _spread(wanted, max(p.since_s, t0), min(p.until_s, t1), t0, IDLE_BIN_S, p.gpus)
     total = 0.0
     for b in range(n):
@@ -182,6 +188,7 @@ def compute(
             jains.append(jain(xs))
             shortfall_jains.append(jain([min(1.0, x) for x in xs]))
     idle_waiting = _idle_while_waiting(log, t0, t1)
+    idle_waiting_single = _idle_while_waiting(log, t0, t1, single_node_only=True)
     waits: dict[str, list[float]] = {t: [] for t in [*teams, "urgent", "all", "gangs"]}
     censored: dict[str, int] = {k: 0 for k in waits}
     for job in log.jobs:
@@ -213,6 +220,7 @@ def compute(
         "offered_load": round(offered / cap_gpu_s, 3),
         "utilisation": round(alloc / cap_gpu_s, 4),
         "idle_while_waiting": round(idle_waiting / cap_gpu_s, 4),
+        "idle_while_waiting_single_node": round(idle_waiting_single / cap_gpu_s, 4),
         "goodput": round(good / cap_gpu_s, 4),
         "alloc_idle_pct": round(100 * idle / alloc, 3) if alloc else 0.0,
         "fractional_rounding_pct": round(100 * rounding / alloc, 2) if alloc else 0.0,

@@ -88,3 +88,13 @@ def test_jain_and_water_fill() -> None:
     assert metrics.jain([1.0, 0.0]) == pytest.approx(0.5)
     fair = metrics.water_fill(16, {"a": 2.0, "b": 40.0}, {"a": 8, "b": 8})
     assert fair == {"a": 2.0, "b": 14.0}, "what a does not need goes to b"
+
+
+def test_idle_while_waiting_tells_single_node_headroom_from_a_gangs() -> None:
+    """Half the cluster idles beside a waiting 2-node gang (beyond beta's quota): all of that headroom is the gang's,
+    none of it is single-node work that idle GPUs could have served; a waiting 1-node job's is."""
+    gang = JobSpec(2, "j2", "beta", "bo", "normal", 2, 8, 0.0, 3000.0, False, 600.0, 20.0, True, 30.0, ())
+    _, m = replay([job(1, "alpha", 0.0, 3000.0), gang], Variant.BASELINE, 3000.0)
+    assert (m["utilisation"], m["idle_while_waiting"], m["idle_while_waiting_single_node"]) == (0.5, 0.5, 0.0)
+    _, m = replay([job(1, "alpha", 0.0, 3000.0), job(2, "alpha", 0.0, 3000.0)], Variant.BASELINE, 3000.0)
+    assert m["idle_while_waiting"] == m["idle_while_waiting_single_node"] == 0.5
