@@ -163,6 +163,13 @@ def _test_inventory(root: Path, ssh_hosts: SSHHosts, cluster: LiveCluster) -> Pa
         "vault_nuro_metrics_team_logins": {"perception": {"user": "team_perception", "token": "team-p-metrics"}},
         "nuro_team_members": {"perception": ["alice"]},
         "vault_nuro_heartbeat_key": "00" * 32,
+        # The controller host's MLflow with basic-auth (its venv is not installed: only the files are checked).
+        "nuro_mlflow_url": "http://127.0.0.1:1",
+        "nuro_mlflow_install": True,
+        "nuro_mlflow_install_venv": False,
+        "nuro_mlflow_basic_auth": True,
+        "vault_nuro_mlflow_admin_password": "test-mlflow-admin",
+        "vault_nuro_mlflow_secret_key": "ab" * 32,
         # No GPUs in the namespaces: no probe, no expected count (an empty value leaves the key out).
         "nuro_node_env_extra": {"NURO_HEALTH_PROBE": "none", "NURO_EXPECT_GPUS": ""},
         # slurmctld listens on the root namespace's loopback, which a namespace cannot reach: the dry-run health
@@ -368,6 +375,18 @@ def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> No
     assert f"NURO_METRICS_CREDENTIALS={login}/etc/nuro/metrics" in profile
     assert "test-token" not in (login / "etc" / "nuro" / "credentials.env").read_text()  # no shared token
     assert "team-p-secret" not in env_file.read_text() and "alice" in grp.getgrnam("nuro-perception").gr_mem
+    # MLflow with basic-auth on the controller host: the admin password and CSRF key only in root's 0600 files
+    mlflow_env, bridge_env = ctl_etc / "mlflow.env", ctl_etc / "mlflow-bridge.env"
+    ini = deploy.host_root("ctl") / "var" / "lib" / "nuro" / "mlflow" / "basic_auth.ini"
+    for f in (mlflow_env, bridge_env, ini):
+        assert f.stat().st_mode & 0o777 == 0o600 and f.stat().st_uid == 0, f
+    assert "NURO_MLFLOW_APP_ARGS=--app-name basic-auth\n" in mlflow_env.read_text()
+    assert f"MLFLOW_AUTH_CONFIG_PATH={ini}\nMLFLOW_AUTH_ADMIN_PASSWORD=test-mlflow-admin\n" in mlflow_env.read_text()
+    assert "MLFLOW_TRACKING_USERNAME=admin\nMLFLOW_TRACKING_PASSWORD=test-mlflow-admin\n" in bridge_env.read_text()
+    assert "default_permission = NO_PERMISSIONS\n" in ini.read_text()
+    mlflow_unit = (deploy.host_root("ctl") / "etc" / "systemd" / "system" / "nuro-mlflow.service").read_text()
+    assert "--workers 1 $NURO_MLFLOW_APP_ARGS\n" in mlflow_unit and "test-mlflow-admin" not in mlflow_unit
+    assert "MLFLOW_TRACKING_URI=http://127.0.0.1:1" in profile and "test-mlflow-admin" not in profile
 
 
 def test_check_diff_shows_the_change_and_changes_nothing(deploy: Deploy) -> None:
