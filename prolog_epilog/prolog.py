@@ -43,11 +43,11 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from nuro.checkpoint.nodestage import open_root, prepare_job_dir, stage_latest, staging_root
+from nuro.checkpoint.nodestage import GangPosition, open_root, prepare_job_dir, stage_latest, staging_root
 from nuro.objectstore import ObjectStore
 from nuro.prolog_epilog import hooklog
 from nuro.prolog_epilog.health import node_is_healthy
@@ -56,6 +56,7 @@ from nuro.protocol.contract import COMMENT_REFUSED, COMMENT_RUN
 from nuro.protocol.gpujobs import claim, parse_gpu_ids
 from nuro.protocol.jobrecord import JobRecord
 from nuro.protocol.nodeenv import load_node_env
+from nuro.slurm import hostlist
 
 log = logging.getLogger("nuro.prolog")
 
@@ -223,7 +224,7 @@ def stage(rec: JobRecord, deadline: Deadline | None = None) -> None:
         timeout_s = min(timeout_s, deadline.left())
     job, team, run = rec.job_id, rec.team, rec.run
     t0 = time.monotonic()
-    res = stage_latest(_store(), rec, root, timeout_s=timeout_s)
+    res = stage_latest(_store(), rec, root, timeout_s=timeout_s, gang=gang_position(rec, os.environ))
     took = time.monotonic() - t0
     for why in res.skipped or []:
         log.warning("job=%s team=%s run=%s checkpoint skipped: %s", job, team, run, why)
@@ -233,9 +234,21 @@ def stage(rec: JobRecord, deadline: Deadline | None = None) -> None:
         log.info("job=%s team=%s run=%s no checkpoint to stage (%.1f s)", job, team, run, took)
     else:
         log.info(
-            "job=%s team=%s run=%s staged step=%d source=%s path=%s (%.1f s)",
-            job, team, run, res.step, res.source, res.path, took,
+            "job=%s team=%s run=%s staged step=%d source=%s files=%d/%d path=%s (%.1f s)",
+            job, team, run, res.step, res.source, res.files, res.of_files, res.path, took,
         )  # fmt: skip
+
+
+def gang_position(rec: JobRecord, environ: Mapping[str, str]) -> GangPosition | None:
+    """This node's place in the job's node list (slurmd's ``SLURM_JOB_NODELIST``, Slurm's own field), so only its
+    share of a DeepSpeed step is staged; None when the list is missing or unreadable (then every file is)."""
+    try:
+        nodes = hostlist.expand(environ.get("SLURM_JOB_NODELIST"))
+    except ValueError:
+        return None
+    if not rec.node or rec.node not in nodes:
+        return None
+    return GangPosition(nodes.index(rec.node), len(nodes))
 
 
 def record_gpus(rec: JobRecord) -> None:

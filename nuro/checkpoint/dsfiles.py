@@ -19,7 +19,7 @@ parallel rank in a name no longer equal the global rank, so such a checkpoint is
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 
 MODEL_STATES = "mp_rank_00_model_states.pt"
 _RANK_FILE = re.compile(r"^(?:bf16_)?zero_pp_rank_([0-9]+)_mp_rank_00_(?:optim|model)_states\.pt$")
@@ -50,6 +50,24 @@ def needed(relpath: str, ranks: Collection[int]) -> bool:
     return rank is None or rank in ranks
 
 
+def node_need(paths: Collection[str], world_size: int, parts: int, node_index: int) -> Callable[[str], bool] | None:
+    """The files node ``node_index`` of a job on ``parts`` nodes needs of a step with these ``paths``, written at
+    ``world_size`` by ``parts`` nodes; None (every file) when that cannot be told.
+
+    For the prolog, which knows the job's node list but not its ranks: nuro's launchers number ranks contiguously
+    per node (``RANK = SLURM_NODEID × ranks per node + local rank``, the same count on every node), so node i of
+    the same gang ran ranks ``i·k … i·k + k − 1`` with ``k = world_size / parts``. Anything else (a DCP step, model
+    parallelism, an uneven split, a node outside the gang) gets every file: a wrong subset would only make the job
+    download the rest itself, but every file is never wrong."""
+    if parts < 1 or world_size % parts or not 0 <= node_index < parts:
+        return None
+    if not is_deepspeed(paths) or model_parallel(paths):
+        return None
+    k = world_size // parts
+    mine = frozenset(range(node_index * k, node_index * k + k))
+    return lambda relpath: needed(relpath, mine)
+
+
 def owner_rank(relpath: str) -> int:
     """The rank whose node uploads ``relpath``: a shard's own rank; rank 0 for the rank-less files (other nodes
     may hold copies of them with ``use_node_local_storage``, which must not be uploaded twice)."""
@@ -57,4 +75,4 @@ def owner_rank(relpath: str) -> int:
     return 0 if rank is None else rank
 
 
-__all__ = ["MODEL_STATES", "file_rank", "is_deepspeed", "model_parallel", "needed", "owner_rank"]
+__all__ = ["MODEL_STATES", "file_rank", "is_deepspeed", "model_parallel", "needed", "node_need", "owner_rank"]

@@ -38,8 +38,10 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from nuro.checkpoint import dsfiles
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import CheckpointError, ManifestError
+from nuro.checkpoint.manifest import Manifest
 from nuro.checkpoint.restore import restore_latest
 from nuro.checkpoint.upload import FlushResult, UploadWorker
 from nuro.objectstore import ObjectStore, ObjectStoreError
@@ -162,6 +164,24 @@ class StageResult:
     skipped: list[str] | None = None
     error: str = ""
     timed_out: bool = False
+    files: int = 0  # files of the step staged here (this node's share of a DeepSpeed step)
+    of_files: int = 0  # files of the step in all
+
+
+@dataclass(frozen=True)
+class GangPosition:
+    """Where this node sits in its job: its index in the job's node list (Slurm's order, a step's ``SLURM_NODEID``)
+    and how many nodes the job has. The prolog stages only this node's share of a DeepSpeed step from it
+    (``dsfiles.node_need``)."""
+
+    index: int
+    nodes: int
+
+    def need_of(self, manifest: Manifest) -> Callable[[str], bool] | None:
+        """This node's files of ``manifest``'s step; None (all) unless the step was written by a gang this size."""
+        if manifest.parts != self.nodes:
+            return None
+        return dsfiles.node_need([s.path for s in manifest.shards], manifest.world_size, manifest.parts, self.index)
 
 
 def _same_run_ckpt_dirs(r: Dir, rec: JobRecord) -> list[Dir]:
@@ -185,7 +205,9 @@ def _same_run_ckpt_dirs(r: Dir, rec: JobRecord) -> list[Dir]:
     return out
 
 
-def _stage(store: ObjectStore, rec: JobRecord, root: Path, result: StageResult) -> None:
+def _stage(
+    store: ObjectStore, rec: JobRecord, root: Path, result: StageResult, gang: GangPosition | None = None
+) -> None:
     assert rec.team is not None and rec.run is not None
     owner = (rec.uid, rec.gid)
     with contextlib.ExitStack() as stack, open_root(root) as r:
@@ -198,19 +220,34 @@ def _stage(store: ObjectStore, rec: JobRecord, root: Path, result: StageResult) 
         others = _same_run_ckpt_dirs(r, rec)
         for d in others:
             stack.callback(d.close)
+        chosen: dict[int, Callable[[str], bool] | None] = {}
+
+        def need_of(manifest: Manifest) -> Callable[[str], bool] | None:
+            chosen[manifest.step] = gang.need_of(manifest) if gang is not None else None
+            return chosen[manifest.step]
+
         found = restore_latest(
-            store, rec.team, rec.run, local_roots=others, movable=cache, dest=restore, owner=owner, in_place=False
-        )
+            store, rec.team, rec.run, local_roots=others, movable=cache, dest=restore, owner=owner, in_place=False,
+            need_of=need_of,
+        )  # fmt: skip
         if found is None:
             return
         result.skipped = [str(s) for s in found.skipped]
         result.step, result.source, result.path = found.step, found.source, found.path
+        need = chosen.get(found.step)
+        result.of_files = len(found.manifest.shards)
+        result.files = sum(1 for e in found.manifest.shards if need is None or need(e.path))
         if cache and found.source == "local":  # moved out of the cache (or overtaken by it): drop the rest
             safefs.remove_at(cache[0].fd, L.step_name(found.step))
 
 
 def stage_latest(
-    store: ObjectStore, rec: JobRecord, root: Path, *, timeout_s: float = DEFAULT_STAGE_TIMEOUT_S
+    store: ObjectStore,
+    rec: JobRecord,
+    root: Path,
+    *,
+    timeout_s: float = DEFAULT_STAGE_TIMEOUT_S,
+    gang: GangPosition | None = None,
 ) -> StageResult:
     """Stage the newest valid checkpoint of the record's team/run into ``<root>/<job>/restore``, within
     ``timeout_s``. A record without a run stages nothing.
@@ -224,7 +261,7 @@ def stage_latest(
 
     def work() -> None:
         try:
-            _stage(store, rec, root, result)
+            _stage(store, rec, root, result, gang)
         except (CheckpointError, ManifestError, ObjectStoreError, OSError) as exc:
             result.error = str(exc)
 

@@ -252,6 +252,7 @@ def restore_latest(
     in_place: bool = True,
     movable: Sequence[Where] = (),
     need: Callable[[str], bool] | None = None,
+    need_of: Callable[[Manifest], Callable[[str], bool] | None] | None = None,
 ) -> Restored | None:
     """The newest valid checkpoint of ``team/run`` (at or below ``max_step``), materialised; None if there is none.
 
@@ -260,6 +261,8 @@ def restore_latest(
         dest: where ``step-N`` is downloaded when no local copy is valid. None = local copies only.
         owner, in_place, movable: root's settings (``restore_step``).
         need: only the files one node must have (``restore_step``).
+        need_of: the same, told from each candidate step's manifest (the prolog: its world size and node count);
+            used where ``need`` is None, and None from it means every file.
     """
     skipped: list[Skipped] = []
     for step in step_numbers(store, L.validate_team(team), L.validate_run(run)):
@@ -281,7 +284,7 @@ def restore_latest(
                 owner=owner,
                 in_place=in_place,
                 movable=movable,
-                need=need,
+                need=need if need is not None or need_of is None else need_of(found),
             )
         except (VerificationFailed, OSError) as exc:
             skipped.append(Skipped(step, str(exc).removeprefix(f"step {step}: ")))

@@ -10,6 +10,7 @@ tests/integration/test_prolog.py's jobs would give them. Needs root (chown to th
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import shutil
 import subprocess
@@ -21,8 +22,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from nuro.checkpoint import handoff
+from nuro.checkpoint import dsfiles, handoff
 from nuro.checkpoint import layout as L
+from nuro.checkpoint.manifest import FileEntry, Manifest
 from nuro.checkpoint.restore import load_manifest, restore_latest
 from nuro.checkpoint.staging import read_request, write_request
 from nuro.devcluster import s3
@@ -52,8 +54,8 @@ def store() -> Iterator[ObjectStore]:
     shutil.rmtree(STATE_DIR, ignore_errors=True)
 
 
-def _hook(module: str, node: Path, job: int, run: str, **extra: str) -> str:
-    """Run a hook like slurmd does: root, SLURM_* of the job, admin settings only in the env file."""
+def _hook(module: str, node: Path, job: int, run: str, job_env: dict[str, str] | None = None, **extra: str) -> str:
+    """Run a hook like slurmd does: root, SLURM_* of the job (+ ``job_env``), admin settings only in the env file."""
     env_file = node / "nuro.env"
     settings = {**s3.s3_env(PortPlan(PORT_BASE)), "NURO_STAGING_ROOT": str(node / "staging"),
                 "NURO_CACHE_DIR": str(node / "cache"), "NURO_STAGING_MIN_FREE_GB": "1", **extra}  # fmt: skip
@@ -63,7 +65,7 @@ def _hook(module: str, node: Path, job: int, run: str, **extra: str) -> str:
         "PATH": os.environ["PATH"], "NURO_ENV_FILE": str(env_file), "SLURM_JOB_ID": str(job),
         "SLURM_JOB_UID": str(NOBODY), "SLURM_JOB_GID": str(NOBODY), "SLURM_JOB_COMMENT": comment,
         "SLURM_JOB_USER": "nobody", "SLURM_JOB_ACCOUNT": TEAM,
-        "SLURMD_NODENAME": node.name, "PYTHONPATH": str(REPO),
+        "SLURMD_NODENAME": node.name, "PYTHONPATH": str(REPO), **(job_env or {}),
     }  # fmt: skip
     res = subprocess.run([sys.executable, "-m", module], env=env, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert res.returncode == 0, res.stderr
@@ -119,6 +121,38 @@ class TestHooksAsSlurmdRunsThem:
         ck.close()
         _hook("nuro.prolog_epilog.epilog", other, 1002, run)
         _hook("nuro.prolog_epilog.epilog", node, 1002, run)
+
+    def test_each_node_of_a_gang_stages_only_its_share_of_a_deepspeed_step(
+        self, store: ObjectStore, tmp_path: Path
+    ) -> None:
+        """A ZeRO step of 4 ranks written by 2 nodes: the prolog of node 2 of the requeued 2-node job stages the
+        model states and ranks 2-3's shards, not ranks 0-1's (a node loads only its own, dsfiles); a 3-node job, or
+        one without a node list, stages every file."""
+        run = f"ds-{uuid.uuid4().hex[:8]}"
+        names = [dsfiles.MODEL_STATES] + [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)]
+        shards = []
+        for name in names:
+            data = name.encode() * 1000
+            store.put(L.shard_key(TEAM, run, 3, name), data)
+            shards.append(FileEntry(name, len(data), hashlib.sha256(data).hexdigest()))
+        manifest = Manifest(TEAM, run, 3, "900", 0, "2026-12-04T00:00:00Z", None, 4, 2, tuple(shards),
+                            sum(e.size for e in shards))  # fmt: skip
+        store.put(L.manifest_key(TEAM, run, 3), manifest.to_bytes())
+        for nodelist, node_name, want in (
+            ("node[1-2]", "node2", {names[0], names[3], names[4]}),
+            ("node[1-2]", "node1", set(names[:3])),
+            ("node[1-3]", "node2", set(names)),
+            (None, "node2", set(names)),
+        ):
+            node = tmp_path / f"{nodelist}-{node_name}"
+            (node / node_name).mkdir(parents=True)
+            node = node / node_name
+            log = _hook("nuro.prolog_epilog.prolog", node, 1101, run,
+                        job_env={"SLURM_JOB_NODELIST": nodelist} if nodelist else {})  # fmt: skip
+            staged = node / "staging" / "1101" / "restore" / L.step_name(3)
+            assert f"staged step=3 source=s3 files={len(want)}/5" in log, log
+            assert {f.name for f in staged.iterdir() if not f.name.startswith(".")} == want, log
+            _hook("nuro.prolog_epilog.epilog", node, 1101, run)
 
     def test_epilog_deadline_marks_incomplete_never_a_manifest(self, store: ObjectStore, tmp_path: Path) -> None:
         run = f"s-{uuid.uuid4().hex[:8]}"

@@ -35,3 +35,39 @@ def test_formats_are_told_apart() -> None:
     assert dsfiles.model_parallel(["mp_rank_01_model_states.pt"]) and dsfiles.is_deepspeed(
         ["zero_pp_rank_0_mp_rank_01_optim_states.pt"]
     )
+
+
+def test_the_prolog_tells_a_nodes_share_from_the_manifest_alone() -> None:
+    """4 ranks on 2 nodes: node 1 ran ranks 2 and 3 (nuro's launchers number ranks contiguously per node)."""
+    paths = [dsfiles.MODEL_STATES] + [f"zero_pp_rank_{r}_mp_rank_00_optim_states.pt" for r in range(4)]
+    need = dsfiles.node_need(paths, world_size=4, parts=2, node_index=1)
+    assert need is not None and [p for p in paths if need(p)] == [paths[0], paths[3], paths[4]]
+    assert [p for p in paths if dsfiles.node_need(paths, 4, 2, 0)(p)] == paths[:3]  # type: ignore[misc]
+    # every file where the share cannot be told: DCP, uneven split, a node outside the gang, model parallelism
+    assert dsfiles.node_need(["__0_0.distcp", ".metadata"], 2, 2, 0) is None
+    assert dsfiles.node_need(paths, 4, 3, 0) is None
+    assert dsfiles.node_need(paths, 4, 2, 2) is None and dsfiles.node_need(paths, 4, 2, -1) is None
+    assert dsfiles.node_need([*paths, "mp_rank_01_model_states.pt"], 4, 2, 0) is None
+
+
+def test_gang_position_comes_from_slurms_node_list() -> None:
+    from nuro.checkpoint.manifest import FileEntry, Manifest
+    from nuro.prolog_epilog.prolog import gang_position
+    from nuro.protocol.jobrecord import JobRecord
+
+    rec = JobRecord(7, 1000, 1000, "alice", "perception", "perception", "run", 0, "gpu003", None)
+    env = {"SLURM_JOB_NODELIST": "gpu[002-003]"}
+    gang = gang_position(rec, env)
+    assert gang is not None and (gang.index, gang.nodes) == (1, 2)
+    names = (
+        dsfiles.MODEL_STATES,
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt",
+        "zero_pp_rank_1_mp_rank_00_optim_states.pt",
+    )
+    shards = tuple(FileEntry(p, 1, "0" * 64) for p in names)
+    m = Manifest("perception", "run", 5, "6", 0, "2026-12-04T00:00:00Z", None, 2, 2, shards, 3)
+    need = gang.need_of(m)
+    assert need is not None and [s.path for s in shards if need(s.path)] == [shards[0].path, shards[2].path]
+    assert gang_position(rec, {"SLURM_JOB_NODELIST": "gpu[002-005]"}).need_of(m) is None  # another gang size
+    assert gang_position(rec, {}) is None and gang_position(rec, {"SLURM_JOB_NODELIST": "gpu[1-"}) is None
+    assert gang_position(rec, {"SLURM_JOB_NODELIST": "gpu001"}) is None  # not this node's job
