@@ -224,7 +224,8 @@ def stage(rec: JobRecord, deadline: Deadline | None = None) -> None:
         timeout_s = min(timeout_s, deadline.left())
     job, team, run = rec.job_id, rec.team, rec.run
     t0 = time.monotonic()
-    res = stage_latest(_store(), rec, root, timeout_s=timeout_s, gang=gang_position(rec, os.environ))
+    res = stage_latest(_store(), rec, root, timeout_s=timeout_s,
+                       gang=lambda: gang_position(rec, os.environ, ask_slurm=_job_nodes_from_slurm))  # fmt: skip
     took = time.monotonic() - t0
     for why in res.skipped or []:
         log.warning("job=%s team=%s run=%s checkpoint skipped: %s", job, team, run, why)
@@ -239,16 +240,41 @@ def stage(rec: JobRecord, deadline: Deadline | None = None) -> None:
         )  # fmt: skip
 
 
-def gang_position(rec: JobRecord, environ: Mapping[str, str]) -> GangPosition | None:
-    """This node's place in the job's node list (slurmd's ``SLURM_JOB_NODELIST``, Slurm's own field), so only its
-    share of a DeepSpeed step is staged; None when the list is missing or unreadable (then every file is)."""
+def gang_position(
+    rec: JobRecord, environ: Mapping[str, str], ask_slurm: Callable[[int], list[str]] | None = None
+) -> GangPosition | None:
+    """This node's place in the job's node list, so only its share of a DeepSpeed step is staged; None when the
+    list cannot be had or does not name this node (then every file is staged).
+
+    The list is Slurm's own: slurmd's ``SLURM_JOB_NODELIST`` where it sets one, else one ``squeue -j`` (``ask_slurm``):
+    22.05's prolog with ``PrologFlags=Alloc`` gets no node list (measured on the dev cluster). Called only when a
+    multi-node DeepSpeed step is about to be staged, so no other job pays for the read."""
+    raw = environ.get("SLURM_JOB_NODELIST")
     try:
-        nodes = hostlist.expand(environ.get("SLURM_JOB_NODELIST"))
+        nodes = hostlist.expand(raw)
     except ValueError:
-        return None
+        nodes = []
+    if not nodes and ask_slurm is not None:
+        nodes = ask_slurm(rec.job_id)
     if not rec.node or rec.node not in nodes:
+        log.info("job=%s node list %r does not name this node %r: the DeepSpeed step is staged whole", rec.job_id,
+                 raw if raw else nodes, rec.node)  # fmt: skip
         return None
     return GangPosition(nodes.index(rec.node), len(nodes))
+
+
+#: The one Slurm read for a gang's node list (``gang_position``): short, a slow controller only costs staging all.
+GANG_CALL_TIMEOUT_S = 5.0
+
+
+def _job_nodes_from_slurm(job_id: int) -> list[str]:
+    from nuro.slurm import CliBackend, SlurmError  # lazy, as in refuse(): the TaskProlog must start fast
+
+    try:
+        return CliBackend(timeout_s=GANG_CALL_TIMEOUT_S).job_nodes(job_id)
+    except (SlurmError, ValueError) as exc:
+        log.warning("job=%s node list not read from Slurm (%s): the DeepSpeed step is staged whole", job_id, exc)
+        return []
 
 
 def record_gpus(rec: JobRecord) -> None:

@@ -206,7 +206,11 @@ def _same_run_ckpt_dirs(r: Dir, rec: JobRecord) -> list[Dir]:
 
 
 def _stage(
-    store: ObjectStore, rec: JobRecord, root: Path, result: StageResult, gang: GangPosition | None = None
+    store: ObjectStore,
+    rec: JobRecord,
+    root: Path,
+    result: StageResult,
+    gang: Callable[[], GangPosition | None] | None = None,
 ) -> None:
     assert rec.team is not None and rec.run is not None
     owner = (rec.uid, rec.gid)
@@ -221,9 +225,15 @@ def _stage(
         for d in others:
             stack.callback(d.close)
         chosen: dict[int, Callable[[str], bool] | None] = {}
+        position: list[GangPosition | None] = []  # asked once, and only for a multi-node DeepSpeed step
 
         def need_of(manifest: Manifest) -> Callable[[str], bool] | None:
-            chosen[manifest.step] = gang.need_of(manifest) if gang is not None else None
+            chosen[manifest.step] = None
+            if gang is not None and manifest.parts > 1 and dsfiles.is_deepspeed(s.path for s in manifest.shards):
+                if not position:
+                    position.append(gang())
+                if position[0] is not None:
+                    chosen[manifest.step] = position[0].need_of(manifest)
             return chosen[manifest.step]
 
         found = restore_latest(
@@ -247,10 +257,11 @@ def stage_latest(
     root: Path,
     *,
     timeout_s: float = DEFAULT_STAGE_TIMEOUT_S,
-    gang: GangPosition | None = None,
+    gang: Callable[[], GangPosition | None] | None = None,
 ) -> StageResult:
     """Stage the newest valid checkpoint of the record's team/run into ``<root>/<job>/restore``, within
-    ``timeout_s``. A record without a run stages nothing.
+    ``timeout_s``. A record without a run stages nothing. ``gang``: where this node sits in its job, asked only when
+    the step to stage is a multi-node DeepSpeed one (then only this node's share is staged).
 
     Runs in a thread joined with the timeout: a slow store delays the job by at most ``timeout_s``, and then the
     job restores by itself (the half-done download is removed by the epilog with the job dir).

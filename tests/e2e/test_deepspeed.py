@@ -120,6 +120,12 @@ def test_a_deepspeed_run_survives_a_crashed_node_from_its_zero_checkpoint(
         restored = _resumed_step(log)
         assert restored >= step, (restored, step)
         _check_continuous(log, restored)
+        # each node's prolog staged its share only: the model states and its own rank's shard, 2 of 3 files
+        for node in final.nodes:
+            hooks = (cluster.layout.log / f"hooks-{node}.log").read_text(errors="replace")
+            pattern = rf"job={run.job_id} team=\S+ run={re.escape(run.name)} staged step=\d+ .*files=(\d+)/(\d+)"
+            staged = re.findall(pattern, hooks)
+            assert staged and staged[-1] == ("2", "3"), (node, staged, hooks[-2000:])
         on_failure.pop_all()
         scenario.revive_node(env, victim)
         scenario.wait_for(f"{victim} to be resumed", lambda: in_service(cluster, victim), 60)

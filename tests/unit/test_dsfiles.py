@@ -71,3 +71,8 @@ def test_gang_position_comes_from_slurms_node_list() -> None:
     assert gang_position(rec, {"SLURM_JOB_NODELIST": "gpu[002-005]"}).need_of(m) is None  # another gang size
     assert gang_position(rec, {}) is None and gang_position(rec, {"SLURM_JOB_NODELIST": "gpu[1-"}) is None
     assert gang_position(rec, {"SLURM_JOB_NODELIST": "gpu001"}) is None  # not this node's job
+    # 22.05's prolog at allocation has no node list: Slurm is asked, once
+    asked: list[int] = []
+    gang = gang_position(rec, {}, ask_slurm=lambda job: asked.append(job) or ["gpu002", "gpu003"])
+    assert gang is not None and (gang.index, gang.nodes, asked) == (1, 2, [7])
+    assert gang_position(rec, {"SLURM_JOB_NODELIST": "gpu[002-003]"}, ask_slurm=lambda job: 1 / 0) is not None
