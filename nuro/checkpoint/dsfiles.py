@@ -64,7 +64,7 @@ def node_need(paths: Collection[str], world_size: int, parts: int, node_index: i
     if not is_deepspeed(paths) or model_parallel(paths):
         return None
     k = world_size // parts
-    mine = frozenset(range(node_index * k, node_index * k + k))
+    mine = range(node_index * k, node_index * k + k)  # a range, not a set: the manifest's world size is the job's word
     return lambda relpath: needed(relpath, mine)
 
 

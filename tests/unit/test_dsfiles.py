@@ -48,6 +48,9 @@ def test_the_prolog_tells_a_nodes_share_from_the_manifest_alone() -> None:
     assert dsfiles.node_need(paths, 4, 3, 0) is None
     assert dsfiles.node_need(paths, 4, 2, 2) is None and dsfiles.node_need(paths, 4, 2, -1) is None
     assert dsfiles.node_need([*paths, "mp_rank_01_model_states.pt"], 4, 2, 0) is None
+    # a forged manifest's world size costs root nothing (a range is checked, never built)
+    huge = dsfiles.node_need(paths, 2 * 10**15, 2, 1)
+    assert huge is not None and huge("zero_pp_rank_1000000000000001_mp_rank_00_optim_states.pt") and not huge(paths[1])
 
 
 def test_gang_position_comes_from_slurms_node_list() -> None:
