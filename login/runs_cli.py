@@ -124,6 +124,10 @@ def status(job_id: int, as_json: bool) -> None:
     if job.phase == JobPhase.PENDING:  # why it waits: Slurm's reason, the controller's, its place in the queue
         waits = read_waits(os.environ.get(ENV_WAITS), time.time())
         row["waiting"] = pending_view(job, _jobs(_backend()), waits)
+        if "controller" not in row["waiting"] and os.environ.get("MLFLOW_TRACKING_URI"):
+            wait = _controller_wait_from_mlflow(job)
+            if wait is not None:
+                row["waiting"]["controller"] = wait
     spares = _spares(job, row["nuro"])
     if spares is not None:
         row["spares"] = spares
@@ -140,13 +144,33 @@ def status(job_id: int, as_json: bool) -> None:
             out.print(f"[bold]{'spares' if i == 0 else '':>16}[/]  {line}", highlight=False)
 
 
+def _controller_wait_from_mlflow(job: JobInfo) -> dict[str, str] | None:
+    """The controller's reason as the bridge last tagged the run (``nuro.controller.wait``), for a login node that
+    cannot read the controller host's waits file (production: it is on the controller host). None when MLflow has
+    none or cannot be asked: ``status`` never fails because the tracking server is down."""
+    from nuro.tracking import mirror  # lazy: only a pending job without the waits file talks to MLflow
+    from nuro.tracking.mlflow import MlflowError, client_from_env
+
+    try:
+        client = client_from_env()
+        exp = client.experiment_id(mirror.experiment_name(job.account), create=False)
+        run = client.find_run(exp, mirror.TAG_JOB, str(job.job_id)) if exp else None
+    except MlflowError as exc:
+        err.print(f"[yellow]note:[/] the controller's reason not read from MLflow: {exc}", highlight=False)
+        return None
+    tags = {t.get("key"): t.get("value") for t in ((run or {}).get("data") or {}).get("tags") or []}
+    wait = mirror.wait_of_tag(tags.get(mirror.TAG_WAIT))
+    return {**wait, "via": "mlflow"} if wait is not None else None
+
+
 def waiting_lines(view: dict) -> list[str]:
     """``pending_view`` as the status table's lines (Slurm's reason, the controller's, the queue position)."""
     lines = []
     if view.get("slurm_reason"):
         lines.append(f"Slurm: {view['slurm_reason']}")
     if view.get("controller"):
-        lines.append(f"nuro-controller: {view['controller']['reason']} ({view['controller']['code']})")
+        via = " (as of the last MLflow mirror)" if view["controller"].get("via") == "mlflow" else ""
+        lines.append(f"nuro-controller: {view['controller']['reason']} ({view['controller']['code']}){via}")
     if view.get("queue_position"):
         lines.append(f"queue position {view['queue_position']} of {view['queue_length']} (by Slurm priority)")
     return lines

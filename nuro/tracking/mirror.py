@@ -123,6 +123,17 @@ def tags_of(meta: Mapping[str, Any], job: JobView, extra: Mapping[str, str] | No
     return out
 
 
+def wait_of_tag(value: str | None) -> dict[str, str] | None:
+    """The controller's reason back from a ``nuro.controller.wait`` tag (``pending_tags`` wrote it as
+    ``<reason> (<code>)``); None for anything else."""
+    if not value or not value.endswith(")") or " (" not in value:
+        return None
+    reason, code = value[:-1].rsplit(" (", 1)
+    if not reason or not code or not code.replace("_", "").isalnum():
+        return None
+    return {"code": code, "reason": reason}
+
+
 def pending_tags(view: Mapping[str, Any]) -> dict[str, str]:
     """The scheduler's view of a waiting job (``nuro.runs.pending.pending_view``) as tags."""
     out = {}

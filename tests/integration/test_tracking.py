@@ -185,6 +185,46 @@ def test_the_ui_shows_the_run_its_metrics_chart_and_its_parent(cluster: LiveClus
         shutil.rmtree(work, ignore_errors=True)
 
 
+def test_status_on_a_login_node_shows_the_controllers_reason_from_mlflow(cluster: LiveCluster) -> None:
+    """Production login nodes cannot read the controller host's waits file: ``nuro-train status`` of a pending job
+    then shows the controller's reason as the bridge last tagged the run in MLflow (real server, a real held job of
+    alice's), marked as such; with MLflow stopped it still answers, with a note."""
+    cluster.run([str(BIN / "nuro-admin"), "policy", "apply", str(REPO / "examples" / "policy" / "teams.yaml")])
+    argv = ["sbatch", "--parsable", "--hold", "--account=perception", "-J", "nuro-wait-tag", "-D", "/tmp", "-o",
+            "/dev/null", "--gpus-per-node=1", "--wrap", "true"]  # fmt: skip
+    held = cluster.run(argv, user="alice", check=False)
+    assert held.returncode == 0, held.stderr
+    job = int(held.stdout.strip().split(";")[0])
+    env = {k: v for k, v in {**os.environ, **cluster.env}.items() if k != "NURO_CONTROLLER_WAITS"}
+    reason = "waiting: teams borrow 40 GPUs; 8 more would pass the 44 that lending limits and unassigned GPUs allow"
+    state_dir = STATE_DIR.with_name(STATE_DIR.name + "-status")
+    shutil.rmtree(state_dir, ignore_errors=True)
+    try:
+        with standalone_mlflow(state_dir, PORT) as server:
+            client = MlflowClient(server.url)
+            exp = client.experiment_id(mirror.experiment_name("perception"))
+            client.create_run(
+                exp, "held", tags={mirror.TAG_JOB: str(job), mirror.TAG_WAIT: f"{reason} (wait_lend_pool)"}
+            )
+            env["MLFLOW_TRACKING_URI"] = server.url
+            res = subprocess.run([str(BIN / "nuro-train"), "status", str(job), "--json"], env=env,
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert res.returncode == 0, res.stderr
+            waiting = json.loads(res.stdout)["waiting"]
+            assert waiting["controller"] == {"code": "wait_lend_pool", "reason": reason, "via": "mlflow"}, waiting
+            assert waiting["slurm_reason"] == "JobHeldUser"
+            res = subprocess.run([str(BIN / "nuro-train"), "status", str(job)], env=env, capture_output=True,
+                                 text=True, timeout=60)  # fmt: skip
+            assert "(wait_lend_pool) (as of the last MLflow mirror)" in res.stdout, res.stdout
+        res = subprocess.run([str(BIN / "nuro-train"), "status", str(job), "--json"], env=env, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+        assert res.returncode == 0 and "controller" not in json.loads(res.stdout)["waiting"], res.stderr
+        assert "the controller's reason not read from MLflow" in res.stderr, res.stderr
+    finally:
+        cluster.run(["scancel", str(job)], check=False)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
 def test_a_point_that_reaches_the_sink_late_is_still_mirrored_once(tmp_path: Path) -> None:
     """Each rank writes through its own buffered writer, so rank 1's step 13 can reach the sink after rank 0's step
     14 (seen in CI: one point missing from MLflow). The bridge reads back a settle window with a cursor per rank;

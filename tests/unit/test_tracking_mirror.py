@@ -108,3 +108,11 @@ def test_failures_preemptions_and_restarts_are_counted_as_tags() -> None:
 
 def test_a_hostile_run_name_gives_no_checkpoint_uri() -> None:
     assert mirror.checkpoint_uri({"team": "t", "name": "../../other-team/run"}, 7, "b") is None
+
+
+def test_the_wait_tag_reads_back_what_pending_tags_wrote() -> None:
+    view = {"controller": {"code": "wait_lend_pool", "reason": "waiting: teams borrow 40 GPUs (of 48)"}}
+    tag = mirror.pending_tags(view)[mirror.TAG_WAIT]
+    assert mirror.wait_of_tag(tag) == view["controller"]
+    for bad in (None, "", "no code", "reason ()", " (code)", "reason (a b)"):
+        assert mirror.wait_of_tag(bad) is None, bad
