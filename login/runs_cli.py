@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -31,6 +32,9 @@ from nuro.runs.checkpoints import checkpoint_lines, find_job, lineage_of
 from nuro.runs.pending import ENV_WAITS, pending_view, read_waits
 from nuro.runs.spares import spare_lines, spare_summary
 from nuro.slurm import CliBackend, InvalidJobId, JobInfo, JobPhase, SlurmError
+
+if TYPE_CHECKING:
+    from nuro.tracking.mlflow import MlflowClient
 
 out = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -144,22 +148,30 @@ def status(job_id: int, as_json: bool) -> None:
             out.print(f"[bold]{'spares' if i == 0 else '':>16}[/]  {line}", highlight=False)
 
 
+def _mlflow_run(job: JobInfo) -> tuple[MlflowClient, str | None, dict | None]:
+    """(client, experiment id, run) of the job's MLflow run in its team's experiment (``$MLFLOW_TRACKING_URI``),
+    found by the bridge's ``nuro.job_id`` tag; MlflowError when MLflow cannot be asked."""
+    from nuro.tracking import mirror  # lazy: only the commands that talk to MLflow import it
+    from nuro.tracking.mlflow import client_from_env
+
+    client = client_from_env()
+    exp = client.experiment_id(mirror.experiment_name(job.account), create=False)
+    return client, exp, client.find_run(exp, mirror.TAG_JOB, str(job.job_id)) if exp else None
+
+
 def _controller_wait_from_mlflow(job: JobInfo) -> dict[str, str] | None:
     """The controller's reason as the bridge last tagged the run (``nuro.controller.wait``), for a login node that
     cannot read the controller host's waits file (production: it is on the controller host). None when MLflow has
     none or cannot be asked: ``status`` never fails because the tracking server is down."""
     from nuro.tracking import mirror  # lazy: only a pending job without the waits file talks to MLflow
-    from nuro.tracking.mlflow import MlflowError, client_from_env
+    from nuro.tracking.mlflow import MlflowError, run_tags
 
     try:
-        client = client_from_env()
-        exp = client.experiment_id(mirror.experiment_name(job.account), create=False)
-        run = client.find_run(exp, mirror.TAG_JOB, str(job.job_id)) if exp else None
+        _, _, run = _mlflow_run(job)
     except MlflowError as exc:
         err.print(f"[yellow]note:[/] the controller's reason not read from MLflow: {exc}", highlight=False)
         return None
-    tags = {t.get("key"): t.get("value") for t in ((run or {}).get("data") or {}).get("tags") or []}
-    wait = mirror.wait_of_tag(tags.get(mirror.TAG_WAIT))
+    wait = mirror.wait_of_tag(run_tags(run).get(mirror.TAG_WAIT))
     return {**wait, "via": "mlflow"} if wait is not None else None
 
 
@@ -358,14 +370,11 @@ def open_cmd(job_id: int, browser: bool, as_json: bool) -> None:
     The run is found in its team's experiment (``nuro/<team>``, the job's Slurm account) by the tag
     ``nuro.job_id``; nuro-mlflow-bridge creates it within one pass of the job appearing in the queue.
     """
-    from nuro.tracking import mirror  # lazy: only this command talks to MLflow
-    from nuro.tracking.mlflow import MlflowError, client_from_env, run_url
+    from nuro.tracking.mlflow import MlflowError, run_url  # lazy: only this command talks to MLflow
 
     job = _find(_backend(), job_id)
     try:
-        client = client_from_env()
-        exp = client.experiment_id(mirror.experiment_name(job.account), create=False)
-        run = client.find_run(exp, mirror.TAG_JOB, str(job_id)) if exp else None
+        client, exp, run = _mlflow_run(job)
     except MlflowError as exc:
         fail(ExitCode.FAILED, str(exc))
     if run is None:

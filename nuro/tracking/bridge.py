@@ -35,7 +35,7 @@ from nuro.protocol import jobcomment
 from nuro.runs.pending import ENV_WAITS, pending_view, read_waits
 from nuro.slurm import JobInfo
 from nuro.tracking import mirror
-from nuro.tracking.mlflow import MlflowClient, MlflowError, MlflowRejected, MlflowUnavailable
+from nuro.tracking.mlflow import MlflowClient, MlflowError, MlflowRejected, MlflowUnavailable, run_tags
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class Bridge:
         exp = self._experiment(team)
         found = self.find_run(team, job.job_id)
         if found is not None:
-            tags = {t["key"]: t["value"] for t in found.get("data", {}).get("tags", [])}
+            tags = run_tags(found)
             cursor = int(tags.get(TAG_CURSOR, "0") or 0)
             return RunState(found["info"]["run_id"], exp, cursor, tags, found["info"].get("status", ""))
         tags = mirror.tags_of(meta, view)

@@ -269,6 +269,11 @@ def client_from_env(uri: str | None = None, env: Mapping[str, str] | None = None
                         token=env.get("MLFLOW_TRACKING_TOKEN"))  # fmt: skip
 
 
+def run_tags(run: Mapping[str, Any] | None) -> dict[str, str]:
+    """A run's tags (``runs/get`` or ``runs/search`` shape) as a mapping; {} for no run."""
+    return {t["key"]: t["value"] for t in ((run or {}).get("data") or {}).get("tags") or [] if "key" in t}
+
+
 def run_url(base_url: str, experiment_id: str, run_id: str) -> str:
     """The run's page in the MLflow UI."""
     return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
@@ -291,5 +296,6 @@ __all__ = [
     "batches",
     "client_from_env",
     "filter_value",
+    "run_tags",
     "run_url",
 ]
