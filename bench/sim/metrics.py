@@ -106,27 +106,31 @@ def wait_stats(waits: Sequence[float], censored: int) -> dict:
 IDLE_BIN_S = 300.0
 
 
-def _idle_while_waiting(log: ReplayLog, t0: float, t1: float, single_node_only: bool = False) -> float:
+def _idle_while_waiting(log: ReplayLog, t0: float, t1: float) -> tuple[float, float]:
     """GPU·s that sat idle while jobs waited: per ``IDLE_BIN_S`` bin, the smaller of the idle GPUs and the GPUs of
     pending jobs (whatever their shape or QOS: an upper estimate of what a work-conserving scheduler could add).
 
-    ``single_node_only`` counts only pending single-node jobs: the part of that headroom that idle GPUs could serve
-    whatever the nodes they sit on (a multi-node gang needs whole nodes, which scattered idle GPUs are not)."""
+    Returned twice: for all pending jobs, and for pending single-node jobs only, the part of that headroom that idle
+    GPUs could serve whatever the nodes they sit on (a multi-node gang needs whole nodes, which scattered idle GPUs
+    are not)."""
     n = max(1, math.ceil((t1 - t0) / IDLE_BIN_S))
-    held, wanted = [0.0] * n, [0.0] * n
-    nodes = {j.job_id: j.spec.node_count for j in log.jobs} if single_node_only else {}
+    held, wanted, wanted_single = [0.0] * n, [0.0] * n, [0.0] * n
+    nodes = {j.job_id: j.spec.node_count for j in log.jobs}
     for r in log.runs:
         _spread(held, max(r.start_s, t0), min(r.end_s, t1), t0, IDLE_BIN_S, r.gpus)
     for p in log.pends:
-        if single_node_only and nodes.get(p.job_id, 1) > 1:
-            continue
-        _spread(wanted, max(p.since_s, t0), min(p.until_s, t1), t0, IDLE_BIN_S, p.gpus)
-    total = 0.0
+        since, until = max(p.since_s, t0), min(p.until_s, t1)
+        _spread(wanted, since, until, t0, IDLE_BIN_S, p.gpus)
+        if nodes.get(p.job_id, 1) <= 1:
+            _spread(wanted_single, since, until, t0, IDLE_BIN_S, p.gpus)
+    total = single = 0.0
     for b in range(n):
         width = min(IDLE_BIN_S, t1 - (t0 + b * IDLE_BIN_S))
         if width > 0:
-            total += max(0.0, min(log.capacity * width - held[b], wanted[b]))
-    return total
+            idle = log.capacity * width - held[b]
+            total += max(0.0, min(idle, wanted[b]))
+            single += max(0.0, min(idle, wanted_single[b]))
+    return total, single
 
 
 def compute(
@@ -187,8 +191,7 @@ def compute(
         if xs:
             jains.append(jain(xs))
             shortfall_jains.append(jain([min(1.0, x) for x in xs]))
-    idle_waiting = _idle_while_waiting(log, t0, t1)
-    idle_waiting_single = _idle_while_waiting(log, t0, t1, single_node_only=True)
+    idle_waiting, idle_waiting_single = _idle_while_waiting(log, t0, t1)
     waits: dict[str, list[float]] = {t: [] for t in [*teams, "urgent", "all", "gangs"]}
     censored: dict[str, int] = {k: 0 for k in waits}
     for job in log.jobs:
