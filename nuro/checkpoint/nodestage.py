@@ -29,6 +29,7 @@ and a file with more than one link is never given away (a hard link to a system 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import shutil
@@ -224,17 +225,13 @@ def _stage(
         others = _same_run_ckpt_dirs(r, rec)
         for d in others:
             stack.callback(d.close)
-        chosen: dict[int, Callable[[str], bool] | None] = {}
-        position: list[GangPosition | None] = []  # asked once, and only for a multi-node DeepSpeed step
+        position = functools.cache(gang) if gang is not None else None  # asked once, and only if needed
 
         def need_of(manifest: Manifest) -> Callable[[str], bool] | None:
-            chosen[manifest.step] = None
-            if gang is not None and manifest.parts > 1 and dsfiles.is_deepspeed(s.path for s in manifest.shards):
-                if not position:
-                    position.append(gang())
-                if position[0] is not None:
-                    chosen[manifest.step] = position[0].need_of(manifest)
-            return chosen[manifest.step]
+            if position is None or manifest.parts < 2 or not dsfiles.is_deepspeed(s.path for s in manifest.shards):
+                return None
+            here = position()
+            return here.need_of(manifest) if here is not None else None
 
         found = restore_latest(
             store, rec.team, rec.run, local_roots=others, movable=cache, dest=restore, owner=owner, in_place=False,
@@ -244,9 +241,7 @@ def _stage(
             return
         result.skipped = [str(s) for s in found.skipped]
         result.step, result.source, result.path = found.step, found.source, found.path
-        need = chosen.get(found.step)
-        result.of_files = len(found.manifest.shards)
-        result.files = sum(1 for e in found.manifest.shards if need is None or need(e.path))
+        result.files, result.of_files = found.files, len(found.manifest.shards)
         if cache and found.source == "local":  # moved out of the cache (or overtaken by it): drop the rest
             safefs.remove_at(cache[0].fd, L.step_name(found.step))
 

@@ -55,6 +55,7 @@ class Restored:
     skipped: list[Skipped] = field(default_factory=list)
     downloaded_bytes: int = 0
     reused_bytes: int = 0
+    files: int = 0  # files of the step materialised: all of them, or the ``need`` share
 
 
 def step_numbers(store: ObjectStore, team: str, run: str) -> list[int]:
@@ -216,7 +217,8 @@ def restore_step(
         if in_place:
             for cand, _ in candidates:
                 if not verify_local(cand, entries):
-                    return Restored(manifest.step, cand.path, "local", manifest, reused_bytes=_size(entries))
+                    return Restored(manifest.step, cand.path, "local", manifest, reused_bytes=_size(entries),
+                                    files=len(entries))  # fmt: skip
         if dest is None:
             raise VerificationFailed(f"step {manifest.step}: no valid local copy and no dest to download into")
         if isinstance(dest, Path):
@@ -225,7 +227,8 @@ def restore_step(
         target = top.mkdir(name, 0o700, owner)
         stack.callback(target.close)
         if in_place and not verify_local(target, entries):
-            return Restored(manifest.step, target.path, "local", manifest, reused_bytes=_size(entries))
+            return Restored(manifest.step, target.path, "local", manifest, reused_bytes=_size(entries),
+                            files=len(entries))  # fmt: skip
         problems, downloaded, reused = _materialise(store, manifest, entries, candidates, target, owner)
         if problems:
             safefs.remove_at(top.fd, name)
@@ -233,7 +236,8 @@ def restore_step(
         verified = dumps({"step": manifest.step, "at": utc_now()})
         safefs.write_atomic_at(target.fd, L.VERIFIED_FILE, verified, 0o644, owner)
         source: Literal["local", "s3"] = "s3" if downloaded else "local"
-        return Restored(manifest.step, target.path, source, manifest, downloaded_bytes=downloaded, reused_bytes=reused)
+        return Restored(manifest.step, target.path, source, manifest, downloaded_bytes=downloaded, reused_bytes=reused,
+                        files=len(entries))  # fmt: skip
 
 
 def _size(entries: Sequence[FileEntry]) -> int:
