@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import threading
 import time
 
 import click
@@ -39,20 +38,11 @@ def _job_id(job_id: int | None) -> int:
     return int(raw)
 
 
-#: One read-merge-write of the comment at a time in this process. Rank 0's checkpoint recorder (a thread of the
-#: Checkpointer) and the preemption guard's ack both write after the same commit; unserialised, each read the comment
-#: before the other's write and the later write dropped the earlier key (CI, DeepSpeed borrower test: the ack lost
-#: to the step's own ckpt mark, so the run was requeued with no ack on record). Writers in other processes are the
-#: controller, whose ``preempt`` key the bridge refuses to let a job's write drop or change (``preempt_forged``).
-_WRITE_LOCK = threading.Lock()
-
-
 def _update(key: str, value: dict, job_id: int | None, backend: CliBackend | None) -> str:
     jid = _job_id(job_id)
     be = backend or CliBackend(timeout_s=15)
     try:
-        with _WRITE_LOCK:
-            new = be.merge_comment(jid, **{key: value})
+        new = be.merge_comment(jid, **{key: value})  # serialised per process (backend._COMMENT_WRITE_LOCK)
     except SlurmError as exc:
         raise JobChannelError(f"could not record {key} for job {jid}: {exc}") from exc
     return new

@@ -103,6 +103,14 @@ from nuro.slurm.parse_text import ONE_FIELD_FORMAT, fixed_fields_format, parse_s
 from nuro.slurm.states import JobPhase
 
 log = logging.getLogger(__name__)
+
+#: One read-merge-write of a job comment at a time in this process (``Backend.merge_comment``), whatever backend
+#: object each writer holds. Rank 0 of a job writes its ``ckpt`` mark from the Checkpointer's recorder thread and its
+#: ``ack`` from the preemption guard, both right after the same commit; unserialised, each read the comment before
+#: the other's write and the later write dropped the earlier key (CI, the DeepSpeed borrower test: the ack lost to
+#: the step's own ckpt mark, the run requeued with no ack on record). Writers in other processes are the controller,
+#: whose ``preempt`` key the bridge refuses to let a job's write drop or change (``preempt_forged``).
+_COMMENT_WRITE_LOCK = threading.Lock()
 #: How old a partition list ``read_snapshot`` may reuse (``CliBackend.partitions``), seconds.
 SNAPSHOT_PARTITIONS_MAX_AGE_S = 30.0
 #: The first Slurm whose squeue the bulk job read asks for ``--json=<parser>+complex`` (measured on 24.11 and 26.05).
@@ -174,8 +182,9 @@ class Backend(abc.ABC):
         Read-merge-write keeps the keys the other side wrote (submit's ``nuro`` record, the controller's
         ``preempt``, the job's ``ack``); see nuro.protocol.jobcomment.
         """
-        new = jobcomment.merge(self.job_comment(job_id), **updates)
-        self.update_comment(job_id, new)
+        with _COMMENT_WRITE_LOCK:
+            new = jobcomment.merge(self.job_comment(job_id), **updates)
+            self.update_comment(job_id, new)
         return new
 
     def job_nodes(self, job_id: int | str) -> list[str]:

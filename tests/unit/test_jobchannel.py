@@ -6,21 +6,26 @@ import threading
 import time
 
 from nuro.protocol import jobcomment
+from nuro.slurm import Backend
 from nuro.wrappers import jobchannel
 
 
 class SlowComment:
-    """A job comment behind a read-merge-write as slow as slurmctld under load: the window where a second writer
-    in the same process read the comment before the first one's write and dropped its key."""
+    """A job comment as slow to read as slurmctld under load: the window where a second writer in the same process
+    read the comment before the first one's write and dropped its key. Its read-merge-write is the backends' own."""
+
+    merge_comment = Backend.merge_comment
 
     def __init__(self) -> None:
         self.comment = jobcomment.merge(None, nuro={"v": 1, "team": "perception"})
 
-    def merge_comment(self, job_id: int, **updates: object) -> str:
+    def job_comment(self, job_id: int) -> str:
         current = self.comment
         time.sleep(0.05)
-        self.comment = jobcomment.merge(current, **updates)
-        return self.comment
+        return current
+
+    def update_comment(self, job_id: int, comment: str) -> None:
+        self.comment = comment
 
 
 def test_the_ack_and_the_checkpoint_mark_written_together_both_stay() -> None:
