@@ -66,12 +66,9 @@ def settled(snapshot: ClusterSnapshot) -> ClusterSnapshot:
         if job.phase.holds_resources:
             for node, gpus in gpus_on_nodes(job):
                 held[node] = held.get(node, 0) + gpus
-    if all(n.gpus_alloc <= held.get(n.name, 0) for n in snapshot.nodes):
-        return snapshot
-    nodes = tuple(
-        replace(n, gpus_alloc=held.get(n.name, 0)) if n.gpus_alloc > held.get(n.name, 0) else n for n in snapshot.nodes
-    )
-    return replace(snapshot, nodes=nodes)
+    nodes = tuple(replace(n, gpus_alloc=h) if n.gpus_alloc > (h := held.get(n.name, 0)) else n for n in snapshot.nodes)
+    unchanged = all(a is b for a, b in zip(nodes, snapshot.nodes, strict=True))
+    return snapshot if unchanged else replace(snapshot, nodes=nodes)
 
 
 class Capacity:

@@ -149,7 +149,7 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
         {"jobs.running": len(cy.view.running), "jobs.pending": len(cy.view.pending), "in_flight": len(cy.in_flight)}
     )
     if snapshot is not reported:  # nodes the two reads disagreed on (one cycle now and then; every cycle is a bug)
-        counts["nodes.settled"] = sum(a != b for a, b in zip(reported.nodes, snapshot.nodes, strict=True))
+        counts["nodes.settled"] = sum(a is not b for a, b in zip(reported.nodes, snapshot.nodes, strict=True))
     stats = CycleStats(phase_s=tuple(phases), counts=MappingProxyType(dict(counts)))
     return Decisions(items, cycle_stats=stats, waiting=tuple(cy.waits), next_state=next_state)
 
