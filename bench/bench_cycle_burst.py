@@ -10,10 +10,17 @@ second. Each round submits the same burst, runs 40 s of cycles, then cancels eve
 * **batched** — the same without the budget;
 * **per decision** — the same decisions, each its own ``scontrol`` process, no budget (what the daemon did before),
 
-and reports per variant: the longest and median cycle (snapshot + decide + apply), Slurm commands, decisions, and
-the longest cycle's apply time. The target: every cycle ≤ 1 s of Slurm calls during the burst.
+and reports per variant: the longest and median cycle (snapshot + decide + apply), its Slurm part (snapshot +
+apply), Slurm commands, decisions, and the longest cycle's apply time. The target: every cycle ≤ 1 s of Slurm calls
+during the burst.
 
-    python -m bench.bench_cycle_burst [--jobs 300] [--rounds 2] [--port-base 28800]
+``--hosts shared,separate`` also alternates how the one machine stands in for a cluster: ``shared`` runs everything
+at the same CPU priority (the burst's sbatch processes, 8 slurmd with their prologs, steps and jobs, slurmctld and
+the controller on the same 2 cores); ``separate`` runs what production runs on other hosts (login nodes' sbatch,
+compute nodes' slurmd and everything under them) at nice 19 (``bench.common.nice_compute_hosts``), so slurmctld,
+slurmdbd and the controller get the cores first, as on a controller host of their own.
+
+    python -m bench.bench_cycle_burst [--jobs 300] [--rounds 2] [--hosts shared,separate] [--port-base 28800]
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import REPO, cluster, save
+from bench.common import OTHER_HOSTS_NICE, REPO, cluster, nice_compute_hosts, save
+from nuro.devcluster.layout import Layout
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.policy import parse_policy
 from nuro.slurm import CliBackend
@@ -51,10 +59,10 @@ USERS = {"alice": "perception", "priya": "prediction", "chen": "controls"}
 VARIANTS = ("budget", "before", "batched", "per_decision")
 
 
-def _submit(env: dict[str, str], user: str, i: int) -> bool:
+def _submit(env: dict[str, str], user: str, i: int, nice: int) -> bool:
     """One member's sbatch; False when slurmctld refused it (a busy controller may time a submission out)."""
     res = subprocess.run(
-        ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in env.items()),
+        ["nice", "-n", str(nice), "runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in env.items()),
          "sbatch", "--parsable", f"--account={USERS[user]}", "--gres=gpu:1", "--output=/dev/null",
          f"--job-name=burst{i}", "--wrap", f"sleep {20 + i % 40}"],
         check=False, capture_output=True, timeout=120,
@@ -87,7 +95,10 @@ class Counting(CliBackend):
         return super().apply(action)
 
 
-def one_round(env: dict[str, str], policy_raw: dict, jobs: int, variant: str, seconds: float) -> dict:
+def one_round(layout: Layout, env: dict[str, str], policy_raw: dict, jobs: int, variant: str, seconds: float,
+              hosts: str) -> dict:  # fmt: skip
+    nice = OTHER_HOSTS_NICE if hosts == "separate" else 0
+    nice_compute_hosts(layout, nice)
     backend = Counting(env=env, timeout_s=60)
     backend.serial_snapshot = variant == "before"
     budget = 1.0 if variant in ("budget", "before") else None
@@ -112,7 +123,7 @@ def one_round(env: dict[str, str], policy_raw: dict, jobs: int, variant: str, se
         t0 = time.monotonic()
         users = list(USERS)
         with ThreadPoolExecutor(max_workers=12) as pool:
-            accepted = sum(pool.map(lambda i: _submit(env, users[i % len(users)], i), range(jobs)))
+            accepted = sum(pool.map(lambda i: _submit(env, users[i % len(users)], i, nice), range(jobs)))
         burst_s = time.monotonic() - t0
         time.sleep(max(0.0, seconds - burst_s))
         stop.set()
@@ -122,6 +133,7 @@ def one_round(env: dict[str, str], policy_raw: dict, jobs: int, variant: str, se
         for user in USERS:
             subprocess.run(["scancel", f"--user={user}"], env={**os.environ, **env}, check=False)
     total = [r.snapshot_s + r.decide_s + r.apply_s for r in reports]
+    slurm = [r.snapshot_s + r.apply_s for r in reports]
     worst = max(range(len(reports)), key=lambda i: total[i])
     return {
         "submitted_s": round(burst_s, 1),
@@ -131,6 +143,9 @@ def one_round(env: dict[str, str], policy_raw: dict, jobs: int, variant: str, se
         "cycle_median_s": round(statistics.median(total), 3),
         "cycle_p90_s": round(sorted(total)[int(0.9 * (len(total) - 1))], 3),
         "cycles_over_1s": sum(1 for t in total if t > 1.0),
+        "slurm_max_s": round(max(slurm), 3),
+        "slurm_p90_s": round(sorted(slurm)[int(0.9 * (len(slurm) - 1))], 3),
+        "cycles_slurm_over_1s": sum(1 for t in slurm if t > 1.0),
         "snapshot_max_s": round(max(r.snapshot_s for r in reports), 3),
         "snapshot_median_s": round(statistics.median(r.snapshot_s for r in reports), 3),
         "worst_cycle": {
@@ -153,10 +168,15 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=40.0, help="cycles per round after the burst starts [40]")
     ap.add_argument("--port-base", type=int, default=28800)
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {','.join(VARIANTS)}")
+    ap.add_argument("--hosts", default="shared", help="comma-separated, of shared,separate [shared]")
     args = ap.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     if not variants or any(v not in VARIANTS for v in variants):
         raise SystemExit(f"--variants: choose from {', '.join(VARIANTS)}")
+    host_modes = [h for h in args.hosts.split(",") if h]
+    if not host_modes or any(h not in ("shared", "separate") for h in host_modes):
+        raise SystemExit("--hosts: choose from shared, separate")
+    runs = [(v, h) for v in variants for h in host_modes]
     ensure_unix_users(POLICY_USERS)
     with cluster(8, args.port_base, "cycleburst") as (layout, env, _up):
         policy_raw = yaml.safe_load((REPO / "examples" / "policy" / "teams.yaml").read_text())
@@ -165,10 +185,10 @@ def main() -> None:
         admin = Path(sys.executable).parent / "nuro-admin"
         subprocess.run([str(admin), "policy", "apply", str(path)], env={**os.environ, **env}, check=True,
                        capture_output=True)  # fmt: skip
-        results: dict[str, list[dict]] = {v: [] for v in variants}
+        results: dict[str, list[dict]] = {(v if len(host_modes) == 1 else f"{v}/{h}"): [] for v, h in runs}
         for _ in range(args.rounds):
-            for name in variants:
-                r = one_round(env, policy_raw, args.jobs, name, args.seconds)
+            for (variant, hosts), name in zip(runs, results, strict=True):
+                r = one_round(layout, env, policy_raw, args.jobs, variant, args.seconds, hosts)
                 results[name].append(r)
                 print(name, r, flush=True)
                 time.sleep(5)
@@ -182,6 +202,9 @@ def main() -> None:
                 "deferred_per_round": round(statistics.mean(r["deferred"] for r in rs), 1),
                 "cycle_p90_max_s": max(r["cycle_p90_s"] for r in rs),
                 "cycles_over_1s_per_round": round(statistics.mean(r["cycles_over_1s"] for r in rs), 1),
+                "slurm_max_s": max(r["slurm_max_s"] for r in rs),
+                "slurm_p90_max_s": max(r["slurm_p90_s"] for r in rs),
+                "cycles_slurm_over_1s_per_round": round(statistics.mean(r["cycles_slurm_over_1s"] for r in rs), 1),
                 "cycles_per_round": round(statistics.mean(r["cycles"] for r in rs), 1),
                 "snapshot_max_s": max(r["snapshot_max_s"] for r in rs),
                 "snapshot_median_s": round(statistics.median(r["snapshot_median_s"] for r in rs), 3),
@@ -195,7 +218,8 @@ def main() -> None:
         }  # fmt: skip
         print(json.dumps(summary, indent=1))
         save("cycle_burst", {
-            "jobs": args.jobs, "users": list(USERS), "rounds": args.rounds, "rounds_detail": results,
+            "jobs": args.jobs, "users": list(USERS), "rounds": args.rounds, "hosts": host_modes,
+            "rounds_detail": results,
             "summary": summary,
             "ratios_per_decision_over_batched": ratios,
             "apply_module": apply_mod.__name__,

@@ -16,11 +16,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from nuro.devcluster import manager  # noqa: E402
 from nuro.devcluster.layout import Layout  # noqa: E402
+from nuro.devcluster.record import read_record  # noqa: E402
 
 RESULTS = REPO / "bench" / "results"
 
@@ -37,6 +40,34 @@ def cluster(
         yield layout, manager.env_exports(layout), res
     finally:
         manager.down(layout, purge=True)
+
+
+#: what runs on compute hosts in production: every node's slurmd (its slurmstepds, prologs and jobs are its
+#: children and inherit its CPU priority) and node agent
+COMPUTE_HOST_DAEMONS = ("slurmd:", "agent:")
+#: the CPU priority (nice) of "other hosts'" work when a bench emulates separate hosts on this one machine
+OTHER_HOSTS_NICE = 19
+
+
+def nice_compute_hosts(layout: Layout, nice: int) -> int:
+    """Set the CPU priority of every compute host's daemons (and what they run now) to ``nice``; returns how many.
+
+    On one 2-core machine a burst's prologs, slurmstepds, jobs and sbatch processes compete for the same cores as
+    slurmctld and the controller, which in production run on their own host. Niceness 19 for what would run on
+    other hosts (compute nodes here, login nodes by running submitters under ``nice -n 19``) is the closest this
+    machine gets to separate hosts; 0 puts everything back on an equal footing. New children inherit it.
+    """
+    record = read_record(layout.record)
+    count = 0
+    for ref in record.daemons if record else []:
+        proc = ref.process() if ref.name.startswith(COMPUTE_HOST_DAEMONS) else None
+        for p in [proc, *proc.children(recursive=True)] if proc else []:
+            try:
+                p.nice(nice)
+                count += 1
+            except psutil.NoSuchProcess:  # a prolog or step that ended meanwhile
+                continue
+    return count
 
 
 def timed(fn: Callable[[], object]) -> float:

@@ -153,9 +153,14 @@ def apply_group(backend: Backend, group: Group, now: float, dry_run: bool = Fals
     return out
 
 
-#: The shortest limit a budgeted Slurm call gets (``ApplyBudget.call_limit_s``): an update RPC on an unloaded
-#: slurmctld answers in milliseconds, so a call that the remaining budget allows always gets a fair chance.
-CALL_FLOOR_S = 0.5
+#: What cutting a budgeted call costs beyond its limit (killing and reaping ``scontrol`` on a loaded host: 5–75 ms
+#: measured during a submission burst on 2 cores): a call's limit leaves it out of what is left of the budget.
+CALL_CUT_S = 0.1
+#: A budgeted call starts only when its limit would be at least this long (``ApplyBudget.allows``): a call with less
+#: would be cut before slurmctld could answer it even when it is quick.
+CALL_MIN_S = 0.05
+#: The least share of the budget a cycle's apply gets when its snapshot took more (``ApplyBudget.for_cycle``).
+APPLY_SHARE_MIN = 0.25
 
 
 class ApplyBudget:
@@ -167,6 +172,10 @@ class ApplyBudget:
     cycle, and the next cycle, comes late. With a budget the cycle stops sending QOS moves and SiteFactors once the
     budget is spent; the engine decides them again from the next snapshot (nothing is lost: they are not in the
     state). Requeue and Preempt are never deferred: a victim's grace and a reclaim's latency depend on them.
+
+    The budget is the whole cycle's (``for_cycle``): what the snapshot took is spent already, so a cycle's Slurm
+    calls stay within it, except that the apply always keeps ``APPLY_SHARE_MIN`` of it (a snapshot that alone takes
+    the whole budget, 26.05's JSON at 500 nodes, must not starve every QOS move).
 
     The batch size adapts: ``per_id_s`` is a moving estimate of one job's update time (the daemon keeps it across
     cycles, so only the first batch of a burst can overrun), and a batch gets as many jobs as the remaining budget
@@ -180,17 +189,28 @@ class ApplyBudget:
         self.per_id_s = per_id_s
         self.spent_s = 0.0
 
+    @classmethod
+    def for_cycle(cls, budget_s: float | None, snapshot_s: float, per_id_s: float) -> ApplyBudget:
+        """The apply's share of a cycle budget ``budget_s`` whose snapshot took ``snapshot_s``."""
+        if budget_s is None:
+            return cls(None, per_id_s)
+        return cls(max(APPLY_SHARE_MIN * budget_s, budget_s - snapshot_s), per_id_s)
+
     def allows(self, group: Group) -> bool:
-        return self.budget_s is None or isinstance(group[0], self.ALWAYS) or self.spent_s < self.budget_s
+        return (
+            self.budget_s is None
+            or isinstance(group[0], self.ALWAYS)
+            or self.budget_s - self.spent_s - CALL_CUT_S >= CALL_MIN_S
+        )
 
     def call_limit_s(self, group: Group) -> float | None:
-        """How long the Slurm call for ``group`` may take: what is left of the budget (at least ``CALL_FLOOR_S``)
-        for QOS moves and SiteFactors; None (the backend's own limit) for requeues and signals, and without a
-        budget. One update RPC took 5–10 s on the dev cluster during a burst of submissions: without a limit on the
-        call itself a single SiteFactor stretched the cycle that far past its budget."""
+        """How long the Slurm call for ``group`` may take: what is left of the budget for QOS moves and
+        SiteFactors; None (the backend's own limit) for requeues and signals, and without a budget. One update RPC
+        took 5–10 s on the dev cluster during a burst of submissions: without a limit on the call itself a single
+        SiteFactor stretched the cycle that far past its budget."""
         if self.budget_s is None or isinstance(group[0], self.ALWAYS):
             return None
-        return max(CALL_FLOOR_S, self.budget_s - self.spent_s)
+        return max(CALL_MIN_S, self.budget_s - self.spent_s - CALL_CUT_S)
 
     def chunk(self, group: Group) -> list[Group]:
         """``group`` cut to what the remaining budget pays for first, then the rest in chunks of that size."""
@@ -206,4 +226,14 @@ class ApplyBudget:
             self.per_id_s = 0.5 * self.per_id_s + 0.5 * (seconds / jobs)
 
 
-__all__ = ["BATCH_MAX", "CALL_FLOOR_S", "ApplyBudget", "Outcome", "apply_decision", "apply_group", "groups"]
+__all__ = [
+    "APPLY_SHARE_MIN",
+    "BATCH_MAX",
+    "CALL_CUT_S",
+    "CALL_MIN_S",
+    "ApplyBudget",
+    "Outcome",
+    "apply_decision",
+    "apply_group",
+    "groups",
+]

@@ -4,8 +4,9 @@ policy: /etc/nuro/teams.yaml      # the teams policy (the same file `nuro-admin 
                                   # only the failure detector runs (then heartbeat_port is required)
 slurm_conf: /etc/slurm/slurm.conf # optional: else $SLURM_CONF, else Slurm's default
 interval_s: 1.0                   # one cycle (snapshot → decide → apply) per interval
-apply_budget_s: 1.0               # Slurm calls a cycle may spend on QOS moves and SiteFactors; the rest is decided
-                                  # again next cycle (requeues and preemption signals always go); null = no limit
+apply_budget_s: 1.0               # Slurm calls a cycle may spend, its snapshot included; QOS moves and
+                                  # SiteFactors beyond it are decided again next cycle (the apply keeps at least a
+                                  # quarter; requeues and preemption signals always go); null = no limit
 slurm_timeout_s: 15               # every Slurm call's limit; a hung call must not eat a preemption's grace
 dry_run: false                    # decide and log, apply nothing
 log_format: text                  # text | json (one JSON object per line)

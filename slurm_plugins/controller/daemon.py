@@ -208,7 +208,7 @@ class Controller:
         t2 = time.monotonic()
         failed: set[int] = set()
         applicable = self.isolator.filter(decisions)
-        budget = ApplyBudget(self.apply_budget_s, self._per_id_s)
+        budget = ApplyBudget.for_cycle(self.apply_budget_s, report.snapshot_s, self._per_id_s)
         pending = groups(applicable)  # apply order: requeues and signals first, SiteFactors last (deferred first)
         while pending:
             group = pending.pop(0)
@@ -261,8 +261,9 @@ class Controller:
                     self._record(decision)
         self._per_id_s = budget.per_id_s  # the next cycle sizes its first batch by what Slurm answered lately
         if report.deferred:
-            log.info("cycle=%d deferred=%d decisions to the next cycle: the apply budget (%.2f s) is spent",
-                     self.cycles, report.deferred, self.apply_budget_s)  # fmt: skip
+            log.info("cycle=%d deferred=%d decisions to the next cycle: the cycle's Slurm budget (%.2f s, "
+                     "snapshot %.2f s) is spent", self.cycles, report.deferred, self.apply_budget_s,
+                     report.snapshot_s)  # fmt: skip
         failed.update(d.job_id for d in decisions if d.job_id in self.isolator.jobs)
         self.state = _state_after(decisions.next_state, decisions, failed)
         report.apply_s = time.monotonic() - t2

@@ -218,6 +218,20 @@ def test_apply_budget_sizes_batches_to_what_is_left_and_never_defers_requeues_or
     assert unlimited.allows(borrows) and unlimited.chunk(borrows) == [borrows]
 
 
+def test_the_budget_is_the_cycles_the_snapshot_spends_part_and_the_apply_keeps_a_quarter() -> None:
+    from nuro.slurm_plugins.controller.apply import APPLY_SHARE_MIN, CALL_CUT_S, CALL_MIN_S, ApplyBudget
+
+    borrows = tuple(Borrow(i, "a", "b-a", 1, "x") for i in range(4))
+    after_quick_read = ApplyBudget.for_cycle(1.0, 0.3, per_id_s=0.01)
+    # a call's limit leaves room for cutting it: a cut call still ends within the cycle's budget
+    assert after_quick_read.budget_s == 0.7 and after_quick_read.call_limit_s(borrows) == 0.7 - CALL_CUT_S
+    after_slow_read = ApplyBudget.for_cycle(1.0, 1.4, per_id_s=0.01)  # the reads alone took the budget
+    assert after_slow_read.budget_s == APPLY_SHARE_MIN and after_slow_read.allows(borrows)
+    after_slow_read.spend(APPLY_SHARE_MIN - CALL_CUT_S - CALL_MIN_S / 2, 1)  # too little left to start a call
+    assert not after_slow_read.allows(borrows) and after_slow_read.allows((Requeue(1, True, "r"),))
+    assert ApplyBudget.for_cycle(None, 3.0, per_id_s=0.01).budget_s is None
+
+
 def test_an_ack_in_the_same_second_as_the_signal_counts() -> None:
     # the signal went out at NOW - 0.4 s (state keeps whole seconds), the job acked 0.2 s later: same second
     snap = (
@@ -369,6 +383,7 @@ def test_an_update_slurmctld_does_not_answer_within_the_budget_is_decided_again_
     backend = Swamped(snap, {})
     ctl = Controller(backend, policy, clock=lambda: NOW, apply_budget_s=1.0)  # type: ignore[arg-type]
     report = ctl.cycle()
-    assert backend.limits == [1.0]  # the whole budget for the one batch of four SiteFactors
+    # what the snapshot left of the cycle's budget, for the one batch of four SiteFactors
+    assert len(backend.limits) == 1 and 0.8 < backend.limits[0] <= 0.9
     assert report.error == "" and report.deferred == 4
     assert dict(ctl.state.site_factors) == {}  # not in force: the next cycle sets them again
