@@ -50,6 +50,7 @@ from nuro.slurm.parse import attach_switches, parse_sinfo_json
 from nuro.slurm_plugins.controller import apply as apply_mod
 from nuro.slurm_plugins.controller import daemon
 from nuro.slurm_plugins.controller.daemon import Controller
+from nuro.slurm_plugins.controller.decisions import Borrow
 
 USERS = {"alice": "perception", "priya": "prediction", "chen": "controls"}
 #: budget: the daemon as shipped (batched, 1 s apply budget that also limits each update call, squeue and sinfo side
@@ -59,15 +60,18 @@ USERS = {"alice": "perception", "priya": "prediction", "chen": "controls"}
 VARIANTS = ("budget", "before", "batched", "per_decision")
 
 
-def _submit(env: dict[str, str], user: str, i: int, nice: int) -> bool:
-    """One member's sbatch; False when slurmctld refused it (a busy controller may time a submission out)."""
+def _submit(env: dict[str, str], user: str, i: int, nice: int) -> tuple[int, float] | None:
+    """One member's sbatch: (job id, when it was accepted, monotonic); None when slurmctld refused it (a busy
+    controller may time a submission out)."""
     res = subprocess.run(
         ["nice", "-n", str(nice), "runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in env.items()),
          "sbatch", "--parsable", f"--account={USERS[user]}", "--gres=gpu:1", "--output=/dev/null",
          f"--job-name=burst{i}", "--wrap", f"sleep {20 + i % 40}"],
         check=False, capture_output=True, timeout=120,
     )  # fmt: skip
-    return res.returncode == 0
+    if res.returncode != 0:
+        return None
+    return int(res.stdout.split(b";")[0]), time.monotonic()
 
 
 class Counting(CliBackend):
@@ -105,6 +109,7 @@ def one_round(layout: Layout, env: dict[str, str], policy_raw: dict, jobs: int, 
     controller = Controller(backend, parse_policy(policy_raw), apply_budget_s=budget)
     batched = variant != "per_decision"
     reports = []
+    borrowed_at: dict[int, float] = {}
     stop = threading.Event()
     Counting.commands = 0
     original = daemon.groups
@@ -116,6 +121,9 @@ def one_round(layout: Layout, env: dict[str, str], policy_raw: dict, jobs: int, 
             while not stop.is_set():
                 t0 = time.monotonic()
                 reports.append(controller.cycle())
+                for o in reports[-1].outcomes:
+                    if o.applied and isinstance(o.decision, Borrow):
+                        borrowed_at.setdefault(o.decision.job_id, time.monotonic())
                 stop.wait(max(0.0, 1.0 - (time.monotonic() - t0)))
 
         th = threading.Thread(target=loop, daemon=True)
@@ -123,7 +131,8 @@ def one_round(layout: Layout, env: dict[str, str], policy_raw: dict, jobs: int, 
         t0 = time.monotonic()
         users = list(USERS)
         with ThreadPoolExecutor(max_workers=12) as pool:
-            accepted = sum(pool.map(lambda i: _submit(env, users[i % len(users)], i, nice), range(jobs)))
+            submitted = [s for s in pool.map(lambda i: _submit(env, users[i % len(users)], i, nice), range(jobs)) if s]
+        accepted = len(submitted)
         burst_s = time.monotonic() - t0
         time.sleep(max(0.0, seconds - burst_s))
         stop.set()
@@ -133,6 +142,8 @@ def one_round(layout: Layout, env: dict[str, str], policy_raw: dict, jobs: int, 
         for user in USERS:
             subprocess.run(["scancel", f"--user={user}"], env={**os.environ, **env}, check=False)
     total = [r.snapshot_s + r.decide_s + r.apply_s for r in reports]
+    # submission → its QOS moved to b-<team> (every job the controller lent GPUs to within the round)
+    lags = sorted(borrowed_at[job] - at for job, at in submitted if job in borrowed_at)
     slurm = [r.snapshot_s + r.apply_s for r in reports]
     worst = max(range(len(reports)), key=lambda i: total[i])
     return {
@@ -146,6 +157,10 @@ def one_round(layout: Layout, env: dict[str, str], policy_raw: dict, jobs: int, 
         "slurm_max_s": round(max(slurm), 3),
         "slurm_p90_s": round(sorted(slurm)[int(0.9 * (len(slurm) - 1))], 3),
         "cycles_slurm_over_1s": sum(1 for t in slurm if t > 1.0),
+        "borrowed": len(lags),
+        "borrow_lag_p50_s": round(statistics.median(lags), 2) if lags else None,
+        "borrow_lag_p90_s": round(lags[int(0.9 * (len(lags) - 1))], 2) if lags else None,
+        "borrow_lag_max_s": round(lags[-1], 2) if lags else None,
         "snapshot_max_s": round(max(r.snapshot_s for r in reports), 3),
         "snapshot_median_s": round(statistics.median(r.snapshot_s for r in reports), 3),
         "worst_cycle": {
@@ -159,6 +174,11 @@ def one_round(layout: Layout, env: dict[str, str], policy_raw: dict, jobs: int, 
         "deferred": sum(r.deferred for r in reports),
         "slurm_commands": Counting.commands,
     }
+
+
+def _median_of(rounds: list[dict], key: str) -> float | None:
+    vals = [r[key] for r in rounds if r[key] is not None]
+    return round(statistics.median(vals), 2) if vals else None
 
 
 def main() -> None:
@@ -205,6 +225,10 @@ def main() -> None:
                 "slurm_max_s": max(r["slurm_max_s"] for r in rs),
                 "slurm_p90_max_s": max(r["slurm_p90_s"] for r in rs),
                 "cycles_slurm_over_1s_per_round": round(statistics.mean(r["cycles_slurm_over_1s"] for r in rs), 1),
+                "borrowed_per_round": round(statistics.mean(r["borrowed"] for r in rs), 1),
+                "borrow_lag_p50_s": _median_of(rs, "borrow_lag_p50_s"),
+                "borrow_lag_p90_max_s": max((r["borrow_lag_p90_s"] or 0.0) for r in rs),
+                "borrow_lag_max_s": max((r["borrow_lag_max_s"] or 0.0) for r in rs),
                 "cycles_per_round": round(statistics.mean(r["cycles"] for r in rs), 1),
                 "snapshot_max_s": max(r["snapshot_max_s"] for r in rs),
                 "snapshot_median_s": round(statistics.median(r["snapshot_median_s"] for r in rs), 3),

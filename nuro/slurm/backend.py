@@ -104,6 +104,10 @@ from nuro.slurm.states import JobPhase
 
 log = logging.getLogger(__name__)
 
+#: The shortest limit ``call_timeout`` sets: starting a Slurm command and getting its munge credential take tens of
+#: milliseconds before slurmctld is even asked, so a shorter limit would cut calls an idle slurmctld answers.
+CALL_TIMEOUT_MIN_S = 0.1
+
 #: One read-merge-write of a job comment at a time in this process (``Backend.merge_comment``), whatever backend
 #: object each writer holds. Rank 0 of a job writes its ``ckpt`` mark from the Checkpointer's recorder thread and its
 #: ``ack`` from the preemption guard, both right after the same commit; unserialised, each read the comment before
@@ -384,7 +388,7 @@ class CliBackend(Backend):
     @contextlib.contextmanager
     def call_timeout(self, seconds: float) -> Iterator[None]:
         before = getattr(self._local, "timeout_s", None)
-        self._local.timeout_s = min(self.timeout_s, max(0.1, seconds), before or self.timeout_s)
+        self._local.timeout_s = min(self.timeout_s, max(CALL_TIMEOUT_MIN_S, seconds), before or self.timeout_s)
         try:
             yield
         finally:

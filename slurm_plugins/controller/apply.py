@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from nuro.protocol import marks
 from nuro.protocol.contract import COMMENT_PREEMPT, PREEMPT_SIGNAL
 from nuro.slurm import Backend, SlurmError, SlurmUnavailable
+from nuro.slurm.backend import CALL_TIMEOUT_MIN_S
 from nuro.slurm_plugins.controller.decisions import Borrow, Decision, Preempt, Requeue, Return, SetSiteFactor
 
 log = logging.getLogger(__name__)
@@ -156,9 +157,9 @@ def apply_group(backend: Backend, group: Group, now: float, dry_run: bool = Fals
 #: What cutting a budgeted call costs beyond its limit (killing and reaping ``scontrol`` on a loaded host: 5–75 ms
 #: measured during a submission burst on 2 cores): a call's limit leaves it out of what is left of the budget.
 CALL_CUT_S = 0.1
-#: A budgeted call starts only when its limit would be at least this long (``ApplyBudget.allows``): a call with less
-#: would be cut before slurmctld could answer it even when it is quick.
-CALL_MIN_S = 0.05
+#: A budgeted call starts only when its limit would be at least this long (``ApplyBudget.allows``): the backend's
+#: shortest call limit, below which a call would be cut before even an idle slurmctld could answer it.
+CALL_MIN_S = CALL_TIMEOUT_MIN_S
 #: The least share of the budget a cycle's apply gets when its snapshot took more (``ApplyBudget.for_cycle``).
 APPLY_SHARE_MIN = 0.25
 
