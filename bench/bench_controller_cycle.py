@@ -9,10 +9,14 @@ holds with one ``sprio`` and sends only what changed). The controllers run as th
 Slurm calls per cycle, ``--budget-s``); issue 13's target is a first cycle after a start ≤ 1 s of Slurm calls at
 500 nodes / 5,000 pending (``--jobs 5300``).
 
-How the queue is built on one 2-core machine: every job is submitted held (``--hold``: no job starts while
-thousands are submitted, each start would run a prolog beside 500 slurmd), then released in one ``scontrol release``;
-Slurm starts what fits (a few hundred jobs) and the bench waits until no job is configuring or completing before the
-first cycle. What production runs on other hosts (every node's slurmd and agent, and all they start) runs at nice 19
+How the queue is built on one 2-core, 24 GiB machine: every job is submitted held (``--hold``: nothing starts while
+thousands are submitted), then released (``scontrol release``, 500 ids a call). ``--queue partition-down`` (the
+default) first sets the partition DOWN, so Slurm starts none of them: 5,000 eligible jobs wait (reason
+``PartitionDown``) beside 500 idle nodes, the most SiteFactor work a first cycle can have (every team's queue head
+up to its quota + borrow limit), and no prolog or step runs; ``--queue running`` releases them into the open
+partition, Slurm starts a few hundred, and the bench waits until no job is configuring or completing (on this box
+that ran out of memory: the 500 node agents alone hold ~20 GiB, and a few hundred starts add 500 prologs and steps).
+What production runs on other hosts (every node's slurmd and agent, and all they start) runs at nice 19
 (``bench.common.nice_compute_hosts``), as in ``bench_cycle_burst --hosts separate``.
 
 ``--slurm 26.05`` runs it on that version's cluster (the result file is then ``controller_cycle_<N>_<version>``).
@@ -76,6 +80,8 @@ def main() -> None:
     # 8 saturated munged (4 threads) beside 500 slurmd on 2 cores: "Munge encode failed ... temporarily unavailable"
     ap.add_argument("--submit-threads", type=int, default=4, help="parallel sbatch [4]")
     ap.add_argument("--slurm", default="22.05", help="Slurm version of the cluster [22.05]")
+    ap.add_argument("--queue", choices=("partition-down", "running"), default="partition-down",
+                    help="how the released jobs wait (module docstring) [partition-down]")  # fmt: skip
     args = ap.parse_args()
     ensure_unix_users(POLICY_USERS)
     with cluster(args.nodes, args.port_base, f"cycle{args.nodes}", slurm=args.slurm) as (layout, env, _up):
@@ -107,7 +113,11 @@ def main() -> None:
             ids = list(pool.map(submit, range(args.jobs)))
         submit_s = time.monotonic() - t_submit
         print(f"submitted {args.jobs} jobs in {submit_s:.0f} s", flush=True)
-        run(["scontrol", "release", ",".join(map(str, ids))], env)
+        if args.queue == "partition-down":
+            partition = run(["sinfo", "-h", "-o", "%R"], env).split()[0]
+            run(["scontrol", "update", f"partitionname={partition}", "state=down"], env)
+        for i in range(0, len(ids), 500):
+            run(["scontrol", "release", ",".join(map(str, ids[i : i + 500]))], env)
         settled_s = wait_settled(env)
         print(f"released; no job configuring or completing after {settled_s:.0f} s", flush=True)
         backend = CliBackend(env=env, timeout_s=120)
@@ -130,6 +140,7 @@ def main() -> None:
             f"controller_cycle_{args.nodes}" + ("" if args.slurm == "22.05" else f"_{args.slurm}"),
             {
                 "slurm": args.slurm,
+                "queue": args.queue,
                 "nodes": args.nodes,
                 "gpus": args.nodes * 8,
                 "jobs": len(snap.jobs),

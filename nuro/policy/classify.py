@@ -26,6 +26,11 @@ from nuro.slurm.states import JobPhase
 #: Slurm reasons of a pending job that is eligible and only waits for GPUs. Held, dependent, begin-time or
 #: otherwise limited jobs are left alone: preempting for a job that cannot start anyway only loses work.
 WAITING_REASONS = frozenset({"Resources", "Priority", "None", ""})
+#: Reasons under which Slurm will not start a pending job whatever GPUs open up: held by its user or an admin
+#: (``--hold``, ``scontrol hold``), a begin time not reached (also the seconds after a requeue), a dependency not met
+#: (or never to be). Such a job is no team's queue head: a SiteFactor on it would spend the head's place on a job
+#: that waits anyway.
+HELD_BACK_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin", "BeginTime", "Dependency", "DependencyNeverSatisfied"})
 #: The reason slurmctld 22.05 gives a job held back by its QOS ``GrpTRES=gres/gpu=N`` (its team is at quota).
 QUOTA_REASON = "QOSGrpGRES"
 

@@ -341,7 +341,7 @@ def _is_unknown_option(exc: SlurmError, option: str) -> bool:
 T = TypeVar("T")
 
 
-def _in_daemon_thread(fn: Callable[..., T], *args: object) -> Future[T]:
+def in_daemon_thread(fn: Callable[..., T], *args: object) -> Future[T]:
     """``fn(*args)`` in a daemon thread, its result as a future. Not a thread pool: the interpreter joins a pool's
     workers at exit, so a stopping daemon would wait out a slow Slurm call (up to ``timeout_s``)."""
     future: Future[T] = Future()
@@ -685,7 +685,7 @@ class CliBackend(Backend):
         """
         taken_at = datetime.now(UTC)
         start = time.monotonic()
-        node_read = _in_daemon_thread(self.run, self.nodes_argv())
+        node_read = in_daemon_thread(self.run, self.nodes_argv())
         jobs = self.jobs()
         nodes, _ = parse_sinfo_json(node_read.result().stdout)
         partitions = self.partitions(nodes, max_age_s=SNAPSHOT_PARTITIONS_MAX_AGE_S)

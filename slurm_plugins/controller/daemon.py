@@ -57,6 +57,7 @@ from nuro.protocol import marks
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.runs.pending import ENV_WAITS, WaitsFile
 from nuro.slurm import Backend, CliBackend, SlurmError
+from nuro.slurm.backend import in_daemon_thread
 from nuro.slurm.errors import SlurmTimeout
 from nuro.slurm.models import ClusterSnapshot
 from nuro.slurm.states import JobPhase
@@ -151,18 +152,21 @@ class Controller:
         self._once = once()  # per-job apply errors: logged when they first appear (or change)
         self._cycle_errors = RateLog(60.0, 64)
 
-    def _recovered_state(self, snapshot: ClusterSnapshot) -> ControllerState:
+    def _held_site_factors(self) -> dict[int, int]:
+        """The SiteFactors slurmctld holds now (one ``sprio``); {} when they cannot be read (then set again)."""
+        try:
+            return self.backend.site_factors()
+        except SlurmError as exc:
+            log.warning("cycle=%d site factors not read, set again: %s", self.cycles, exc)
+            return {}
+
+    def _recovered_state(self, snapshot: ClusterSnapshot, held: dict[int, int]) -> ControllerState:
         """The soft state a (re)started controller starts from: in-flight preemptions from the victims' comments, and
-        the SiteFactors slurmctld already holds for pending jobs (one ``sprio``), so the first cycle after a restart
+        the SiteFactors slurmctld already holds for pending jobs (``held``), so the first cycle after a restart
         sends only the values that changed instead of one per job at every team's queue head."""
         state = rebuild_state(snapshot)
         if state.preempting:
             log.info("cycle=%d rebuilt in-flight preemptions from Slurm: %s", self.cycles, state.preempting)
-        try:
-            held = self.backend.site_factors()
-        except SlurmError as exc:
-            log.warning("cycle=%d site factors not read, set again: %s", self.cycles, exc)
-            held = {}
         pending = {j.job_id for j in snapshot.jobs if j.phase == JobPhase.PENDING}
         known = {job_id: value for job_id, value in held.items() if job_id in pending and value}
         if known:
@@ -173,6 +177,8 @@ class Controller:
         self.cycles += 1
         report = CycleReport(cycle=self.cycles)
         t0 = time.monotonic()
+        # a (re)started controller's sprio read goes side by side with the snapshot: both count in the cycle's budget
+        held = in_daemon_thread(self._held_site_factors) if self.state is None else None
         try:
             snapshot = self.backend.read_snapshot()
         except SlurmError as exc:
@@ -180,9 +186,9 @@ class Controller:
             report.error = f"snapshot failed, cycle skipped: {exc}"
             log.warning("cycle=%d %s", self.cycles, report.error)
             return report
+        if held is not None:
+            self.state = self._recovered_state(snapshot, held.result())
         report.snapshot_s = time.monotonic() - t0
-        if self.state is None:
-            self.state = self._recovered_state(snapshot)
         now = self.clock()
         t1 = time.monotonic()
         state = self.state

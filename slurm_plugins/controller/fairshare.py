@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from nuro.policy.classify import TeamUsage, job_gpus, timestamp
+from nuro.policy.classify import HELD_BACK_REASONS, TeamUsage, job_gpus, timestamp
 from nuro.policy.model import Policy
 from nuro.slurm_plugins.controller.cycle import Cycle
 from nuro.slurm_plugins.controller.decisions import SetSiteFactor
@@ -105,17 +105,17 @@ def opening_gpus(cy: Cycle) -> int:
 
 
 def queue_heads(cy: Cycle) -> dict[str, list]:
-    """Each team's pending jobs that Slurm may start next: in its queue order (priority, submit time, job id), as
-    many as add up to what the team may still add (quota + borrow limit − GPUs it holds) and to the GPUs that open up
-    before the next cycle (``opening_gpus``), at least one. Only these get a SiteFactor: the value is the same for every
-    job of a team, so it orders teams, never a team's own jobs, and a job deeper in its team's queue cannot start
-    before the head of that queue anyway; a job that cannot start before the next cycle gets its value then, if it
-    is still at the head. This is what keeps the first cycle after a start (or a burst of thousands of submissions)
-    to a few updates on a busy cluster."""
+    """Each team's pending jobs that Slurm may start next (held, begin-time and dependent jobs cannot): in its queue
+    order (priority, submit time, job id), as many as add up to what the team may still add (quota + borrow limit − GPUs
+    it holds) and to the GPUs that open up before the next cycle (``opening_gpus``), at least one. Only these get a
+    SiteFactor: the value is the same for every job of a team, so it orders teams, never a team's own jobs, and a job
+    deeper in its team's queue cannot start before the head of that queue anyway; a job that cannot start before the
+    next cycle gets its value then, if it is still at the head. This is what keeps the first cycle after a start (or a
+    burst of thousands of submissions) to a few updates on a busy cluster."""
     queues: dict[str, list] = {}
     for job in cy.view.pending:
         team = cy.view.cls(job).team
-        if team is not None:
+        if team is not None and job.reason not in HELD_BACK_REASONS:
             queues.setdefault(team, []).append(job)
     heads = {}
     opening = opening_gpus(cy)

@@ -493,7 +493,7 @@ def test_site_factor_favours_the_underserved_team_and_is_not_repeated() -> None:
         a_cluster()
         .nodes(4)
         .jobs(a_job(1).running_on("n01"), a_job(2).running_on("n02"))
-        .jobs(a_job(10).over_quota(), a_job(20).team("b").pending("Dependency"))
+        .jobs(a_job(10).over_quota(), a_job(20).team("b").pending("Priority"))
         .build()
     )
     policy = a_policy(32).team("a", 16).team("b", 16).build()

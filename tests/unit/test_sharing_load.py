@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
+
 from nuro.policy.classify import TeamUsage
 from nuro.slurm.actions import UpdateJobs, render_argv
 from nuro.slurm.parse import parse_per_job_errors, parse_sprio_site_factors
@@ -191,6 +193,15 @@ def test_only_the_head_of_a_teams_queue_gets_a_site_factor() -> None:
     assert [s.job_id for s in d.of(SetSiteFactor)] == [10, 11, 12]
 
 
+@pytest.mark.parametrize("reason", ["JobHeldUser", "JobHeldAdmin", "BeginTime", "Dependency"])
+def test_a_held_or_dependent_job_is_no_queue_head(reason: str) -> None:
+    # a's oldest jobs wait on a hold or a dependency: the head's places go to the jobs Slurm could start
+    policy = a_policy(32).team("a", 16, borrow=8).team("b", 16).build()
+    held = [a_job(10 + i).pending(reason) for i in range(2)]
+    snap = a_cluster().nodes(4).jobs(*held, *(a_job(20 + i).pending() for i in range(20))).build()
+    assert [s.job_id for s in decide(snap, policy, ControllerState(), NOW).of(SetSiteFactor)] == [20, 21, 22]
+
+
 def test_on_a_full_cluster_only_what_can_start_before_the_next_cycle_gets_a_site_factor() -> None:
     # 3 of 4 nodes busy with b's jobs, one ending within the horizon: 8 idle + 8 ending = two of a's 8-GPU jobs
     policy = a_policy(32).team("a", 16, borrow=16).team("b", 16).build()
@@ -359,6 +370,34 @@ def test_a_restarted_controller_sends_only_the_site_factors_slurm_does_not_hold_
     ctl.cycle()
     assert backend.applied == [("update_site_factor", (13, fresh[3].value), {})]
     assert dict(ctl.state.site_factors) == {s.job_id: s.value for s in fresh}
+
+
+def test_a_restarted_controllers_sprio_read_goes_side_by_side_with_its_first_snapshot() -> None:
+    # the first cycle's reads count in its 1 s budget: sprio must not come after the snapshot's reads
+    import threading
+
+    from nuro.slurm_plugins.controller.daemon import Controller
+
+    class SideBySide(_Held):
+        sprio_started = threading.Event()
+
+        def read_snapshot(self) -> object:
+            assert self.sprio_started.wait(5), "the snapshot was read before sprio started"
+            return self.snapshot
+
+        def site_factors(self) -> dict[int, int]:
+            self.sprio_started.set()
+            return self.held
+
+        def update_jobs(self, *args: object, **kwargs: object) -> dict:
+            return {}
+
+    policy = a_policy(32).team("a", 16, borrow=16).team("b", 16).build()
+    snap = a_cluster().nodes(4).jobs(*(a_job(10 + i).pending() for i in range(4))).build()
+    backend = SideBySide(snap, {10: 123})
+    ctl = Controller(backend, policy, clock=lambda: NOW)  # type: ignore[arg-type]
+    report = ctl.cycle()
+    assert report.error == "" and set(ctl.state.site_factors) == {10, 11, 12, 13}
 
 
 def test_an_update_slurmctld_does_not_answer_within_the_budget_is_decided_again_not_waited_for() -> None:
