@@ -83,6 +83,9 @@ def main() -> None:
     ap.add_argument("--queue", choices=("partition-down", "running"), default="partition-down",
                     help="how the released jobs wait (module docstring) [partition-down]")  # fmt: skip
     args = ap.parse_args()
+    # MLflow and its bridge are no part of a cycle; at 500 nodes this box's memory is the 500 agents' (the 26.05
+    # cluster's MLflow was OOM-killed at start-up)
+    os.environ.setdefault("NURO_DEVCLUSTER_MLFLOW", "0")
     ensure_unix_users(POLICY_USERS)
     with cluster(args.nodes, args.port_base, f"cycle{args.nodes}", slurm=args.slurm) as (layout, env, _up):
         policy_raw = scaled_policy(args.nodes * 8)
