@@ -64,7 +64,7 @@ from nuro.checkpoint.verify import scan_dir
 from nuro.lifecycle import run_events
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.wrappers.jobchannel import record_checkpoint
-from nuro.wrappers.sdk.runenv import RunEnv
+from nuro.wrappers.sdk.runenv import RunEnv, env_seconds
 from nuro.wrappers.sdk.stragglers import timed_collective
 
 log = logging.getLogger(__name__)
@@ -87,16 +87,6 @@ def _env_int(name: str) -> int | None:
         return int(raw)
     except ValueError:
         raise InvalidCheckpointInput(f"{name}={raw!r} is not an integer") from None
-
-
-def _env_float(name: str) -> float | None:
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    try:
-        return float(raw)
-    except ValueError:
-        raise InvalidCheckpointInput(f"{name}={raw!r} is not a number of seconds") from None
 
 
 def _import_dcp() -> None:
@@ -154,7 +144,11 @@ class Checkpointer:
         self.keep = keep if keep is not None else _env_int("NURO_CKPT_KEEP")
         if self.keep is not None and self.keep < 1:
             raise InvalidCheckpointInput(f"keep must be at least 1 (NURO_CKPT_KEEP), got {self.keep}")
-        self.interval_s = interval_s or _env_float("NURO_CKPT_INTERVAL_S") or DEFAULT_INTERVAL_S
+        self.interval_s = (
+            interval_s
+            or env_seconds(os.environ, "NURO_CKPT_INTERVAL_S", error=InvalidCheckpointInput)
+            or DEFAULT_INTERVAL_S
+        )
         self.async_save = async_save
         mode = upload or ("agent" if os.environ.get("NURO_UPLOAD") == "agent" else "inline")
         if mode not in ("agent", "inline"):

@@ -15,6 +15,7 @@ same there: rank 0 of 1, no job id, restart count 0.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,16 +44,23 @@ def _int(env: Mapping[str, str], name: str, default: int | None) -> int | None:
         raise RunEnvError(f"{name}={raw!r} is not an integer; it is set by Slurm/torchrun/nuro-launch") from None
 
 
-def _float(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
+def env_seconds(
+    env: Mapping[str, str], name: str, *, allow_zero: bool = False, error: type[Exception] = RunEnvError
+) -> float | None:
+    """A number of seconds from the environment: None when unset or empty; otherwise finite and > 0 (≥ 0 with
+    ``allow_zero``), or ``error`` naming the variable. The one parser of every ``NURO_*_S`` a training process
+    reads (they used to differ: nan and inf passed one, 0 and negatives another). A value that is set but wrong is an
+    error, never a silent default: a typo would otherwise change a timeout or an interval unnoticed."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
     try:
         value = float(raw)
     except ValueError:
-        raise RunEnvError(f"{name}={raw!r} is not a number of seconds") from None
-    if value <= 0:
-        raise RunEnvError(f"{name}={raw!r} must be > 0 seconds")
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = "≥ 0" if allow_zero else "> 0"
+        raise error(f"{name}={raw!r} is not a number of seconds {bound}; unset it to use the default")
     return value
 
 
@@ -116,7 +124,7 @@ class RunEnv:
             exit_requeue=_int(e, "NURO_EXIT_REQUEUE", DEFAULT_EXIT_REQUEUE) or DEFAULT_EXIT_REQUEUE,
             preempt_signal=(e.get("NURO_PREEMPT_SIGNAL") or contract.PREEMPT_SIGNAL).removeprefix("SIG"),
             stop_signal=(e.get("NURO_STOP_SIGNAL") or contract.TIME_LIMIT_SIGNAL).removeprefix("SIG"),
-            pg_timeout_s=_float(e, "NURO_PG_TIMEOUT_S", DEFAULT_PG_TIMEOUT_S),
+            pg_timeout_s=env_seconds(e, "NURO_PG_TIMEOUT_S") or DEFAULT_PG_TIMEOUT_S,
         )
 
     @property

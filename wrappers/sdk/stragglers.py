@@ -55,6 +55,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nuro.wrappers.sdk.runenv import env_seconds
 from nuro.wrappers.spares import ENV_SPARE_NODES, ENV_SPARES_LEFT
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,7 @@ class MovePolicy:
 
         self.guard = guard
         self._checkpoint_s = checkpoint_s
-        env_cost = _env_float("NURO_RESTART_COST_S")
+        env_cost = env_seconds(os.environ, "NURO_RESTART_COST_S", allow_zero=True, error=ValueError)
         # the spares still left in this step (nuro-launch --step), else the job's: a swap only while one is left
         spares = (os.environ.get(ENV_SPARES_LEFT) or os.environ.get(ENV_SPARE_NODES) or "0").strip()
         default = sm.DEFAULT_SWAP_S if spares.isdigit() and int(spares) > 0 else sm.DEFAULT_REQUEUE_S
@@ -176,21 +177,6 @@ def _tell_the_platform(node: str, slowdown: float) -> bool:
         return False
     return peerloss.send_straggler(peerloss.socket_path(peerloss.socket_dir(os.environ), here), int(job), node,
                                    slowdown)  # fmt: skip
-
-
-def _env_float(name: str) -> float | None:
-    """A number of seconds ≥ 0 from the environment; None when unset or empty. A value that is set but not such a
-    number is an error, not a silent fallback to the default (a typo would otherwise change every move decision)."""
-    raw = os.environ.get(name, "").strip()
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}={raw!r} is not a number of seconds ≥ 0; unset it to use the default")
-    return value
 
 
 class StragglerWatch:
