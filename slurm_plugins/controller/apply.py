@@ -160,7 +160,8 @@ CALL_CUT_S = 0.1
 #: A budgeted call starts only when its limit would be at least this long (``ApplyBudget.allows``): the backend's
 #: shortest call limit, below which a call would be cut before even an idle slurmctld could answer it.
 CALL_MIN_S = CALL_TIMEOUT_MIN_S
-#: The least share of the budget a cycle's apply gets when its snapshot took more (``ApplyBudget.for_cycle``).
+#: The least share of the budget a cycle's apply gets when its snapshot took more (``ApplyBudget.for_cycle``; and
+#: never less than one call's worth, ``CALL_MIN_S + CALL_CUT_S``).
 APPLY_SHARE_MIN = 0.25
 
 
@@ -195,7 +196,9 @@ class ApplyBudget:
         """The apply's share of a cycle budget ``budget_s`` whose snapshot took ``snapshot_s``."""
         if budget_s is None:
             return cls(None, per_id_s)
-        return cls(max(APPLY_SHARE_MIN * budget_s, budget_s - snapshot_s), per_id_s)
+        # never less than one call's worth: a small budget must not starve every QOS move behind a slow snapshot
+        floor = max(APPLY_SHARE_MIN * budget_s, CALL_MIN_S + CALL_CUT_S)
+        return cls(max(floor, budget_s - snapshot_s), per_id_s)
 
     def allows(self, group: Group) -> bool:
         return (

@@ -241,6 +241,8 @@ def test_the_budget_is_the_cycles_the_snapshot_spends_part_and_the_apply_keeps_a
     after_slow_read.spend(APPLY_SHARE_MIN - CALL_CUT_S - CALL_MIN_S / 2, 1)  # too little left to start a call
     assert not after_slow_read.allows(borrows) and after_slow_read.allows((Requeue(1, True, "r"),))
     assert ApplyBudget.for_cycle(None, 3.0, per_id_s=0.01).budget_s is None
+    small = ApplyBudget.for_cycle(0.3, 0.5, per_id_s=0.01)  # a small budget still pays for one call a cycle
+    assert small.allows(borrows) and small.call_limit_s(borrows) == pytest.approx(CALL_MIN_S)
 
 
 def test_an_ack_in_the_same_second_as_the_signal_counts() -> None:
