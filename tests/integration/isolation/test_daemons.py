@@ -280,15 +280,20 @@ def test_a_job_whose_record_makes_the_policy_raise_costs_only_that_job(
     assert "--policy" in " ".join(psutil.Process(_controller(cluster).pid).cmdline()), "run the restart test first"
 
     def sbatch(user: str, team: str, comment: str) -> int:
-        res = as_user(cluster, user, ["sbatch", "--parsable", "--hold", f"--account={team}", "--nodes=1",
+        res = as_user(cluster, user, ["sbatch", "--parsable", f"--account={team}", "--nodes=1",
                                       "--gres=gpu:1", "--output=/dev/null", f"--comment={comment}",
                                       "--wrap", "sleep 60"])  # fmt: skip
         assert res.returncode == 0, res.stderr
         return int(res.stdout.strip().split(";")[0])
 
-    bad = sbatch(ATTACKER, ATTACKER_TEAM, f"please {FAULT_MARK}")
-    good = sbatch(VICTIM, VICTIM_TEAM, "plain")
+    # Both jobs must wait *eligible* (a held job is no queue head: it gets no SiteFactor), so they wait behind a
+    # partition that is down for the test's few seconds, with reason PartitionDown.
+    partition = cluster.run(["sinfo", "-h", "-o", "%R"]).stdout.split()[0]
+    cluster.run(["scontrol", "update", f"partitionname={partition}", "state=down"])
+    bad, good = None, None
     try:
+        bad = sbatch(ATTACKER, ATTACKER_TEAM, f"please {FAULT_MARK}")
+        good = sbatch(VICTIM, VICTIM_TEAM, "plain")
         wait_until(lambda: re.search(rf"decision=SetSiteFactor job={good} applied=True", _controller_log(cluster)),
                    30, f"the controller handling job {good}")  # fmt: skip
         time.sleep(3)  # several more cycles
@@ -298,7 +303,8 @@ def test_a_job_whose_record_makes_the_policy_raise_costs_only_that_job(
         assert "cycle skipped" not in log.rsplit(f"job={bad} skipped", 1)[-1]
         _detector_alive(cluster, "gpu005", restore)
     finally:
-        cluster.run(["scancel", str(bad), str(good)], check=False)
+        cluster.run(["scancel", *(str(j) for j in (bad, good) if j is not None)], check=False)
+        cluster.run(["scontrol", "update", f"partitionname={partition}", "state=up"], check=False)
 
 
 def _ref(cluster: LiveCluster, name: str):
