@@ -144,7 +144,7 @@ def one_round(layout: Layout, env: dict[str, str], policy_raw: dict, jobs: int, 
     total = [r.snapshot_s + r.decide_s + r.apply_s for r in reports]
     # submission → its QOS moved to b-<team> (every job the controller lent GPUs to within the round)
     lags = sorted(borrowed_at[job] - at for job, at in submitted if job in borrowed_at)
-    slurm = [r.snapshot_s + r.apply_s for r in reports]
+    slurm = [r.slurm_s for r in reports]
     worst = max(range(len(reports)), key=lambda i: total[i])
     return {
         "submitted_s": round(burst_s, 1),

@@ -200,12 +200,12 @@ class ApplyBudget:
         floor = max(APPLY_SHARE_MIN * budget_s, CALL_MIN_S + CALL_CUT_S)
         return cls(max(floor, budget_s - snapshot_s), per_id_s)
 
+    def _call_left_s(self) -> float:
+        """How long the next budgeted call may take: what is left, less what cutting it would cost."""
+        return self.budget_s - self.spent_s - CALL_CUT_S  # type: ignore[operator]  # only asked with a budget
+
     def allows(self, group: Group) -> bool:
-        return (
-            self.budget_s is None
-            or isinstance(group[0], self.ALWAYS)
-            or self.budget_s - self.spent_s - CALL_CUT_S >= CALL_MIN_S
-        )
+        return self.budget_s is None or isinstance(group[0], self.ALWAYS) or self._call_left_s() >= CALL_MIN_S
 
     def call_limit_s(self, group: Group) -> float | None:
         """How long the Slurm call for ``group`` may take: what is left of the budget for QOS moves and
@@ -214,7 +214,7 @@ class ApplyBudget:
         SiteFactor stretched the cycle that far past its budget."""
         if self.budget_s is None or isinstance(group[0], self.ALWAYS):
             return None
-        return max(CALL_MIN_S, self.budget_s - self.spent_s - CALL_CUT_S)
+        return max(CALL_MIN_S, self._call_left_s())
 
     def chunk(self, group: Group) -> list[Group]:
         """``group`` cut to what the remaining budget pays for first, then the rest in chunks of that size."""

@@ -123,6 +123,11 @@ class CycleReport:
     error: str = ""
     deferred: int = 0  # decisions not sent this cycle: the apply budget was spent (decided again next cycle)
 
+    @property
+    def slurm_s(self) -> float:
+        """The cycle's time waiting on Slurm (its reads and its updates): what ``apply_budget_s`` bounds."""
+        return self.snapshot_s + self.apply_s
+
 
 class Controller:
     """One controller: a backend, a policy, soft state. ``cycle()`` is one pass; ``run()`` loops."""
