@@ -294,6 +294,12 @@ class Layout:
         return self.root / "controller-waits.json"
 
     @property
+    def controller_state(self) -> Path:
+        """The controller's own state (root only): the preemption ledger and the agents' progress
+        (``slurm_plugins/controller/ledger.py``, ``progress.py``); survives down/up like a real host's /var/lib."""
+        return self.root / "controller-state"
+
+    @property
     def mlflow_dir(self) -> Path:
         """The MLflow server's SQLite store, artifacts and log (``nuro.devcluster.tracking``): removed by --purge."""
         return self.root / "mlflow"

@@ -19,7 +19,8 @@ from dataclasses import replace
 from nuro.healthcheck.checks import JobDiskUse, drain_reason, gib, is_our_reason
 from nuro.healthcheck.run import Outcome
 from nuro.lifecycle.platform_events import EventLog
-from nuro.protocol.contract import COMMENT_REFUSED
+from nuro.protocol import adminnote
+from nuro.protocol.contract import NOTE_REFUSED
 from nuro.slurm import Action, Cancel, CliBackend, DrainNode, ResumeNode, parse_scontrol_show_oneliner
 
 log = logging.getLogger("nuro.healthcheck")
@@ -67,7 +68,7 @@ def plan_node_action(outcome: Outcome, drained: bool, reason: str | None) -> tup
 
 
 def disk_full_reason(outcome: Outcome, use: JobDiskUse) -> str:
-    """Why a job was failed for the staging disk, in words its owner reads (comment, event log, slurmd log)."""
+    """Why a job was failed for the staging disk, in words its owner reads (admin comment, event log, slurmd log)."""
     held = gib(use.bytes) + ("" if use.complete else " or more")
     return (
         f"nuro-health: cancelled: the staging disk of {outcome.node} fell below its {gib(outcome.min_free_bytes)} "
@@ -77,9 +78,10 @@ def disk_full_reason(outcome: Outcome, use: JobDiskUse) -> str:
 
 
 def fail_disk_jobs(outcome: Outcome, backend: CliBackend, dry_run: bool = False) -> tuple[int, ...]:
-    """Fail the jobs the staging disk's shortfall is attributed to: reason into the job comment (``refused``) and
-    the event log, then ``scancel``. Each step is tried on its own (a job that just ended is fine: scancel of a
-    finished job is a no-op). Returns the job ids cancelled."""
+    """Fail the jobs the staging disk's shortfall is attributed to: reason into the job's admin comment
+    (``refused``, ``nuro.protocol.adminnote``: a field no job can fill) and the event log, then ``scancel``. Each
+    step is tried on its own (a job that just ended is fine: scancel of a finished job is a no-op). Returns the job
+    ids cancelled."""
     done: list[int] = []
     for use in outcome.jobs_to_fail:
         why = disk_full_reason(outcome, use)
@@ -88,10 +90,10 @@ def fail_disk_jobs(outcome: Outcome, backend: CliBackend, dry_run: bool = False)
             continue
         log.warning("cancel job=%s node=%s: %s", use.job_id, outcome.node, why)
         try:
-            note = {"at": round(time.time()), "node": outcome.node, "why": why}
-            backend.merge_comment(use.job_id, **{COMMENT_REFUSED: note})
+            note = adminnote.render(NOTE_REFUSED, why, at=round(time.time()), node=outcome.node)
+            backend.update_admin_comment(use.job_id, note)
         except Exception as exc:  # noqa: BLE001 - the cancel matters more than the note
-            log.warning("job=%s reason not written to its comment: %s", use.job_id, exc)
+            log.warning("job=%s reason not written to its admin comment: %s", use.job_id, exc)
         events = os.environ.get("NURO_EVENT_LOG", "").strip()
         if events:
             try:

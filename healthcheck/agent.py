@@ -27,6 +27,12 @@ Threads, and why each is separate:
   saw a peer die. The sender's uid comes from the kernel (``SO_PASSCRED``); a report for a job whose root-written
   record names this node and that user makes the next beat go at once, carrying ``suspect_jobs`` for
   ``SUSPECT_TTL_S``, so the controller judges the job's other nodes on a shorter silence.
+  The same socket takes a job's **progress** (``nuro-progress/1``: ``ckpt`` after a commit, ``ack`` after the
+  checkpoint a stop signal asked for), accepted on the same terms; the agent also learns every commit its own upload
+  worker makes (as root: the job cannot forge those). Both travel in the beats (``commits``: the newest per job still
+  running here; ``acks`` for ``ACK_TTL_S``), timed by this agent's clock. Every report is rate-limited per job and
+  per sender uid (``peerloss.REPORT_RATE``); a refused one is counted and logged at most once a minute, and reports
+  make the agent beat early at most once per ``KICK_EVERY_S`` in all (a flood costs at most one extra beat's work).
 * **workers**: objects with ``.run(stop: threading.Event)`` (e.g. the checkpoint ``UploadWorker``), each in its own
   thread; a worker that raises is logged and restarted after ``WORKER_RESTART_S``.
 
@@ -69,6 +75,8 @@ WORKER_RESTART_S = 5.0
 #: A refused in-band report is logged at most this often (with the count so far).
 REFUSAL_LOG_EVERY_S = 60.0
 METRICS_CLOSE_S = 2.0
+#: How often the agent checks that a job whose commit it carries still has its record here (a stat per job).
+ALIVE_CHECK_S = 5.0
 
 
 class Worker(Protocol):
@@ -103,13 +111,16 @@ def build_heartbeat(
     suspect_jobs: tuple[int, ...] = (),
     throttled: tuple[str, ...] = (),
     stragglers: tuple[tuple[int, str, float], ...] = (),
+    commits: tuple[tuple[int, int, int], ...] = (),
+    acks: tuple[tuple[int, int, int], ...] = (),
 ) -> tuple[hb.Heartbeat, bytes]:
     """The heartbeat for one beat and its signed datagram; problems are shortened to fit ``hb.MAX_DATAGRAM``.
     ``stopping_s`` > 0 only in the last beat of a clean stop (``heartbeat.DEFAULT_STOP_GRACE_S``); ``suspect_jobs``
     and ``stragglers`` only while a report of this node's jobs is fresh (``nuro.protocol.peerloss``); ``throttled``:
     this node's GPUs a slowing clock reason holds down now (``throttled_gpus``)."""
     extra = {"stopping_s": stopping_s, "suspect_jobs": suspect_jobs, "throttled": throttled[: hb.MAX_THROTTLED],
-             "stragglers": stragglers[: hb.MAX_STRAGGLERS]}  # fmt: skip
+             "stragglers": stragglers[: hb.MAX_STRAGGLERS], "commits": commits[-hb.MAX_COMMITS :],
+             "acks": acks[-hb.MAX_ACKS :]}  # fmt: skip
 
     def make(cut: tuple[str, ...]) -> bytes:
         return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, cut, **extra), key)
@@ -199,6 +210,29 @@ class MetricsWriter(Protocol):
     def add(self, point: Point) -> bool: ...
 
     def close(self, timeout_s: float) -> Any: ...
+
+
+class RateLimit:
+    """Token buckets by key (a job id, a uid): ``allow(key)`` takes one token or says no. Bounded memory: at most
+    ``max_keys`` buckets (when full, the fullest ones, i.e. the idle keys, are dropped first)."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float], max_keys: int = 4096) -> None:
+        self.rate, self.burst, self.clock, self.max_keys = rate, burst, clock, max_keys
+        self._buckets: dict[object, tuple[float, float]] = {}  # key -> (tokens, at)
+
+    def allow(self, key: object) -> bool:
+        now = self.clock()
+        tokens, at = self._buckets.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - at) * self.rate)
+        if len(self._buckets) >= self.max_keys and key not in self._buckets:
+            full = [k for k, (t, a) in self._buckets.items() if t + (now - a) * self.rate >= self.burst]
+            for k in full or list(self._buckets)[: self.max_keys // 2]:
+                del self._buckets[k]
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now)
+            return False
+        self._buckets[key] = (tokens - 1.0, now)
+        return True
 
 
 @dataclass
@@ -297,6 +331,13 @@ class Agent:
         self._suspects: dict[int, float] = {}  # job id -> until (monotonic)
         self._stragglers: dict[tuple[int, str], tuple[float, float]] = {}  # (job, node) -> (until, slowdown)
         self._kicked: dict[int, float] = {}  # job id -> when its last report kicked a beat (monotonic)
+        self._last_kick = float("-inf")  # any report's early beat, at most one per KICK_EVERY_S (monotonic)
+        self._commits: dict[int, tuple[int, int]] = {}  # job id -> (newest committed step, wall s it was learnt)
+        self._acks: dict[int, tuple[int, int, float]] = {}  # job id -> (step, wall s, until monotonic)
+        self._alive_checked: dict[int, float] = {}  # job id -> when its record was last seen here (monotonic)
+        self._per_job = RateLimit(*peerloss.REPORT_RATE["job"], clock=self.monotonic)
+        self._per_uid = RateLimit(*peerloss.REPORT_RATE["uid"], clock=self.monotonic)
+        self.reports_limited = 0
         self.reports_accepted = 0
         self.reports_refused = 0
         self._refusal_logged = float("-inf")
@@ -306,14 +347,40 @@ class Agent:
         self._kick.set()
 
     # -- in-band reports (nuro.protocol.peerloss) -----------------------------------------------------------------
+    def _record_of(self, job_id: int) -> jobrecord.JobRecord | None:
+        """The job's root-written record on this node, or None (no job of this node)."""
+        root = self.config.health.for_node(self.config.node).staging_root
+        try:
+            return jobrecord.read(Path(root), str(job_id))
+        except (OSError, ValueError):  # not a record root wrote: no job of this node
+            return None
+
+    def _within_rate(self, job_id: int, sender_uid: int) -> bool:
+        """Whether a report of ``job_id`` from ``sender_uid`` is within both rates (``peerloss.REPORT_RATE``)."""
+        if self._per_uid.allow(sender_uid) and self._per_job.allow(job_id):
+            return True
+        self.reports_limited += 1
+        now = self.monotonic()
+        if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:
+            self._refusal_logged = now
+            log.warning("report rate-limited job=%d uid=%d (%d limited so far)", job_id, sender_uid,
+                        self.reports_limited)  # fmt: skip
+        return False
+
+    def _kick_once(self) -> bool:
+        """Beat now, unless a report made the agent beat early within ``KICK_EVERY_S`` (any job's)."""
+        now = self.monotonic()
+        with self._lock:
+            if now - self._last_kick < peerloss.KICK_EVERY_S:
+                return False
+            self._last_kick = now
+        self._kick.set()
+        return True
+
     def _accepts(self, job_id: int, sender_uid: int, kind: str) -> bool:
         """Whether an in-band report of ``job_id`` from ``sender_uid`` is heard (``peerloss.accept`` against the job's
         root-written record on this node); refusals are counted and logged at most once a minute."""
-        root = self.config.health.for_node(self.config.node).staging_root
-        try:
-            rec = jobrecord.read(Path(root), str(job_id))
-        except (OSError, ValueError):  # not a record root wrote: no job of this node
-            rec = None
+        rec = self._record_of(job_id)
         uid, node = (rec.uid, rec.node) if rec is not None else (None, None)
         if peerloss.accept(job_id, sender_uid, uid, node, self.config.node):
             return True
@@ -337,9 +404,8 @@ class Agent:
             if kick:
                 self._kicked[job_id] = now
         self.reports_accepted += 1
-        if kick:
+        if kick and self._kick_once():
             log.warning("node=%s job=%d reports a lost peer: beating now", self.config.node, job_id)
-            self._kick.set()
         return True
 
     def report_straggler(self, job_id: int, node: str, slowdown: float, sender_uid: int) -> bool:
@@ -351,8 +417,66 @@ class Agent:
             self._stragglers[(job_id, node)] = (self.monotonic() + peerloss.STRAGGLER_TTL_S, slowdown)
         self.reports_accepted += 1
         log.warning("node=%s job=%d reports a straggler on %s (%.2fx)", self.config.node, job_id, node, slowdown)
-        self._kick.set()
+        self._kick_once()
         return True
+
+    def note_commit(self, job_id: int, step: int) -> None:
+        """Step ``step`` of ``job_id`` is committed (this agent's upload worker, or the job's accepted report): the
+        beats carry the newest one per job while the job runs here."""
+        at = round(self.clock())
+        with self._lock:
+            old = self._commits.get(job_id)
+            if old is None or step > old[0]:
+                self._commits[job_id] = (step, at)
+                self._alive_checked.setdefault(job_id, self.monotonic())
+            if len(self._commits) > 4 * hb.MAX_COMMITS:  # bounded: the oldest learnt go first
+                for j in sorted(self._commits, key=lambda j: self._commits[j][1])[: -4 * hb.MAX_COMMITS]:
+                    self._commits.pop(j, None)
+
+    def on_upload_commit(self, req: Any) -> None:
+        """``UploadWorker.on_commit``: root committed a step (the request's job id is the root-written record's:
+        a root worker abandons a request that names another job)."""
+        try:
+            self.note_commit(int(req.job_id), int(req.step))
+        except (TypeError, ValueError):
+            log.warning("upload commit with job id %r not noted", getattr(req, "job_id", None))
+
+    def report_progress(self, kind: str, job_id: int, step: int, why: str, sender_uid: int) -> bool:
+        """A job's rank 0 says step ``step`` is committed (``ckpt``) or acknowledges its stop (``ack``): accepted on
+        ``report``'s terms; an ack beats at once (at most once per ``KICK_EVERY_S``) and is repeated in the beats
+        for ``ACK_TTL_S``."""
+        if not self._accepts(job_id, sender_uid, f"progress {kind}"):
+            return False
+        self.reports_accepted += 1
+        if kind == peerloss.KIND_CKPT:
+            self.note_commit(job_id, step)
+            return True
+        with self._lock:
+            self._acks[job_id] = (step, round(self.clock()), self.monotonic() + hb.ACK_TTL_S)
+            while len(self._acks) > hb.MAX_ACKS:
+                self._acks.pop(min(self._acks, key=lambda j: self._acks[j][2]))
+        log.info("node=%s job=%d acknowledged its stop at step %d (%s)", self.config.node, job_id, step, why or "-")
+        self._kick_once()
+        return True
+
+    def _fresh_progress(self) -> tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, int, int], ...]]:
+        """(commits, acks) for the next beat: acks within their TTL; commits of jobs whose record is still here
+        (looked at once per ``ALIVE_CHECK_S`` per job), the newest ``MAX_COMMITS``."""
+        now = self.monotonic()
+        with self._lock:
+            for job in [j for j, (_, _, until) in self._acks.items() if until <= now]:
+                del self._acks[job]
+            due = [j for j in self._commits if now - self._alive_checked.get(j, now) >= ALIVE_CHECK_S]
+        gone = [j for j in due if self._record_of(j) is None]
+        with self._lock:
+            for job in due:
+                self._alive_checked[job] = now
+            for job in gone:
+                self._commits.pop(job, None)
+                self._alive_checked.pop(job, None)
+            commits = sorted(((j, s, at) for j, (s, at) in self._commits.items()), key=lambda r: (r[2], r[0]))
+            acks = tuple(sorted((j, s, at) for j, (s, at, _) in self._acks.items()))
+        return tuple(commits[-hb.MAX_COMMITS :]), acks
 
     def _fresh_stragglers(self) -> tuple[tuple[int, str, float], ...]:
         now = self.monotonic()
@@ -391,10 +515,17 @@ class Agent:
             if uid is None:
                 continue
             job = peerloss.parse(data)
+            straggler = peerloss.parse_straggler(data) if job is None else None
+            progress = peerloss.parse_progress(data) if job is None and straggler is None else None
+            about = job or (straggler[0] if straggler else None) or (progress[1] if progress else None)
+            if about is None or not self._within_rate(about, uid):
+                continue
             if job is not None:
                 self.report(job, uid)
-            elif (straggler := peerloss.parse_straggler(data)) is not None:
+            elif straggler is not None:
                 self.report_straggler(*straggler, uid)
+            elif progress is not None:
+                self.report_progress(*progress, uid)
 
     def _open_report_socket(self) -> socket.socket | None:
         """The report socket, world-writable (who sent a datagram is the kernel's word), or None when it cannot be
@@ -505,9 +636,10 @@ class Agent:
         self.seq += 1
         now = self.clock()
         problems = self.current_problems()
+        commits, acks = self._fresh_progress()
         beat, data = build_heartbeat(self.config.node, self.boot_ms, self.seq, now, problems, self.config.key,
                                      stopping_s, self._suspect_jobs(), throttled_gpus(self._latest_report()),
-                                     self._fresh_stragglers())  # fmt: skip
+                                     self._fresh_stragglers(), commits, acks)  # fmt: skip
         addr = self._resolve()
         if addr is not None:
             try:
@@ -741,6 +873,9 @@ def main(argv: list[str] | None = None) -> int:
     # --probe none (the dev cluster): no GPUs, so no telemetry and no sink connection to hold open.
     metrics = _metrics_writer(config.node) if settings.probe != "none" else None
     agent = Agent(config, probe, workers=workers, metrics=metrics)
+    for worker in workers:  # root's own commits reach the controller in the beats (``Agent.note_commit``)
+        if hasattr(worker, "on_commit") and worker.on_commit is None:
+            worker.on_commit = agent.on_upload_commit
 
     def on_signal(signum: int, _frame: object) -> None:
         log.info("signal %s: stopping", signal.Signals(signum).name)
@@ -755,6 +890,7 @@ def main(argv: list[str] | None = None) -> int:
 
 __all__ = [
     "Agent",
+    "RateLimit",
     "AgentConfig",
     "Health",
     "Worker",

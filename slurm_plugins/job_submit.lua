@@ -75,7 +75,7 @@ end
 
 -- The job comment, read by a strict scanner of nuro's canonical JSON (the form nuro.protocol.jobcomment.canonical writes:
 -- compact, keys sorted by code point and never repeated, ASCII with lower-case \u escapes, integers of at most 15
--- digits, at most 8192 bytes and 32 levels). One left-to-right pass, O(size): a comment is a record only in that
+-- digits, at most 1024 bytes and 32 levels). One left-to-right pass, O(size): a comment is a record only in that
 -- form, exactly when Python's nuro.protocol.jobcomment.record() says so, and scan() gives the same first problem in the same
 -- words as nuro.protocol.jobcomment.scan (its line-by-line mirror); tests/vectors/comment.json and the property tests
 -- (tests/unit/test_comment_bridge.py under lua5.1, tests/integration/isolation/test_comment_parse.py through real
@@ -83,7 +83,10 @@ end
 -- the value * 65536 + its last byte }, [COUNT] = member count } (numeric slots never meet a string key); a string
 -- value is STR (its text lies inside its span: in canonical form a string without a backslash is exactly its text),
 -- anything else OTHER.
-local MAX_BYTES, MAX_DEPTH, MAX_DIGITS = 8192, 32, 15
+-- MAX_BYTES: Slurm's own cap on a job comment (1024, root included): the run record may use it all, nothing is
+-- appended after submit (nuro.protocol.jobcomment.MAX_COMMENT_BYTES); SHORTEN_HINT is its SHORTEN_HINT.
+local MAX_BYTES, MAX_DEPTH, MAX_DIGITS = 1024, 32, 15
+local SHORTEN_HINT = "shorten the run name, the code repo path or the entry's arguments"
 local STR_SPECIAL = '[%z\1-\31"\\\127-\255]' -- anything but printable ASCII without " and \
 local NAMED = { [34] = 34, [92] = 92, [98] = 8, [102] = 12, [110] = 10, [114] = 13, [116] = 9 } -- " \ b f n r t
 local SPACE = { [32] = true, [9] = true, [10] = true, [13] = true }
@@ -345,7 +348,8 @@ end
 -- The comment's top object when it is canonical, else nil and the first problem (nuro.protocol.jobcomment.scan's words).
 local function scan(c)
 	if #c > MAX_BYTES then
-		return nil, "it is " .. #c .. " bytes, above nuro's " .. MAX_BYTES
+		return nil, "it is " .. #c .. " bytes, " .. (#c - MAX_BYTES) .. " over the " .. MAX_BYTES
+			.. " Slurm allows in a job comment (" .. SHORTEN_HINT .. ")"
 	end
 	if c == "" then
 		return nil, "it is empty"

@@ -7,6 +7,10 @@ Runs beside the controller with the platform's credentials (Slurm client, the me
 ``MLFLOW_TRACKING_USERNAME``/``MLFLOW_TRACKING_PASSWORD`` or ``MLFLOW_TRACKING_TOKEN`` when the server asks). Stops
 on SIGTERM/SIGINT after the pass in progress. ``--once``: one pass, its counts as JSON with ``--json``; exit 0 when
 the pass reached MLflow, 1 when it did not.
+
+Jobs' progress (newest commit, preemption in flight, ack) comes from the controller's state dir
+(``$NURO_CONTROLLER_STATE_DIR``, default ``/var/lib/nuro/controller``: its ``progress.json`` and ledger), root-only
+files only the controller writes, never from a job's comment.
 """
 
 from __future__ import annotations
@@ -18,15 +22,41 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from nuro.objectstore import ObjectStore
 from nuro.runs.report import open_sink
 from nuro.slurm import CliBackend
-from nuro.tracking.bridge import Bridge, job_timeline, sink_gpu_rows, sink_rows, store_checkpoints
+from nuro.slurm_plugins.controller.config import DEFAULT_STATE_DIR, ENV_STATE_DIR
+from nuro.slurm_plugins.controller.ledger import Ledger
+from nuro.slurm_plugins.controller.progress import ProgressFile
+from nuro.tracking.bridge import Bridge, JobMarks, job_timeline, sink_gpu_rows, sink_rows, store_checkpoints
 from nuro.tracking.mlflow import MlflowError, client_from_env
 
 log = logging.getLogger("nuro.mlflow_bridge")
+
+
+def controller_marks(state_dir: str) -> Callable[[int], JobMarks]:
+    """``Bridge``'s ``marks``: a job's progress from the controller's progress file and preemption ledger (each read
+    again only when it changed; a missing or unreadable file means nothing known)."""
+    progress, ledger = ProgressFile(state_dir), Ledger(state_dir)
+    cache: dict[str, object] = {"mtime": None, "entries": {}}
+
+    def in_flight() -> dict[int, tuple[float, int | None]]:
+        try:
+            mtime = os.stat(ledger.path).st_mtime_ns
+        except OSError:
+            return {}
+        if mtime != cache["mtime"]:
+            cache["mtime"], cache["entries"] = mtime, ledger.load()
+        return cache["entries"]  # type: ignore[return-value]
+
+    def marks(job_id: int) -> JobMarks:
+        p = progress.view().get(job_id)
+        signalled = in_flight().get(job_id)
+        return JobMarks(p.commit_step if p else None, signalled[0] if signalled else None, p.ack_step if p else None)
+
+    return marks
 
 
 def build(uri: str | None = None) -> Bridge:
@@ -39,7 +69,8 @@ def build(uri: str | None = None) -> Bridge:
     return Bridge(client, backend.jobs, backend.finished_jobs, sink_rows(open_sink),
                   bucket=os.environ.get("NURO_S3_BUCKET", "nuro"), gpu_rows=sink_gpu_rows(open_sink),
                   checkpoints=store_checkpoints(store),
-                  timeline=job_timeline(backend, os.environ.get("NURO_EVENT_LOG"), store))  # fmt: skip
+                  timeline=job_timeline(backend, os.environ.get("NURO_EVENT_LOG"), store),
+                  marks=controller_marks(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR))  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

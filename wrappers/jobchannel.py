@@ -1,12 +1,17 @@
-"""The job's side of the controller channel: record a committed checkpoint, acknowledge a preemption.
+"""The job's side of the controller channel: report a committed checkpoint, acknowledge a stop.
 
-Runs inside a job (rank 0 only), as the job's user, with the job's environment (``SLURM_JOB_ID``, ``SLURM_CONF``).
-Each call reads the job's current comment, merges one key (keeping what the controller or submit wrote) and writes
-it back with ``scontrol update`` (a job owner may update their own job's comment). See ``nuro.protocol.jobcomment``.
+Runs inside a job (rank 0 only), as the job's user, with the job's environment (``SLURM_JOB_ID``,
+``SLURMD_NODENAME``). Each call sends one datagram to this node's agent (``nuro.protocol.peerloss`` progress
+report, on the agent's socket: ``$NURO_AGENT_SOCKET_DIR``/``<node>.report.sock``); the agent takes the sender's uid
+from the kernel, checks it against the job's root-written record, and carries the report to the controller in its
+heartbeats. Nothing is written into the job comment any more: its 1,024 bytes are the job's own (issue 30), and the
+controller's reclaim must not depend on room in them. The node agent's upload worker also reports every commit it
+makes by itself, so a lost ``ckpt`` report costs nothing; a lost ``ack`` costs the job its requeue at grace end
+instead of at once (and a commit after the signal counts as the ack anyway).
 
     nuro-job ckpt --step 1200     # after a checkpoint's manifest is committed
-    nuro-job ack --step 1200      # after the checkpoint a preemption asked for is committed: "requeue me now"
-    nuro-job show                 # the record as JSON
+    nuro-job ack --step 1200      # after the checkpoint a stop asked for is committed: "requeue me now"
+    nuro-job show                 # the run record and root's note (preempted for …, refused because …) as JSON
 """
 
 from __future__ import annotations
@@ -14,17 +19,15 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import click
 
-from nuro.protocol import jobcomment
-from nuro.protocol.contract import COMMENT_ACK, COMMENT_CHECKPOINT
+from nuro.protocol import adminnote, jobcomment, peerloss
 from nuro.slurm import CliBackend, SlurmError
 
 
 class JobChannelError(RuntimeError):
-    """Not inside a Slurm job, or Slurm refused the update; the message says which."""
+    """Not inside a Slurm job, or the report could not reach the node agent; the message says which."""
 
 
 def _job_id(job_id: int | None) -> int:
@@ -38,37 +41,35 @@ def _job_id(job_id: int | None) -> int:
     return int(raw)
 
 
-def _update(key: str, value: dict, job_id: int | None, backend: CliBackend | None) -> str:
+def _send(kind: str, step: int, job_id: int | None, why: str = "") -> None:
     jid = _job_id(job_id)
-    be = backend or CliBackend(timeout_s=15)
+    node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
     try:
-        new = be.merge_comment(jid, **{key: value})  # serialised per process (backend._COMMENT_WRITE_LOCK)
-    except SlurmError as exc:
-        raise JobChannelError(f"could not record {key} for job {jid}: {exc}") from exc
-    return new
+        path = peerloss.socket_path(peerloss.socket_dir(os.environ), node)
+    except ValueError as exc:
+        raise JobChannelError(f"could not report {kind} for job {jid}: {exc}") from None
+    if not peerloss.send_progress(path, kind, jid, step, why):
+        raise JobChannelError(
+            f"could not report {kind} step {step} for job {jid}: no node agent answers at {path} "
+            "(the controller then learns of the commit from the agent's upload worker, or requeues at grace end)"
+        )
 
 
-def record_checkpoint(step: int, job_id: int | None = None, backend: CliBackend | None = None) -> str:
+def record_checkpoint(step: int, job_id: int | None = None) -> None:
     """Tell the controller the newest committed checkpoint (it prefers preempting jobs that lose the least)."""
-    return _update(COMMENT_CHECKPOINT, {"step": step, "at": round(time.time())}, job_id, backend)
+    _send(peerloss.KIND_CKPT, step, job_id)
 
 
-def acknowledge_preemption(
-    step: int, job_id: int | None = None, backend: CliBackend | None = None, why: str | None = None
-) -> str:
-    """Tell the controller the checkpoint it asked for is committed: it requeues the job at once.
+def acknowledge_preemption(step: int, job_id: int | None = None, why: str | None = None) -> None:
+    """Tell the controller the checkpoint a stop asked for is committed: it requeues the job at once.
 
-    ``why`` (``preempted`` or ``time_limit``) says which stop signal the job answered; readers that predate it
-    (``nuro.protocol.jobcomment.Mark``) read only step and time."""
-    ack: dict = {"step": step, "at": round(time.time())}
-    if why:
-        ack["why"] = why
-    return _update(COMMENT_ACK, ack, job_id, backend)
+    ``why`` (``preempted`` or ``time_limit``) says which stop signal the job answered."""
+    _send(peerloss.KIND_ACK, step, job_id, why or "")
 
 
 @click.group()
 def main() -> None:
-    """Talk to the nuro controller from inside a job (through the job's Slurm comment)."""
+    """Talk to the nuro controller from inside a job (through this node's agent)."""
 
 
 def _run(fn, step: int, job_id: int | None) -> None:
@@ -83,7 +84,7 @@ def _run(fn, step: int, job_id: int | None) -> None:
 @click.option("--step", type=click.IntRange(min=0), required=True, help="Training step of the committed checkpoint.")
 @click.option("--job-id", type=int, default=None, help="Default: $SLURM_JOB_ID.")
 def ckpt(step: int, job_id: int | None) -> None:
-    """Record a committed checkpoint."""
+    """Report a committed checkpoint."""
     _run(record_checkpoint, step, job_id)
 
 
@@ -98,10 +99,13 @@ def ack(step: int, job_id: int | None) -> None:
 @main.command()
 @click.option("--job-id", type=int, default=None, help="Default: $SLURM_JOB_ID.")
 def show(job_id: int | None) -> None:
-    """Print the job's nuro record as JSON."""
+    """Print the job's run record and root's note as JSON: {"nuro": ..., "note": ...}."""
     try:
         jid = _job_id(job_id)
-        click.echo(json.dumps(jobcomment.parse(CliBackend(timeout_s=15).job_comment(jid)).raw, sort_keys=True))
+        backend = CliBackend(timeout_s=15)
+        record = jobcomment.parse(backend.job_comment(jid)).record
+        note = adminnote.parse(backend.job_admin_comment(jid))
+        click.echo(json.dumps({"nuro": record, "note": note}, sort_keys=True))
     except (JobChannelError, SlurmError) as exc:
         click.echo(f"nuro-job: {exc}", err=True)
         sys.exit(1)

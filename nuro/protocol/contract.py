@@ -12,7 +12,8 @@ training process and the renderer on login nodes, neither should pull anything e
 | ``TIME_LIMIT_SIGNAL`` | ``USR2`` | Slurm sends it before the limit (``--signal=B:USR2@N``); the script relays it |
 | ``PG_TIMEOUT_S`` | 60 | torch.distributed process-group timeout: how long a survivor waits for a lost peer |
 | ``RDZV_PORT_BASE``/``SPAN`` | 29500 / 1000 | torchrun's rendezvous port: base + job id mod span |
-| ``COMMENT_*`` | the job comment's keys | see ``nuro.protocol.jobcomment`` (who writes each) |
+| ``COMMENT_RUN`` | the job comment's one key | submit writes the run record (``nuro.protocol.jobcomment``) |
+| ``NOTE_*`` | the admin comment's keys | root's notes to the job's owner (``nuro.protocol.adminnote``) |
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ ENV_RDZV_PORT_SPAN = "NURO_RDZV_PORT_SPAN"
 #: when it reads ``NURO_SPARE_NODES`` (``nuro.wrappers.spares``).
 MAX_SPARE_NODES = 64
 
-#: The job comment's top-level keys (canonical JSON, ``nuro.protocol.jobcomment``), by writer.
-COMMENT_RUN = "nuro"  # submit: the run's metadata
-COMMENT_CHECKPOINT = "ckpt"  # the job: the last committed checkpoint
-COMMENT_PREEMPT = "preempt"  # the controller: a signed preemption mark
-COMMENT_ACK = "ack"  # the job: the checkpoint a preemption asked for is committed
-COMMENT_REFUSED = "refused"  # root on a node (prolog, health check): why the job may not run there
+#: The job comment's one key (canonical JSON, ``nuro.protocol.jobcomment``): the run record, written at submit.
+COMMENT_RUN = "nuro"
+#: The admin comment's keys (``nuro.protocol.adminnote``; only root and SlurmUser may write that field): a note from
+#: the platform to the job's owner. Each note replaces the field whole; none is ever read back to decide anything.
+NOTE_PREEMPT = "preempt"  # the controller: the job is being preempted (for which job, why)
+NOTE_REFUSED = "refused"  # root on a node (prolog, health check): why the job may not run there
 
 
 def rdzv_port(job_id: int, base: int = RDZV_PORT_BASE, span: int = RDZV_PORT_SPAN) -> int:

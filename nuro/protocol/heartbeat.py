@@ -27,7 +27,11 @@ is not a node loss; a controller that does not know the key ignores it, as parse
 "Connection closed by peer": the controller then judges that job's other nodes on a shorter silence; see
 ``nuro.protocol.peerloss``), ``throttled`` (this node's GPUs held down by a slowing clock reason now, from NVML) and
 ``stragglers`` (a job of this node flagged a rank on some node as slow: job, node, slowdown; the controller drains
-that node only when it is the job's and its own beats say ``throttled``).
+that node only when it is the job's and its own beats say ``throttled``), ``commits`` (the newest committed
+checkpoint of each job running on this node: job, step, when the agent learnt it, from its own upload worker or the
+job's rank 0; ``nuro.protocol.peerloss`` progress reports) and ``acks`` (a job of this node acknowledged its stop:
+job, step, when; repeated for ``ACK_TTL_S`` so one lost datagram loses nothing). These two are how a job's progress
+reaches the controller: never through the job comment, whose 1,024 bytes its user may fill.
 """
 
 from __future__ import annotations
@@ -64,6 +68,11 @@ MAX_SUSPECT_JOBS = 8
 MAX_THROTTLED = 8
 MAX_THROTTLED_TEXT = 80
 MAX_STRAGGLERS = 4
+#: ``commits`` / ``acks``: (job id, step, Unix s); at most this many per beat (a node runs at most a few jobs).
+MAX_COMMITS = 8
+MAX_ACKS = 4
+#: How long an agent repeats an ack in its beats (the controller needs one; UDP may drop some).
+ACK_TTL_S = 30.0
 _NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 NODE_BYTES = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 MAC_LEN = 64
@@ -99,6 +108,8 @@ class Heartbeat:
     suspect_jobs: tuple[int, ...] = ()
     throttled: tuple[str, ...] = ()
     stragglers: tuple[tuple[int, str, float], ...] = ()
+    commits: tuple[tuple[int, int, int], ...] = ()
+    acks: tuple[tuple[int, int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not is_node_name(self.node):
@@ -121,6 +132,17 @@ class Heartbeat:
             raise BadHeartbeat(
                 f"stragglers: at most {MAX_STRAGGLERS} (job, node, slowdown), got {self.stragglers!r:.80}"
             )
+        for name, items, most in (("commits", self.commits, MAX_COMMITS), ("acks", self.acks, MAX_ACKS)):
+            if len(items) > most or not all(_is_progress(r) for r in items):
+                raise BadHeartbeat(f"{name}: at most {most} (job, step, unix s), got {items!r:.80}")
+
+
+def _is_progress(r: object) -> bool:
+    """(job id, step, Unix s), whole numbers in range (``commits`` and ``acks``)."""
+    return (
+        isinstance(r, tuple) and len(r) == 3 and all(type(x) is int for x in r)
+        and 0 < r[0] < 2**32 and 0 <= r[1] < 10**15 and 0 <= r[2] < 2**40
+    )  # fmt: skip
 
 
 def load_key(path: str | Path) -> bytes:
@@ -206,9 +228,9 @@ def encode(hb: Heartbeat, key: bytes) -> bytes:
         {
             "v": FORMAT,
             **{
-                k: (list(v) if isinstance(v, tuple) else v)
+                k: ([list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v)
                 for k, v in asdict(hb).items()
-                if k not in ("stopping_s", "suspect_jobs", "throttled", "stragglers") or v
+                if k not in ("stopping_s", "suspect_jobs", "throttled", "stragglers", "commits", "acks") or v
             },
         },  # only a stopping agent's last beat carries stopping_s, only a reporting node's suspect_jobs, ...
         separators=(",", ":"),
@@ -274,6 +296,8 @@ def parse_body(node: str, body: bytes) -> Heartbeat:
             suspect_jobs=tuple(raw.get("suspect_jobs", ())),
             throttled=tuple(str(t) for t in raw.get("throttled", ())),
             stragglers=tuple((r[0], str(r[1]), float(r[2])) for r in raw.get("stragglers", ())),
+            commits=tuple(tuple(r) for r in raw.get("commits", ())),
+            acks=tuple(tuple(r) for r in raw.get("acks", ())),
         )
     except BadHeartbeat:
         raise

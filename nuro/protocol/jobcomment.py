@@ -1,21 +1,24 @@
-"""nuro's per-job record in the Slurm job comment: canonical JSON, the one channel between jobs and the controller.
+"""nuro's run record in the Slurm job comment: canonical JSON, immutable from submit on, within Slurm's 1,024 bytes.
 
-Slurm is the system of record for jobs (ARCHITECTURE principle 1), so what the controller must know about a running
-job lives in the job itself, readable by one ``squeue --json`` and rebuilt from it after a controller restart:
+Slurm is the system of record for jobs (ARCHITECTURE principle 1), so the run's metadata (team, dataset digest, code
+commit, checkpoint policy, …) travels with the job itself, readable by one ``squeue --json``:
 
 | key | written by | meaning |
 |---|---|---|
-| ``nuro`` | submit (nuro-train / nuro-sbatch) | run metadata (team, dataset digest, code commit, …) |
-| ``ckpt`` | the job (rank 0) after each committed checkpoint | ``{"step": N, "at": unix_s}`` |
-| ``preempt`` | the controller, before it signals | ``{"at": unix_s, "for": job_id, "sig": hmac, "why": text}`` |
-| ``ack`` | the job (rank 0), after the checkpoint a preemption asked for is committed | ``{"step": N, "at": unix_s}`` |
-| ``refused`` | the prolog (root), when it refuses to start the job | ``{"at": unix_s, "node": name, "why": text}`` |
+| ``nuro`` | submit (nuro-train / nuro-sbatch), never changed afterwards | the run record |
 
-A job owner may update their own job's comment (``scontrol update jobid=$SLURM_JOB_ID comment=...``), which is how
-the acknowledgement travels without any new network service. Writers read, merge and write back (``merge``) so
-keys written by the other side survive. A forged ack only hurries the forger's own requeue; a ``preempt`` mark
-counts only with the controller's signature (``nuro.protocol.marks``), and the bridge refuses users who add or change
-one.
+**Nothing else is written into a comment after submit.** slurmctld caps ``comment``, ``admin_comment`` and ``extra``
+at 1,024 bytes for everyone, root included, on submit and on every update (``_test_job_desc_fields``,
+../shared/SLURM_FACTS.md), and the job's user may fill the comment up to that cap. So platform state never depends
+on room in it: the controller keeps the preemptions it has in flight in a file of its own
+(``slurm_plugins/controller/ledger.py``), a job's committed checkpoints and its acknowledgement reach the controller
+through the node agent (``nuro.protocol.peerloss`` progress reports, the agent's upload worker, heartbeats), and
+root's notes to the job's owner (a preemption, a refusal) go to the ``admin_comment`` that only root and SlurmUser
+may write (``nuro.protocol.adminnote``). docs/controller.md has each field's byte budget.
+
+The record's budget is ``MAX_COMMENT_BYTES`` (= Slurm's cap: nothing is appended later, so the record may use it all);
+the job_submit bridge refuses a longer record on submit and on update, saying how many bytes over it is
+(``scan``), and the submit commands say which fields are longest before they call sbatch (``size_report``).
 
 **The one parser.** Every reader of a job comment (the job_submit bridge, prolog, controller, CLI, admission preview)
 agrees on what it says because a comment is a nuro record only in the *canonical form*, the exact bytes
@@ -37,31 +40,17 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nuro.protocol.contract import COMMENT_ACK, COMMENT_CHECKPOINT, COMMENT_PREEMPT, COMMENT_RUN
+from nuro.protocol.contract import COMMENT_RUN
 
-MAX_COMMENT_BYTES = 8192  # well below Slurm's limits; nuro metadata is small
+#: Slurm's cap on a job's comment, admin_comment and extra (bytes, for everyone, root included: job_mgr.c).
+SLURM_TEXT_MAX = 1024
+#: The run record's budget: all of Slurm's cap, since nothing is appended to the comment after submit.
+MAX_COMMENT_BYTES = SLURM_TEXT_MAX
+#: What ``scan`` tells a user whose record is over the budget to shorten (the bridge says the same words).
+SHORTEN_HINT = "shorten the run name, the code repo path or the entry's arguments"
 MAX_DEPTH = 32  # containers nested at most this deep (the top object is level 1)
 MAX_INT_DIGITS = 15  # |n| < 10**15: exact in a double, so Lua 5.1 and Python agree
 _INT_LIMIT = 10**MAX_INT_DIGITS
-
-
-@dataclass(frozen=True)
-class Mark:
-    """A step and the time it was recorded (Unix seconds)."""
-
-    step: int | None
-    at: float
-
-
-@dataclass(frozen=True)
-class PreemptRequest:
-    """The ``preempt`` mark as written. ``sig`` is the controller's signature (``nuro.protocol.marks``); readers that
-    act on the mark (the controller) must verify it first: anyone may write these fields into a comment."""
-
-    at: float
-    for_job: int | None
-    why: str
-    sig: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,49 +69,11 @@ class JobComment:
         rec = self.raw.get(COMMENT_RUN)
         return rec if isinstance(rec, dict) else {}
 
-    @property
-    def checkpoint(self) -> Mark | None:
-        return _mark(self.raw.get(COMMENT_CHECKPOINT))
-
-    @property
-    def ack(self) -> Mark | None:
-        return _mark(self.raw.get(COMMENT_ACK))
-
-    @property
-    def preempt(self) -> PreemptRequest | None:
-        p = self.raw.get(COMMENT_PREEMPT)
-        if not isinstance(p, dict) or not _is_num(p.get("at")):
-            return None
-        for_job = p.get("for")
-        sig = p.get("sig")
-        return PreemptRequest(
-            at=float(p["at"]),
-            for_job=int(for_job) if isinstance(for_job, int) and not isinstance(for_job, bool) else None,
-            why=str(p.get("why", "")),
-            sig=sig if isinstance(sig, str) else "",
-        )
-
-    def acked_since(self, t: float) -> bool:
-        """True when the job acknowledged at or after ``t`` (the time it was asked to checkpoint)."""
-        ack = self.ack
-        return ack is not None and ack.at >= t
-
 
 def may_hold(comment: str, key: str) -> bool:
     """Whether ``comment`` may carry the top-level ``key``: a substring test that lets a reader skip parsing the
     comments of most jobs (the controller reads every running job's each cycle); ``parse`` decides."""
     return f'"{key}"' in comment
-
-
-def _is_num(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _mark(v: object) -> Mark | None:
-    if not isinstance(v, dict) or not _is_num(v.get("at")):
-        return None
-    step = v.get("step")
-    return Mark(step=step if isinstance(step, int) and not isinstance(step, bool) else None, at=float(v["at"]))
 
 
 # --- the canonical form ---------------------------------------------------------------------------------------------
@@ -215,10 +166,38 @@ def merge(comment: str | None, **updates: Any) -> str:
     text = canonical(data)
     size = _byte_len(text)
     if size > MAX_COMMENT_BYTES:
-        raise ValueError(f"job comment would be {size} bytes, above nuro's {MAX_COMMENT_BYTES}")
+        raise ValueError(f"job comment would be {size} bytes, {size - MAX_COMMENT_BYTES} over the "
+                         f"{MAX_COMMENT_BYTES} Slurm allows ({SHORTEN_HINT})")
     if record(text) is None:
         raise ValueError(f"job comment would not be a nuro record ({scan(text)}): {text[:200]}")
     return text
+
+
+def size_report(comment: str, top: int = 3) -> str:
+    """How much of the budget ``comment`` uses, and (over it) its longest fields: what submit prints before sbatch.
+
+    E.g. ``1,130 bytes, 106 over the 1,024 Slurm allows in a job comment; longest: nuro.entry.args 512 bytes,
+    nuro.code.repo 230 bytes`` or ``486 of 1,024 bytes (538 left)``."""
+    size = _byte_len(comment)
+    if size <= MAX_COMMENT_BYTES:
+        return f"{size:,} of {MAX_COMMENT_BYTES:,} bytes ({MAX_COMMENT_BYTES - size:,} left)"
+    try:
+        obj = json.loads(comment)
+    except ValueError:
+        obj = None
+    sizes: list[tuple[int, str]] = []
+
+    def walk(v: Any, path: str) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, f"{path}.{k}" if path else str(k))
+        else:
+            sizes.append((_byte_len(canonical(v)), path))
+
+    walk(obj, "")
+    longest = ", ".join(f"{p} {n:,} bytes" for n, p in sorted(sizes, reverse=True)[:top])
+    return (f"{size:,} bytes, {size - MAX_COMMENT_BYTES:,} over the {MAX_COMMENT_BYTES:,} Slurm allows in a job "
+            f"comment" + (f"; longest: {longest}" if longest else ""))  # fmt: skip
 
 
 # --- the scanner: why a comment is not canonical (line-by-line mirror of job_submit.lua's scan) ----------------------
@@ -250,7 +229,8 @@ def scan(c: str) -> str | None:
     A single left-to-right pass with the same checks, order and words as ``scan`` in job_submit.lua."""
     size = _byte_len(c)
     if size > MAX_COMMENT_BYTES:
-        return f"it is {size} bytes, above nuro's {MAX_COMMENT_BYTES}"
+        return (f"it is {size} bytes, {size - MAX_COMMENT_BYTES} over the {MAX_COMMENT_BYTES} Slurm allows in a job "
+                f"comment ({SHORTEN_HINT})")
     if not c:
         return "it is empty"
     if c[0] != "{":
@@ -414,9 +394,9 @@ __all__ = [
     "MAX_COMMENT_BYTES",
     "MAX_DEPTH",
     "MAX_INT_DIGITS",
+    "SHORTEN_HINT",
+    "SLURM_TEXT_MAX",
     "JobComment",
-    "Mark",
-    "PreemptRequest",
     "canonical",
     "may_hold",
     "merge",
@@ -424,4 +404,5 @@ __all__ = [
     "reason",
     "record",
     "scan",
+    "size_report",
 ]

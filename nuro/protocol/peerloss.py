@@ -18,6 +18,18 @@ The path, and why each hop is trusted:
    the report only for a job whose root-written record (``nuro.protocol.jobrecord``) says this node and that user
    (``accept``). It then beats at once with ``suspect_jobs`` (``nuro.protocol.heartbeat``), for ``SUSPECT_TTL_S``.
 3. The controller (``slurm_plugins/controller/detection.py``) looks the job's nodes up in Slurm and judges them.
+
+The same socket carries a job's **progress** (``nuro-progress/1``): rank 0's "step N is committed" (``ckpt``) and
+"the checkpoint the stop signal asked for is committed, requeue me" (``ack``). Why here and not in the job comment:
+the comment is the job's own 1,024 bytes, which its user may fill, so the controller's reclaim would depend on room
+in something the job controls. On this path the size is fixed, the sender's identity is the kernel's and the
+job's root-written record, and the time is the agent's clock when the report came (``at`` in the beat), never the
+job's. The agent also learns commits as root, from its own upload worker (the job cannot forge those), and carries
+both in its heartbeats (``commits``, ``acks``; ``nuro.protocol.heartbeat``). A false progress report only hurries
+its own job's requeue or makes it the cheaper victim: the job loses, never another team.
+
+Every report kind is rate-limited per job and per sender uid (``REPORT_RATE``), and a report never makes the agent
+beat more than once per ``KICK_EVERY_S`` whatever the number of jobs reporting (one beat's worth of work).
 """
 
 from __future__ import annotations
@@ -115,6 +127,54 @@ def send_straggler(path: Path, job_id: int, node: str, slowdown: float) -> bool:
         return False
 
 
+# -- progress reports (issue 30): "step N of my job is committed", "I acknowledge the stop" ---------------------------
+PROGRESS_PREFIX = b"nuro-progress/1 "
+KIND_CKPT = "ckpt"
+KIND_ACK = "ack"
+#: ``why`` of an ack: which stop the job answered (``wrappers.sdk.preemption.StopReason.label``), a short word.
+_WHY = re.compile(r"[a-z_]{1,16}")
+MAX_STEP = 10**15  # the record's integer range (nuro.protocol.jobcomment.MAX_INT_DIGITS)
+#: Per job and per sender uid: (reports per second, burst). A training job sends one ``ckpt`` per commit and one
+#: ``ack`` per stop; a loss or straggler report is rarer still. More is refused (counted, logged once a minute).
+REPORT_RATE = {"job": (2.0, 10.0), "uid": (10.0, 40.0)}
+
+
+def encode_progress(kind: str, job_id: int, step: int, why: str = "") -> bytes:
+    """``nuro-progress/1 ckpt <job> <step>`` or ``nuro-progress/1 ack <job> <step> <why>``."""
+    if kind not in (KIND_CKPT, KIND_ACK) or not 0 <= int(step) < MAX_STEP or not 0 < int(job_id) < 2**32:
+        raise ValueError(f"not a progress report: {kind!r} job={job_id!r} step={step!r}")
+    words = [kind, str(int(job_id)), str(int(step))]
+    if kind == KIND_ACK and why:
+        if not _WHY.fullmatch(why):
+            raise ValueError(f"ack why {why!r} is not a short lower-case word")
+        words.append(why)
+    return PROGRESS_PREFIX + " ".join(words).encode()
+
+
+def parse_progress(data: bytes) -> tuple[str, int, int, str] | None:
+    """(kind, job id, step, why) of a well-formed progress report, else None."""
+    if len(data) > MAX_REPORT or not data.startswith(PROGRESS_PREFIX):
+        return None
+    parts = data[len(PROGRESS_PREFIX) :].decode("ascii", "replace").split(" ")
+    if len(parts) not in (3, 4) or parts[0] not in (KIND_CKPT, KIND_ACK):
+        return None
+    kind, job, step = parts[0], parts[1], parts[2]
+    why = parts[3] if len(parts) == 4 else ""
+    if not (job.isdigit() and len(job) <= 10 and step.isdigit() and len(step) <= 15):
+        return None
+    if (why and (kind != KIND_ACK or not _WHY.fullmatch(why))) or not 0 < int(job) < 2**32:
+        return None
+    return kind, int(job), int(step), why
+
+
+def send_progress(path: Path, kind: str, job_id: int, step: int, why: str = "") -> bool:
+    """One progress report to the agent at ``path``; False (never an exception) when it could not be sent."""
+    try:
+        return _send(path, encode_progress(kind, job_id, step, why))
+    except ValueError:
+        return False
+
+
 def accept(job_id: int, sender_uid: int, record_uid: int | None, record_node: str | None, node: str) -> bool:
     """Whether the agent takes a report: the job has a root-written record on this node, and the sender is its user
     (or root)."""
@@ -148,6 +208,7 @@ class LineWatch:
 
 
 __all__ = [
-    "PEER_DEATH_RE", "STRAGGLER_TTL_S", "SUSPECT_TTL_S", "LineWatch", "accept", "encode", "encode_straggler", "parse",
-    "parse_straggler", "send", "send_straggler", "socket_dir", "socket_path",
+    "KIND_ACK", "KIND_CKPT", "PEER_DEATH_RE", "REPORT_RATE", "STRAGGLER_TTL_S", "SUSPECT_TTL_S", "LineWatch", "accept",
+    "encode", "encode_progress", "encode_straggler", "parse", "parse_progress", "parse_straggler", "send",
+    "send_progress", "send_straggler", "socket_dir", "socket_path",
 ]  # fmt: skip

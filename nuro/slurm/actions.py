@@ -193,6 +193,19 @@ class UpdateComment:
 
 
 @dataclass(frozen=True)
+class UpdateAdminComment:
+    """``scontrol update jobid=<id> admincomment=<text>``: root or SlurmUser only (a user's update of it is refused);
+    carries root's note to the job's owner (``nuro.protocol.adminnote``), never state."""
+
+    job_id: int | str
+    text: str
+
+    def __post_init__(self) -> None:
+        if "\n" in self.text or "\r" in self.text:
+            raise ValueError(f"UpdateAdminComment({self.job_id}): an admin comment must be one line")
+
+
+@dataclass(frozen=True)
 class DrainNode:
     """``scontrol update nodename=<node> state=drain reason=<reason>``; running jobs finish, no new ones start."""
 
@@ -236,6 +249,7 @@ Action = (
     | UpdateSiteFactor
     | UpdateJobs
     | UpdateComment
+    | UpdateAdminComment
     | DrainNode
     | DownNode
     | ResumeNode
@@ -280,6 +294,8 @@ def render_argv(action: Action | SubmitCommand) -> list[str]:
             return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"sitefactor={int(value)}"]
         case UpdateComment(job_id=jid, comment=comment):
             return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"comment={comment}"]
+        case UpdateAdminComment(job_id=jid, text=text):
+            return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"admincomment={text}"]
         case DrainNode(node=node, reason=reason):
             return ["scontrol", "update", f"nodename={_check_node(node)}", "state=drain", f"reason={reason}"]
         case DownNode(node=node, reason=reason):

@@ -44,7 +44,6 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
-from nuro.protocol import jobcomment
 from nuro.slurm._fields import expand_std_path
 from nuro.slurm.actions import (
     Action,
@@ -58,6 +57,7 @@ from nuro.slurm.actions import (
     Signal,
     Submit,
     SubmitCommand,
+    UpdateAdminComment,
     UpdateComment,
     UpdateJobs,
     UpdateQos,
@@ -108,13 +108,6 @@ log = logging.getLogger(__name__)
 #: milliseconds before slurmctld is even asked, so a shorter limit would cut calls an idle slurmctld answers.
 CALL_TIMEOUT_MIN_S = 0.1
 
-#: One read-merge-write of a job comment at a time in this process (``Backend.merge_comment``), whatever backend
-#: object each writer holds. Rank 0 of a job writes its ``ckpt`` mark from the Checkpointer's recorder thread and its
-#: ``ack`` from the preemption guard, both right after the same commit; unserialised, each read the comment before
-#: the other's write and the later write dropped the earlier key (CI, the DeepSpeed borrower test: the ack lost to
-#: the step's own ckpt mark, the run requeued with no ack on record). Writers in other processes are the controller,
-#: whose ``preempt`` key the bridge refuses to let a job's write drop or change (``preempt_forged``).
-_COMMENT_WRITE_LOCK = threading.Lock()
 #: How old a partition list ``read_snapshot`` may reuse (``CliBackend.partitions``), seconds.
 SNAPSHOT_PARTITIONS_MAX_AGE_S = 30.0
 #: The first Slurm whose squeue the bulk job read asks for ``--json=<parser>+complex`` (measured on 24.11 and 26.05).
@@ -161,6 +154,10 @@ class Backend(abc.ABC):
             raise InvalidJobId(f"no job {job_id}", argv=())
         return job.comment or ""
 
+    def job_admin_comment(self, job_id: int | str) -> str:
+        """One job's admin comment (root's note to its owner); "" where a backend cannot read it."""
+        return ""
+
     def site_factors(self) -> dict[int, int]:
         """Pending jobs' SiteFactor as slurmctld holds it now; {} where a backend cannot tell (the controller then
         sets every value it wants once)."""
@@ -179,17 +176,6 @@ class Backend(abc.ABC):
         if job is None:
             raise InvalidJobId(f"no job {job_id}", argv=())
         return job.state
-
-    def merge_comment(self, job_id: int | str, **updates: object) -> str:
-        """Read the job's comment, set ``updates`` (None deletes a key), write it back; returns the new comment.
-
-        Read-merge-write keeps the keys the other side wrote (submit's ``nuro`` record, the controller's
-        ``preempt``, the job's ``ack``); see nuro.protocol.jobcomment.
-        """
-        with _COMMENT_WRITE_LOCK:
-            new = jobcomment.merge(self.job_comment(job_id), **updates)
-            self.update_comment(job_id, new)
-        return new
 
     def job_nodes(self, job_id: int | str) -> list[str]:
         """The nodes one job holds (empty when Slurm knows no such job); adapters read only that field."""
@@ -286,6 +272,10 @@ class Backend(abc.ABC):
     def update_comment(self, job_id: int | str, comment: str) -> ActionResult:
         """Replace the job's comment (nuro's job record; see nuro.protocol.jobcomment)."""
         return self.apply(UpdateComment(job_id, comment)).raise_for_error()
+
+    def update_admin_comment(self, job_id: int | str, text: str) -> ActionResult:
+        """Replace the job's admin comment (root's note to its owner; see nuro.protocol.adminnote)."""
+        return self.apply(UpdateAdminComment(job_id, text)).raise_for_error()
 
     def drain(self, node: str, reason: str) -> ActionResult:
         """Drain a node (or hostlist) with a reason."""
@@ -612,10 +602,15 @@ class CliBackend(Backend):
         """One job's current comment (nuro's job record; see nuro.protocol.jobcomment), exactly as the job holds it.
 
         Read alone with ``squeue -j ID -O 'JobArrayID:0|,Comment:0'`` (``parse_squeue_one_field``): the
-        controller's and the prolog's read-merge-write (``merge_comment``, prolog ``refuse``) must see the job's own
-        comment, never one a job name or another field made up; ``scontrol show job -o`` could not guarantee that.
+        readers must see the job's own comment, never one a job name or another field made up; ``scontrol show job
+        -o`` could not guarantee that.
         """
         return self._job_field(job_id, "Comment", "Comment")
+
+    def job_admin_comment(self, job_id: int | str) -> str:
+        """One job's admin comment (root's note to its owner; see nuro.protocol.adminnote), read alone as the
+        comment is (``squeue -O AdminComment``)."""
+        return self._job_field(job_id, "AdminComment", "AdminComment")
 
     def refresh_topology(self) -> None:
         """Forget the cached topology (after a slurmctld restart with a new topology.conf)."""

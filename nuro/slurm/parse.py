@@ -266,6 +266,7 @@ def _job_record(d: Mapping[str, Any]) -> dict[str, str]:
         "WorkDir": work_dir,
         "Command": as_str(d.get("command")),
         "Comment": as_str(d.get("comment")),
+        "AdminComment": as_str(d.get("admin_comment")),
         "StdOut": stdout,
         "StdErr": std("standard_error", "stderr_expanded", as_str(d.get("standard_output"))),
         "StdIn": as_str(d.get("standard_input")) or "/dev/null",

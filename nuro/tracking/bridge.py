@@ -85,6 +85,17 @@ class Stats:
     last_error: str = ""
 
 
+@dataclass(frozen=True)
+class JobMarks:
+    """What the platform knows of a job's progress, as the controller heard it from the node agents (never from the
+    job's comment, which carries only the run record): its newest committed checkpoint, when the controller
+    signalled it for a preemption in flight, the step it acknowledged."""
+
+    checkpoint_step: int | None = None
+    preempted_at: float | None = None
+    ack_step: int | None = None
+
+
 class Bridge:
     """Mirrors nuro's runs into one MLflow server.
 
@@ -100,6 +111,8 @@ class Bridge:
         timeline: a job's timeline as ``nuro-train events --json`` shows it (``job_id -> dict``), written as the
             artifact ``events.json`` with its failures, preemptions and restarts counted as tags, whenever the
             job's state or attempts change.
+        marks: a job's ``JobMarks`` (``job_id -> JobMarks``; the controller's state,
+            ``slurm_plugins/mlflow_bridge.controller_marks``); None: no progress tags.
     """
 
     def __init__(
@@ -112,7 +125,9 @@ class Bridge:
         gpu_rows: Callable[[str, int, int], list[Row]] | None = None,
         checkpoints: Callable[[str, str], list[dict[str, Any]]] | None = None,
         timeline: Callable[[int], dict[str, Any]] | None = None,
+        marks: Callable[[int], JobMarks] | None = None,
     ) -> None:
+        self._job_marks = marks
         self.client, self._jobs, self._finished, self._train_rows = client, jobs, finished, train_rows
         self._gpu_rows = gpu_rows
         self._checkpoints = checkpoints
@@ -164,7 +179,7 @@ class Bridge:
         view = job_view(job)
         st = self.runs.get(job.job_id) or self._find_or_create(job, view, meta, team)
         self.runs[job.job_id] = st
-        extra = {**self._marks(comment, meta), **mirror.pending_tags(pending_view(job, self._queue, self._waits))}
+        extra = {**self._marks(job.job_id, meta), **mirror.pending_tags(pending_view(job, self._queue, self._waits))}
         tags = mirror.tags_of(meta, view, extra)
         changed = {k: v for k, v in tags.items() if st.tags.get(k) != v}
         status = mirror.mlflow_status(view.phase)
@@ -208,10 +223,13 @@ class Bridge:
             return RunState(found["info"]["run_id"], exp, cursor, tags, found["info"].get("status", ""))
         tags = mirror.tags_of(meta, view)
         parent = meta.get("resume_from")
-        if parent and str(parent).isdigit():
-            prun = self.runs.get(int(parent)) or self.find_run(team, int(parent))
-            if prun is not None:
-                tags[mirror.TAG_PARENT] = prun.run_id if isinstance(prun, RunState) else prun["info"]["run_id"]
+        if parent and str(parent).isdigit() and int(parent) != job.job_id:
+            parent_id = self.parent_run_id(team, exp, int(parent))
+            if parent_id is not None:
+                tags[mirror.TAG_PARENT] = parent_id
+            else:
+                log.info("job %d (%s) names job %s as its parent: no run of that job in %s's experiment, so none "
+                         "linked", job.job_id, team, parent, team)  # fmt: skip
         name = str(meta.get("name") or job.name)
         run_id = self.client.create_run(exp, name, start_ms=view.start_ms, tags=tags)
         self.stats.runs_created += 1
@@ -222,19 +240,43 @@ class Bridge:
         log.info("mlflow run %s for job %d (%s/%s)", run_id, job.job_id, team, name)
         return RunState(run_id, exp, 0, tags, "")
 
-    def _marks(self, c: jobcomment.JobComment, meta: Mapping[str, Any]) -> dict[str, str]:
-        """The comment's marks as tags: the newest committed checkpoint (its step and its manifest in S3), a
-        preemption request and its ack."""
+    def parent_run_id(self, team: str, experiment_id: str, parent_job: int) -> str | None:
+        """The MLflow run of ``parent_job`` in ``team``'s own experiment, or None.
+
+        ``resume_from`` is the job's own text (its owner writes the record), so it may name any job id, another
+        team's among them. The parent is looked up only among the team's runs: the bridge's memory of runs (every
+        team's) is used only for a run of this experiment, and a run found by search must belong to it too and
+        carry this team's tag. A team therefore can neither hang its run under another team's nor have another
+        team's run listed as its parent (nor learn that run's id)."""
+        known = self.runs.get(parent_job)
+        if known is not None:
+            return known.run_id if known.experiment_id == experiment_id else None
+        found = self.find_run(team, parent_job)
+        if found is None:
+            return None
+        info = found.get("info") or {}
+        if str(info.get("experiment_id", "")) != experiment_id or run_tags(found).get("nuro.team") != team:
+            log.warning("MLflow answered a search in %s's experiment with run %s of another one: not linked", team,
+                        info.get("run_id"))  # fmt: skip
+            return None
+        return str(info["run_id"])
+
+    def _marks(self, job_id: int, meta: Mapping[str, Any]) -> dict[str, str]:
+        """The job's progress as tags: the newest committed checkpoint (its step and its manifest in S3), a
+        preemption in flight and its ack."""
+        if self._job_marks is None:
+            return {}
+        m = self._job_marks(job_id)
         out = {}
-        if c.checkpoint is not None and c.checkpoint.step is not None:
-            out["nuro.checkpoint.step"] = str(c.checkpoint.step)
-            uri = mirror.checkpoint_uri(meta, c.checkpoint.step, self.bucket)
+        if m.checkpoint_step is not None:
+            out["nuro.checkpoint.step"] = str(m.checkpoint_step)
+            uri = mirror.checkpoint_uri(meta, m.checkpoint_step, self.bucket)
             if uri:
                 out["nuro.checkpoint.manifest"] = uri
-        if c.preempt is not None:
-            out["nuro.preempted_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.preempt.at))
-        if c.ack is not None and c.ack.step is not None:
-            out["nuro.ack_step"] = str(c.ack.step)
+        if m.preempted_at is not None:
+            out["nuro.preempted_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(m.preempted_at))
+        if m.ack_step is not None:
+            out["nuro.ack_step"] = str(m.ack_step)
         return out
 
     def _push_points(self, st: RunState, team: str, job_id: int) -> None:

@@ -7,16 +7,18 @@ already moved) is an expected, logged outcome, never a crash; the next cycle dec
 | decision | Slurm calls |
 |---|---|
 | Borrow / Return | ``scontrol update jobid=J qos=<b-team / g-team>`` (pending jobs only) |
-| Preempt | comment ``preempt={at, for, sig, why}`` (signed, ``protocol.marks``), then ``scancel -s USR1 --full J`` |
-| Requeue | comment ``preempt`` removed (the next run is not a victim), then ``scontrol requeue J``; a borrowed victim
-  then ``scontrol update jobid=J qos=g-<team>`` (it borrows again only when lent GPUs afresh) |
+| Preempt | (in the controller's ledger already: ``ledger.py``) ``scontrol update jobid=J admincomment=<note>``
+  (the owner's note, best effort: ``protocol.adminnote``), then ``scancel -s USR1 --full J`` |
+| Requeue | ``scontrol requeue J``; a borrowed victim then ``scontrol update jobid=J qos=g-<team>`` (it borrows again
+  only when lent GPUs afresh) |
 | SetSiteFactor | ``scontrol update jobid=J sitefactor=V`` |
 
 Batches (``groups``): Borrow and Return decisions with the same target QOS, and SetSiteFactor decisions with the same
 value, go to Slurm as one ``scontrol update jobid=J1,J2,… qos=Q | sitefactor=V`` of at most ``BATCH_MAX`` jobs
 (``apply_group``), so a burst of submissions costs a few commands, not one per job; Slurm refuses the jobs the update
 no longer fits one by one and updates the rest, and each decision still gets its own ``Outcome``. Preempt and
-Requeue stay one job at a time: each writes its own comment, and there are few.
+Requeue stay one job at a time: each is its own job's, and there are few. Nothing here writes a job's comment: its
+1,024 bytes are the job's own, and a preemption must never depend on room in them (issue 30).
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nuro.protocol import marks
-from nuro.protocol.contract import COMMENT_PREEMPT, PREEMPT_SIGNAL
+from nuro.protocol import adminnote
+from nuro.protocol.contract import NOTE_PREEMPT, PREEMPT_SIGNAL
 from nuro.slurm import Backend, SlurmError, SlurmUnavailable
 from nuro.slurm.backend import CALL_TIMEOUT_MIN_S
 from nuro.slurm_plugins.controller.decisions import Borrow, Decision, Preempt, Requeue, Return, SetSiteFactor
@@ -56,13 +58,11 @@ def apply_decision(backend: Backend, decision: Decision, now: float, dry_run: bo
                 backend.update_qos(job_id, qos)
                 msg = f"qos -> {qos}"
             case Preempt():
-                # signed (nuro.protocol.marks): a mark a user writes into their own comment never counts
-                mark = marks.sign(job_id, round(now), decision.for_job_id, decision.reason)
-                backend.merge_comment(job_id, **{COMMENT_PREEMPT: mark})
+                # the ledger holds it already (the daemon saves before applying); the note is for the owner only
+                noted = _note_preempt(backend, decision, now)
                 backend.signal(job_id, PREEMPT_SIGNAL, full=True)
-                msg = f"signalled {PREEMPT_SIGNAL}; waiting for its checkpoint ack"
+                msg = f"signalled {PREEMPT_SIGNAL}{noted}; waiting for its checkpoint ack"
             case Requeue(acked=acked, to_qos=back):
-                backend.merge_comment(job_id, **{COMMENT_PREEMPT: None})
                 backend.requeue(job_id)
                 msg = "requeued after ack" if acked else "requeued at grace end without ack"
                 if back is not None:
@@ -79,6 +79,29 @@ def apply_decision(backend: Backend, decision: Decision, now: float, dry_run: bo
         log.warning("decision=%s job=%d not applied: %s", type(decision).__name__, job_id, exc)
         return Outcome(decision, False, str(exc), time.monotonic() - t0)
     return Outcome(decision, True, msg, time.monotonic() - t0)
+
+
+#: Slurm refusals of the owner's note, logged once per message (a full or odd admin comment must not flood the log).
+_NOTE_REFUSALS: set[str] = set()
+
+
+def _note_preempt(backend: Backend, decision: Preempt, now: float) -> str:
+    """Tell the victim's owner why, in the job's admin comment (``nuro.protocol.adminnote``: only root and SlurmUser
+    may write it, so no tenant can fill it). Best effort: a refusal never stops the signal; it is logged once per
+    message and said in the outcome."""
+    try:
+        note = adminnote.render(NOTE_PREEMPT, decision.reason, at=round(now), **{"for": decision.for_job_id})
+        backend.update_admin_comment(decision.job_id, note)
+    except SlurmUnavailable:
+        raise
+    except (SlurmError, ValueError) as exc:
+        text = str(exc)[:200]
+        if text not in _NOTE_REFUSALS and len(_NOTE_REFUSALS) < 1000:
+            _NOTE_REFUSALS.add(text)
+            log.warning("job=%s preemption note not written to its admin comment (signalled anyway; logged once): "
+                        "%s", decision.job_id, text)  # fmt: skip
+        return " (owner's note not written)"
+    return ""
 
 
 def _back_to(backend: Backend, job_id: int, qos: str) -> str:

@@ -21,6 +21,8 @@ miss_limit: 4                     # intervals of silence before a node is declar
 detector_tick_s: 0.25             # how often the detector judges (its own loop, independent of interval_s)
 straggler_clear_s: 30             # a straggler drain (nuro-straggler:) lifts once the node's GPUs report no slowing
                                   # clock reason for this long
+state_dir: /var/lib/nuro/controller  # root-only: the preemption ledger (in-flight preemptions survive a restart)
+                                  # and the agents' progress (progress.json); unset = memory only
 event_log: /var/log/nuro/events.jsonl  # append-only JSONL journal (nuro.lifecycle.platform_events); unset = log lines
 only
 slurm_metrics_url: http://ctl:6817  # Slurm 25.11+ with MetricsType=metrics/openmetrics: slurmctld's own address and
@@ -40,6 +42,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, DEFAULT_MISS_LIMIT
+
+#: Where the controller's state dir is for the services beside it that read it (the MLflow bridge), and its
+#: packaged place (Ansible's ``slurm_controller_state_dir``).
+ENV_STATE_DIR = "NURO_CONTROLLER_STATE_DIR"
+DEFAULT_STATE_DIR = "/var/lib/nuro/controller"
 
 
 class LogFormat(StrEnum):
@@ -69,6 +76,7 @@ class ControllerConfig(BaseModel):
     detector_tick_s: float = Field(default=0.25, gt=0, le=10)
     straggler_clear_s: float = Field(default=30.0, ge=1, le=3600)
     event_log: Path | None = None
+    state_dir: Path | None = None
     slurm_metrics_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+/?$")
     slurm_metrics_interval_s: float = Field(default=10.0, ge=1, le=3600)
 
@@ -125,7 +133,7 @@ def load_config(path: str | Path) -> ControllerConfig:
         ) from None
     updates = {
         key: (path.parent / value).resolve()
-        for key in ("policy", "heartbeat_key_file", "event_log")
+        for key in ("policy", "heartbeat_key_file", "event_log", "state_dir")
         if isinstance(value := getattr(cfg, key), Path) and not value.is_absolute()
     }
     return cfg.model_copy(update=updates) if updates else cfg

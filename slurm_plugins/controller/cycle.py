@@ -1,7 +1,8 @@
 """The controller's soft state between cycles, and the scratch of one cycle.
 
-``ControllerState`` is all the daemon keeps, and it can be rebuilt from Slurm (ARCHITECTURE principle 1): every
-victim carries its ``preempt`` record in its job comment, and site factors are re-derived each cycle. ``Cycle`` is
+``ControllerState`` is all the daemon keeps between cycles: its in-flight preemptions are also in the controller's
+own ledger (``ledger.py``; never in a job's comment, whose 1,024 bytes its user may fill), jobs' progress comes from
+the node agents (``progress.py``), and site factors are re-derived each cycle. ``Cycle`` is
 the what-if copy one ``decide`` call works on (STYLE K2): the snapshot is frozen, everything that changes as
 decisions are taken (free GPUs, team usage, chosen victims) lives here and is thrown away afterwards.
 """
@@ -14,11 +15,11 @@ from types import MappingProxyType
 
 from nuro.policy.classify import CycleView, PolicyIndex
 from nuro.policy.model import Policy
-from nuro.protocol import jobcomment
-from nuro.protocol.jobcomment import JobComment
 from nuro.slurm.models import ClusterSnapshot, JobInfo
 from nuro.slurm_plugins.controller.capacity import Capacity
 from nuro.slurm_plugins.controller.decisions import Borrow, Preempt, Requeue, Return, SetSiteFactor, Wait
+from nuro.slurm_plugins.controller.progress import EMPTY as NO_PROGRESS
+from nuro.slurm_plugins.controller.progress import Progress
 from nuro.slurm_plugins.controller.victims import Candidate, VictimPool
 
 _EMPTY: Mapping = MappingProxyType({})
@@ -34,8 +35,8 @@ class ControllerState:
     """Soft state the daemon keeps between cycles; losing it costs nothing that Slurm cannot give back.
 
     Attributes:
-        preempting: victim job id → Unix time it was signalled (also in its comment ``preempt``; ``decide`` reads
-            both, so a daemon restart loses no in-flight preemption).
+        preempting: victim job id → Unix time it was signalled (the daemon keeps it in its ledger too, so a restart
+            loses no in-flight preemption).
         site_factors: the SiteFactor last set per pending job, so the same value is not set again every cycle.
         usage: each team's decayed GPU usage, as mean GPUs held over about one ``usage_half_life_s``
             (``fairshare.decayed_usage``); after a restart it starts from what the team holds now.
@@ -79,16 +80,17 @@ class Cycle:
     borrows: list[Borrow] = field(default_factory=list)
     site_factors: list[SetSiteFactor] = field(default_factory=list)
     waits: list[Wait] = field(default_factory=list)
-    _comments: dict[int, JobComment] = field(default_factory=dict)
+    progress: Mapping[int, Progress] = field(default_factory=lambda: NO_PROGRESS)  # the agents' reports (progress.py)
     _pools: dict[str, VictimPool] = field(default_factory=dict)
     candidates: dict[int, Candidate | None] = field(default_factory=dict)  # victim view per running job, lazily
 
-    def comment(self, job: JobInfo) -> JobComment:
-        """The job's parsed comment, parsed at most once per cycle."""
-        c = self._comments.get(job.job_id)
-        if c is None:
-            c = self._comments[job.job_id] = jobcomment.parse(job.comment)
-        return c
+    def progress_of(self, job: JobInfo) -> Progress | None:
+        """What the agents reported for ``job``, believed only from a node the job runs on now (a node key speaks for
+        its own node's jobs only)."""
+        p = self.progress.get(job.job_id)
+        if p is None or not p.nodes.intersection(job.nodes):
+            return None
+        return p
 
     def pool(self, name: str) -> VictimPool | None:
         return self._pools.get(name)

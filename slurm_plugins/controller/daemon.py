@@ -2,9 +2,11 @@
 failure detection to Slurm.
 
 Each cycle (K1): 1 snapshot (one adapter read), 2 decide (pure, ``engine.decide``), 3 apply (``apply.py``),
-4 remember (soft state). Nothing is stored that Slurm does not also hold: on start the in-flight preemptions are
-rebuilt from the victims' job comments, so a restart loses nothing. With the controller stopped Slurm keeps
-scheduling and the hard quotas (QOS GrpTRES) still hold; only borrowing, reclaim and fair-share nudges pause.
+4 remember (soft state). The one fact only the controller knows, which victims it signalled and when, is kept in its
+ledger (``ledger.py``, in ``state_dir``), written before the signals go: a restart loses no in-flight preemption.
+Jobs' progress (commits, acks) comes from the node agents' beats (``progress.py``). With the controller stopped
+Slurm keeps scheduling and the hard quotas (QOS GrpTRES) still hold; only borrowing, reclaim and fair-share nudges
+pause.
 
     nuro-controller --config /etc/nuro/controller.yaml
     nuro-controller --policy teams.yaml --interval-s 1 [--dry-run] [--once] [--log-format json]
@@ -42,7 +44,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -53,7 +55,6 @@ from nuro.lifecycle.platform_events import EventLog
 from nuro.metrics.base import ENV_URL
 from nuro.metrics.buffer import writer_from_env
 from nuro.policy import Policy, PolicyError, load_policy
-from nuro.protocol import marks
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.runs.pending import ENV_WAITS, WaitsFile
 from nuro.slurm import Backend, CliBackend, SlurmError
@@ -68,7 +69,10 @@ from nuro.slurm_plugins.controller.detection import FailureDetector
 from nuro.slurm_plugins.controller.engine import ControllerState, decide, rebuild_state
 from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
 from nuro.slurm_plugins.controller.isolation import Isolator
+from nuro.slurm_plugins.controller.ledger import Ledger
 from nuro.slurm_plugins.controller.liveness import LivenessConfig
+from nuro.slurm_plugins.controller.progress import EMPTY as NO_PROGRESS
+from nuro.slurm_plugins.controller.progress import Progress, ProgressBook, ProgressFile
 from nuro.slurm_plugins.controller.ratelog import RateLog, once
 from nuro.slurm_plugins.controller.slurm_metrics import SlurmMetricsLoop
 
@@ -140,8 +144,15 @@ class Controller:
         clock: Callable[[], float] = time.time,
         events: EventLog | None = None,
         apply_budget_s: float | None = None,
+        ledger: Ledger | None = None,
+        progress: Callable[[], Mapping[int, Progress]] | None = None,
     ) -> None:
         self.backend = backend
+        #: where in-flight preemptions survive a restart (None: memory only; Slurm's GraceTime is the backstop)
+        self.ledger = ledger
+        self._for_job: dict[int, int | None] = {}  # victim -> the job it was preempted for (kept in the ledger)
+        #: what the node agents reported per job (a ProgressBook's or a ProgressFile's ``view``)
+        self.progress = progress or (lambda: NO_PROGRESS)
         self.policy = policy
         self.dry_run = dry_run
         self.clock = clock
@@ -166,12 +177,14 @@ class Controller:
             return {}
 
     def _recovered_state(self, snapshot: ClusterSnapshot, held: dict[int, int]) -> ControllerState:
-        """The soft state a (re)started controller starts from: in-flight preemptions from the victims' comments, and
+        """The soft state a (re)started controller starts from: in-flight preemptions from its ledger, and
         the SiteFactors slurmctld already holds for pending jobs (``held``), so the first cycle after a restart
         sends only the values that changed instead of one per job at every team's queue head."""
-        state = rebuild_state(snapshot)
+        entries = self.ledger.load() if self.ledger is not None else {}
+        self._for_job = {j: f for j, (_, f) in entries.items()}
+        state = rebuild_state(snapshot, {j: at for j, (at, _) in entries.items()})
         if state.preempting:
-            log.info("cycle=%d rebuilt in-flight preemptions from Slurm: %s", self.cycles, state.preempting)
+            log.info("cycle=%d in-flight preemptions from the ledger: %s", self.cycles, dict(state.preempting))
         pending = {j.job_id for j in snapshot.jobs if j.phase == JobPhase.PENDING}
         known = {job_id: value for job_id, value in held.items() if job_id in pending and value}
         if known:
@@ -197,7 +210,10 @@ class Controller:
         now = self.clock()
         t1 = time.monotonic()
         state = self.state
-        result, new, released, error = self.isolator.run(snapshot, lambda snap: decide(snap, self.policy, state, now))
+        progress = self.progress()
+        result, new, released, error = self.isolator.run(
+            snapshot, lambda snap: decide(snap, self.policy, state, now, progress)
+        )
         for skipped in new:
             log.error("cycle=%d %s (logged once)", self.cycles, skipped.describe())
         for skipped in released:
@@ -219,6 +235,10 @@ class Controller:
         t2 = time.monotonic()
         failed: set[int] = set()
         applicable = self.isolator.filter(decisions)
+        # the victims about to be signalled are in the ledger before any signal goes (a crash in between must not
+        # leave a signalled victim the restarted controller knows nothing of)
+        self._for_job.update((d.job_id, d.for_job_id) for d in applicable if isinstance(d, Preempt))
+        self._save_ledger(decisions.next_state)
         budget = ApplyBudget.for_cycle(self.apply_budget_s, report.snapshot_s, self._per_id_s)
         pending = groups(applicable)  # apply order: requeues and signals first, SiteFactors last (deferred first)
         while pending:
@@ -277,6 +297,7 @@ class Controller:
                      report.snapshot_s)  # fmt: skip
         failed.update(d.job_id for d in decisions if d.job_id in self.isolator.jobs)
         self.state = _state_after(decisions.next_state, decisions, failed)
+        self._save_ledger(self.state)
         report.apply_s = time.monotonic() - t2
         log.debug(
             "cycle=%d snapshot_s=%.3f decide_s=%.3f apply_s=%.3f jobs=%d decisions=%d %s",
@@ -284,6 +305,18 @@ class Controller:
             decisions.cycle_stats.log_fields(),
         )  # fmt: skip
         return report
+
+    def _save_ledger(self, state: ControllerState) -> None:
+        """Write the in-flight preemptions to the ledger when they changed (dry runs write nothing)."""
+        if self.ledger is None or self.dry_run:
+            return
+        self._for_job = {j: f for j, f in self._for_job.items() if j in state.preempting}
+        try:
+            self.ledger.save(state.preempting, self._for_job)
+        except OSError as exc:
+            if self._cycle_errors.allow(f"ledger: {exc}")[0]:
+                log.error("cycle=%d preemption ledger not written to %s (a restart would forget the preemptions in "
+                          "flight; their GraceTime still holds): %s", self.cycles, self.ledger.path, exc)  # fmt: skip
 
     def _record(self, decision: object) -> None:
         """Preemptions go to the event log (``nuro-train events`` shows them in the victim's timeline)."""
@@ -381,6 +414,8 @@ def _setup_logging(fmt: LogFormat, verbose: bool) -> None:
 )
 @click.option("--miss-limit", type=click.IntRange(2, 100), default=None, help="Silent intervals before lost [4].")
 @click.option("--event-log", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSONL event log.")
+@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Root-only dir for the preemption ledger and the agents' progress [none: memory only].")
 @click.option(
     "--slurm-metrics-url",
     default=None,
@@ -401,6 +436,7 @@ def main(
     heartbeat_interval_s: float | None,
     miss_limit: int | None,
     event_log: Path | None,
+    state_dir: Path | None,
     slurm_metrics_url: str | None,
     verbose: bool,
 ) -> None:
@@ -412,6 +448,7 @@ def main(
             "heartbeat_port": heartbeat_port, "heartbeat_bind": heartbeat_bind,
             "heartbeat_key_file": heartbeat_key_file, "heartbeat_interval_s": heartbeat_interval_s,
             "miss_limit": miss_limit, "event_log": event_log, "slurm_metrics_url": slurm_metrics_url,
+            "state_dir": state_dir,
         }  # fmt: skip
         updates = {k: v for k, v in flags.items() if v is not None}
         if dry_run:
@@ -425,8 +462,6 @@ def main(
         cfg = ControllerConfig.model_validate({**base, **updates})
         policy = load_policy(cfg.policy) if cfg.policy else None
         key = master_key(cfg)
-        # preempt marks are signed with a key derived from the master key, detector or not (nuro.protocol.marks)
-        marks.use_master_key(key or (load_key(cfg.heartbeat_key_file) if cfg.heartbeat_key_file else None))
     except (ConfigError, PolicyError, BadHeartbeat, ValueError) as exc:
         click.echo(f"nuro-controller: {exc}", err=True)
         sys.exit(3)
@@ -446,9 +481,11 @@ def main(
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
     detector_thread = None
+    book: ProgressBook | None = None
     if key is not None and cfg.heartbeat_port is not None:
+        book = ProgressBook()
         try:
-            receiver = HeartbeatReceiver(cfg.heartbeat_bind, cfg.heartbeat_port, key, clock=wall).start()
+            receiver = HeartbeatReceiver(cfg.heartbeat_bind, cfg.heartbeat_port, key, clock=wall, progress=book).start()
         except OSError as exc:
             click.echo(
                 f"nuro-controller: cannot listen on udp {cfg.heartbeat_bind}:{cfg.heartbeat_port}: {exc}", err=True
@@ -475,6 +512,10 @@ def main(
             cfg.heartbeat_bind, receiver.port, cfg.heartbeat_interval_s, cfg.miss_limit, cfg.event_log,
         )  # fmt: skip
     _start_slurm_metrics(cfg, stop)  # its own daemon thread; at most one buffered point is lost at exit
+    progress_file = ProgressFile(cfg.state_dir) if cfg.state_dir else None
+    if book is not None and progress_file is not None:
+        threading.Thread(target=_publish_progress, args=(book, progress_file, stop), name="progress", daemon=True
+                         ).start()  # fmt: skip
     if policy is None:
         log.info("no policy: only the failure detector runs")
         _wait_interruptibly(stop)
@@ -483,9 +524,17 @@ def main(
         log.info("nuro-controller stopped")
         return
     events = EventLog(cfg.event_log) if cfg.event_log else None
+    if cfg.state_dir is None:
+        log.warning("no state_dir: in-flight preemptions are kept in memory only (a restarted controller forgets "
+                    "them; the victims' GraceTime still holds them to account)")  # fmt: skip
+    progress = book.view if book is not None else (progress_file.view if progress_file is not None else None)
+    if progress is None:
+        log.warning("no heartbeat receiver and no state_dir: jobs' acks and commits are not heard; victims are "
+                    "requeued at grace end")  # fmt: skip
     controller = Controller(
-        _backend(cfg), policy, cfg.dry_run, clock=wall, events=events, apply_budget_s=cfg.apply_budget_s
-    )
+        _backend(cfg), policy, cfg.dry_run, clock=wall, events=events, apply_budget_s=cfg.apply_budget_s,
+        ledger=Ledger(cfg.state_dir) if cfg.state_dir else None, progress=progress,
+    )  # fmt: skip
     policy_file = cfg.policy
     signal.signal(signal.SIGHUP, lambda *_: controller.reload_policy(policy_file))
     log.info("nuro-controller started: policy=%s interval_s=%s dry_run=%s", cfg.policy, cfg.interval_s, cfg.dry_run)
@@ -517,6 +566,16 @@ def _start_slurm_metrics(cfg: ControllerConfig, stop: threading.Event) -> thread
     thread.start()
     log.info("slurmctld metrics: %s every %s s", cfg.slurm_metrics_url, cfg.slurm_metrics_interval_s)
     return thread
+
+
+def _publish_progress(book: ProgressBook, out: ProgressFile, stop: threading.Event, every_s: float = 0.5) -> None:
+    """Write the progress book to the state dir when it changed (``progress.ProgressFile``), until ``stop``."""
+    while not stop.wait(every_s):
+        try:
+            out.publish(book)
+        except OSError as exc:
+            log.warning("progress file not written to %s: %s", out.path, exc)
+            stop.wait(30.0)
 
 
 def _wait_interruptibly(stop: threading.Event, tick_s: float = 0.5) -> None:

@@ -5,13 +5,13 @@ The engine only computes these; the daemon applies them (``apply.py``) in the or
 | decision | apply does | why this order |
 |---|---|---|
 | ``Requeue`` | ``scontrol requeue`` a victim (acked, or grace over); a borrower to ``g-<team>`` | frees GPUs first |
-| ``Preempt`` | write ``preempt`` into the victim's comment, send it the preemption signal | starts the grace clock |
+| ``Preempt`` | (ledger first) a note to the owner, send the victim the preemption signal | starts the grace clock |
 | ``Return`` | ``scontrol update qos=g-<team>`` on a pending borrowed job | quota first, before new borrowing |
 | ``Borrow`` | ``scontrol update qos=b-<team>`` on a pending guaranteed job | uses the idle GPUs that are left |
 | ``SetSiteFactor`` | ``scontrol update sitefactor=<value>`` on a pending job | priority only, never capacity |
 
 ``Wait`` is not applied: it says why a pending job the engine looked at got no decision ("team perception holds
-16/16 borrowed GPUs (its borrow limit)"), for the log and for the job comment that ``nuro-train status`` shows.
+16/16 borrowed GPUs (its borrow limit)"), for the log and for the admin-comment note that ``nuro-train status`` shows.
 """
 
 from __future__ import annotations

@@ -29,12 +29,11 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Mapping
 from types import MappingProxyType
 
 from nuro.policy.classify import JobClass, PolicyIndex, build_view, classify, timestamp
 from nuro.policy.model import Policy
-from nuro.protocol import jobcomment, marks
-from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import ClusterSnapshot
 from nuro.slurm_plugins.controller.borrowing import borrow, demand_peaks, lendable_gpus, return_to_quota
 from nuro.slurm_plugins.controller.capacity import Capacity, settled
@@ -53,6 +52,8 @@ from nuro.slurm_plugins.controller.decisions import (
 )
 from nuro.slurm_plugins.controller.fairshare import decayed_usage, set_site_factors, team_loads
 from nuro.slurm_plugins.controller.preemption import count_ending_soon, finish_in_flight, make_room_for_tiers, reclaim
+from nuro.slurm_plugins.controller.progress import EMPTY as NO_PROGRESS
+from nuro.slurm_plugins.controller.progress import Progress
 from nuro.slurm_plugins.controller.victims import victim_key
 
 #: Test hook (the dev cluster sets it; never set in production): a job whose comment contains this text makes
@@ -65,15 +66,22 @@ class InjectedFault(RuntimeError):
     """Raised by the ``FAULT_MARK`` test hook."""
 
 
-def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, now: float) -> Decisions:
+def decide(
+    snapshot: ClusterSnapshot,
+    policy: Policy,
+    state: ControllerState,
+    now: float,
+    progress: Mapping[int, Progress] = NO_PROGRESS,
+) -> Decisions:
     """One controller cycle: the decisions to apply, in apply order (see ``decisions.py``).
 
     Args:
         snapshot: what Slurm reported (frozen; never modified).
         policy: the validated teams.yaml.
-        state: soft state from the previous cycle (``ControllerState()`` after a restart: in-flight preemptions are
-            recovered from job comments).
+        state: soft state from the previous cycle (after a restart: ``ControllerState`` with the in-flight
+            preemptions of the controller's ledger).
         now: Unix seconds, the decision time (grace ends, work lost); injected so tests control the clock.
+        progress: each job's newest commit and stop ack as the node agents reported them (``progress.py``).
 
     Returns:
         ``Decisions``: a tuple of Requeue, Preempt, Return, Borrow, SetSiteFactor (in that order), with
@@ -100,6 +108,7 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
         index=index,
         view=build_view(snapshot.jobs, policy),
         cap=Capacity(snapshot.nodes),
+        progress=progress,
     )
     cy.usage = decayed_usage(state.usage, state.usage_at, cy.view.usage, policy.usage_half_life_s, now)
     cy.loads = team_loads(cy)
@@ -154,18 +163,14 @@ def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, no
     return Decisions(items, cycle_stats=stats, waiting=tuple(cy.waits), next_state=next_state)
 
 
-def rebuild_state(snapshot: ClusterSnapshot) -> ControllerState:
-    """The state a restarted daemon starts from: in-flight preemptions from the victims' comments (site factors
-    are simply set again). ``decide`` already merges comment records, so this is for logging and inspection."""
+def rebuild_state(snapshot: ClusterSnapshot, ledger: Mapping[int, float]) -> ControllerState:
+    """The state a restarted daemon starts from: the in-flight preemptions its ledger holds (``ledger.py``) whose
+    victims still hold resources in the run they were signalled in (site factors are simply set again)."""
     preempting = {}
     for job in snapshot.jobs:
-        if job.phase.holds_resources and jobcomment.may_hold(job.comment, COMMENT_PREEMPT):
-            try:
-                req = marks.authentic_preempt(job.job_id, jobcomment.parse(job.comment))
-            except Exception:  # noqa: BLE001 - one job's record must not keep the daemon from starting
-                continue  # decide (behind the Isolator) judges this job again, and quarantines it if it raises
-            if req is not None and timestamp(job.start_time, float("-inf")) <= req.at:
-                preempting[job.job_id] = req.at
+        at = ledger.get(job.job_id)
+        if at is not None and job.phase.holds_resources and timestamp(job.start_time, float("-inf")) <= at:
+            preempting[job.job_id] = at
     return ControllerState(preempting=MappingProxyType(dict(sorted(preempting.items()))))
 
 

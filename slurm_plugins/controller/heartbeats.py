@@ -52,6 +52,7 @@ from nuro.protocol.heartbeat import (
 )
 from nuro.protocol.heartbeat import mac as hb_mac
 from nuro.slurm_plugins.controller.liveness import Beat
+from nuro.slurm_plugins.controller.progress import ProgressBook
 from nuro.slurm_plugins.controller.ratelog import RateLog
 
 log = logging.getLogger(__name__)
@@ -107,6 +108,7 @@ class HeartbeatReceiver:
         lookup.
         clock: wall clock (records, and the anchor of the freshness check), injectable for tests.
         monotonic: the clock silence is judged on.
+        progress: where each beat's ``commits`` and ``acks`` (jobs' progress) are noted, if anywhere.
     """
 
     def __init__(
@@ -117,7 +119,9 @@ class HeartbeatReceiver:
         clock: Callable[[], float] = time.time,
         max_skew_s: float = 30.0,
         monotonic: Callable[[], float] = time.monotonic,
+        progress: ProgressBook | None = None,
     ) -> None:
+        self.progress = progress
         self.keys: KeyLookup = NodeKeys(keys) if isinstance(keys, bytes) else keys
         self.clock = clock
         self.monotonic = monotonic
@@ -238,6 +242,8 @@ class HeartbeatReceiver:
         with self._lock:
             self._beats.append(beat)
             self.accepted += 1
+        if self.progress is not None and (hb.commits or hb.acks):
+            self.progress.note(hb.node, hb.commits, hb.acks)
         return beat
 
     def _remember(self, mac: bytes) -> None:

@@ -1,8 +1,10 @@
 """Phases 2–4: finish in-flight preemptions, make room for tier jobs, reclaim quota from borrowers.
 
-Checkpoint-confirmed preemption (ARCHITECTURE): the controller signals a victim (``Preempt``), the job commits a
-checkpoint and acknowledges in its comment, and the controller requeues it at once on the ack, or at grace end
-without one (``Requeue``). Slurm's own GraceTime stays the backstop when the controller is down.
+Checkpoint-confirmed preemption (ARCHITECTURE): the controller signals a victim (``Preempt``) and records it in its
+own ledger (``ledger.py``), the job commits a checkpoint and acknowledges through its node agent (``progress.py``;
+a commit learnt after the signal counts as the acknowledgement too), and the controller requeues it at once on the
+ack, or at grace end without one (``Requeue``). Nothing on this path is written into or read from the job's comment,
+whose 1,024 bytes its user may fill. Slurm's own GraceTime stays the backstop when the controller is down.
 
 Capacity is shared within a cycle in this order: tier jobs first (highest tier first, the order Slurm's priority
 gives them), then guaranteed jobs by Slurm priority. Each pending job that gets room reserves its nodes in the
@@ -14,8 +16,6 @@ from __future__ import annotations
 import math
 
 from nuro.policy.classify import WAITING_REASONS, JobClass, Kind, job_gpus, timestamp
-from nuro.protocol import jobcomment, marks
-from nuro.protocol.contract import COMMENT_PREEMPT
 from nuro.slurm.models import JobInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.capacity import Shape, gpus_on_nodes, job_shape
@@ -39,19 +39,11 @@ from nuro.slurm_plugins.controller.victims import (
 def finish_in_flight(cy: Cycle) -> None:
     """Phase 2: requeue victims that acknowledged or whose grace is over; keep counting the rest as being freed.
 
-    In flight = ``state.preempting`` plus running jobs whose comment carries a ``preempt`` record the controller
-    signed (``nuro.protocol.marks``) during their current run (the state's signal time wins when both exist). A victim
-    that
-    ended, or started again after the signal (it was requeued and restarted), is forgotten. A mark the job's user
-    wrote is ignored (logged once): the job stays a candidate for reclaim and urgent preemption.
+    In flight = ``state.preempting`` (the controller's own record, kept in its ledger across restarts). A victim
+    that ended, or started again after the signal (it was requeued and restarted), is forgotten. Acknowledged = the
+    job's agent reported an ack, or a commit, at or after the signal (``Progress.acked_since``).
     """
-    signalled: dict[int, float] = {}
-    for job in cy.view.running:
-        if jobcomment.may_hold(job.comment, COMMENT_PREEMPT):
-            req = marks.authentic_preempt(job.job_id, cy.comment(job))  # a user-written mark never counts
-            if req is not None:
-                signalled[job.job_id] = req.at
-    signalled.update(cy.state.preempting)
+    signalled = dict(cy.state.preempting)
     grace_s = cy.policy.grace_s
     for job_id in sorted(signalled):
         at = float(round(signalled[job_id]))  # whole seconds, as the mark and the ack: an ack never precedes it
@@ -70,17 +62,19 @@ def finish_in_flight(cy: Cycle) -> None:
             cy.reclaimed_teams.add(c.team)
         if job.phase != JobPhase.RUNNING:
             continue  # completing or suspended: on its way out, nothing to requeue
-        comment = cy.comment(job)
+        progress = cy.progress_of(job)
         back = cy.index.teams[c.team].guaranteed_qos if c.is_borrowed and c.team is not None else None
-        if comment.acked_since(at):
-            ack = comment.ack
-            step = f" at step {ack.step}" if ack is not None and ack.step is not None else ""
-            after = f"{ack.at - at:.0f}" if ack is not None else "?"
+        if progress is not None and progress.acked_since(at):
+            if progress.ack_at is not None and progress.ack_at >= at:
+                what, step, when = "acknowledged its committed checkpoint", progress.ack_step, progress.ack_at
+            else:
+                what, step, when = "committed a checkpoint", progress.commit_step, progress.commit_at
+            at_step = f" at step {step}" if step is not None else ""
             cy.requeues.append(
                 Requeue(
                     job_id,
                     acked=True,
-                    reason=f"job {job_id} acknowledged its committed checkpoint{step} {after} s after the signal; "
+                    reason=f"job {job_id} {what}{at_step} {(when or at) - at:.0f} s after the signal; "
                     "requeue now rather than at grace end",
                     code=Code.REQUEUE_ACKED,
                     to_qos=back,
@@ -124,8 +118,7 @@ def count_ending_soon(cy: Cycle) -> None:
         end = timestamp(job.end_time, math.inf)
         if end > limit:
             continue
-        # the comment is parsed only for the few jobs this close to their end
-        if end <= base or end <= base + seconds_since_checkpoint(job, cy.comment(job), cy.now):
+        if end <= base or end <= base + seconds_since_checkpoint(job, _checkpoint_at(cy, job), cy.now):
             cy.taken.add(job.job_id)
             for node, gpus in gpus_on_nodes(job):
                 cy.cap.add_freeing(node, gpus)
@@ -338,7 +331,7 @@ def _tier_eligible(c: JobClass) -> Eligible:
 
 
 def _candidate(cy: Cycle, job: JobInfo, c: JobClass, rank: int) -> Candidate | None:
-    """The victim view of a running job, built once per cycle (its comment is parsed for the checkpoint time)."""
+    """The victim view of a running job, built once per cycle."""
     if job.job_id in cy.candidates:
         return cy.candidates[job.job_id]
     cand = cy.candidates[job.job_id] = _new_candidate(cy, job, c, rank)
@@ -353,7 +346,7 @@ def _new_candidate(cy: Cycle, job: JobInfo, c: JobClass, rank: int) -> Candidate
     )
     if not on_nodes:
         return None  # frees nothing a pending job could use
-    lost, ckpt_at = work_lost_gpu_s(job, cy.comment(job), cy.now)
+    lost, ckpt_at = work_lost_gpu_s(job, _checkpoint_at(cy, job), cy.now)
     started = timestamp(job.start_time, cy.now)
     return Candidate(
         job.job_id,
@@ -369,6 +362,12 @@ def _new_candidate(cy: Cycle, job: JobInfo, c: JobClass, rank: int) -> Candidate
         exempt_until=started + c.min_run_s,
         team_load=cy.loads.get(c.team, 0) if c.team is not None else 0,
     )
+
+
+def _checkpoint_at(cy: Cycle, job: JobInfo) -> float | None:
+    """When the job's newest commit was reported by its agents (None: none known)."""
+    p = cy.progress_of(job)
+    return p.commit_at if p is not None else None
 
 
 def _build_pool(cy: Cycle, ranks: dict[str, int]) -> VictimPool:
@@ -389,7 +388,7 @@ def _build_pool(cy: Cycle, ranks: dict[str, int]) -> VictimPool:
 
 
 def _pool_borrowed(cy: Cycle) -> VictimPool:
-    """Running borrowed jobs, built on first use (comments are parsed only when someone needs room)."""
+    """Running borrowed jobs, built on first use (only when someone needs room)."""
     return cy.pool("borrowed") or cy.set_pool("borrowed", _build_pool(cy, {Kind.BORROWED: RANK_BORROWED}))
 
 

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from nuro.policy.classify import job_gpus, timestamp
-from nuro.protocol.jobcomment import JobComment
 from nuro.slurm.models import JobInfo
 from nuro.slurm_plugins.controller.capacity import Capacity, Shape
 
@@ -84,19 +83,18 @@ def victim_key(c: Candidate) -> tuple[int, int, int, float, float, int]:
     return (c.rank, c.tier_priority, -c.team_load, c.cost_gpu_s, -c.started_at, c.job_id)
 
 
-def seconds_since_checkpoint(job: JobInfo, comment: JobComment, now: float) -> float:
-    """Seconds of training a job would lose if preempted now. A checkpoint older than the current start (written by
-    an earlier run) only bounds the loss by the start. A running job without a start time (Slurm did not report one)
-    is treated as just started."""
+def seconds_since_checkpoint(job: JobInfo, checkpoint_at: float | None, now: float) -> float:
+    """Seconds of training a job would lose if preempted now, given when its newest commit was reported
+    (``progress.Progress.commit_at``; None: none). A checkpoint older than the current start (written by an earlier
+    run) only bounds the loss by the start. A running job without a start time (Slurm did not report one) is
+    treated as just started."""
     start = timestamp(job.start_time, default=now)
-    mark = comment.checkpoint
-    return max(0.0, now - (max(mark.at, start) if mark is not None else start))
+    return max(0.0, now - (max(checkpoint_at, start) if checkpoint_at is not None else start))
 
 
-def work_lost_gpu_s(job: JobInfo, comment: JobComment, now: float) -> tuple[float, float | None]:
+def work_lost_gpu_s(job: JobInfo, checkpoint_at: float | None, now: float) -> tuple[float, float | None]:
     """(work lost if preempted now in GPU·s, last checkpoint time): ``seconds_since_checkpoint`` × GPUs."""
-    mark = comment.checkpoint
-    return seconds_since_checkpoint(job, comment, now) * job_gpus(job), (mark.at if mark is not None else None)
+    return seconds_since_checkpoint(job, checkpoint_at, now) * job_gpus(job), checkpoint_at
 
 
 @dataclass

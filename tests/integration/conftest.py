@@ -105,13 +105,15 @@ def apply_example_policy(
 def controller_process(
     cluster: LiveCluster, policy: Path, log_path: Path, *extra: str, stop_timeout_s: float = 20
 ) -> Iterator[subprocess.Popen]:
-    """The real ``nuro-controller`` daemon as a child process (0.5 s cycles, the cluster's master key: it signs
-    preempt marks), logging to ``log_path``; stopped by PID with SIGTERM, which it must obey within
+    """The real ``nuro-controller`` daemon as a child process (0.5 s cycles, the cluster's controller state dir: its
+    preemption ledger, and the progress the cluster's detector hears from the node agents), logging to
+    ``log_path``; stopped by PID with SIGTERM, which it must obey within
     ``stop_timeout_s``. One that does not is killed before the test fails: a leaked controller would go on acting on
     later tests' jobs with this test's policy."""
     miss = ["--miss-limit", os.environ["NURO_DEVCLUSTER_MISS_LIMIT"]] if "--miss-limit" not in extra else []
     argv = [str(Path(sys.executable).parent / "nuro-controller"), "--policy", str(policy), "--interval-s", "0.5",
-            "--heartbeat-key", str(cluster.layout.heartbeat_key), *miss, *extra]  # fmt: skip
+            "--heartbeat-key", str(cluster.layout.heartbeat_key), "--state-dir", str(cluster.layout.controller_state),
+            *miss, *extra]  # fmt: skip
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, env={**os.environ, **cluster.env}, stdout=log, stderr=subprocess.STDOUT)
     try:

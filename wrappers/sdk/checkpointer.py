@@ -7,7 +7,8 @@ Path of one save (STYLE N5)::
           └ local rank 0: hash this node's files, write step-N/.upload-<node>.json (the request, atomically)
               └ UploadWorker (node agent, or this process with upload="inline"): shards → parts/<node>.json →
                 manifest.json last (If-None-Match: *) → step-N/.upload.done.json on every node
-                  └ rank 0: record_checkpoint(step) in the Slurm job comment (best effort)
+                  └ rank 0: record_checkpoint(step) to this node's agent (best effort; the agent's own worker
+                    reports the commits it makes by itself)
 
 Who calls what: every rank constructs the Checkpointer and calls ``save``/``maybe_save``/``restore``/``close`` in
 step with the others (they run collectives when torch.distributed is initialised); ``wait_committed`` and
@@ -460,7 +461,7 @@ class Checkpointer:
         return latest_committed_step(self.store, self.team, self.run)
 
     def _record_loop(self) -> None:
-        """Rank 0 in a Slurm job: put each newly committed step in the job comment (the controller's view)."""
+        """Rank 0 in a Slurm job: report each newly committed step to this node's agent (the controller's view)."""
         while not self._stop.wait(1.0):
             self._record_new_commits()
         self._record_new_commits()
@@ -474,8 +475,9 @@ class Checkpointer:
         try:
             record_checkpoint(newest)
             self._last_recorded = newest
-        except Exception as exc:  # best effort: the checkpoint is committed whatever the comment says
-            log.warning("could not record committed step %d in the job comment: %s", newest, exc)
+        except Exception as exc:  # best effort: the checkpoint is committed whatever the report
+            if self._last_recorded is None:  # said once: without an agent every later report fails alike
+                log.warning("could not report committed step %d to the node agent: %s", newest, exc)
             self._last_recorded = newest
 
     # -- restore -----------------------------------------------------------------------------------------------

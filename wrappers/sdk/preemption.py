@@ -10,8 +10,8 @@ Why this shape:
   ``all_reduce(MAX)`` over their flags, so a signal seen by *any* rank stops *all* ranks at the *same* step, which
   is what a consistent sharded checkpoint needs. The decision is sticky: once True it stays True.
 * ``checkpoint_and_exit(save_fn, step)``: every rank saves (``save_fn`` returns True once committed), the ranks
-  agree that all saves committed (``all_reduce(MIN)``), rank 0 acknowledges in the job comment (the controller then
-  requeues at once instead of waiting for the grace backstop), and every rank exits ``NURO_EXIT_REQUEUE`` (75).
+  agree that all saves committed (``all_reduce(MIN)``), rank 0 acknowledges through its node agent (the controller
+  then requeues at once instead of waiting for the grace backstop), and every rank exits ``NURO_EXIT_REQUEUE`` (75).
   A save that did not commit means no ack (an ack promises a restorable checkpoint): the controller's grace end or
   the batch script requeues the job anyway, and it resumes from the previous committed checkpoint.
 * Without a process group (one process, a laptop) the flag is used as is: same API, no collectives (D3).
@@ -70,7 +70,7 @@ AckFn = Callable[[int, StopReason, RunEnv], object]
 
 
 def _default_ack(step: int, reason: StopReason, env: RunEnv) -> None:
-    """``ack = {step, at, why}`` in the job comment (``nuro.wrappers.jobchannel.acknowledge_preemption``)."""
+    """An ack report to this node's agent (``nuro.wrappers.jobchannel.acknowledge_preemption``)."""
     if env.job_id is None:
         return
     from nuro.wrappers.jobchannel import acknowledge_preemption  # only rank 0 inside a Slurm job pays this import
@@ -94,7 +94,7 @@ class PreemptionGuard:
         check_every: agree every N steps (all ranks must pass the same step numbers). 1 = every step; the
             collective is tiny (see docs/launch.md for the measured cost), raise it for very short steps.
         env: the run (default ``RunEnv.from_env()``).
-        ack_fn: records the ack on rank 0 (default: the job comment through ``scontrol update``).
+        ack_fn: records the ack on rank 0 (default: a progress report to this node's agent).
         exit_fn: how to leave (default ``sys.exit``); tests pass a function that raises.
         process_group: the torch process group to agree over (default: the default group, if initialised).
 
