@@ -76,6 +76,7 @@ from nuro.metrics import identities
 from nuro.metrics.base import ENV_URL as ENV_METRICS_URL
 from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, load_key, write_node_key
 from nuro.runs.pending import ENV_WAITS
+from nuro.slurm_plugins.controller.config import ENV_STATE_DIR
 
 log = logging.getLogger("nuro.devcluster.supervisor")
 
@@ -90,8 +91,25 @@ class StartError(RuntimeError):
     """A daemon did not become ready; the message names it and its log file."""
 
 
-def _quiet(argv: list[str], env: dict[str, str], timeout_s: float = 15.0) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+def _quiet(
+    argv: list[str], env: dict[str, str], timeout_s: float = 15.0, stdin: str | None = None
+) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, env=env, input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def db_setup_command(socket: Path) -> tuple[list[str], str]:
+    """The ``mariadb`` client's argv and the SQL for its stdin that make slurmdbd's user and database.
+
+    Why stdin: the SQL holds the user's password, and a process's argv is visible to every user in ``ps``; the
+    dev cluster runs team users' jobs on this very host."""
+    sql = (
+        f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';"
+        f"GRANT ALL ON *.* TO '{DB_USER}'@'127.0.0.1';FLUSH PRIVILEGES;"
+    )
+    # The database first: slurmdbd 24.11+ (MariaDB Connector/C 3.4) fails every query on the handle it reuses
+    # after its own "Unknown database" reconnect (docs/slurm-versions.md); made here, it never reconnects.
+    sql += f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
+    return ["mariadb", "--no-defaults", f"--socket={socket}", "-uroot"], sql
 
 
 def _node_tag(pid: int) -> str | None:
@@ -283,6 +301,7 @@ class Supervisor:
                **s3.s3_env(self.ports, self.layout.s3_data)}  # fmt: skip
         env["MLFLOW_TRACKING_URI"] = f"http://127.0.0.1:{self.ports.mlflow}"
         env[ENV_WAITS] = str(self.layout.controller_waits)
+        env[ENV_STATE_DIR] = str(self.layout.controller_state)  # jobs' progress, as the controller has it
         argv = [sys.executable, "-m", "nuro.slurm_plugins.mlflow_bridge", "--interval-s", "2"]
         self._spawn("mlflow-bridge", argv, "mlflow-bridge.log", env=env)
 
@@ -313,14 +332,8 @@ class Supervisor:
         proc = self._spawn("mariadbd", argv, "mariadbd.out")
         ping = ["mariadb-admin", "--no-defaults", f"--socket={lay.mysql_socket}", "-uroot", "ping"]
         self._ready("mariadbd", proc, lambda: _quiet(ping, self.env, 5).returncode == 0, 60, "mariadbd.log")
-        sql = (
-            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{DB_PASSWORD}';"
-            f"GRANT ALL ON *.* TO '{DB_USER}'@'127.0.0.1';FLUSH PRIVILEGES;"
-        )
-        # The database first: slurmdbd 24.11+ (MariaDB Connector/C 3.4) fails every query on the handle it reuses
-        # after its own "Unknown database" reconnect (docs/slurm-versions.md); made here, it never reconnects.
-        sql += f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
-        res = _quiet(["mariadb", "--no-defaults", f"--socket={lay.mysql_socket}", "-uroot", "-e", sql], self.env)
+        argv, sql = db_setup_command(lay.mysql_socket)
+        res = _quiet(argv, self.env, stdin=sql)
         if res.returncode != 0:
             raise StartError(f"creating the slurmdbd database user failed: {res.stderr.strip()}")
 
@@ -359,6 +372,7 @@ class Supervisor:
             sys.executable, "-m", "nuro.slurm_plugins.controller.daemon",
             "--heartbeat-port", str(self.ports.heartbeat), "--heartbeat-key", str(lay.heartbeat_key),
             "--event-log", str(lay.events_log), "--heartbeat-interval-s", str(self.beat_s),
+            "--state-dir", str(lay.controller_state),
         ]  # fmt: skip
         if self.miss_limit is not None:
             argv += ["--miss-limit", str(self.miss_limit)]

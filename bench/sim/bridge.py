@@ -21,6 +21,7 @@ from nuro.slurm.actions import (
     ActionResult,
     Requeue,
     Signal,
+    UpdateAdminComment,
     UpdateComment,
     UpdateJobs,
     UpdateQos,
@@ -203,6 +204,9 @@ class SimBackend(Backend):
             job = self._job(action.job_id)
             job.site_factor = int(action.value)
             r.dirty = True
+            return ""
+        if isinstance(action, UpdateAdminComment):
+            self._job(action.job_id)  # the owner's note: nothing in the replay reads it
             return ""
         if isinstance(action, UpdateComment):
             job = self._job(action.job_id)

@@ -13,8 +13,9 @@ The two variants differ only in the controller:
 
 A job's life: pending → running → (preempted → requeued → pending …) → done, or censored at the horizon.
 Checkpoint model (synthesised, ``synth.py``): a running job commits a checkpoint every ``ckpt_interval_s`` of
-training and writes ``{"ckpt": {"step", "at"}}`` into its comment (the SDK's channel). On the preemption signal an
-acking job stops training, commits within ``ckpt_commit_s`` and writes ``ack``; a non-acking job trains on and is
+training and reports ``{"ckpt": {"step", "at"}}`` (the SDK's channel through the node agent; the sim keeps it in
+the job's own record and hands it to the controller as ``progress``). On the preemption signal an acking job stops
+training, commits within ``ckpt_commit_s`` and reports ``ack``; a non-acking job trains on and is
 requeued at grace end. A requeued job keeps only the progress of its last committed checkpoint; everything else it
 held the GPUs for in that run is lost work. A resumed run first spends ``restart_overhead_s`` loading (allocated,
 not training).
@@ -136,7 +137,8 @@ class Replay:
         if self.variant is Variant.NURO:
             from nuro.slurm_plugins.controller.daemon import Controller  # the engine is only needed for this variant
 
-            self.controller = Controller(SimBackend(self), policy, clock=lambda: EPOCH + self.now)
+            self.controller = Controller(SimBackend(self), policy, clock=lambda: EPOCH + self.now,
+                                         progress=self.progress)  # fmt: skip
 
     # -- events --------------------------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, job: SimJob | None = None, token: int = 0) -> None:
@@ -251,6 +253,23 @@ class Replay:
         if isinstance(mark, dict) and mark.get("at", 0) >= at:
             return
         self._set_comment(job, ckpt={"step": int(job.work_done_s + gain), "at": math.ceil(at)})  # whole s
+
+    def progress(self) -> dict:
+        """What the node agents would report (``slurm_plugins/controller/progress.py``): each running job's newest
+        commit and ack, as the sim keeps them in ``job.comment`` (the simulator's own record; the engine reads no
+        job comment)."""
+        from nuro.slurm_plugins.controller.progress import Progress
+
+        out = {}
+        for job in self.sim.running.values():
+            ckpt, ack = job.comment.get("ckpt"), job.comment.get("ack")
+            if ckpt or ack:
+                out[job.job_id] = Progress(
+                    ckpt["step"] if ckpt else None, float(ckpt["at"]) if ckpt else None,
+                    ack["step"] if ack else None, float(ack["at"]) if ack else None,
+                    frozenset(self.sim.names[i] for i in job.nodes),
+                )  # fmt: skip
+        return out
 
     def _set_comment(self, job: SimJob, **updates: object) -> None:
         job.comment_text = jobcomment.merge(job.comment_text, **updates)

@@ -166,8 +166,7 @@ def merge(comment: str | None, **updates: Any) -> str:
     text = canonical(data)
     size = _byte_len(text)
     if size > MAX_COMMENT_BYTES:
-        raise ValueError(f"job comment would be {size} bytes, {size - MAX_COMMENT_BYTES} over the "
-                         f"{MAX_COMMENT_BYTES} Slurm allows ({SHORTEN_HINT})")
+        raise ValueError(f"the job comment would be {size_report(text)} ({SHORTEN_HINT})")
     if record(text) is None:
         raise ValueError(f"job comment would not be a nuro record ({scan(text)}): {text[:200]}")
     return text

@@ -65,7 +65,7 @@ def finish_in_flight(cy: Cycle) -> None:
         progress = cy.progress_of(job)
         back = cy.index.teams[c.team].guaranteed_qos if c.is_borrowed and c.team is not None else None
         if progress is not None and progress.acked_since(at):
-            if progress.ack_at is not None and progress.ack_at >= at:
+            if progress.ack_at is not None and progress.ack_at >= at:  # else a commit after the signal
                 what, step, when = "acknowledged its committed checkpoint", progress.ack_step, progress.ack_at
             else:
                 what, step, when = "committed a checkpoint", progress.commit_step, progress.commit_at

@@ -51,9 +51,10 @@ class Progress:
     nodes: frozenset[str] = frozenset()
 
     def acked_since(self, t: float) -> bool:
-        """An explicit ack at or after ``t`` (when the controller signalled), or a commit learnt then: the
-        checkpoint a preemption asks for is a commit newer than the request."""
-        return (self.ack_at is not None and self.ack_at >= t) or (self.commit_at is not None and self.commit_at >= t)
+        """An explicit ack at or after ``t`` (when the controller signalled, whole seconds), or a commit learnt
+        after it: the checkpoint a preemption asks for is a commit newer than the request (strictly later, since a
+        commit in the signal's own second may have been made before the signal)."""
+        return (self.ack_at is not None and self.ack_at >= t) or (self.commit_at is not None and self.commit_at > t)
 
 
 EMPTY: Mapping[int, Progress] = MappingProxyType({})

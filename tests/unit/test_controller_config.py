@@ -40,30 +40,49 @@ def test_missing_file_says_so(tmp_path: Path) -> None:
         load_config(tmp_path / "nope.yaml")
 
 
-def test_in_flight_preemptions_are_rebuilt_from_job_comments() -> None:
+def test_in_flight_preemptions_come_back_from_the_ledger_whatever_the_comments_say(tmp_path: Path) -> None:
+    """Issue 30: a restarted controller finishes the preemptions its own ledger holds; a job's comment (which its
+    user writes, up to Slurm's 1,024 bytes) neither adds nor hides one."""
     from nuro.slurm_plugins.controller.engine import rebuild_state
+    from nuro.slurm_plugins.controller.ledger import Ledger
 
-    def job(jid: int, state: str, comment: str) -> JobInfo:
-        return JobInfo(job_id=jid, name="j", user="u", state=state, phase=JobPhase(state), comment=comment)
+    def job(jid: int, state: str, comment: str = "", started: float = 50.0) -> JobInfo:
+        return JobInfo(job_id=jid, name="j", user="u", state=state, phase=JobPhase(state), comment=comment,
+                       start_time=datetime.fromtimestamp(started, UTC))  # fmt: skip
 
-    from nuro.protocol import jobcomment, marks
-
-    def signed(jid: int, at: int) -> str:
-        return jobcomment.canonical({"preempt": marks.sign(jid, at, 9, "reclaim")})
-
+    ledger = Ledger(tmp_path / "state")
+    assert ledger.load() == {}  # no file yet: nothing in flight
+    assert ledger.save({1: 100.4, 3: 50.0, 6: 100.0}, {1: 9, 3: 9}) is True
+    assert ledger.save({1: 100.4, 3: 50.0, 6: 100.0}, {1: 9, 3: 9}) is False  # unchanged: not written again
+    assert (tmp_path / "state" / "preemptions.json").stat().st_mode & 0o777 == 0o600
+    entries = Ledger(tmp_path / "state").load()
+    assert entries == {1: (100.0, 9), 3: (50.0, 9), 6: (100.0, None)}
     snap = ClusterSnapshot(
         nodes=(),
         jobs=(
-            job(1, "RUNNING", signed(1, 100)),
-            job(2, "RUNNING", '{"ckpt":{"at":5,"step":1}}'),
-            job(3, "PENDING", signed(3, 50)),  # requeued already: not in flight
-            job(4, "RUNNING", '{"preempt":{"at":100,"for":9}}'),  # written by the job's user: unsigned
-            job(5, "RUNNING", signed(1, 100)),  # job 1's mark copied into job 5: signed for another job
+            job(1, "RUNNING", "x" * 1024),  # its user filled the comment: still in flight
+            job(2, "RUNNING", '{"preempt":{"at":100,"for":9}}'),  # a user's own "mark": means nothing
+            job(3, "PENDING"),  # requeued already: not in flight
+            job(6, "RUNNING", started=200.0),  # started again after the signal: a new run, not a victim
         ),
         partitions=(),
         taken_at=datetime.now(UTC),
     )
-    assert dict(rebuild_state(snap).preempting) == {1: 100.0}
+    assert dict(rebuild_state(snap, {j: at for j, (at, _) in entries.items()}).preempting) == {1: 100.0}
+
+
+def test_a_malformed_or_oversized_ledger_is_no_reason_not_to_start(tmp_path: Path) -> None:
+    from nuro.slurm_plugins.controller.ledger import MAX_BYTES, Ledger
+
+    d = tmp_path / "state"
+    d.mkdir()
+    for body in (b"{not json", b'{"format":"other"}', b'{"format":"nuro.preemptions/v1","preempting":{"x":{}}}',
+                 b" " * (MAX_BYTES + 1)):  # fmt: skip
+        (d / "preemptions.json").write_bytes(body)
+        assert Ledger(d).load() == {}
+    (d / "preemptions.json").unlink()
+    (d / "preemptions.json").symlink_to(tmp_path / "elsewhere")
+    assert Ledger(d).load() == {}  # a link is never followed
 
 
 # -- the daemon's clocks and loops --------------------------------------------------------------------------------

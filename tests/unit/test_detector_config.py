@@ -7,19 +7,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from nuro.protocol import marks
 from nuro.slurm_plugins.controller.config import ConfigError, load_config
 from nuro.slurm_plugins.controller.daemon import main
-
-
-@pytest.fixture(autouse=True)
-def _keep_the_mark_key():
-    """``main`` sets the process's preempt-mark key (``nuro.protocol.marks.use_master_key``); later tests in this
-    process
-    signed their marks with the one before (test_engine_rules builds its cases at import), so it is put back."""
-    saved = marks._key
-    yield
-    marks._key = saved
 
 
 def test_detector_only_config_resolves_key_and_event_log_beside_it(tmp_path: Path) -> None:

@@ -3,6 +3,11 @@
 a_job(7).team("perception").borrowed().gpus(8).running_on("n01").ckpt_age_s(600).build()
 a_cluster().nodes(4, gpus=8).jobs(j1, j2).build()        # node allocations derived from the running jobs
 a_policy().team("a", quota=16, borrow=8, lend=8).tier("urgent", accounts=["a"]).build()
+
+What a job reports and what the controller did to it travel outside Slurm's job record (issue 30: the agents'
+progress reports, the controller's ledger); the builders carry them in a test-only side field, the job's comment
+(which the engine never reads), and ``decide`` below hands them to the engine as the daemon does: the reported
+commits and acks as ``progress``, the preemptions as the ledger's in-flight state.
 """
 
 from __future__ import annotations
@@ -12,9 +17,13 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from nuro.policy.model import Policy, Team, Tier
-from nuro.protocol import jobcomment, marks
+from nuro.protocol import jobcomment
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
+from nuro.slurm_plugins.controller import engine
+from nuro.slurm_plugins.controller.cycle import ControllerState
+from nuro.slurm_plugins.controller.decisions import Decisions
+from nuro.slurm_plugins.controller.progress import Progress
 
 NOW = 1_700_000_000.0  # the injected clock of every engine test
 
@@ -97,13 +106,13 @@ class JobBuilder:
         self._state = "COMPLETING"
         return self
 
-    # comment channel
+    # side channels (the agents' reports, the controller's ledger): see the module docstring
     def ckpt_age_s(self, age_s: float, step: int = 100) -> JobBuilder:
         self._comment["ckpt"] = {"step": step, "at": round(NOW - age_s)}
         return self
 
     def signalled_s_ago(self, s: float, for_job: int = 0) -> JobBuilder:
-        self._comment["preempt"] = marks.sign(self._id, round(NOW - s), for_job, "test")  # as the controller does
+        self._comment["preempt"] = {"at": round(NOW - s), "for": for_job}  # in the controller's ledger
         return self
 
     def acked_s_ago(self, s: float, step: int = 120) -> JobBuilder:
@@ -136,6 +145,33 @@ class JobBuilder:
 
 def a_job(job_id: int) -> JobBuilder:
     return JobBuilder(job_id)
+
+
+def channels(snapshot: ClusterSnapshot) -> tuple[dict[int, float], dict[int, Progress]]:
+    """(the ledger's in-flight preemptions, the agents' progress) the builders put beside the jobs."""
+    ledger: dict[int, float] = {}
+    progress: dict[int, Progress] = {}
+    for j in snapshot.jobs:
+        side = jobcomment.record(j.comment) or {}
+        if isinstance(side.get("preempt"), dict):
+            ledger[j.job_id] = float(side["preempt"]["at"])
+        ckpt, ack = side.get("ckpt"), side.get("ack")
+        if isinstance(ckpt, dict) or isinstance(ack, dict):
+            progress[j.job_id] = Progress(
+                ckpt["step"] if ckpt else None, float(ckpt["at"]) if ckpt else None,
+                ack["step"] if ack else None, float(ack["at"]) if ack else None, frozenset(j.nodes),
+            )  # fmt: skip
+    return ledger, progress
+
+
+def decide(snapshot: ClusterSnapshot, policy: Policy, state: ControllerState, now: float) -> Decisions:
+    """``engine.decide`` with the side channels: the ledger's preemptions join ``state`` (as a restarted daemon's
+    ``rebuild_state`` does), the reported commits and acks are its ``progress``."""
+    ledger, progress = channels(snapshot)
+    if ledger:
+        rebuilt = engine.rebuild_state(snapshot, ledger).preempting
+        state = replace(state, preempting={**rebuilt, **state.preempting})
+    return engine.decide(snapshot, policy, state, now, progress)
 
 
 class ClusterBuilder:

@@ -20,10 +20,9 @@ from nuro.slurm_plugins.controller.engine import (
     Return,
     SetSiteFactor,
     classify,
-    decide,
 )
 from nuro.slurm_plugins.controller.victims import Candidate, victim_key
-from tests.unit.test_engine_builders import NOW, a_cluster, a_job, a_policy
+from tests.unit.test_engine_builders import NOW, a_cluster, a_job, a_policy, decide
 
 # two teams of 16 on 4 × 8 GPUs; each may borrow 8 and lend 8
 TWO_TEAMS = a_policy(32).team("a", quota=16, borrow=8, lend=8).team("b", quota=16, borrow=8, lend=8).build()

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nuro.policy.model import Policy, Team, Tier, load_policy
-from nuro.protocol import jobcomment, marks
+from nuro.protocol import jobcomment
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller.engine import (
@@ -31,8 +31,8 @@ from nuro.slurm_plugins.controller.engine import (
     Requeue,
     Return,
     SetSiteFactor,
-    decide,
 )
+from tests.unit.test_engine_builders import decide
 from tests.unit.test_engine_properties import World, check_invariants
 
 TICK_S = 10.0
@@ -101,7 +101,7 @@ class TinySlurm:
             if j.ckpt_at is not None:
                 comment["ckpt"] = {"step": int(j.ckpt_done_s), "at": round(j.ckpt_at)}
             if j.preempt_at is not None:
-                comment["preempt"] = marks.sign(j.job_id, round(j.preempt_at), 0, "sim")  # as apply.py does
+                comment["preempt"] = {"at": round(j.preempt_at), "for": 0}  # the controller's ledger (test channel)
             if j.ack_at is not None:
                 comment["ack"] = {"step": int(j.ckpt_done_s), "at": round(j.ack_at)}
             running = bool(j.nodes)

@@ -1,47 +1,51 @@
-"""The job's comment channel (``nuro-job``): concurrent writers in one process keep each other's keys."""
+"""The job's side of the progress channel (``nuro-job``): reports reach this node's agent socket, never the comment."""
 
 from __future__ import annotations
 
-import threading
-import time
+import socket
+from pathlib import Path
 
-from nuro.protocol import jobcomment
-from nuro.slurm import Backend
+import pytest
+
+from nuro.protocol import peerloss
 from nuro.wrappers import jobchannel
 
 
-class SlowComment:
-    """A job comment as slow to read as slurmctld under load: the window where a second writer in the same process
-    read the comment before the first one's write and dropped its key. Its read-merge-write is the backends' own."""
-
-    merge_comment = Backend.merge_comment
-
-    def __init__(self) -> None:
-        self.comment = jobcomment.merge(None, nuro={"v": 1, "team": "perception"})
-
-    def job_comment(self, job_id: int) -> str:
-        current = self.comment
-        time.sleep(0.05)
-        return current
-
-    def update_comment(self, job_id: int, comment: str) -> None:
-        self.comment = comment
+@pytest.fixture
+def agent_socket(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A datagram socket where this node's agent would listen (``peerloss.socket_path``)."""
+    monkeypatch.setenv("NURO_AGENT_SOCKET_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu001")
+    monkeypatch.setenv("SLURM_JOB_ID", "8")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(peerloss.socket_path(tmp_path, "gpu001")))
+    sock.settimeout(2)
+    yield sock
+    sock.close()
 
 
-def test_the_ack_and_the_checkpoint_mark_written_together_both_stay() -> None:
-    """Rank 0's checkpoint recorder thread and the preemption guard write after the same commit (CI: the ack was
-    lost to the step's ckpt mark and the run requeued with no ack on record)."""
-    backend = SlowComment()
-    threads = [
-        threading.Thread(target=jobchannel.record_checkpoint, args=(58,), kwargs={"job_id": 8, "backend": backend}),
-        threading.Thread(target=jobchannel.acknowledge_preemption, args=(58,),
-                         kwargs={"job_id": 8, "backend": backend, "why": "preempted"}),
-    ]  # fmt: skip
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    marks = jobcomment.parse(backend.comment)
-    assert marks.checkpoint is not None and marks.checkpoint.step == 58
-    assert marks.ack is not None and marks.ack.step == 58
-    assert marks.record["team"] == "perception"
+def test_ckpt_and_ack_are_reports_to_the_node_agent(agent_socket: socket.socket) -> None:
+    jobchannel.record_checkpoint(58)
+    jobchannel.acknowledge_preemption(58, why="preempted")
+    got = [peerloss.parse_progress(agent_socket.recv(512)) for _ in range(2)]
+    assert got == [("ckpt", 8, 58, ""), ("ack", 8, 58, "preempted")]
+
+
+def test_without_an_agent_the_job_is_told_what_that_costs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NURO_AGENT_SOCKET_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu001")
+    with pytest.raises(jobchannel.JobChannelError, match="no node agent answers .* requeues at grace end"):
+        jobchannel.acknowledge_preemption(3, job_id=8)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    with pytest.raises(jobchannel.JobChannelError, match="SLURM_JOB_ID is not set"):
+        jobchannel.record_checkpoint(3)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"nuro-progress/1 ckpt 0 1", b"nuro-progress/1 ack 1 2 Preempted", b"nuro-progress/1 ckpt 1 2 x",
+     b"nuro-progress/1 ckpt 1 -2", b"nuro-progress/1 flush 1 2", b"nuro-progress/1 ckpt 1 " + b"9" * 16,
+     b"nuro-progress/1 ckpt 1 2" + b" " * 100],
+)  # fmt: skip
+def test_malformed_progress_reports_are_not_reports(data: bytes) -> None:
+    assert peerloss.parse_progress(data) is None

@@ -1,4 +1,4 @@
-"""The job comment record: one strict parser (canonical form only), merge without losing the other side's keys."""
+"""The job comment record: one strict parser (canonical form only), within Slurm's 1,024 bytes."""
 
 from __future__ import annotations
 
@@ -9,16 +9,11 @@ import pytest
 from nuro.protocol import jobcomment
 
 
-def test_parse_reads_checkpoint_preempt_and_ack() -> None:
-    rec = jobcomment.parse(
-        '{"ack":{"at":205,"step":42},"ckpt":{"at":100,"step":40},"nuro":{"team":"perception"},'
-        '"preempt":{"at":200,"for":7,"sig":"ab","why":"reclaim"}}'
-    )
+def test_parse_reads_the_run_record_and_keeps_other_keys_untouched() -> None:
+    rec = jobcomment.parse('{"ack":{"at":205,"step":42},"nuro":{"team":"perception"}}')
     assert rec.not_record is None
-    assert rec.checkpoint == jobcomment.Mark(step=40, at=100.0)
-    assert rec.preempt == jobcomment.PreemptRequest(at=200.0, for_job=7, why="reclaim", sig="ab")
-    assert rec.ack == jobcomment.Mark(step=42, at=205.0)
-    assert rec.acked_since(200.0) and rec.acked_since(205) and not rec.acked_since(206)
+    assert rec.record == {"team": "perception"}
+    assert rec.raw["ack"] == {"at": 205, "step": 42}  # kept, never read: progress travels through the agents
 
 
 @pytest.mark.parametrize(
@@ -38,7 +33,7 @@ def test_parse_reads_checkpoint_preempt_and_ack() -> None:
 )
 def test_anything_else_is_an_empty_record(text: str | None, why: str | None) -> None:
     rec = jobcomment.parse(text)
-    assert rec.checkpoint is None and rec.ack is None and rec.preempt is None
+    assert rec.record == {}
     assert rec.not_record == why
 
 
@@ -75,6 +70,20 @@ def test_merge_refuses_what_would_not_read_back() -> None:
         jobcomment.merge(None, ckpt={"step": 10**15, "at": 1})
 
 
-def test_merge_refuses_to_grow_past_the_limit() -> None:
-    with pytest.raises(ValueError, match="bytes, above nuro's 8192"):
-        jobcomment.merge("{}", blob="x" * 9000)
+def test_merge_refuses_to_grow_past_slurms_cap() -> None:
+    with pytest.raises(ValueError, match="1,030 bytes, 6 over the 1,024 Slurm allows in a job comment; longest"):
+        jobcomment.merge(None, blob="x" * 1019)
+    assert len(jobcomment.merge(None, blob="x" * 1013)) == 1024  # exactly the cap: a record
+
+
+def test_the_budget_is_slurms_cap_and_the_message_says_what_to_shorten() -> None:
+    """Issue 30: slurmctld refuses a comment over 1,024 bytes for everyone; nothing is appended after submit, so the
+    record may use it all, and a longer one is refused up front with the bytes over and the longest fields."""
+    assert jobcomment.MAX_COMMENT_BYTES == jobcomment.SLURM_TEXT_MAX == 1024
+    rec = {"nuro": {"team": "perception", "code": {"repo": "r" * 300}, "entry": {"args": ["a" * 40] * 20}}}
+    text = jobcomment.canonical(rec)
+    report = jobcomment.size_report(text)
+    assert report.startswith(f"{len(text):,} bytes, {len(text) - 1024:,} over the 1,024 Slurm allows")
+    assert "longest: nuro.entry.args 861 bytes, nuro.code.repo 302 bytes" in report
+    assert jobcomment.size_report('{"nuro":{}}') == "11 of 1,024 bytes (1,013 left)"
+    assert jobcomment.reason(text).endswith("(shorten the run name, the code repo path or the entry's arguments)")

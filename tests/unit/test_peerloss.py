@@ -275,3 +275,69 @@ def test_the_shorter_silence_is_half_the_timeout_never_under_two_beats() -> None
     assert LivenessConfig(interval_s=0.25, miss_limit=4).suspect_timeout_s == 0.5
     assert LivenessConfig(interval_s=0.25, miss_limit=8).suspect_timeout_s == 1.0
     assert LivenessConfig(interval_s=1.0, miss_limit=3).suspect_timeout_s == 2.0
+
+
+# -- progress reports (issue 30): commits and acks reach the controller through the agent, never the comment --------
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's files (the agent refuses others')")
+def test_the_agent_carries_its_jobs_progress_from_its_user_and_its_own_upload_worker(tmp_path: Path) -> None:
+    clock = [100.0]
+    agent, _ = _agent(tmp_path, clock)
+    agent.clock = lambda: 1_800_000_000.0 + clock[0]
+    _record(tmp_path, 41, 1001)
+    _record(tmp_path, 42, 1001)
+    assert not agent.report_progress("ack", 41, 9, "preempted", 1002)  # not its user
+    assert not agent.report_progress("ckpt", 40, 9, "", 1001)  # no such job here
+    assert agent.report_progress("ckpt", 41, 10, "", 1001)
+    assert agent.report_progress("ckpt", 41, 5, "", 1001)  # an older step changes nothing
+    agent.on_upload_commit(type("Req", (), {"job_id": "42", "step": 7})())  # root's own commit (UploadWorker)
+    assert agent.report_progress("ack", 41, 12, "preempted", 1001)
+    beat = agent.beat_once()
+    assert beat.commits == ((41, 10, 1_800_000_100), (42, 7, 1_800_000_100))
+    assert beat.acks == ((41, 12, 1_800_000_100),)
+    clock[0] += hb.ACK_TTL_S + 0.1
+    jobrecord.remove(tmp_path / "staging", "42")
+    beat = agent.beat_once()
+    assert beat.acks == () and beat.commits == ((41, 10, 1_800_000_100),)  # job 42 ended here: dropped
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's files (the agent refuses others')")
+def test_reports_are_rate_limited_per_job_and_uid_and_kick_at_most_one_beat(tmp_path: Path) -> None:
+    """Item 4: a flood of reports from one job costs its own reports, and at most one early beat in all."""
+    clock = [100.0]
+    agent, _ = _agent(tmp_path, clock)
+    _record(tmp_path, 41, 1001)
+    _record(tmp_path, 43, 1003)
+    rate, burst = peerloss.REPORT_RATE["job"]
+    heard = sum(agent._within_rate(41, 1001) for _ in range(100))
+    assert heard == burst and agent.reports_limited == 100 - burst
+    assert agent._within_rate(43, 1003)  # another team's job is not limited by the flood
+    clock[0] += 1.0
+    assert sum(agent._within_rate(41, 1001) for _ in range(10)) == int(rate)
+    kicks = 0
+    for job in (41, 43):
+        agent._kick.clear()
+        agent.report(job, 1001 if job == 41 else 1003)
+        kicks += agent._kick.is_set()
+    assert kicks == 1  # two reports within KICK_EVERY_S: one early beat
+
+
+def test_the_limiter_forgets_idle_keys_before_it_grows_past_its_bound() -> None:
+    from nuro.healthcheck.agent import RateLimit
+
+    now = [0.0]
+    lim = RateLimit(1.0, 2.0, clock=lambda: now[0], max_keys=8)
+    for uid in range(100):
+        lim.allow(uid)
+        now[0] += 10.0
+    assert len(lim._buckets) <= 8
+
+
+def test_progress_in_beats_round_trips_and_bad_entries_are_refused() -> None:
+    beat = hb.Heartbeat("gpu001", 1, 2, 1.0, commits=((7, 100, 1_800_000_000),), acks=((7, 101, 1_800_000_005),))
+    assert hb.decode(hb.encode(beat, KEY), KEY) == beat
+    assert b"commits" not in hb.encode(hb.Heartbeat("gpu001", 1, 3, 1.0), KEY)
+    too_many = tuple((j, 1, 1) for j in range(1, hb.MAX_COMMITS + 2))
+    for bad in ({"commits": ((0, 1, 1),)}, {"commits": ((7, -1, 1),)}, {"acks": ((7, 1, 1.5),)},
+                {"acks": ((7, True, 1),)}, {"commits": too_many}):  # fmt: skip
+        with pytest.raises(hb.BadHeartbeat):
+            hb.Heartbeat("gpu001", 1, 4, 1.0, **bad)

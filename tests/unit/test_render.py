@@ -107,10 +107,17 @@ def test_dirty_record_names_the_patch() -> None:
     assert record["tier"] == "urgent" and record["resume_from"] == "4242"
 
 
-def test_controller_channel_keys_survive_next_to_the_record() -> None:
-    comment = jobcomment.merge(render("ddp_2node").comment, ckpt={"step": 5, "at": 1})
-    parsed = jobcomment.parse(comment)
-    assert parsed.checkpoint is not None and parsed.raw["nuro"]["team"] == "perception"
+def test_the_comment_is_the_run_record_alone_within_slurms_cap() -> None:
+    """Issue 30: nothing is appended to the comment after submit, so what submit writes is all it ever holds."""
+    comment = render("ddp_2node").comment
+    assert set(json.loads(comment)) == {"nuro"} and len(comment.encode()) <= jobcomment.MAX_COMMENT_BYTES
+    long_repo = Pins(CodePin("/shared/" + "r" * 192, COMMIT), DatasetPin("imagenet", DIGEST))
+    args = {"entrypoint.args": [f"--opt{i}=value{i}" for i in range(12)]}
+    req = render_submission(build_spec(BASE, args), long_repo, None)
+    assert 700 < len(req.comment) <= 1024  # a 200-character repo path and 12 arguments fit
+    many = {"entrypoint.args": [f"--option-number-{i}=a-long-value-{i}" for i in range(40)]}
+    with pytest.raises(ValueError, match=r"over the 1,024 Slurm allows in a job comment; longest: nuro\.entry\.args"):
+        render_submission(build_spec(BASE, many), long_repo, None)
 
 
 def test_render_is_pure_and_the_request_frozen() -> None:

@@ -16,9 +16,9 @@ from nuro.slurm.parse import parse_per_job_errors, parse_sprio_site_factors
 from nuro.slurm_plugins.controller.apply import BATCH_MAX, groups
 from nuro.slurm_plugins.controller.borrowing import demand_peaks
 from nuro.slurm_plugins.controller.decisions import Borrow, Code, Preempt, Requeue, Return, SetSiteFactor
-from nuro.slurm_plugins.controller.engine import ControllerState, decide
+from nuro.slurm_plugins.controller.engine import ControllerState
 from nuro.slurm_plugins.controller.fairshare import DRAIN_SITE_FACTOR, decayed_usage
-from tests.unit.test_engine_builders import NOW, a_cluster, a_job, a_policy
+from tests.unit.test_engine_builders import NOW, a_cluster, a_job, a_policy, decide
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
