@@ -277,6 +277,8 @@ def _write_hooks(layout: Layout) -> None:
         "NURO_EPILOG_HANDOFF": "1",
         # the hooks' own log, one per emulated node (slurmd discards their stderr); collect-logs fetches it
         "NURO_HOOK_LOG": str(layout.log / "hooks-%n.log"),
+        # cgroup.conf's CgroupMountpoint (the cluster's own binds): the prolog's prefetch joins the job's cgroups there
+        "NURO_CGROUP_MOUNTPOINT": str(cgroups.mountpoint(layout.root)),
     }
     layout.cache.mkdir(exist_ok=True)
     layout.staging.mkdir(exist_ok=True)

@@ -20,9 +20,10 @@ disk              "staging disk /var/tmp/nuro-staging: 1.2 GiB free < 20 GiB"
 agent             "node agent silent for 12 s", "node agent never reported"
 ================  ==========================================================================
 
-A staging disk below its floor is the node's problem only when the space is not held by running jobs' staging
-dirs (``disk_verdict``): when it is, those jobs (largest first, until the floor would be met) are failed instead
-and the node stays in service (``nuro-healthcheck`` cancels them; ``nuro.healthcheck.diskuse`` measures).
+A staging disk below its floor is the node's problem only when the space is not held by running jobs (their
+staging dirs, and what their users own elsewhere on that file system: ``disk_verdict``): when it is, those jobs
+(largest first, until the floor would be met) are failed instead and the node stays in service
+(``nuro-healthcheck`` cancels them; ``nuro.healthcheck.diskuse`` measures).
 """
 
 from __future__ import annotations
@@ -92,12 +93,16 @@ class Problem:
 
 @dataclass(frozen=True)
 class JobDiskUse:
-    """Space a running job's staging dir holds: ``bytes`` (allocated blocks); ``complete`` False when the bounded
-    scan stopped early, so ``bytes`` is a lower bound."""
+    """Space a running job holds on the staging disk (``nuro.healthcheck.diskuse``): ``bytes`` (allocated blocks)
+    of its staging dir and of what its user owns elsewhere on that file system. ``complete`` False when the
+    bounded walk was cut in something of the job's (a tree too deep or too wide, the budget spent there); then
+    ``upper_bound`` True: ``bytes`` includes all the space the walk could not see, so a job that hides its usage
+    in a tree no walk can finish is still the one that pays for it."""
 
     job_id: int
     bytes: int
     complete: bool = True
+    upper_bound: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from nuro.policy import PolicyError, load_policy
 from nuro.policy.classify import build_view
 from nuro.protocol import jobcomment
 from nuro.runs.checkpoints import checkpoint_lines, find_job, lineage_of
-from nuro.runs.pending import ENV_WAITS, pending_view, read_waits
+from nuro.runs.pending import ENV_WAITS, pending_view, read_progress, read_waits
 from nuro.runs.spares import spare_lines, spare_summary
 from nuro.slurm import CliBackend, InvalidJobId, JobInfo, JobPhase, SlurmError
 
@@ -44,11 +44,11 @@ def _backend() -> CliBackend:
     return CliBackend(timeout_s=30)
 
 
-def _row(job: JobInfo) -> dict:
-    """One job as a flat JSON-able dict, with nuro's record from the comment."""
-    rec = jobcomment.parse(job.comment)
-    meta = rec.raw.get("nuro", {}) if isinstance(rec.raw.get("nuro"), dict) else {}
-    ckpt = rec.checkpoint
+def _row(job: JobInfo, heard: dict[int, dict[str, int]] | None = None) -> dict:
+    """One job as a flat JSON-able dict, with nuro's record from the comment and its newest committed checkpoint as
+    the controller heard it from the node agents (``heard``: ``nuro.runs.pending.read_progress``)."""
+    meta = jobcomment.parse(job.comment).record
+    ckpt = (heard if heard is not None else _heard()).get(job.job_id)
     return {
         "job_id": job.job_id,
         "name": job.name,
@@ -66,9 +66,14 @@ def _row(job: JobInfo) -> dict:
         "started": job.start_time.isoformat() if job.start_time else None,
         "dataset": meta.get("dataset"),
         "code": meta.get("code"),
-        "checkpoint_step": ckpt.step if ckpt else None,
+        "checkpoint_step": ckpt["step"] if ckpt else None,
         "nuro": meta,
     }
+
+
+def _heard() -> dict[int, dict[str, int]]:
+    """Running jobs' newest commits from the controller's waits file ({} without one)."""
+    return read_progress(os.environ.get(ENV_WAITS), time.time())
 
 
 def _jobs(backend: CliBackend) -> list[JobInfo]:
@@ -104,7 +109,8 @@ def ls_cmd(team: str | None, all_users: bool, states: tuple[str, ...], recent: b
         and (team is None or j.account == team)
         and (j.phase.value in wanted if wanted else (recent or not j.is_finished))
     ]
-    rows = [_row(j) for j in sorted(jobs, key=lambda j: j.job_id)]
+    heard = _heard()
+    rows = [_row(j, heard) for j in sorted(jobs, key=lambda j: j.job_id)]
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return

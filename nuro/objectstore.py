@@ -52,8 +52,33 @@ from nuro.safeio import credfile
 
 log = logging.getLogger(__name__)
 
+KiB = 1024
 MiB = 1024 * 1024
 DEFAULT_BUCKET = "nuro"
+
+# -- read caps ------------------------------------------------------------------------------------------------------
+# The one list of how much of an object a team can write any reader takes in (``ObjectStore.get(key, max_bytes=)``).
+# Root daemons (the prolog, the node agent, the MLflow bridge, the controller) read manifests and records from each
+# team's own prefix, which that team writes at will: without a cap one multi-GiB ``manifest.json`` would cost the
+# daemon GiBs of memory (and every job it serves). Each cap is a few times what a real record needs, so no genuine
+# record comes near it; an object over its cap is refused (``ObjectTooLarge``) as that object's fault.
+#: A checkpoint manifest: ~150 bytes per file (path, size, 64-hex sha256). A DCP checkpoint has one file per rank plus
+#: ``.metadata``, a DeepSpeed one ~3 per rank: 16,384 ranks × 3 files ≈ 7 MiB; 32 MiB leaves room for ~200k files.
+CHECKPOINT_MANIFEST_MAX_BYTES = 32 * MiB
+#: One node's part record of a step (its own files: a few per GPU, ~150 bytes each): 4 MiB is ~25k files.
+CHECKPOINT_PART_MAX_BYTES = 4 * MiB
+#: ``incomplete.json`` (a reason of at most 2,000 characters, the missing part numbers: ≤ 100,000 × ~7 bytes).
+CHECKPOINT_INCOMPLETE_MAX_BYTES = 1 * MiB
+#: A checkpoint or dataset tag (a few short fields).
+TAG_MAX_BYTES = 64 * KiB
+#: A dataset manifest: ~250 bytes per file (path, shard, offset, length, sha256, mode). ImageNet-1k's 1.28M files are
+#: ~320 MiB; 512 MiB is ~2M files. ``nuro-dataset snapshot`` refuses to write a bigger one (pack many small files
+#: into archives first: docs/datasets.md), so only a forged manifest is ever refused here.
+DATASET_MANIFEST_MAX_BYTES = 512 * MiB
+#: One run event (``nuro.lifecycle.run_events``: a few fields; a ``checkpoint_skipped`` lists steps and reasons).
+RUN_EVENT_MAX_BYTES = 1 * MiB
+#: How much of a capped object is read per socket read (the body never sits in memory past the cap + one chunk).
+_CAPPED_CHUNK_BYTES = 1 * MiB
 Progress = Callable[[int], None]
 """Called with a number of bytes each time a part or a whole object has been stored."""
 
@@ -86,6 +111,19 @@ class AccessDenied(ObjectStoreError):
 
 class StoreUnavailable(ObjectStoreError):
     """The endpoint did not answer, timed out, or kept failing with 5xx after the retries."""
+
+
+class ObjectTooLarge(ObjectStoreError):
+    """A capped read (``get(key, max_bytes=...)``) met an object larger than the cap: nothing past the cap was read.
+
+    Why a type of its own: the objects root daemons read are written by teams, and a reader must refuse an oversized
+    one as that object's fault (skip it, refuse that job) and go on with everyone else's, never take it as the
+    store being down."""
+
+    def __init__(self, message: str, *, key: str, max_bytes: int, size: int | None = None) -> None:
+        super().__init__(message, key=key, code="ObjectTooLarge")
+        self.max_bytes = max_bytes
+        self.size = size
 
 
 _DENIED = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "AllAccessDisabled", "InvalidToken"}
@@ -479,13 +517,43 @@ class ObjectStore:
             raise
 
     # -- reads ------------------------------------------------------------------------------------------------
-    def get(self, key: str) -> tuple[bytes, str]:
-        """The object's bytes and its ETag (the ETag is what ``put_if_match`` needs to move it)."""
+    def get(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """The object's bytes and its ETag (the ETag is what ``put_if_match`` needs to move it).
+
+        ``max_bytes``: the capped read every reader of an object a team can write uses (the caps above): the
+        object's ``ContentLength`` is checked first, then the body is read in chunks and the read stops as soon as
+        it passes the cap (a store or proxy may answer without a length, or with a wrong one), raising
+        ``ObjectTooLarge`` naming the key and the cap. None: no cap (objects the caller wrote itself).
+        """
         res = self._call("GET", key, self.client.get_object, Key=key)
+        body = res["Body"]
         try:
-            return res["Body"].read(), str(res["ETag"])
+            if max_bytes is None:
+                return body.read(), str(res["ETag"])
+            return self._read_capped(key, res, max_bytes), str(res["ETag"])
         except (BotoCoreError, OSError) as exc:
             raise self._error(exc, "GET", key) from exc
+        finally:
+            body.close()  # a refused body is not drained: closing drops the connection instead
+
+    def _read_capped(self, key: str, res: Mapping[str, Any], max_bytes: int) -> bytes:
+        length = res.get("ContentLength")
+        if isinstance(length, int) and length > max_bytes:
+            raise ObjectTooLarge(
+                f"GET {self.url(key)}: {length} bytes, more than the {max_bytes} bytes this record may have; "
+                "refused unread (the object is not a record nuro wrote)",
+                key=key, max_bytes=max_bytes, size=length,
+            )  # fmt: skip
+        buf = bytearray()
+        while chunk := res["Body"].read(min(_CAPPED_CHUNK_BYTES, max_bytes + 1 - len(buf))):
+            buf += chunk
+            if len(buf) > max_bytes:
+                raise ObjectTooLarge(
+                    f"GET {self.url(key)}: more than the {max_bytes} bytes this record may have (the store said "
+                    f"{length!r}); refused after {len(buf)} bytes (the object is not a record nuro wrote)",
+                    key=key, max_bytes=max_bytes,
+                )  # fmt: skip
+        return bytes(buf)
 
     def get_range(self, key: str, offset: int, length: int) -> bytes:
         """``length`` bytes at ``offset`` (one ranged GET: a file packed inside a big shard costs only its bytes)."""

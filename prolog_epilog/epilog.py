@@ -40,7 +40,7 @@ from nuro.checkpoint.upload import UploadWorker
 from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
 from nuro.healthcheck.run import HealthSettings
 from nuro.objectstore import ObjectStore
-from nuro.prolog_epilog import hooklog
+from nuro.prolog_epilog import hooklog, prefetchguard
 from nuro.prolog_epilog.health import node_is_healthy
 from nuro.protocol import jobrecord
 from nuro.protocol.gpujobs import forget
@@ -213,6 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         forget_gpus(job)
     except Exception as exc:  # never drain a node for a bug of ours; say it loudly instead
         log.exception("job=%s epilog set-up failed: %s", job, exc)
+    try:  # the prolog's dataset prefetch ends with the job, whatever it was doing (nuro.prolog_epilog.prefetchguard)
+        outcome = prefetchguard.stop(staging_root(), job)
+        if outcome != "none":
+            log.info("job=%s dataset prefetch: %s", job, outcome)
+    except Exception as exc:  # noqa: BLE001
+        log.exception("job=%s dataset prefetch not stopped: %s", job, exc)
     outcome = bounded_checkpoints(job, deadline_s(os.environ))
     if outcome != "handed-off":  # a hand-off keeps the record: the agent's uploads read whose checkpoint it is
         try:

@@ -17,7 +17,9 @@ the
    ``NURO_PROLOG_STAGE_TIMEOUT_S`` (default 120 s). Staging problems are logged and never hold the job: it then
    restores from S3 by itself (``nuro.checkpoint.nodestage``).
 3b. (a first attempt pinning a dataset, with a node cache) the first shards its loader will read are fetched into
-   the team's cache while the job starts, by a process of the job's own user (``nuro.datasets.prefetch``).
+   the team's cache while the job starts, by a process of the job's own user (``nuro.datasets.prefetch``). It ends
+   with the job (``nuro.prolog_epilog.prefetchguard``): it joins the job's step cgroup once slurmstepd has made it,
+   and its pid is recorded root-only for the epilog, which kills it should it outlive the job.
 4. (every job with GPUs here) the job's claim on them (``SLURM_JOB_GPUS``) for the node agent, which tags its
    ``gpu`` points with the job and the record's team and run (``nuro.protocol.gpujobs``); the epilog removes it.
 
@@ -51,9 +53,10 @@ from nuro.checkpoint.nodestage import GangPosition, open_root, prepare_job_dir, 
 from nuro.objectstore import ObjectStore
 from nuro.prolog_epilog import hooklog
 from nuro.prolog_epilog.health import node_is_healthy
-from nuro.protocol import jobcomment, jobrecord
-from nuro.protocol.contract import COMMENT_REFUSED, COMMENT_RUN
+from nuro.protocol import adminnote, jobcomment, jobrecord
+from nuro.protocol.contract import COMMENT_RUN, NOTE_REFUSED
 from nuro.protocol.gpujobs import claim, parse_gpu_ids
+from nuro.protocol.heartbeat import is_node_name
 from nuro.protocol.jobrecord import JobRecord
 from nuro.protocol.nodeenv import load_node_env
 from nuro.slurm import hostlist
@@ -173,7 +176,11 @@ def check(comment: str | None, limit_s: float = DEFAULT_DEADLINE_S) -> None:
 
 
 def refuse(job_id: int, why: str) -> None:
-    """Record why in the job's comment and requeue it held (the owner sees it in nuro-train status).
+    """Record why in the job's admin comment and requeue it held (the owner sees it in nuro-train status).
+
+    The note goes to ``admin_comment`` (``nuro.protocol.adminnote``: only root and SlurmUser may write it, so no job
+    can fill it and make the refusal go unrecorded); it replaces the field whole, one ``scontrol update``, no read.
+    A refusal Slurm does not take is logged and the requeue goes on: the job never starts unverified either way.
 
     When the requeue is refused because the job is pending already (another node's prolog requeued it, or
     slurmctld did: a prolog that outlasts ``BatchStartTimeout`` makes it count the batch job as missing and
@@ -185,11 +192,9 @@ def refuse(job_id: int, why: str) -> None:
     backend = CliBackend(timeout_s=REFUSE_CALL_TIMEOUT_S)
     node = os.environ.get("SLURMD_NODENAME", "?")
     try:
-        comment = backend.job_comment(job_id)
-        if jobcomment.parse(comment).raw.get(COMMENT_REFUSED) is None:  # the first node to refuse records it
-            note = {"why": why[:1000], "node": node, "at": round(time.time())}
-            backend.update_comment(job_id, jobcomment.merge(comment, **{COMMENT_REFUSED: note}))
-    except SlurmError as exc:
+        note = adminnote.render(NOTE_REFUSED, why, at=round(time.time()), node=node if is_node_name(node) else None)
+        backend.update_admin_comment(job_id, note)
+    except (SlurmError, ValueError) as exc:
         log.warning("job=%d node=%s refuse: reason not recorded: %s", job_id, node, exc)
     try:
         backend.requeue(job_id, hold=True)
@@ -330,7 +335,12 @@ def prefetch_plan(rec: JobRecord, comment: str | None, python: str = sys.executa
         return None
     timeout_s = _env_number("NURO_DATA_PREFETCH_TIMEOUT_S", DEFAULT_TIMEOUT_S)
     report = staging_root() / str(rec.job_id) / "prefetch.json"
-    return prefetch_command(python, *ref, rec.team, _data_seed(meta, MAX_SEED), int(count), timeout_s, report)
+    from nuro.prolog_epilog.prefetchguard import ENV_CGROUP_MOUNTPOINT, job_cgroups  # lazy: as above
+
+    mountpoint = os.environ.get(ENV_CGROUP_MOUNTPOINT) or "/sys/fs/cgroup"
+    cgroups = job_cgroups(mountpoint, rec.node, rec.uid, rec.job_id) if rec.node else []
+    return prefetch_command(python, *ref, rec.team, _data_seed(meta, MAX_SEED), int(count), timeout_s, report,
+                            cgroups)  # fmt: skip
 
 
 def _env_number(name: str, default: float) -> float:
@@ -416,7 +426,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             cmd = prefetch_plan(rec, os.environ.get("SLURM_JOB_COMMENT"))
             if cmd is not None:
-                log.info("job=%s dataset prefetch started pid=%d: %s", job, start_prefetch(rec, cmd), " ".join(cmd[3:]))
+                from nuro.prolog_epilog import prefetchguard  # lazy: the TaskProlog must start fast
+
+                pid = start_prefetch(rec, cmd)
+                prefetchguard.record(staging_root(), rec.job_id, pid)  # the epilog ends it, should it outlive the job
+                log.info("job=%s dataset prefetch started pid=%d: %s", job, pid, " ".join(cmd[3:]))
         except Exception as exc:  # the loader fetches what it needs itself
             log.exception("job=%s dataset prefetch not started (job allowed to start): %s", job, exc)
         try:

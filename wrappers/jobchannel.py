@@ -41,9 +41,24 @@ def _job_id(job_id: int | None) -> int:
     return int(raw)
 
 
+def _node(job_id: int) -> str:
+    """This job's node: ``SLURMD_NODENAME`` inside the job, else (an operator's ``--job-id`` from outside) the
+    job's first node, where its rank 0 and its batch script run, as Slurm lists it."""
+    node = os.environ.get("SLURMD_NODENAME")
+    if node:
+        return node
+    try:
+        nodes = CliBackend(timeout_s=15).job_nodes(job_id)
+    except SlurmError as exc:
+        raise JobChannelError(f"job {job_id}'s node unknown (not inside it; Slurm did not say): {exc}") from None
+    if not nodes:
+        raise JobChannelError(f"job {job_id} runs on no node now: nothing to report to")
+    return nodes[0]
+
+
 def _send(kind: str, step: int, job_id: int | None, why: str = "") -> None:
     jid = _job_id(job_id)
-    node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+    node = _node(jid)
     try:
         path = peerloss.socket_path(peerloss.socket_dir(os.environ), node)
     except ValueError as exc:

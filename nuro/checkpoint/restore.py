@@ -26,7 +26,13 @@ from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import ManifestError, VerificationFailed
 from nuro.checkpoint.manifest import FileEntry, Manifest, dumps, parse_incomplete, parse_manifest, utc_now
 from nuro.checkpoint.verify import Problem, Where, check_local_file, copy_verified, download_verified, verify_local
-from nuro.objectstore import NotFound, ObjectStore
+from nuro.objectstore import (
+    CHECKPOINT_INCOMPLETE_MAX_BYTES,
+    CHECKPOINT_MANIFEST_MAX_BYTES,
+    NotFound,
+    ObjectStore,
+    ObjectTooLarge,
+)
 from nuro.safeio import safefs
 from nuro.safeio.safefs import Dir, as_dir
 
@@ -69,12 +75,28 @@ def step_numbers(store: ObjectStore, team: str, run: str) -> list[int]:
 
 
 def load_manifest(store: ObjectStore, team: str, run: str, step: int) -> Manifest:
-    """The step's manifest, parsed and checked against where it is stored; NotFound / ManifestError otherwise."""
+    """The step's manifest, parsed and checked against where it is stored; NotFound / ManifestError otherwise.
+
+    The team writes this object: it is read capped (``CHECKPOINT_MANIFEST_MAX_BYTES``), and one over the cap is a
+    bad manifest (ManifestError: that step is skipped) rather than GiBs in a root daemon's memory."""
     key = L.manifest_key(team, run, step)
-    m = parse_manifest(store.get(key)[0], what=key)
+    try:
+        data = store.get(key, max_bytes=CHECKPOINT_MANIFEST_MAX_BYTES)[0]
+    except ObjectTooLarge as exc:
+        raise ManifestError(f"{key}: {exc}") from None
+    m = parse_manifest(data, what=key)
     if (m.team, m.run, m.step) != (team, run, step):
         raise ManifestError(f"{key}: names {m.team}/{m.run} step {m.step}; stored under {team}/{run} step {step}")
     return m
+
+
+def read_incomplete(store: ObjectStore, team: str, run: str, step: int) -> bytes:
+    """The step's ``incomplete.json``, read capped (``CHECKPOINT_INCOMPLETE_MAX_BYTES``; over it: ManifestError)."""
+    key = L.incomplete_key(team, run, step)
+    try:
+        return store.get(key, max_bytes=CHECKPOINT_INCOMPLETE_MAX_BYTES)[0]
+    except ObjectTooLarge as exc:
+        raise ManifestError(f"{key}: {exc}") from None
 
 
 def latest_committed_step(store: ObjectStore, team: str, run: str) -> int | None:
@@ -98,7 +120,7 @@ def _committed_manifest(store: ObjectStore, team: str, run: str, step: int) -> M
     except ManifestError as exc:
         return Skipped(step, f"bad manifest: {exc}")
     try:
-        inc = parse_incomplete(store.get(L.incomplete_key(team, run, step))[0])
+        inc = parse_incomplete(read_incomplete(store, team, run, step))
         if inc.attempt == manifest.attempt:
             return Skipped(step, f"given up by job {inc.job_id}.{inc.restart}: {inc.reason}")
     except NotFound:

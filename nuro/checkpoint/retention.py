@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from nuro.checkpoint.layout import manifest_key, parse_step_name, run_prefix, step_prefix, tag_key, tags_prefix
 from nuro.checkpoint.manifest import dumps, utc_now
-from nuro.objectstore import ObjectStore
+from nuro.objectstore import TAG_MAX_BYTES, ObjectStore, ObjectTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -87,11 +87,11 @@ def tagged_steps(store: ObjectStore, team: str, run: str) -> set[int]:
     steps: set[int] = set()
     for info in store.list(tags_prefix(team, run)):
         try:
-            step = json.loads(store.get(info.key)[0])["step"]
+            step = json.loads(store.get(info.key, max_bytes=TAG_MAX_BYTES)[0])["step"]
             if type(step) is int:
                 steps.add(step)
                 continue
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, ObjectTooLarge):
             pass
         log.warning("ignoring malformed checkpoint tag key=%s", info.key)
     return steps

@@ -212,11 +212,19 @@ def _flocked(dir_fd: int, name: str) -> Iterator[bool]:
     """Hold ``flock`` on the lock file ``name`` in ``dir_fd`` for the block; False when another holder has it.
     Opened ``O_NOFOLLOW|O_NONBLOCK`` and required to be a regular file: a FIFO, symlink or device planted at the
     name raises UnsafePath at once (never blocks, never touches anything else)."""
+    with _flocked_fd(dir_fd, name) as fd:
+        yield fd is not None
+
+
+@contextlib.contextmanager
+def _flocked_fd(dir_fd: int, name: str) -> Iterator[int | None]:
+    """``_flocked`` yielding the fd that holds the lock (None: not ours). A ``dup`` of it keeps the lock after the
+    block (flock belongs to the open file description): the upload worker's background upload holds a step so."""
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
     try:
         fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
     except PermissionError:  # root's worker made it (0600): root has the step, this (user's) worker skips it
-        yield False
+        yield None
         return
     except OSError as exc:
         if exc.errno == errno.ELOOP:
@@ -229,9 +237,9 @@ def _flocked(dir_fd: int, name: str) -> Iterator[bool]:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield False
+            yield None
             return
-        yield True
+        yield fd
     finally:
         os.close(fd)
 
@@ -335,6 +343,10 @@ class StepDir:
         """The upload lock of ``part`` (see ``_flocked``): an unsafe lock file raises UnsafePath."""
         return _flocked(self.fd, lock_file(part))
 
+    def claimed_fd(self, part: int) -> contextlib.AbstractContextManager[int | None]:
+        """``claimed`` yielding the lock's fd (None: another worker has it); see ``_flocked_fd``."""
+        return _flocked_fd(self.fd, lock_file(part))
+
     def open_file(self, relpath: str) -> int:
         """A read fd of a checkpoint file below this step, no symlink followed on the way, regular files only."""
         return safefs.open_beneath(self.fd, relpath)
@@ -411,6 +423,13 @@ class JobDir:
         s = StepDir(self.job_id, step, name, fd, f"{self.where}/ckpt/{name}")
         self._opened.append(s)
         return s
+
+    def close_step(self, sd: StepDir) -> None:
+        """Close one step's fd now: a job with 100 000 step dirs must not hold as many fds of root's process."""
+        if any(s is sd for s in self._opened):
+            self._opened = [s for s in self._opened if s is not sd]
+            with contextlib.suppress(OSError):
+                os.close(sd.fd)
 
     def remove_step(self, name: str) -> None:
         """Remove a step dir and everything below it, never following a symlink (``safefs.remove_at``)."""

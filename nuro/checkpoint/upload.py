@@ -29,20 +29,33 @@ Whose checkpoint it is (``trust``):
 Root never follows a path in a job dir: every access goes through ``JobDir``/``StepDir`` (no-follow directory
 fds, regular files only, size caps), and each job is handled in isolation, so one hostile job dir (a FIFO lock, a
 huge request, a step swapped for a symlink) costs that job its uploads and nothing else.
+
+Fairness (issue 30): the node agent has one worker for every job of the node, so one job's slow or huge upload
+must not hold another team's commit. The node-wide pass (every job dir, ``run_once()`` without a job) gives each
+job a **turn** of at most ``UploadLimits.turn_s`` seconds and ``turn_bytes`` bytes, jobs in round-robin order
+(the first job rotates every pass). A turn ends between files (the state file remembers what is durable, so the
+next turn resumes there); a single file whose upload outlives the turn goes on in a thread of its own (a
+"flight", holding the step's lock) while the other jobs take their turns, and that job gets no new work until it
+lands (at most ``max_flights`` at once). What root will read at all is bounded by what the job could really have
+written: at most ``max_files`` files per request, listed bytes at most the staging file system's size, no sparse
+file above 1 MiB (allocated blocks below ``min_allocated`` of its size: a 100 GiB hole is not a checkpoint, and
+hashing it would read 100 GiB of zeros), no file on another file system (a mount inside the job dir, whose reads
+the job controls). A request over a bound is abandoned with the reason, logged once; only that job loses.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import ManifestError
@@ -70,8 +83,63 @@ BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 WAIT_MAX_S = 5.0
 _MAX_SAID = 10_000  # "logged once" memory: bounded whatever the number of hostile job dirs
+SPARSE_SLACK_BYTES = 1 << 20  # files up to this size are never judged sparse (tails, inline data, empty files)
 
 Trust = Literal["record", "request"]
+
+
+@dataclass(frozen=True)
+class UploadLimits:
+    """The bounds that keep one job's uploads from holding the node's worker (module docstring, "Fairness").
+
+    Attributes:
+        turn_s: seconds of uploading one job gets per node-wide pass before the next job's turn. 2 s: another
+            team's commit waits at most about this long per misbehaving job, while a big checkpoint still moves
+            at full speed (its file goes on in a flight).
+        turn_bytes: bytes one job may start uploading per turn (1 GiB: at the ~1 GB/s of a node's link, about one
+            turn; at least one file always starts, so a bigger shard still progresses).
+        max_files: files one request (one node's share of a step) may list. 10 000: a DCP/DeepSpeed share is a few
+            files per GPU; the part record S3 readers accept is capped at ~25 000 files (``objectstore``).
+        min_allocated: a file above ``SPARSE_SLACK_BYTES`` must have at least this fraction of its size allocated
+            on disk (``st_blocks * 512``); 0 turns the check off (a compressing file system, where zeros take
+            nothing, would need that).
+        max_flights: uploads that outlived their turn going on at once (one per job at most; each buffers up to
+            ``max_concurrency × part_size`` of the store config). A job finding none free waits for its turn.
+    """
+
+    turn_s: float = 2.0
+    turn_bytes: int = 1 << 30
+    max_files: int = 10_000
+    min_allocated: float = 0.5
+    max_flights: int = 8
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> UploadLimits:
+        """``NURO_UPLOAD_TURN_S``, ``NURO_UPLOAD_TURN_MIB``, ``NURO_UPLOAD_MAX_FILES``, ``NURO_UPLOAD_MIN_ALLOCATED``
+        (the node's env); a malformed or negative value keeps the default, loudly."""
+        env = os.environ if env is None else env
+        d = cls()
+
+        def num(name: str, kind: type, default: float) -> Any:
+            raw = env.get(name, "").strip()
+            if not raw:
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                value = -1
+            if value < 0:
+                log.warning("%s=%r is not a non-negative %s: using %s", name, raw, kind.__name__, default)
+                return default
+            return value
+
+        return cls(
+            turn_s=num("NURO_UPLOAD_TURN_S", float, d.turn_s) or d.turn_s,
+            turn_bytes=int(num("NURO_UPLOAD_TURN_MIB", float, d.turn_bytes / (1 << 20)) * (1 << 20)) or d.turn_bytes,
+            max_files=num("NURO_UPLOAD_MAX_FILES", int, d.max_files) or d.max_files,
+            min_allocated=min(1.0, num("NURO_UPLOAD_MIN_ALLOCATED", float, d.min_allocated)),
+            max_flights=d.max_flights,
+        )
 
 
 class PermanentUploadError(Exception):
@@ -131,10 +199,56 @@ class PassReport:
     waiting: list[tuple[str, int]] = field(default_factory=list)
     abandoned: list[tuple[str, int]] = field(default_factory=list)
     skipped_jobs: list[str] = field(default_factory=list)
+    sliced: list[tuple[str, int]] = field(default_factory=list)  # turn ended with work left (also in ``waiting``)
 
 
 class _NotOurs(Exception):
     """Root does nothing for this job (no record, or a record without team/run); the message says why."""
+
+
+class _TurnOver(Exception):
+    """The job's turn of this pass is spent (``UploadLimits``): the next job goes; this one resumes next pass."""
+
+    def __init__(self, step: int, flying: bool = False) -> None:
+        super().__init__(step)
+        self.step = step
+        self.flying = flying
+
+
+@dataclass
+class _Flight:
+    """One file upload that outlived its job's turn: it goes on in a thread of its own while the other jobs take
+    their turns, and the job's next turn takes the result. ``lock_fd`` (a dup of the claimed lock fd) keeps the
+    part's flock, so no other worker uploads the same step meanwhile."""
+
+    job_id: str
+    step: int
+    part: int
+    attempt: str
+    path: str
+    sha256: str
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+    lock_fd: int | None = None
+
+    def release(self) -> None:
+        if self.lock_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lock_fd)
+            self.lock_fd = None
+
+
+@dataclass
+class _Turn:
+    """What one job may still spend in this node-wide pass."""
+
+    deadline: float
+    bytes_left: int
+    lock_fd: int | None = None  # the lock of the part being handled (a flight keeps a dup of it)
+    started: int = 0  # parts handled and files sent this turn: the first always goes, so every turn progresses
+
+    def over(self, now: float) -> bool:
+        return self.started > 0 and (now >= self.deadline or self.bytes_left <= 0)
 
 
 class UploadWorker:
@@ -149,6 +263,8 @@ class UploadWorker:
             inline worker, with its own team's credential). See the module docstring.
         on_commit: called with (request, manifest step) after a step is committed by this worker or seen committed.
         clock: ``time.monotonic`` unless a test injects one.
+        limits: the fairness bounds (``UploadLimits.from_env()`` when None). Turns apply to the node-wide pass only
+            (every job dir, no ``job_id``): a job's inline worker and the epilog's flush serve one job.
     """
 
     def __init__(
@@ -160,6 +276,7 @@ class UploadWorker:
         trust: Trust = "record",
         on_commit: Callable[[UploadRequest], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        limits: UploadLimits | None = None,
     ) -> None:
         if trust not in ("record", "request"):
             raise ValueError(f"trust must be 'record' or 'request', got {trust!r}")
@@ -172,6 +289,10 @@ class UploadWorker:
         self._backoff: dict[tuple[str, int, int], _Backoff] = {}
         self._said: set[tuple[str, str]] = set()
         self._lock = threading.Lock()  # one pass at a time per worker object (flush may run beside run())
+        self.limits = limits if limits is not None else UploadLimits.from_env()
+        self._flights: dict[str, _Flight] = {}  # job id -> its upload that outlived its turn
+        self._landed: dict[str, _Flight] = {}  # job id -> its flight that finished, until its result is taken
+        self._rr = 0  # round robin: which job goes first in the next node-wide pass
 
     @property
     def _s3(self) -> ObjectStore:
@@ -187,14 +308,29 @@ class UploadWorker:
         at once instead of at the next tick (up to ``interval_s`` of a commit's time); whoever sets ``stop_event``
         sets it too."""
         while not stop_event.is_set():
+            more = False
             try:
-                self.run_once()
+                more = bool(self.run_once().sliced)
                 self.after_pass()
             except Exception:  # a bug must not kill the agent's thread; say it and keep going
                 log.exception("upload worker pass failed root=%s", self.staging_root)
-            (wake or stop_event).wait(interval_s)
+            if more:  # a job's turn ended with work left: the next pass (every job's next turn) starts at once
+                continue
+            self._idle(stop_event, wake, interval_s)
             if wake is not None:
                 wake.clear()
+
+    def _idle(self, stop_event: threading.Event, wake: threading.Event | None, interval_s: float) -> None:
+        """Wait for the next pass: ``interval_s``, less when woken or when a flight lands (its job's next turn
+        should not wait a whole interval; polled every 50 ms only while a flight is on its way)."""
+        ev = wake or stop_event
+        end = time.monotonic() + interval_s
+        while not ev.is_set() and not stop_event.is_set():
+            left = end - time.monotonic()
+            flights = list(self._flights.values())
+            if left <= 0 or any(f.done.is_set() for f in flights):
+                return
+            ev.wait(min(left, 0.05) if flights else left)
 
     def after_pass(self) -> None:
         """Called by ``run`` after each pass; the node agent's worker finishes hand-offs here (``HandoffWorker``)."""
@@ -204,10 +340,24 @@ class UploadWorker:
         ``deadline`` (``clock`` time). A job whose dir or files are hostile or broken is skipped (logged once);
         the others are handled as usual."""
         report = PassReport()
+        fair = job_id is None and self.only is None  # the node-wide pass: jobs take turns (module docstring)
         with self._lock:
             seen: set[str] = set()
-            for jid, opener in self._jobs(job_id):
+            jobs = self._jobs(job_id)
+            if fair and jobs:
+                first = self._rr % len(jobs)
+                jobs = jobs[first:] + jobs[:first]
+                self._rr = first + 1
+            for jid, opener in jobs:
                 seen.add(jid)
+                flight = self._flights.get(jid)
+                if flight is not None and not flight.done.is_set():
+                    report.waiting.append((jid, flight.step))  # its upload goes on; no new work for it meanwhile
+                    continue
+                if flight is not None:  # landed: its lock is let go, its result waits for the file to come up again
+                    self._landed[jid] = self._flights.pop(jid)
+                    flight.release()
+                turn = _Turn(self.clock() + self.limits.turn_s, self.limits.turn_bytes) if fair else None
                 try:
                     with opener() as jd:
                         owner = self._owner(jd)
@@ -215,7 +365,15 @@ class UploadWorker:
                             for part in sd.parts if sd.is_pending else ():
                                 if deadline is not None and self.clock() >= deadline:
                                     return report
-                                self._handle(jd, sd, part, owner, report)
+                                if turn is not None and turn.over(self.clock()):
+                                    raise _TurnOver(sd.step)
+                                self._handle(jd, sd, part, owner, report, turn)
+                                if turn is not None:
+                                    turn.started += 1
+                except _TurnOver as over:
+                    report.waiting.append((jid, over.step))
+                    if not over.flying:
+                        report.sliced.append((jid, over.step))
                 except _NotOurs as exc:
                     self._say_once(jid, str(exc), logging.WARNING)
                     report.skipped_jobs.append(jid)
@@ -224,6 +382,9 @@ class UploadWorker:
                     report.skipped_jobs.append(jid)
             if job_id is None:
                 self._said = {k for k in self._said if k[0] in seen}  # forget jobs that are gone
+                for gone in [j for j, f in self._flights.items() if j not in seen and f.done.is_set()]:
+                    self._flights.pop(gone).release()
+                self._landed = {j: f for j, f in self._landed.items() if j in seen}
         return report
 
     def pending(self, job_id: str) -> list[int]:
@@ -318,13 +479,20 @@ class UploadWorker:
         return owner
 
     def _steps(self, jd: JobDir) -> Iterator[StepDir]:
+        """Each step dir of the job, opened one at a time and closed once its turn is over (a job with 100 000
+        step dirs must not hold as many fds of the agent)."""
         for step, name in jd.step_names():
             try:
-                yield jd.open_step(step, name)
+                sd = jd.open_step(step, name)
             except FileNotFoundError:
                 continue
             except OSError as exc:  # swapped for a symlink since the listing: only this step is refused
                 self._say_once(jd.job_id, f"job={jd.job_id} step dir {name} refused: {exc}")
+                continue
+            try:
+                yield sd
+            finally:
+                jd.close_step(sd)
 
     def _say_once(self, job_id: str, message: str, level: int = logging.ERROR) -> None:
         key = (job_id, message)
@@ -335,20 +503,24 @@ class UploadWorker:
         log.log(level, "%s", message)
 
     # -- one step ----------------------------------------------------------------------------------------------
-    def _handle(self, jd: JobDir, sd: StepDir, part: int, owner: Owner | None, report: PassReport) -> None:
+    def _handle(
+        self, jd: JobDir, sd: StepDir, part: int, owner: Owner | None, report: PassReport, turn: _Turn | None = None
+    ) -> None:
         key = (jd.job_id, sd.step, part)
         bo = self._backoff.get(key)
         if bo and self.clock() < bo.next_at:
             report.waiting.append((sd.job_id, sd.step))
             return
         try:
-            with sd.claimed(part) as mine:
-                if not mine or not sd.is_pending:  # another worker has it, or the step finished meanwhile
+            with sd.claimed_fd(part) as lock_fd:
+                if lock_fd is None or not sd.is_pending:  # another worker has it, or the step finished meanwhile
                     return
+                if turn is not None:
+                    turn.lock_fd = lock_fd
                 req = self._request(sd, part, owner)
                 if req is None:
                     return
-                if self._process(sd, req, owner):
+                if self._process(sd, req, owner, turn):
                     report.committed.append((sd.job_id, sd.step))
                     self._backoff.pop(key, None)
                     self._after_commit(jd, sd, req)
@@ -376,6 +548,18 @@ class UploadWorker:
         ours = [f.path for f in req.files if L.is_control_file(f.path)]
         if ours:  # markers, locks and state root writes there are never part of a checkpoint
             raise ManifestError(f"{sd.where}: the request lists the upload worker's own files {ours[:5]}")
+        if len(req.files) > self.limits.max_files:
+            raise ManifestError(
+                f"{sd.where}: the request lists {len(req.files)} files, more than the {self.limits.max_files} one "
+                "node's share of a step may have (NURO_UPLOAD_MAX_FILES): refused"
+            )
+        listed = sum(f.size for f in req.files)
+        vfs = os.fstatvfs(sd.fd)
+        if listed > vfs.f_blocks * vfs.f_frsize:
+            raise ManifestError(
+                f"{sd.where}: the request lists {listed} bytes, more than the staging file system holds "
+                f"({vfs.f_blocks * vfs.f_frsize}): refused"
+            )
         return bind_request(
             req, team=owner.team, run=owner.run, job_id=owner.job_id, restart=owner.restart, keep=owner.keep
         )
@@ -405,14 +589,14 @@ class UploadWorker:
             sd.job_id, sd.step, bo.attempts, delay, exc,
         )  # fmt: skip
 
-    def _process(self, sd: StepDir, req: UploadRequest, owner: Owner | None) -> bool:
+    def _process(self, sd: StepDir, req: UploadRequest, owner: Owner | None, turn: _Turn | None = None) -> bool:
         """Advance one request as far as it goes now; True once the step is committed."""
         if self._s3.exists(L.manifest_key(req.team, req.run, req.step)):
             sd.mark(L.DONE_FILE, {"state": "committed", "at": utc_now(), "by": "seen"})
             return True
         if self._given_up_remotely(req):
             raise PermanentUploadError(f"incomplete.json of job {req.job_id}.{req.restart} exists for this step")
-        earlier = self._upload_files(sd, req, owner)
+        earlier = self._upload_files(sd, req, owner, turn)
         part_key = L.part_key(req.team, req.run, req.step, req.part)
         if not earlier:
             self._s3.put(part_key, dumps(PartRecord.from_request(req).to_json_obj()))
@@ -467,10 +651,12 @@ class UploadWorker:
         state = {**self._state(sd, req), **changes, "attempt": f"{req.job_id}.{req.restart}"}
         sd.write(L.state_file(req.part), json.dumps(state, sort_keys=True).encode())
 
-    def _open_shard(self, sd: StepDir, path: str, size: int, owner: Owner | None) -> int:
+    def _open_shard(self, sd: StepDir, path: str, size: int, owner: Owner | None, dev: int | None = None) -> int:
         """A read fd of one listed file: beneath the step dir, no symlink on the way, a regular file of the listed
         size; for root also one link only and owned by the job's user (or root), so a hard link to someone
-        else's file is never read. PermanentUploadError otherwise."""
+        else's file is never read, dense (not a sparse file: ``UploadLimits.min_allocated``) and on the step
+        dir's own file system (``dev``; a mount inside the job dir could make every read block).
+        PermanentUploadError otherwise."""
         try:
             fd = sd.open_file(path)
         except OSError as exc:
@@ -483,36 +669,110 @@ class UploadWorker:
             problem = f"has {st.st_nlink} links (a hard link is never uploaded by root)"
         elif owner is not None and st.st_uid not in (owner.uid, 0):
             problem = f"belongs to uid {st.st_uid}, not the job's user (uid {owner.uid})"
+        elif owner is not None and dev is not None and st.st_dev != dev:
+            problem = "is on another file system than its step dir (a mount inside the job's dir is never read)"
+        elif owner is not None and _sparse(st, self.limits.min_allocated):
+            problem = (
+                f"is sparse: {st.st_size} bytes long but only {st.st_blocks * 512} allocated (a checkpoint file is "
+                f"written in full; root reads at most what the job really stored)"
+            )
         if problem:
             os.close(fd)
             raise PermanentUploadError(f"{sd.where}/{path} {problem}")
         assert stat.S_ISREG(st.st_mode)
         return fd
 
-    def _upload_files(self, sd: StepDir, req: UploadRequest, owner: Owner | None) -> bool:
-        """Upload what is not durable yet; True when the part record was already written by an earlier pass."""
+    def _upload_files(self, sd: StepDir, req: UploadRequest, owner: Owner | None, turn: _Turn | None = None) -> bool:
+        """Upload what is not durable yet; True when the part record was already written by an earlier pass.
+
+        With a ``turn`` (the node-wide pass) this stops between files once the turn is spent (``_TurnOver``; the
+        state file says where the next turn resumes), and a file still uploading when the turn ends goes on as a
+        flight (``_fly_in_turn``)."""
         state = self._state(sd, req)
         done: dict[str, str] = state["files"]
         todo = [f for f in req.files if done.get(f.path) != f.sha256]  # the rest was stored in an earlier pass
+        dev = os.fstat(sd.fd).st_dev
         for f in todo:  # every listed file must be safe to read before any is sent: a bad list uploads nothing
-            os.close(self._open_shard(sd, f.path, f.size, owner))
+            os.close(self._open_shard(sd, f.path, f.size, owner, dev))
         for f in todo:
-            fd = self._open_shard(sd, f.path, f.size, owner)
-            try:
-                # /proc/self/fd/N reopens exactly the file we opened safely, whatever the path points at now
-                self._s3.put_file(
-                    L.shard_key(req.team, req.run, req.step, f.path), Path(f"/proc/self/fd/{fd}"),
-                    expected_sha256=f.sha256,
-                )  # fmt: skip
-            except ObjectStoreError as exc:
-                if "changed while it was uploaded" in str(exc):
-                    raise PermanentUploadError(str(exc)) from None
-                raise
-            finally:
-                os.close(fd)
+            if self._took_landed(sd, req, f.path, f.sha256):
+                done[f.path] = f.sha256
+                self._save_state(sd, req, files=done)
+                continue
+            if turn is not None:
+                if turn.over(self.clock()):
+                    raise _TurnOver(sd.step)
+                turn.started += 1
+                turn.bytes_left -= f.size
+            fd = self._open_shard(sd, f.path, f.size, owner, dev)
+            if turn is None:
+                try:
+                    self._put_shard(req, f.path, f.sha256, fd)
+                finally:
+                    os.close(fd)
+            elif not self._fly_in_turn(sd, req, f.path, f.sha256, fd, turn):
+                raise _TurnOver(sd.step, flying=True)
             done[f.path] = f.sha256
             self._save_state(sd, req, files=done)
         return bool(state.get("part_written")) and all(done.get(f.path) == f.sha256 for f in req.files)
+
+    def _put_shard(self, req: UploadRequest, path: str, sha256: str, fd: int) -> None:
+        """Send one checkpoint file from its safely opened ``fd``, hashed on the way (a file that changed since the
+        request is PermanentUploadError)."""
+        try:
+            # /proc/self/fd/N reopens exactly the file we opened safely, whatever the path points at now
+            self._s3.put_file(
+                L.shard_key(req.team, req.run, req.step, path), Path(f"/proc/self/fd/{fd}"), expected_sha256=sha256
+            )
+        except ObjectStoreError as exc:
+            if "changed while it was uploaded" in str(exc):
+                raise PermanentUploadError(str(exc)) from None
+            raise
+
+    def _took_landed(self, sd: StepDir, req: UploadRequest, path: str, sha256: str) -> bool:
+        """True when this file's flight (started in an earlier turn) stored it; its error, if it failed, is
+        raised here as if the upload had just failed."""
+        f = self._landed.get(sd.job_id)
+        attempt = f"{req.job_id}.{req.restart}"
+        if f is None or (f.step, f.part, f.attempt, f.path, f.sha256) != (sd.step, req.part, attempt, path, sha256):
+            return False
+        del self._landed[sd.job_id]
+        if f.error is not None:
+            raise f.error
+        return True
+
+    def _fly_in_turn(self, sd: StepDir, req: UploadRequest, path: str, sha256: str, fd: int, turn: _Turn) -> bool:
+        """Upload one file in a thread of its own and wait for it at most until the turn's end. True: stored.
+        False: it outlived the turn and goes on as the job's flight (holding the part's lock) while the other jobs
+        take their turns; the job's next turn, once it landed, takes the result (``_landed``). No free flight
+        slot: the job's turn ends before the file starts (``_TurnOver``)."""
+        if len(self._flights) >= self.limits.max_flights:
+            os.close(fd)
+            self._say_once(sd.job_id, f"job={sd.job_id} step={sd.step}: {len(self._flights)} uploads of other jobs "
+                                      "are in flight; this job waits for its next turn", logging.WARNING)  # fmt: skip
+            raise _TurnOver(sd.step, flying=True)
+        flight = _Flight(sd.job_id, sd.step, req.part, f"{req.job_id}.{req.restart}", path, sha256)
+
+        def fly() -> None:
+            try:
+                self._put_shard(req, path, sha256, fd)
+            except BaseException as exc:  # noqa: BLE001 - handed to the job's next turn, which raises it there
+                flight.error = exc
+            finally:
+                os.close(fd)
+                flight.done.set()
+
+        threading.Thread(target=fly, name=f"nuro-upload-{sd.job_id}", daemon=True).start()
+        if flight.done.wait(max(0.0, turn.deadline - self.clock())):
+            if flight.error is not None:
+                raise flight.error
+            return True
+        flight.lock_fd = os.dup(turn.lock_fd) if turn.lock_fd is not None else None
+        self._flights[sd.job_id] = flight
+        self._say_once(sd.job_id, f"job={sd.job_id} step={sd.step}: {path} ({req.step} of run {req.run}) outlives "
+                                  f"its {self.limits.turn_s:g} s upload turn: it goes on beside the other jobs' turns",
+                       logging.INFO)  # fmt: skip
+        return False
 
     def _parts_of_attempt(self, req: UploadRequest) -> dict[int, PartRecord]:
         parts: dict[int, PartRecord] = {}
@@ -603,6 +863,12 @@ class UploadWorker:
             return []
 
 
+def _sparse(st: os.stat_result, min_allocated: float) -> bool:
+    """A file much bigger than the space it takes (``st_blocks``): holes, which cost a job nothing to make and root
+    a full read to hash. Files up to ``SPARSE_SLACK_BYTES`` are never judged."""
+    return min_allocated > 0 and st.st_size > SPARSE_SLACK_BYTES and st.st_blocks * 512 < st.st_size * min_allocated
+
+
 def prune_local(jd: JobDir, committed_step: int) -> list[int]:
     """Remove this job's local step directories older than ``committed_step`` that are done, given up or never
     requested (torn): S3 holds them now and the staging disk is small. Pending ones stay (their upload is not
@@ -623,4 +889,13 @@ def prune_local(jd: JobDir, committed_step: int) -> list[int]:
     return removed
 
 
-__all__ = ["FlushResult", "Owner", "PassReport", "PermanentUploadError", "Superseded", "UploadWorker", "prune_local"]
+__all__ = [
+    "FlushResult",
+    "Owner",
+    "PassReport",
+    "PermanentUploadError",
+    "Superseded",
+    "UploadLimits",
+    "UploadWorker",
+    "prune_local",
+]

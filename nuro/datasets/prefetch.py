@@ -15,8 +15,13 @@ job's user it writes the team's cache dir exactly as the job's loader would (``n
 shard per node, verified on arrival; a loader asking for a shard being fetched waits for that one copy), so root
 never writes into a directory a team member can change, and no key but the team's is in a process the user owns.
 It stops after ``--timeout-s`` whatever it has done, and writes what it did to ``--report`` (the job's staging
-dir) for the job and the start-up bench to read. A first attempt only: a requeued run continues from a position
-inside its checkpoint, which root does not unpickle.
+dir) for the job and the start-up bench to read.
+
+It ends with the job (``nuro.prolog_epilog.prefetchguard`` has the design): the prolog runs before the job's cgroups
+exist, so the prefetch joins them itself (``--cgroup``: the job's cgroup v1 dirs; it moves itself into the job's
+first step cgroup as soon as one appears, and is then limited, accounted and killed with the job like its tasks),
+and the epilog kills it by the pid the prolog recorded as root, should it still run when the job ends. A first
+attempt only: a requeued run continues from a position inside its checkpoint, which root does not unpickle.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,13 +67,45 @@ def first_shards(manifest: Manifest, seed: int, count: int, window: int = DEFAUL
 
 
 def prefetch_command(
-    python: str, name: str, digest: str, team: str, seed: int, shards: int, timeout_s: float, report: Path
-) -> list[str]:
+    python: str, name: str, digest: str, team: str, seed: int, shards: int, timeout_s: float, report: Path,
+    cgroups: Sequence[str] = (),
+) -> list[str]:  # fmt: skip
     """The prefetch's command line (rendered as data; the prolog runs it as the job's user, no shell)."""
     return [
         python, "-m", "nuro.datasets.prefetch", "--name", name, "--digest", digest, "--team", team,
         "--seed", str(seed), "--shards", str(shards), "--timeout-s", f"{timeout_s:g}", "--report", str(report),
+        *(a for c in cgroups for a in ("--cgroup", c)),
     ]  # fmt: skip
+
+
+#: The job's step cgroups, in the order the prefetch prefers to join one (the batch step lives as long as the job)
+STEP_CGROUPS = ("step_batch", "step_extern", "step_0")
+
+
+def join_job_cgroups(job_dirs: Sequence[str], until: float, poll_s: float = 0.1, pid: int | None = None) -> list[str]:
+    """Move this process into the first step cgroup of the job under each of ``job_dirs`` (cgroup v1: one per
+    controller) as soon as one exists, waiting until ``until`` (monotonic); returns the ``cgroup.procs`` files it
+    joined. Slurm makes step dirs the job user's own (the job dir stays root's), so the job's user may join them;
+    a dir that never appears or refuses us is left out (the epilog's kill still bounds the process)."""
+    pid = os.getpid() if pid is None else pid
+    todo, joined = list(job_dirs), []
+    while todo:
+        for job_dir in list(todo):
+            for step in STEP_CGROUPS:
+                procs = Path(job_dir) / step / "cgroup.procs"
+                if not procs.exists():
+                    continue
+                try:
+                    procs.write_text(f"{pid}\n")
+                    joined.append(str(procs))
+                except OSError as exc:
+                    print(f"nuro prefetch: cannot join {procs}: {exc}", file=sys.stderr)
+                todo.remove(job_dir)
+                break
+        if not todo or time.monotonic() >= until:
+            break
+        time.sleep(poll_s)
+    return joined
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -80,11 +118,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--shards", type=int, default=DEFAULT_SHARDS)
     ap.add_argument("--timeout-s", type=float, default=DEFAULT_TIMEOUT_S)
     ap.add_argument("--report", type=Path, required=True)
+    ap.add_argument("--cgroup", action="append", default=[], help="a job cgroup dir to join (repeatable)")
     args = ap.parse_args(argv)
     signal.alarm(max(1, int(args.timeout_s)))  # bounded whatever S3 does: SIGALRM ends the process
     os.nice(NICE)  # the job's own start-up (imports, rendezvous) goes first; the fetch takes the CPU it leaves idle
     started = time.monotonic()
     report: dict[str, object] = {"dataset": f"{args.name}@{args.digest}", "seed": args.seed, "shards": []}
+    if args.cgroup:  # beside the fetch: the job's step cgroups appear only once the prolog has returned
+        joiner = threading.Thread(target=lambda: report.update(cgroups=join_job_cgroups(
+            args.cgroup, started + args.timeout_s)), name="nuro-prefetch-cgroup", daemon=True)  # fmt: skip
+        joiner.start()
     try:
         report.update(_fetch(args, report))
     except Exception as exc:  # an optimisation: the job's loader fetches what is missing itself

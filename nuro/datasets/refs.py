@@ -32,7 +32,16 @@ from nuro.datasets.manifest import (
     validate_digest,
     validate_name,
 )
-from nuro.objectstore import AccessDenied, NotFound, ObjectExists, ObjectStore, PreconditionFailed
+from nuro.objectstore import (
+    DATASET_MANIFEST_MAX_BYTES,
+    TAG_MAX_BYTES,
+    AccessDenied,
+    NotFound,
+    ObjectExists,
+    ObjectStore,
+    ObjectTooLarge,
+    PreconditionFailed,
+)
 
 
 @dataclass(frozen=True)
@@ -59,9 +68,11 @@ def _tag_body(name: str, tag: str, digest: str, previous: str | None, now: datet
 def get_tag(store: ObjectStore, name: str, tag: str) -> TagState | None:
     """The tag's current target and ETag, or None if the tag does not exist."""
     try:
-        data, etag = store.get(tag_key(name, tag))
+        data, etag = store.get(tag_key(name, tag), max_bytes=TAG_MAX_BYTES)
     except NotFound:
         return None
+    except ObjectTooLarge as exc:  # a team writes its own tags: one this big is no tag of ours
+        raise IntegrityError(f"tag {name}@{tag}: {exc}") from None
     try:
         body = json.loads(data)
         digest = validate_digest(body["digest"])
@@ -133,12 +144,17 @@ def resolve(store: ObjectStore, ref: str | Ref) -> str:
 
 
 def load_manifest(store: ObjectStore, name: str, digest: str) -> tuple[Manifest, bytes]:
-    """Fetch a manifest and check that its bytes hash to ``digest`` (a tampered manifest is refused)."""
+    """Fetch a manifest and check that its bytes hash to ``digest`` (a tampered manifest is refused).
+
+    Read capped (``DATASET_MANIFEST_MAX_BYTES``): a team's own prefix holds its manifests, and the root prolog
+    verifies them; one over the cap is refused unread (IntegrityError), never held in memory."""
     key = manifest_key(name, digest)
     try:
-        data, _etag = store.get(key)
+        data, _etag = store.get(key, max_bytes=DATASET_MANIFEST_MAX_BYTES)
     except NotFound as exc:
         raise DatasetNotFound(f"{name}@{digest}: no such snapshot (no manifest at {store.url(key)})") from exc
+    except ObjectTooLarge as exc:
+        raise IntegrityError(f"manifest of {name}@{digest}: {exc}") from None
     actual = sha256_digest(data)
     if actual != digest:
         raise IntegrityError(f"manifest {store.url(key)} hashes to {actual}, not {digest}: it was altered")

@@ -41,7 +41,7 @@ from nuro.datasets.manifest import (
 )
 from nuro.datasets.refs import check_tag_free, set_tag
 from nuro.datasets.samples import group_samples
-from nuro.objectstore import ObjectStore
+from nuro.objectstore import DATASET_MANIFEST_MAX_BYTES, ObjectStore
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +263,12 @@ def snapshot(
     manifest = build_manifest(name, created, entries, refs, samples=samples)
     data = manifest.canonical_bytes()
     digest = manifest.digest()
+    if len(data) > DATASET_MANIFEST_MAX_BYTES:  # every reader refuses it (a root prolog among them): never write one
+        raise InvalidInput(
+            f"{root}: the manifest of {len(entries)} files would be {len(data)} bytes, more than the "
+            f"{DATASET_MANIFEST_MAX_BYTES} every reader accepts; pack small files into archives (tar, WebDataset) "
+            "and snapshot those (docs/datasets.md)"
+        )
     written = store.put_if_absent(manifest_key(name, digest), data)  # last: the snapshot exists from here on
     log.info("snapshot name=%s digest=%s manifest_written=%s", name, digest, written)
     if tag is not None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nuro.checkpoint.layout import validate_run, validate_team
-from nuro.objectstore import ObjectExists, ObjectStore, ObjectStoreError
+from nuro.objectstore import RUN_EVENT_MAX_BYTES, ObjectExists, ObjectStore, ObjectStoreError, ObjectTooLarge
 
 log = logging.getLogger(__name__)
 
@@ -131,11 +131,21 @@ def read(store: ObjectStore, team: str, run: str, job_id: int | None = None) -> 
     prefix = run_prefix(team, run) + (f"{job_id}/" if job_id is not None else "")
     events = []
     for info in store.list(prefix):
-        data, _ = store.get(info.key)
-        event = decode(data)
+        data = read_event(store, info.key)
+        event = decode(data) if data is not None else None
         if event is not None:
             events.append(event)
     return sorted(events, key=lambda e: (e.ts, e.kind))
+
+
+def read_event(store: ObjectStore, key: str) -> bytes | None:
+    """One stored event's bytes, read capped (``RUN_EVENT_MAX_BYTES``: the job writes these objects and root daemons
+    read them); None, with a warning, for an object over the cap (skipped like any object that is no event)."""
+    try:
+        return store.get(key, max_bytes=RUN_EVENT_MAX_BYTES)[0]
+    except ObjectTooLarge as exc:
+        log.warning("run event skipped: %s", exc)
+        return None
 
 
 def skipped_steps(ev: RunEvent) -> list[dict[str, Any]]:

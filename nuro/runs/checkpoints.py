@@ -7,6 +7,8 @@ and accounting the record of which run resumed which (ARCHITECTURE principle 1).
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Mapping
 
 from nuro.checkpoint import layout as L
@@ -14,6 +16,7 @@ from nuro.checkpoint.errors import ManifestError
 from nuro.checkpoint.restore import load_manifest, step_numbers
 from nuro.objectstore import NotFound, ObjectStore, ObjectStoreError
 from nuro.protocol import jobcomment
+from nuro.runs.pending import ENV_WAITS, read_progress
 from nuro.slurm import CliBackend, JobInfo, SlurmError
 
 
@@ -106,14 +109,25 @@ def _attach_checkpoints(chain: list[dict], store: ObjectStore | None) -> list[st
     return notes
 
 
-def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20, store=None) -> list[dict]:  # noqa: ANN001
+def lineage_of(
+    backend: CliBackend,
+    job_id: int,
+    max_depth: int = 20,
+    store=None,  # noqa: ANN001
+    heard: Mapping[int, Mapping[str, int]] | None = None,
+) -> list[dict]:
     """The run and its ancestors (``resume_from``), newest first: what each was pinned to and how it went.
+
+    ``last_checkpoint`` is a running job's newest commit as the controller heard it from the node agents (``heard``:
+    ``nuro.runs.pending.read_progress``; by default read from ``$NURO_CONTROLLER_WAITS``), None for the others.
 
     With ``store`` (an ObjectStore, or True for ``ObjectStore.from_env()``), each run also gets ``checkpoints``:
     the committed checkpoints its job wrote, from the S3 manifests (step, parent, job, restart, committed at); a
     store that cannot be read adds ``notes`` to the first entry instead. An ancestor Slurm no longer knows ends the
     chain with a ``missing`` entry; the run itself must be known: raises LookupError (``find_job``) and SlurmError.
     """
+    if heard is None:
+        heard = read_progress(os.environ.get(ENV_WAITS), time.time())
     chain: list[dict] = []
     seen: set[int] = set()
     current: int | None = job_id
@@ -123,9 +137,8 @@ def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20, store=None
         if job is None:
             chain.append({"job_id": current, "missing": "not known to slurmctld or accounting"})
             break
-        rec = jobcomment.parse(job.comment)
-        meta = rec.record
-        ckpt = rec.checkpoint
+        meta = jobcomment.parse(job.comment).record
+        ckpt = heard.get(job.job_id)
         chain.append(
             {
                 "job_id": job.job_id,
@@ -138,7 +151,7 @@ def lineage_of(backend: CliBackend, job_id: int, max_depth: int = 20, store=None
                 "dataset": meta.get("dataset"),
                 "code": meta.get("code"),
                 "resume_from": meta.get("resume_from"),
-                "last_checkpoint": {"step": ckpt.step, "at": ckpt.at} if ckpt else None,
+                "last_checkpoint": {"step": ckpt["step"], "at": float(ckpt["at"])} if ckpt else None,
                 "submitted": job.submit_time.isoformat() if job.submit_time else None,
                 "ended": job.end_time.isoformat() if job.end_time and job.is_finished else None,
             }

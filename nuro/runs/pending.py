@@ -10,6 +10,10 @@ File (``nuro.controller-waits/v1``)::
     {"format": "nuro.controller-waits/v1", "at": 1733330000.5, "jobs": {"42": {"code": "wait_borrow_limit",
      "reason": "team perception holds 16/16 borrowed GPUs (its borrow limit)"}}}
 
+It also carries what the controller heard of each running job's progress from the node agents (issue 30: never from
+the job's comment), ``"progress": {"7": {"step": 1200, "at": 1733329990}}``: the newest committed checkpoint, which
+``nuro-train status``/``ls`` show (``read_progress``).
+
 The queue position is Slurm's: pending jobs of the same partition by priority (highest first, then the older
 submission), the order the main scheduler considers them in.
 """
@@ -36,9 +40,14 @@ def _jobs(waits: Iterable[Any]) -> dict[str, dict[str, str]]:
     return {str(w.job_id): {"code": str(w.code), "reason": str(w.reason)[:500]} for w in waits}
 
 
+def _progress(progress: Mapping[int, tuple[int | None, float | None]] | None) -> dict[str, dict[str, int]]:
+    return {str(j): {"step": int(s), "at": round(a)} for j, (s, a) in (progress or {}).items() if s is not None
+            and a is not None}  # fmt: skip
+
+
 def write_waits(path: Path, at: float, waits: Iterable[Any]) -> None:
     """The controller's side: ``waits`` (``decisions.Wait``) as the file, written atomically (temp + rename)."""
-    _write(path, at, _jobs(waits))
+    _write(path, at, _jobs(waits), {})
 
 
 class WaitsFile:
@@ -49,21 +58,24 @@ class WaitsFile:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._jobs: dict[str, dict[str, str]] | None = None
+        self._jobs: tuple[dict, dict] | None = None
         self._at = 0.0
 
-    def publish(self, at: float, waits: Iterable[Any]) -> bool:
-        """Write this cycle's reasons when they changed or the file is getting old; whether it wrote."""
-        jobs = _jobs(waits)
-        if jobs == self._jobs and at - self._at < self.REFRESH_S:
+    def publish(
+        self, at: float, waits: Iterable[Any], progress: Mapping[int, tuple[int | None, float | None]] | None = None
+    ) -> bool:
+        """Write this cycle's reasons (and running jobs' ``progress``: job → (committed step, when)) when they
+        changed or the file is getting old; whether it wrote."""
+        both = (_jobs(waits), _progress(progress))
+        if both == self._jobs and at - self._at < self.REFRESH_S:
             return False
-        _write(self.path, at, jobs)
-        self._jobs, self._at = jobs, at
+        _write(self.path, at, *both)
+        self._jobs, self._at = both, at
         return True
 
 
-def _write(path: Path, at: float, jobs: Mapping[str, Mapping[str, str]]) -> None:
-    body = {"format": FORMAT, "at": at, "jobs": jobs}
+def _write(path: Path, at: float, jobs: Mapping[str, Mapping[str, str]], progress: Mapping[str, Any]) -> None:
+    body = {"format": FORMAT, "at": at, "jobs": jobs, "progress": progress}
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)  # /run/nuro after a reboot
     fd, tmp = tempfile.mkstemp(prefix=".waits-", dir=path.parent)
     try:
@@ -76,8 +88,8 @@ def _write(path: Path, at: float, jobs: Mapping[str, Mapping[str, str]]) -> None
         raise
 
 
-def read_waits(path: Path | str | None, now: float) -> dict[int, dict[str, str]]:
-    """The controller's reasons by job id; {} when there is no (readable, well-formed, fresh) file."""
+def _read(path: Path | str | None, now: float) -> dict[str, Any]:
+    """The file's body when it is readable, well-formed and fresh, else {}."""
     if not path:
         return {}
     try:
@@ -90,6 +102,24 @@ def read_waits(path: Path | str | None, now: float) -> dict[int, dict[str, str]]
         return {}
     at = data.get("at")
     if not isinstance(at, int | float) or now - at > STALE_S:
+        return {}
+    return data
+
+
+def read_progress(path: Path | str | None, now: float) -> dict[int, dict[str, int]]:
+    """Running jobs' newest committed checkpoint as the controller heard it (``{"step", "at"}``) by job id."""
+    raw = _read(path, now).get("progress")
+    out: dict[int, dict[str, int]] = {}
+    for key, value in (raw if isinstance(raw, dict) else {}).items():
+        if str(key).isdigit() and isinstance(value, dict) and all(type(value.get(k)) is int for k in ("step", "at")):
+            out[int(key)] = {"step": value["step"], "at": value["at"]}
+    return out
+
+
+def read_waits(path: Path | str | None, now: float) -> dict[int, dict[str, str]]:
+    """The controller's reasons by job id; {} when there is no (readable, well-formed, fresh) file."""
+    data = _read(path, now)
+    if not data:
         return {}
     out: dict[int, dict[str, str]] = {}
     for key, value in data["jobs"].items():
@@ -124,5 +154,6 @@ def pending_view(job: JobInfo, jobs: Iterable[JobInfo], waits: Mapping[int, Mapp
 
 
 __all__ = [
-    "ENV_WAITS", "FORMAT", "STALE_S", "WaitsFile", "pending_view", "queue_position", "read_waits", "write_waits",
+    "ENV_WAITS", "FORMAT", "STALE_S", "WaitsFile", "pending_view", "queue_position", "read_progress", "read_waits",
+    "write_waits",
 ]  # fmt: skip

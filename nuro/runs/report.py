@@ -28,7 +28,7 @@ from rich.table import Table
 from rich.text import Text
 
 from nuro.checkpoint import layout as L
-from nuro.lifecycle.run_events import decode, run_prefix, skipped_steps
+from nuro.lifecycle.run_events import decode, read_event, run_prefix, skipped_steps
 from nuro.metrics.identities import platform_view
 from nuro.metrics.model import GPU, TRAIN, Query, Row
 from nuro.metrics.sink import sink_from_env
@@ -296,7 +296,8 @@ def gather_artifacts(ref: RunRef, store: Any) -> dict:
     committed, other = run_checkpoints(store, ref.team, ref.run, sizes)
     skipped: dict[int, list[dict]] = {}
     for key in skip_events:  # few: one per restore that passed over a step
-        event = decode(store.get(key)[0])
+        data = read_event(store, key)
+        event = decode(data) if data is not None else None
         for s in skipped_steps(event) if event is not None else ():
             skipped.setdefault(s["step"], []).append({"job_id": event.job_id, "reason": s["reason"]})  # type: ignore[union-attr]
     for c in committed:

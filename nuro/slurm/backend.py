@@ -608,9 +608,9 @@ class CliBackend(Backend):
         return self._job_field(job_id, "Comment", "Comment")
 
     def job_admin_comment(self, job_id: int | str) -> str:
-        """One job's admin comment (root's note to its owner; see nuro.protocol.adminnote), read alone as the
-        comment is (``squeue -O AdminComment``)."""
-        return self._job_field(job_id, "AdminComment", "AdminComment")
+        """One job's admin comment (root's note to its owner; see nuro.protocol.adminnote), from ``squeue --json``:
+        22.05's ``squeue -O`` has no such field ("Invalid job format specification: AdminComment", measured)."""
+        return self._job_entry(_job_id(job_id)).get("AdminComment", "")
 
     def refresh_topology(self) -> None:
         """Forget the cached topology (after a slurmctld restart with a new topology.conf)."""

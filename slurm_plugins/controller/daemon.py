@@ -228,7 +228,9 @@ class Controller:
         decisions = result
         if self.waits_file is not None:
             try:  # best effort: a reader without it shows Slurm's reason only
-                self.waits_file.publish(now, decisions.waiting)
+                running = {j.job_id for j in snapshot.jobs if j.phase == JobPhase.RUNNING}
+                heard = {j: (p.commit_step, p.commit_at) for j, p in progress.items() if j in running}
+                self.waits_file.publish(now, decisions.waiting, heard)
             except OSError as exc:
                 if self._cycle_errors.allow(f"waits: {exc}")[0]:
                     log.warning("cycle=%d reasons not written to %s: %s", self.cycles, self.waits_file.path, exc)

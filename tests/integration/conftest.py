@@ -129,6 +129,22 @@ def controller_process(
         assert rc == 0, f"controller stopped with {rc} (None: ignored SIGTERM, killed)\n{log_path.read_text()[-3000:]}"
 
 
+def controller_progress(cluster: LiveCluster, job_id: int):  # noqa: ANN201 - Progress | None
+    """What the cluster's controller heard of ``job_id`` from the node agents (its ``progress.json``): the newest
+    commit and ack, or None (issue 30: never from the job's comment)."""
+    from nuro.slurm_plugins.controller.progress import ProgressFile
+
+    return ProgressFile(cluster.layout.controller_state).view().get(job_id)
+
+
+def in_flight(cluster: LiveCluster, job_id: int) -> float | None:
+    """When the controller signalled ``job_id`` for a preemption still in flight (its ledger), or None."""
+    from nuro.slurm_plugins.controller.ledger import Ledger
+
+    entry = Ledger(cluster.layout.controller_state).load().get(job_id)
+    return entry[0] if entry else None
+
+
 def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: float = 60) -> None:
     """Cancel every job of these users and wait until slurmctld lists none of them as active.
 

@@ -386,6 +386,9 @@ def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> No
     assert "default_permission = NO_PERMISSIONS\n" in ini.read_text()
     mlflow_unit = (deploy.host_root("ctl") / "etc" / "systemd" / "system" / "nuro-mlflow.service").read_text()
     assert "--workers 1 $NURO_MLFLOW_APP_ARGS\n" in mlflow_unit and "test-mlflow-admin" not in mlflow_unit
+    # the backend store URI (a database password in production) reaches mlflow by environment, never by argv
+    assert "--backend-store-uri" not in mlflow_unit
+    assert "\nMLFLOW_BACKEND_STORE_URI=sqlite:///" in mlflow_env.read_text()
     assert "MLFLOW_TRACKING_URI=http://127.0.0.1:1" in profile and "test-mlflow-admin" not in profile
 
 

@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 
 from nuro.policy import load_policy
-from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase, SlurmError
 from tests.integration.conftest import (
     LiveCluster,
     apply_example_policy,
     cancel_jobs_of,
     controller_process,
+    controller_progress,
+    in_flight,
     wait_until,
 )
 
@@ -178,7 +179,7 @@ def test_borrow_then_reclaim_with_checkpoint_ack(
         # Fill the rest with guaranteed work of others so nothing is free.
         fillers = [_submit(cluster, "simulation"), _submit(cluster, "simulation"), _submit(cluster, "controls")]
         _running(cluster, *fillers)
-        wait_until(lambda: jobcomment.parse(_job(cluster, fresh).comment).checkpoint, 20, "the fresh checkpoint mark")
+        wait_until(lambda: controller_progress(cluster, fresh), 20, "the fresh checkpoint's report at the controller")
         claimant = _submit(cluster, "prediction")
         log_path = tmp_path / "controller.log"
         preempted = wait_until(
@@ -187,8 +188,8 @@ def test_borrow_then_reclaim_with_checkpoint_ack(
         assert preempted == [fresh], f"expected only the fresh-checkpoint borrower {fresh}; {_why(cluster, log_path)}"
         wait_until(lambda: _job(cluster, fresh).restart_count >= 1, 40, f"borrower {fresh} to be requeued")
         _running(cluster, claimant)
-        marks = jobcomment.parse(cluster.backend.job_comment(fresh))
-        assert marks.ack is not None and marks.ack.step == 42
+        heard = controller_progress(cluster, fresh)
+        assert heard is not None and heard.ack_step == 42, heard
         requeued = _job(cluster, fresh)
         assert requeued.restart_count == 1, _why(cluster, log_path)
         assert _job(cluster, stale).phase is JobPhase.RUNNING, _why(cluster, log_path)
@@ -206,11 +207,9 @@ def test_victim_without_ack_is_requeued_at_grace_end(
         _running(cluster, borrower)
         _running(cluster, *_fill_the_rest(cluster))
         claimant = _submit(cluster, "prediction")
-        signalled = wait_until(
-            lambda: jobcomment.parse(_job(cluster, borrower).comment).preempt, 30, "the borrower to be signalled"
-        )
+        signalled_at = wait_until(lambda: in_flight(cluster, borrower), 30, "the borrower to be signalled")
         cluster.backend.wait_for_job(borrower, {JobPhase.PENDING}, timeout_s=GRACE_S + 15)
-        waited = time.time() - signalled.at
+        waited = time.time() - signalled_at
         assert waited >= GRACE_S - 1, f"requeued {waited:.1f} s after the signal, before the {GRACE_S} s grace"
         _running(cluster, claimant)
 
@@ -261,7 +260,7 @@ def test_restarted_controller_rebuilds_in_flight_preemptions(
     cluster: LiveCluster, clean: None, policy_file: Path, tmp_path: Path
 ) -> None:
     """Stop the controller right after it signalled a victim that acks late; a new controller finds the request in
-    the job's comment and requeues on the ack without signalling again."""
+    its ledger and requeues on the ack (through the node agent) without signalling again."""
     with controller(cluster, policy_file, tmp_path / "c1.log"):
         for _ in range(3):
             _submit(cluster, "perception")
@@ -269,14 +268,14 @@ def test_restarted_controller_rebuilds_in_flight_preemptions(
         _running(cluster, borrower)
         _running(cluster, *_fill_the_rest(cluster))
         _submit(cluster, "prediction")
-        wait_until(lambda: jobcomment.parse(_job(cluster, borrower).comment).preempt, 30, "the preempt mark")
+        wait_until(lambda: in_flight(cluster, borrower), 30, "the preemption in the controller's ledger")
     # Controller down. The job acks now (as rank 0 would after its checkpoint commits).
     cluster.run([str(BIN / "nuro-job"), "ack", "--step", "50", "--job-id", str(borrower)])
     with controller(cluster, policy_file, tmp_path / "c2.log"):
         # requeued: PENDING, or PENDING+COMPLETING while its node's epilog still runs (seen on a loaded 24.11)
         wait_until(lambda: _job(cluster, borrower).state.startswith("PENDING"), GRACE_S - 3, f"job {borrower} requeued")
     log = (tmp_path / "c2.log").read_text()
-    assert "rebuilt in-flight preemptions" in log and f"decision=Preempt job={borrower}" not in log, log[-2000:]
+    assert "in-flight preemptions from the ledger" in log and f"decision=Preempt job={borrower}" not in log, log[-2000:]
     assert f"decision=Requeue job={borrower} applied=True" in log and "requeued after ack" in log, log[-2000:]
 
 

@@ -19,7 +19,7 @@ from nuro.datasets.manifest import shard_key
 from nuro.datasets.refs import load_manifest
 from nuro.datasets.snapshot import snapshot
 from nuro.objectstore import ObjectStore
-from nuro.protocol import jobcomment
+from nuro.protocol import adminnote, jobcomment
 from nuro.slurm import JobPhase
 from tests.integration.conftest import LiveCluster, cancel_jobs_of, wait_until
 
@@ -77,7 +77,8 @@ def _held_with_reason(cluster: LiveCluster, job_id: int) -> str:
         job = next((j for j in cluster.backend.jobs() if j.job_id == job_id), None)
         if job is None or job.phase is not JobPhase.PENDING:
             return None
-        why = jobcomment.parse(job.comment).raw.get("refused", {}).get("why")
+        note = adminnote.parse(cluster.backend.job_admin_comment(job_id))  # root's note: a field no job can fill
+        why = note.get("refused", {}).get("why")
         return why if why and job.reason.startswith("JobHeld") else None
 
     return wait_until(refused, 90, f"job {job_id} to be held with a reason")  # a prolog takes ~10-40 s here

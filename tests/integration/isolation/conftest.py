@@ -6,7 +6,8 @@ Every attack test states, besides its own claim, the three things issue 11 asks 
 - no root-owned file changed owner or content (``guard`` records root-owned files of the cluster's state dir and a
   root-owned canary file outside it, ``guard.canary``, that attacks aim their symlinks at);
 - the platform still runs (every daemon the supervisor started, nuro-controller with its failure detector and the
-  node agents included, is alive afterwards, except nodes a test killed on purpose).
+  node agents included, is alive afterwards, except nodes a test killed on purpose), and no node was drained or set
+  down by the attack (issue 30: when something fails, the tenant who caused it loses, never a node or a team).
 
 Teams and members come from examples/policy/teams.yaml, applied once per module: the attacker is alice of
 perception, the victim team is prediction (priya).
@@ -107,6 +108,9 @@ class Guard:
     s3_before: dict[str, dict[str, str]] = field(default_factory=dict)
     files_before: dict[str, tuple[int, int, str]] = field(default_factory=dict)
     killed_ok: set[str] = field(default_factory=set)
+    #: nodes drained or down before the attack (not its doing), and nodes a test takes down on purpose
+    out_before: set[str] = field(default_factory=set)
+    out_ok: set[str] = field(default_factory=set)
 
     def objects(self, prefix: str) -> dict[str, str]:
         """key → sha256 of its bytes, for every object under ``prefix`` (read with the admin key)."""
@@ -139,10 +143,18 @@ class Guard:
             elif path.startswith(etc) and now is not None and now[2] != sha:
                 problems.append(f"root-owned config {path} changed content")  # etc/ changes only by `up`
         problems.extend(dead_daemons(self.cluster, self.killed_ok))
+        out = nodes_out(self.cluster) - self.out_before - self.out_ok - self.killed_ok
+        if out:
+            problems.append(f"nodes drained or set down by the attack: {sorted(out)}")  # the attacker loses, not a node
         assert not problems, "the attack left marks:\n  " + "\n  ".join(problems)
 
 
 CANARY = b"root-owned canary: an attack must never change me\n"
+
+
+def nodes_out(cluster: LiveCluster) -> set[str]:
+    """Nodes slurmctld holds drained, draining or down now."""
+    return {n.name for n in cluster.backend.nodes() if n.flags & {"DRAIN", "DRAINED", "DRAINING", "DOWN"}}
 
 
 def dead_daemons(cluster: LiveCluster, killed_ok: set[str] = frozenset()) -> list[str]:
@@ -168,6 +180,7 @@ def guard(cluster: LiveCluster, teams: Path, tmp_path_factory: pytest.TempPathFa
     canary.chmod(0o644)
     g = Guard(cluster=cluster, canary=canary, store=ObjectStore.from_env(cluster.env))
     g.files_before = _root_files(cluster.layout.root)
+    g.out_before = nodes_out(cluster)
     yield g
     g.check()
 

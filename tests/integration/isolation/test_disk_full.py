@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro.protocol import jobcomment
+from nuro.protocol import adminnote
 from nuro.slurm import JobPhase
 from tests.integration.conftest import LiveCluster, wait_until
 from tests.integration.isolation.conftest import ATTACKER, VICTIM, Guard, as_user
@@ -103,7 +103,7 @@ def test_a_job_that_fills_the_staging_disk_is_cancelled_and_the_node_stays_up(
     job = cluster.backend.wait_for_job(hog, timeout_s=120)
     assert job.phase == JobPhase.CANCELLED, job
 
-    refused = jobcomment.parse(cluster.backend.job_comment(hog)).raw.get("refused") or {}
+    refused = adminnote.parse(cluster.backend.job_admin_comment(hog)).get("refused") or {}  # root's note
     assert "staging disk" in refused.get("why", "") and f"/{hog}) holds" in refused["why"], refused
     events = [json.loads(line) for line in cluster.layout.events_log.read_text().splitlines() if line.strip()]
     (event,) = [e for e in events if e.get("kind") == "job_disk_full" and hog in e.get("jobs", [])][:1]
@@ -123,3 +123,44 @@ def test_a_job_that_fills_the_staging_disk_is_cancelled_and_the_node_stays_up(
     # And the node still takes work.
     after = _sbatch(cluster, VICTIM, shared / "after.out", "echo ran")
     assert cluster.backend.wait_for_job(after, timeout_s=60).phase == JobPhase.COMPLETED
+
+
+#: Ways to fill the disk where a walk of the job's own dir cannot see it (issue 30, item 4). Each leaves the bytes
+#: hidden and prints FILLED; the health check must still fail that job, never drain the node.
+_HIDDEN = {
+    # 40 levels below the job dir: deeper than the walk enters (32 open dirs); the unseen space is the job's bound
+    "deep_tree": 'd="{root}/$SLURM_JOB_ID"; for i in $(seq 40); do d="$d/d"; done; mkdir -p "$d"; '
+    'dd if=/dev/zero of="$d/fill" bs=1M count={mib} status=none; echo FILLED; sleep 600',
+    # written, kept open, unlinked: no walk sees it; /proc/<pid>/fd does, owned by the job's user
+    "unlinked_open": 'f="{root}/$SLURM_JOB_ID/fill"; exec 3>"$f"; dd if=/dev/zero bs=1M count={mib} status=none >&3; '
+    'rm -f "$f"; echo FILLED; sleep 600',
+}
+
+
+@pytest.mark.parametrize("how", sorted(_HIDDEN))
+def test_space_a_job_hides_from_the_walk_still_fails_that_job(
+    cluster: LiveCluster, small_staging: Path, guard: Guard, shared: Path, how: str
+) -> None:
+    out = shared / f"hidden-{how}.out"
+    flag = shared / f"bystander-{how}-may-finish"
+    bystander = _sbatch(
+        cluster, VICTIM, shared / f"bystander-{how}.out",
+        f'echo mine > "{small_staging}/$SLURM_JOB_ID/small"; while [ ! -e "{flag}" ]; do sleep 0.5; done; echo ok',
+    )  # fmt: skip
+    cluster.backend.wait_for_job(bystander, {JobPhase.RUNNING}, timeout_s=60)
+    hog = _sbatch(cluster, ATTACKER, out, _HIDDEN[how].replace("{root}", str(small_staging)).replace(
+        "{mib}", str(FILL_MIB)))  # fmt: skip
+    wait_until(lambda: out.exists() and "FILLED" in out.read_text(), 90, f"the hog job to fill the disk ({how})")
+    job = cluster.backend.wait_for_job(hog, timeout_s=120)
+    assert job.phase == JobPhase.CANCELLED, job
+    events = [json.loads(line) for line in cluster.layout.events_log.read_text().splitlines() if line.strip()]
+    said = [e for e in events if e.get("kind") == "job_disk_full" and hog in e.get("jobs", [])]
+    assert said and said[0]["bytes"] >= FILL_MIB * MIB and "staging disk" in said[0]["reason"], said
+    flags, reason = _node_state(cluster)
+    assert not flags & {"DRAIN", "DRAINED", "DRAINING", "DOWN"}, (flags, reason)
+    assert _drained_for_disk(cluster) == []
+    by_id = {j.job_id: j for j in cluster.backend.jobs()}
+    assert by_id[bystander].phase == JobPhase.RUNNING, by_id.get(bystander)
+    flag.touch()
+    assert cluster.backend.wait_for_job(bystander, timeout_s=60).phase == JobPhase.COMPLETED
+    wait_until(lambda: not (small_staging / str(hog)).exists(), 30, "the hog's staging dir to be removed")

@@ -1,14 +1,14 @@
-"""Attacks on preemption state: forge the controller's ``preempt`` mark, choose ``b-<team>`` or ``urgent`` directly.
+"""Attacks on preemption state: fill or forge the job comment, choose ``b-<team>`` or ``urgent`` directly.
 
 Before issue 11 a user who wrote ``{"preempt": {...}}`` into their own job's comment made the job look "already being
 preempted" forever, so the controller never chose it again (no reclaim, no urgent preemption); and ``--qos=b-<team>``
 chosen at submit skipped the lending limits the controller enforces. Now (as team member alice, on the real cluster):
 
 - the bridge refuses a submit or update that carries, adds, changes or removes a ``preempt`` key (``preempt_forged``);
-- a mark that gets in anyway (here written as root, as if the bridge had failed open without its table) is ignored:
-  only marks the controller signed with its key count (``nuro.protocol.marks``), and the forger's borrowed job is
-  reclaimed
-  for the other team like any borrower;
+- a borrower whose comment is full (issue 30: Slurm caps it at 1,024 bytes for root too) or carries forged
+  ``preempt``/``ack`` keys is reclaimed like any borrower: the controller's in-flight preemptions live in its own
+  ledger, the owner's note in ``admin_comment``, the job's ack comes through its node agent; nothing is read from
+  or written to the comment;
 - ``--qos=b-<team>`` is refused on submit and on ``scontrol update qos=`` (``qos_borrow``), ``urgent`` is refused on
   update for a user the tier does not list (``tier_denied``).
 """
@@ -18,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import re
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
-from nuro.protocol import jobcomment
+from nuro.protocol import adminnote, jobcomment
 from nuro.slurm import JobInfo, JobPhase
 from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of, controller_process, wait_until
 from tests.integration.isolation.conftest import ATTACKER, MEMBERS, Guard, as_user
@@ -129,42 +130,51 @@ def test_user_cannot_write_a_preempt_mark(cluster: LiveCluster, guard: Guard) ->
         cluster.run(["scancel", "--name=nuro-pmark"], check=False)
 
 
-def test_forged_mark_does_not_dodge_reclaim(
+def test_a_full_comment_and_forged_keys_do_not_dodge_reclaim(
     cluster: LiveCluster, guard: Guard, short_grace: Path, tmp_path: Path
 ) -> None:
-    """alice's borrowed job carries a forged mark (written as root: the bridge would refuse alice herself); when
-    prediction needs its GPUs back, the controller ignores the mark and reclaims the job all the same."""
+    """Issue 30's reproduction: alice's borrowed job carries a plain 1,001-byte ``--comment`` (room for nothing
+    more under Slurm's 1,024-byte cap). When prediction needs its GPUs back, the controller must still signal it
+    (its ledger and the owner's note are outside the comment), hear its ack through the node agent, requeue it and
+    let the claimant start. Then, as if the bridge had failed open, root fills the comment to the byte with a forged
+    ``preempt`` and ``ack``: nothing the controller does changes either."""
     log_path = tmp_path / "controller.log"
     cancel_jobs_of(cluster, MEMBERS, timeout_s=180)
     # The scenario needs all 8 nodes: with one still busy or drained by an earlier test, a filler would reclaim
-    # the borrower before the forgery and the test would prove nothing.
+    # the borrower before the point of the test and it would prove nothing.
     wait_until(lambda: {n.state.upper() for n in cluster.backend.nodes()} == {"IDLE"}, 120, "all nodes idle")
+    full = "x" * 1001
     with controller(cluster, short_grace, log_path):
         guaranteed = [_submit(cluster, "perception") for _ in range(3)]  # perception's 24-GPU quota
         _running(cluster, *guaranteed)
-        borrower = _submit(cluster, "perception")
+        borrower = _submit(cluster, "perception", f"--comment={full}")
         wait_until(lambda: _job(cluster, borrower).qos == "b-perception", 60, "the controller to lend GPUs")
         _running(cluster, borrower)
+        assert cluster.backend.job_comment(borrower) == full
         fillers = [_submit(cluster, t) for t in ("simulation", "simulation", "controls", "prediction")]
         _running(cluster, *fillers)
-        assert f"decision=Preempt job={borrower} " not in log_path.read_text(), "reclaimed before the forgery"
-        # The forgery: a preempt mark of the current run ("signalled" now, for a job that does not exist).
-        now = int(_job(cluster, borrower).start_time.timestamp()) + 1
-        forged = jobcomment.merge(
-            cluster.backend.job_comment(borrower), preempt={"at": now, "for": 0, "why": "already being preempted"}
-        )
-        res = as_user(cluster, ATTACKER, ["scontrol", "update", f"jobid={borrower}", f"comment={forged}"])
-        assert res.returncode != 0, "the bridge let alice write a preempt mark"
-        cluster.run(["scontrol", "update", f"jobid={borrower}", f"comment={forged}"])  # as root: bridge bypassed
-        assert jobcomment.parse(cluster.backend.job_comment(borrower)).preempt is not None
-        wait_until(lambda: f"job={borrower} preempt mark ignored: unsigned" in log_path.read_text(), 30,
-                   "the controller to ignore the forged mark")  # fmt: skip
+        assert f"decision=Preempt job={borrower} " not in log_path.read_text(), "reclaimed too early"
+        # a forged preempt mark and ack at Slurm's cap (1,024 bytes), written as root: the bridge refuses alice
+        forged = {"ack": {"at": 1, "step": 1}, "preempt": {"at": int(time.time()), "for": 0, "why": "already"}}
+        text = jobcomment.canonical({**forged, "pad": ""})
+        text = jobcomment.canonical({**forged, "pad": "p" * (1024 - len(text))})
+        assert len(text) == 1024
+        res = as_user(cluster, ATTACKER, ["scontrol", "update", f"jobid={borrower}", f"comment={text}"])
+        assert res.returncode != 0, "the bridge let alice write a preempt key"
+        cluster.run(["scontrol", "update", f"jobid={borrower}", f"comment={text}"])
         claimant = _submit(cluster, "prediction")
-        wait_until(lambda: f"decision=Preempt job={borrower} " in log_path.read_text(), 60,
-                   f"the controller to reclaim the forger's borrowed job {borrower}")  # fmt: skip
+        t_claim = time.time()
+        wait_until(lambda: f"decision=Preempt job={borrower} applied=True" in log_path.read_text(), 60,
+                   f"the controller to signal the full-comment borrower {borrower}")  # fmt: skip
+        note = adminnote.parse(cluster.backend.job_admin_comment(borrower)).get("preempt") or {}
+        assert note.get("for") == claimant, note  # the owner's note: where the job's own bytes cannot crowd it
         wait_until(lambda: _job(cluster, borrower).restart_count >= 1, 60, f"borrower {borrower} to be requeued")
         _running(cluster, claimant, timeout_s=90)
+        print(f"\nclaimant {claimant} running {time.time() - t_claim:.1f} s after submit (full-comment borrower)")
         log = log_path.read_text()
         assert f"decision=Requeue job={borrower} applied=True" in log, log[-3000:]
+        assert "requeued after ack" in log, "the ack did not reach the controller through the node agent"
+        assert "too long" not in log and "not applied" not in log, log[-3000:]
         assert all(_job(cluster, j).phase is JobPhase.RUNNING for j in guaranteed), "guaranteed work was touched"
+        assert cluster.backend.job_comment(borrower) == text  # nuro never wrote into the job's comment
     cancel_jobs_of(cluster, MEMBERS, timeout_s=180)

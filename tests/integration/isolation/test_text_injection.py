@@ -2,11 +2,12 @@
 
 Slurm's text output never escapes values: ``scontrol show job -o`` of a job named ``x Comment={...}`` printed a second
 ``Comment=`` (which the old parser took), and a name with a newline printed a second ``JobId=`` record. The
-controller (``merge_comment`` before a preemption) and the prolog (``refuse``) then wrote such a made-up comment back
-as root. Here alice of perception submits and renames her own jobs with such values (``--job-name``, ``--comment``,
-``scontrol update``) and the tests check that every read nuro makes gives the job's true fields, that root writes
-back only the job's own comment (plus its own key), and that no record is made up. ``guard`` checks afterwards that
-the platform still runs and nothing root-owned changed.
+controller (its preempt mark) and the prolog (``refuse``) then wrote such a made-up comment back as root; today
+neither writes the job's comment at all (issue 30: root's notes go to ``admin_comment``). Here alice of perception
+submits and renames her own jobs with such values (``--job-name``, ``--comment``, ``scontrol update``) and the
+tests check that every read nuro makes gives the job's true fields, that root leaves the job's comment as the job
+wrote it and writes only its own note, and that no record is made up. ``guard`` checks afterwards that the platform
+still runs and nothing root-owned changed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 
 import pytest
 
-from nuro.protocol import jobcomment
+from nuro.protocol import adminnote
 from nuro.slurm import JobInfo, JobPhase
 from nuro.slurm.parse import parse_squeue_json
 from nuro.slurm_plugins.controller.apply import apply_decision
@@ -98,28 +99,27 @@ def test_owner_renames_and_recomments_with_scontrol_update(cluster: LiveCluster,
         cluster.run(["scancel", str(job_id)], check=False)
 
 
-def test_controller_preempt_writes_back_only_the_jobs_own_comment(cluster: LiveCluster, guard: Guard) -> None:
-    """The controller's real apply path (merge the ``preempt`` mark into the comment, then USR1), as root."""
+def test_controller_preempt_leaves_the_jobs_comment_and_notes_only_its_own(cluster: LiveCluster, guard: Guard) -> None:
+    """The controller's real apply path (the owner's note in ``admin_comment``, then USR1), as root."""
     name, comment = HOSTILE[0][1], HOSTILE[0][2]
     job_id = _sbatch(cluster, name, comment)
     try:
         wait_until(lambda: cluster.backend.job_state(job_id) == "RUNNING", 90, f"job {job_id} to run")
         decision = Preempt(job_id=job_id, team=ATTACKER_TEAM, gpus=0, work_lost_gpu_s=0.0, for_job_id=4242,
                            reason="text-injection test")  # fmt: skip
-        now = int(time.time())  # whole seconds: nuro comments hold integers only (nuro.protocol.jobcomment)
+        now = int(time.time())
         outcome = apply_decision(cluster.backend, decision, now)
-        assert outcome.applied, outcome.message
-        raw = jobcomment.parse(_json_job(cluster, job_id).comment).raw
-        assert set(raw) == {"run", "preempt"}, raw  # the job's {"run": "a"} plus root's mark: nothing from the name
-        assert raw["run"] == "a" and raw["preempt"]["for"] == 4242 and raw["preempt"]["at"] == now
+        assert outcome.applied and "note not written" not in outcome.message, outcome.message
+        assert _json_job(cluster, job_id).comment == comment  # the job's own, byte for byte: nothing from the name
+        note = adminnote.parse(cluster.backend.job_admin_comment(job_id))
+        assert set(note) == {"preempt"} and note["preempt"]["for"] == 4242 and note["preempt"]["at"] == now
     finally:
         cluster.run(["scancel", str(job_id)], check=False)
 
 
-def test_prolog_refusal_is_recorded_on_the_jobs_own_comment(cluster: LiveCluster, guard: Guard) -> None:
-    """The prolog's ``refuse`` (root) reads the comment, adds ``refused`` once, requeues held. A name claiming the
-    job was already refused (the old parse saw ``refused`` and skipped recording) or holding another comment must
-    change nothing of that."""
+def test_prolog_refusal_is_recorded_in_roots_note_never_in_the_comment(cluster: LiveCluster, guard: Guard) -> None:
+    """The prolog's ``refuse`` (root) writes its note to ``admin_comment`` and requeues held. A name claiming the job
+    was already refused, or holding another comment, changes nothing of that, and the job's comment is untouched."""
     name, comment = HOSTILE[0][1], HOSTILE[1][2]
     job_id = _sbatch(cluster, name, comment, "--hold")
     try:
@@ -128,9 +128,9 @@ def test_prolog_refusal_is_recorded_on_the_jobs_own_comment(cluster: LiveCluster
         proc = subprocess.run([sys.executable, "-c", code, str(job_id)], env=env, capture_output=True, text=True,
                               timeout=60, cwd=REPO)  # fmt: skip
         assert proc.returncode == 0, proc.stderr
-        raw = jobcomment.parse(_json_job(cluster, job_id).comment).raw
-        assert raw["run"] == "b" and raw["refused"]["why"] == "bad pin" and raw["refused"]["node"] == "gpu001"
-        assert "preempt" not in raw  # the name's made-up mark was never written back
+        assert _json_job(cluster, job_id).comment == comment
+        note = adminnote.parse(cluster.backend.job_admin_comment(job_id))
+        assert note["refused"]["why"] == "bad pin" and note["refused"]["node"] == "gpu001" and "preempt" not in note
     finally:
         cluster.run(["scancel", str(job_id)], check=False)
 
