@@ -69,11 +69,12 @@ def plan_node_action(outcome: Outcome, drained: bool, reason: str | None) -> tup
 
 def disk_full_reason(outcome: Outcome, use: JobDiskUse) -> str:
     """Why a job was failed for the staging disk, in words its owner reads (admin comment, event log, slurmd log)."""
-    held = gib(use.bytes) + ("" if use.complete else " or more")
+    held = ("up to " if use.upper_bound else "") + gib(use.bytes) + ("" if use.complete else " or more")
     return (
         f"nuro-health: cancelled: the staging disk of {outcome.node} fell below its {gib(outcome.min_free_bytes)} "
-        f"floor ({gib(outcome.disk_free_bytes or 0)} free) and this job's staging dir "
-        f"({outcome.staging_root}/{use.job_id}) holds {held}; write less to the staging dir (checkpoints only)"
+        f"floor ({gib(outcome.disk_free_bytes or 0)} free) and this job's files on it (its staging dir "
+        f"{outcome.staging_root}/{use.job_id} and what its user wrote elsewhere on the disk) hold {held}; write "
+        "less to the staging disk (checkpoints only)"
     )
 
 

@@ -27,7 +27,7 @@ from nuro.lifecycle import run_events
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.policy import PolicyError, load_policy
 from nuro.policy.classify import build_view
-from nuro.protocol import jobcomment
+from nuro.protocol import adminnote, jobcomment
 from nuro.runs.checkpoints import checkpoint_lines, find_job, lineage_of
 from nuro.runs.pending import ENV_WAITS, pending_view, read_progress, read_waits
 from nuro.runs.spares import spare_lines, spare_summary
@@ -127,10 +127,15 @@ def ls_cmd(team: str | None, all_users: bool, states: tuple[str, ...], recent: b
 @click.argument("job_id", type=int)
 @click.option("--json", "as_json", is_flag=True)
 def status(job_id: int, as_json: bool) -> None:
-    """One run in detail, with its nuro record (metadata, last checkpoint, preemption request, ack)."""
+    """One run in detail: its nuro record, its last committed checkpoint, and root's note (preempted for which job
+    and why, or why a node refused it)."""
     job = _find(_backend(), job_id)
     row = _row(job)
     row["record"] = jobcomment.parse(job.comment).raw
+    try:  # root's note lives in the admin comment, a field no job can fill (issue 30)
+        row["note"] = adminnote.parse(_backend().job_admin_comment(job_id))
+    except SlurmError:
+        row["note"] = {}
     if job.phase == JobPhase.PENDING:  # why it waits: Slurm's reason, the controller's, its place in the queue
         waits = read_waits(os.environ.get(ENV_WAITS), time.time())
         row["waiting"] = pending_view(job, _jobs(_backend()), waits)

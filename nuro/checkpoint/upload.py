@@ -72,7 +72,15 @@ from nuro.checkpoint.manifest import (
 )
 from nuro.checkpoint.retention import apply_retention, effective_keep, list_steps
 from nuro.checkpoint.staging import MAX_STATE_BYTES, JobDir, StepDir
-from nuro.objectstore import NotFound, ObjectStore, ObjectStoreError, StoreUnavailable
+from nuro.objectstore import (
+    CHECKPOINT_INCOMPLETE_MAX_BYTES,
+    CHECKPOINT_PART_MAX_BYTES,
+    NotFound,
+    ObjectStore,
+    ObjectStoreError,
+    ObjectTooLarge,
+    StoreUnavailable,
+)
 from nuro.protocol import jobrecord
 from nuro.safeio import safefs
 from nuro.safeio.safefs import UnsafePath
@@ -778,10 +786,10 @@ class UploadWorker:
         parts: dict[int, PartRecord] = {}
         for info in self._s3.list(L.parts_prefix(req.team, req.run, req.step)):
             try:
-                rec = parse_part(self._s3.get(info.key)[0], what=info.key)
+                rec = parse_part(self._s3.get(info.key, max_bytes=CHECKPOINT_PART_MAX_BYTES)[0], what=info.key)
             except NotFound:
                 continue
-            except ManifestError as exc:
+            except (ManifestError, ObjectTooLarge) as exc:  # the team's own prefix: its oversized part only
                 log.warning("ignoring bad part record %s: %s", info.key, exc)
                 continue
             if rec.attempt == req.attempt and rec.step == req.step and (rec.team, rec.run) == (req.team, req.run):
@@ -790,9 +798,12 @@ class UploadWorker:
 
     def _given_up_remotely(self, req: UploadRequest) -> bool:
         try:
-            data, _ = self._s3.get(L.incomplete_key(req.team, req.run, req.step))
+            key = L.incomplete_key(req.team, req.run, req.step)
+            data, _ = self._s3.get(key, max_bytes=CHECKPOINT_INCOMPLETE_MAX_BYTES)
         except NotFound:
             return False
+        except ObjectTooLarge:
+            return True  # a team's oversized marker in its own prefix: its step is given up, nobody else's
         try:
             return parse_incomplete(data).attempt == req.attempt
         except ManifestError:

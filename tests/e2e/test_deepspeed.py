@@ -20,7 +20,6 @@ import pytest
 from nuro.checkpoint.restore import latest_committed_step, load_manifest
 from nuro.devcluster import scenario
 from nuro.objectstore import ObjectStore
-from nuro.protocol import jobcomment
 from nuro.slurm import JobPhase
 from tests.e2e.test_survive import _completed_log, _crash_and_wait, in_service
 from tests.integration.conftest import (
@@ -28,6 +27,7 @@ from tests.integration.conftest import (
     apply_example_policy,
     cancel_jobs_of,
     controller_process,
+    controller_progress,
     wait_until,
 )
 from tests.integration.test_controller import MEMBERS, _submit
@@ -161,9 +161,9 @@ def test_a_deepspeed_borrower_is_preempted_with_its_checkpoint_acknowledged(
             wait_until(lambda: (j := backend.find_job(run.job_id)) and j.restart_count >= 1, 90,
                        "the DeepSpeed borrower to be requeued")  # fmt: skip
             backend.wait_for_job(claimant, {JobPhase.RUNNING}, timeout_s=60)
-            marks = jobcomment.parse(backend.job_comment(run.job_id))
-            assert marks.ack is not None and marks.ack.step is not None, marks
-            acked = marks.ack.step
+            heard = controller_progress(cluster, run.job_id)  # through the node agent, never the job comment
+            assert heard is not None and heard.ack_step is not None, heard
+            acked = heard.ack_step
             load_manifest(store, run.team, run.name, acked)  # an ack promises a committed checkpoint
             controller_log = log_path.read_text()
             assert f"decision=Preempt job={run.job_id} " in controller_log, controller_log[-3000:]

@@ -34,10 +34,9 @@ from nuro.jobspec import build_spec
 from nuro.jobspec.codepin import pin_code
 from nuro.jobspec.pins import DatasetPin
 from nuro.jobspec.render import ClusterFacts, Pins, render_submission
-from nuro.protocol import jobcomment
 from nuro.protocol.contract import EXIT_REQUEUE
 from nuro.slurm import JobPhase
-from tests.integration.conftest import TEST_ACCOUNT, TEST_PORT_BASE, LiveCluster, wait_until
+from tests.integration.conftest import TEST_ACCOUNT, TEST_PORT_BASE, LiveCluster, controller_progress, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -48,6 +47,11 @@ DIGEST = "sha256:" + "7e" * 32
 
 
 @pytest.fixture(scope="module")
+
+def _agent_logs(cluster: LiveCluster) -> str:
+    """Every node agent's log: what the agents heard from the jobs (progress reports)."""
+    return "".join(p.read_text(errors="replace") for p in sorted(cluster.layout.log.glob("agent-*.log")))
+
 def shared() -> Iterator[Path]:
     """A directory every job user can reach, outside ``/tmp/pytest-of-root``: any pytest session that starts on this
     machine (other engineers run theirs concurrently) chmods that tree back to 0700 and cuts running jobs off."""
@@ -211,13 +215,14 @@ def test_usr1_stops_every_rank_at_the_same_step_acks_and_requeues(cluster, share
     step = int(next(iter(stops)).split()[0].removeprefix("step="))
     assert sum("restart=0 stopping step=" in line for line in body.splitlines()) == 2
     assert f"tiny rank=0 restart=0 saved step={step}" in body and f"tiny rank=1 restart=0 saved step={step}" in body
-    ack = jobcomment.parse(cluster.backend.job_comment(job_id)).raw.get("ack")
-    assert ack is not None and ack["step"] == step and ack["why"] == "preempted", ack
+    heard = wait_until(lambda: controller_progress(cluster, job_id), 10, "the ack at the controller")
+    assert heard.ack_step == step and heard.ack_at is not None, heard  # through the node agent (issue 30)
+    assert f"job={job_id} acknowledged its stop at step {step} (preempted)" in _agent_logs(cluster)
     got = verdicts(shared, "preempt", job_id)
     assert len(got) == 2 and {v["exit_code"] for v in got.values()} == {EXIT_REQUEUE}, got
     assert "nuro: requeue 1 of 2 (preempted)" in body
     whys = [v["why"] for v in got.values()]
-    print(f"\nUSR1→ack {ack['at'] - signalled_at:.1f} s (stop step {step}); verdicts {whys}")
+    print(f"\nUSR1→ack {heard.ack_at - signalled_at:.1f} s (stop step {step}); verdicts {whys}")
 
 
 def test_an_exception_in_the_script_fails_the_job_with_its_status(cluster, shared, started, jobs) -> None:
@@ -244,6 +249,7 @@ def test_the_time_limit_signal_to_the_batch_shell_reaches_every_rank(cluster, sh
     body = text(log)
     stops = [line.split("stopping ")[1] for line in body.splitlines() if "restart=0 stopping step=" in line]
     assert len(stops) == 2 and len(set(stops)) == 1 and stops[0].endswith("reason=time_limit"), body[-3000:]
-    ack = jobcomment.parse(cluster.backend.job_comment(job_id)).raw.get("ack")
-    assert ack is not None and ack["why"] == "time_limit", ack
+    wait_until(lambda: f"job={job_id} acknowledged its stop" in _agent_logs(cluster), 10, "the ack at the agent")
+    assert f"job={job_id} acknowledged its stop at step" in _agent_logs(cluster)
+    assert "(time_limit)" in _agent_logs(cluster).split(f"job={job_id} acknowledged its stop", 1)[1].splitlines()[0]
     assert "nuro: requeue 1 of 2 (time_limit)" in body

@@ -32,13 +32,14 @@ from pathlib import Path
 import pytest
 
 from nuro.policy import load_policy
-from nuro.protocol import jobcomment
 from nuro.slurm import JobInfo, JobPhase, SlurmError
 from tests.integration.conftest import (
     LiveCluster,
     apply_example_policy,
     cancel_jobs_of,
     controller_process,
+    controller_progress,
+    in_flight,
     wait_until,
 )
 
@@ -130,8 +131,8 @@ class Seen:
     qos: str
     start: float | None
     restarts: int
-    mark_at: float | None  # the controller's preempt mark in the comment (whole seconds)
-    ack_at: float | None  # the job's ack in the comment (whole seconds)
+    mark_at: float | None  # the controller's preemption in flight, from its ledger (whole seconds)
+    ack_at: float | None  # the job's ack as the controller heard it from the node agent (whole seconds)
 
 
 class Sampler(threading.Thread):
@@ -164,8 +165,8 @@ class Sampler(threading.Thread):
                     used[j.account] = used.get(j.account, 0) + j.gpus_total
                 if j.account in (BORROWER, LENDER) and not j.phase.is_terminal:
                     start = j.start_time.timestamp() if j.start_time is not None else None
-                    c = jobcomment.parse(j.comment)
-                    mark_at, ack_at = (c.preempt.at if c.preempt else None), (c.ack.at if c.ack else None)
+                    heard = controller_progress(self.cluster, j.job_id)
+                    mark_at, ack_at = in_flight(self.cluster, j.job_id), (heard.ack_at if heard else None)
                     self.seen.setdefault(j.job_id, []).append(
                         Seen(t0, t1, j.job_id, j.account, j.phase, j.qos, start, j.restart_count, mark_at, ack_at)
                     )

@@ -210,7 +210,8 @@ def test_disk_state_attributes_a_low_disk_to_the_job_that_holds_it(tmp_path: Pat
     out = Outcome("gpu001", "periodic", (), None, got_free, None, jobs_to_fail=verdict.jobs_to_fail,
                   min_free_bytes=settings.staging_min_free_bytes, staging_root=str(root))  # fmt: skip
     why = disk_full_reason(out, out.jobs_to_fail[0])
-    assert why.startswith("nuro-health: cancelled: the staging disk of gpu001") and f"{root}/31) holds" in why
+    assert why.startswith("nuro-health: cancelled: the staging disk of gpu001")
+    assert f"{root}/31 and what its user wrote" in why
     # A shortfall far beyond what any job holds: the node's problem (drained), no job failed.
     big = replace(settings, staging_min_free_bytes=free + (1 << 40))
     got_free, usage = disk_state(big, "gpu001", free, reader=lambda _p: free)

@@ -135,7 +135,7 @@ def test_modify_to_a_non_canonical_comment_is_refused(cluster: LiveCluster, guar
         assert cluster.backend.job_comment(int(job)) == own
         log = (cluster.layout.log / "slurmctld.log").read_text(errors="replace")
         assert f"nuro: reject job_id={job}" in log and "rule=comment_not_canonical" in log
-        ok = jobcomment.merge(own, ack={"at": 1700000000, "step": 3})  # what nuro-job ack writes
+        ok = jobcomment.merge(own, note={"at": 1700000000, "step": 3})  # a key of the user's own beside the record
         assert as_user(cluster, ATTACKER, ["scontrol", "update", f"jobid={job}", f"comment={ok}"]).returncode == 0
         assert cluster.backend.job_comment(int(job)) == ok
     finally:

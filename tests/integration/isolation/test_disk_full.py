@@ -104,7 +104,7 @@ def test_a_job_that_fills_the_staging_disk_is_cancelled_and_the_node_stays_up(
     assert job.phase == JobPhase.CANCELLED, job
 
     refused = adminnote.parse(cluster.backend.job_admin_comment(hog)).get("refused") or {}  # root's note
-    assert "staging disk" in refused.get("why", "") and f"/{hog}) holds" in refused["why"], refused
+    assert "staging disk" in refused.get("why", "") and f"/{hog} and what its user wrote" in refused["why"], refused
     events = [json.loads(line) for line in cluster.layout.events_log.read_text().splitlines() if line.strip()]
     (event,) = [e for e in events if e.get("kind") == "job_disk_full" and hog in e.get("jobs", [])][:1]
     assert event["bytes"] >= FILL_MIB * MIB and event["source"] == "nuro-health"
