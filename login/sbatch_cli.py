@@ -470,7 +470,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     front = [f"--account={team}", *([f"--qos={values['tier']}"] if values.get("tier") else [])]
     front += _expedited_requeue(backend)
     if dataset is not None and code is not None:  # a record only with both pins (rule 7)
-        front.append(f"--comment={comment_json(meta)}")
+        try:
+            front.append(f"--comment={comment_json(meta)}")
+        except ValueError as exc:  # over Slurm's 1,024 bytes: refused before sbatch, with what to shorten
+            return say(ExitCode.INVALID, f"the run record does not fit the job comment: {exc}", prog=PROG)
     try:
         tail = spare_args(values.get("spare_nodes", 0), words)
     except UsageError as exc:

@@ -312,7 +312,10 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
     run_dir = f"{spec.run_root}/{spec.name}"
     meta = run_metadata(spec, pins)
     env = job_env(meta)
-    comment = comment_json(meta)
+    try:
+        comment = comment_json(meta)
+    except ValueError as exc:  # over Slurm's 1,024 bytes: the submission is refused here, with what to shorten
+        raise RenderError(f"the run record does not fit the job comment: {exc}") from None
     head = [
         "#!/bin/bash",
         # the header names the renderer as it was first released (nuro.render): scripts diff equal across the move

@@ -34,8 +34,11 @@ from nuro.jobspec import build_spec
 from nuro.jobspec.codepin import pin_code
 from nuro.jobspec.pins import DatasetPin
 from nuro.jobspec.render import ClusterFacts, Pins, render_submission
+from nuro.protocol import adminnote, jobcomment
 from nuro.protocol.contract import EXIT_REQUEUE
 from nuro.slurm import JobPhase
+from nuro.slurm_plugins.controller.apply import apply_decision
+from nuro.slurm_plugins.controller.decisions import Preempt
 from tests.integration.conftest import TEST_ACCOUNT, TEST_PORT_BASE, LiveCluster, controller_progress, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -64,8 +67,18 @@ def shared() -> Iterator[Path]:
 @pytest.fixture(scope="module")
 def code(shared: Path) -> Pins:
     """The training script in a git repository the job user owns (pinned as root first: git refuses others' repos)."""
-    repo = shared / "tiny"
-    repo.mkdir()
+    return _repo(shared / "tiny")
+
+
+@pytest.fixture(scope="module")
+def long_code(shared: Path) -> Pins:
+    """The same script in a repository whose path is 200 characters long (issue 30: a legitimate long record)."""
+    deep = shared / "long"
+    return _repo(deep / ("r" * (200 - len(str(deep)) - 1)))
+
+
+def _repo(repo: Path) -> Pins:
+    repo.mkdir(parents=True)
     shutil.copy(TINY, repo / "tiny_ddp.py")
     ident = ["-c", "user.name=t", "-c", "user.email=t@x"]
     for argv in (["init", "-q"], ["add", "."], [*ident, "commit", "-qm", "tiny"]):
@@ -123,14 +136,17 @@ def restarted(cluster: LiveCluster, job_id: int):
 
 
 #: The four jobs, by name: the extra arguments of each. All are submitted at once when the module starts (4 × 2 nodes
-#: fill the 8-node cluster), so their start-ups (torch imports, rendezvous) overlap instead of adding up.
-JOBS = {"kill": (), "preempt": (), "bug": ("--raise-at", "3", "--raise-rank", "1"), "timelimit": ()}
+#: fill the 8-node cluster), so their start-ups (torch imports, rendezvous) overlap instead of adding up. The preempted
+#: one is a legitimate run with a long record (issue 30): a 200-character repo path and many arguments.
+JOBS = {"kill": (), "preempt": ("--check-every", "1") * 12, "bug": ("--raise-at", "3", "--raise-rank", "1"),
+        "timelimit": ()}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def started(cluster: LiveCluster, shared: Path, code: Pins) -> Iterator[dict[str, int]]:
+def started(cluster: LiveCluster, shared: Path, code: Pins, long_code: Pins) -> Iterator[dict[str, int]]:
     """Job id per name in ``JOBS``, submitted together; whatever is left is cancelled when the module ends."""
-    ids = {name: submit(cluster, shared, code, name, *args) for name, args in JOBS.items()}
+    ids = {name: submit(cluster, shared, long_code if name == "preempt" else code, name, *args)
+           for name, args in JOBS.items()}  # fmt: skip
     yield ids
     _cancel(cluster, list(ids.values()))
 
@@ -201,12 +217,22 @@ def test_a_killed_node_requeues_the_gang_and_the_survivor_exits_75(cluster, shar
 
 
 def test_usr1_stops_every_rank_at_the_same_step_acks_and_requeues(cluster, shared, started, jobs) -> None:
+    """The controller's own preemption (``apply_decision``: the owner's note, then USR1 to every step) of a run
+    whose record is long (a 200-character repo path, 24 arguments): it stops, acks through its node agent, is
+    requeued and starts again; its comment stays the record it was submitted with."""
     job_id = started["preempt"]
     jobs.append(job_id)
+    comment = cluster.backend.job_comment(job_id)
+    record = jobcomment.parse(comment).record
+    assert len(record["code"]["repo"]) == 200 and len(record["entry"]["args"]) == 26 and len(comment) > 700
     log = log_of(shared, "preempt", job_id)
     wait_steps(log, 3)
     signalled_at = time.time()
-    cluster.run(["scancel", "--signal=USR1", "--full", str(job_id)], user=USER)
+    decision = Preempt(job_id=job_id, team="perception", gpus=0, work_lost_gpu_s=0.0, for_job_id=4242,
+                       reason="a guaranteed job needs the nodes (test)")  # fmt: skip
+    outcome = apply_decision(cluster.backend, decision, int(signalled_at))
+    assert outcome.applied and "note not written" not in outcome.message, outcome.message
+    assert adminnote.parse(cluster.backend.job_admin_comment(job_id))["preempt"]["for"] == 4242
     requeued = wait_until(lambda: restarted(cluster, job_id), 90, f"job {job_id} to be requeued")
     assert requeued.phase != JobPhase.COMPLETED
     body = text(log)
@@ -223,6 +249,9 @@ def test_usr1_stops_every_rank_at_the_same_step_acks_and_requeues(cluster, share
     assert "nuro: requeue 1 of 2 (preempted)" in body
     whys = [v["why"] for v in got.values()]
     print(f"\nUSR1→ack {heard.ack_at - signalled_at:.1f} s (stop step {step}); verdicts {whys}")
+    wait_until(lambda: all(f"tiny rank={r} restart=1 started" in text(log) for r in (0, 1)), 120,
+               "the requeued run to start again")  # fmt: skip
+    assert cluster.backend.job_comment(job_id) == comment  # nuro never wrote into it
 
 
 def test_an_exception_in_the_script_fails_the_job_with_its_status(cluster, shared, started, jobs) -> None:

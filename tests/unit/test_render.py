@@ -116,7 +116,8 @@ def test_the_comment_is_the_run_record_alone_within_slurms_cap() -> None:
     req = render_submission(build_spec(BASE, args), long_repo, None)
     assert 700 < len(req.comment) <= 1024  # a 200-character repo path and 12 arguments fit
     many = {"entrypoint.args": [f"--option-number-{i}=a-long-value-{i}" for i in range(40)]}
-    with pytest.raises(ValueError, match=r"over the 1,024 Slurm allows in a job comment; longest: nuro\.entry\.args"):
+    too_long = r"does not fit the job comment: .* over the 1,024 Slurm allows in a job comment; longest: nuro\.entry"
+    with pytest.raises(RenderError, match=too_long):
         render_submission(build_spec(BASE, many), long_repo, None)
 
 
