@@ -117,10 +117,24 @@ def build_heartbeat(
     """The heartbeat for one beat and its signed datagram; problems are shortened to fit ``hb.MAX_DATAGRAM``.
     ``stopping_s`` > 0 only in the last beat of a clean stop (``heartbeat.DEFAULT_STOP_GRACE_S``); ``suspect_jobs``
     and ``stragglers`` only while a report of this node's jobs is fresh (``nuro.protocol.peerloss``); ``throttled``:
-    this node's GPUs a slowing clock reason holds down now (``throttled_gpus``)."""
-    extra = {"stopping_s": stopping_s, "suspect_jobs": suspect_jobs, "throttled": throttled[: hb.MAX_THROTTLED],
-             "stragglers": stragglers[: hb.MAX_STRAGGLERS], "commits": commits[-hb.MAX_COMMITS :],
-             "acks": acks[-hb.MAX_ACKS :]}  # fmt: skip
+    this node's GPUs a slowing clock reason holds down now (``throttled_gpus``); ``commits``/``acks``: its jobs'
+    progress (``Agent._fresh_progress``).
+
+    Every field is bounded, but all of them at their bounds exceed one datagram: then the oldest commits go first
+    (each is repeated every beat), then throttle texts, so a beat always goes out and always carries the acks and
+    the node's health."""
+    full = {"stopping_s": stopping_s, "suspect_jobs": suspect_jobs, "throttled": throttled[: hb.MAX_THROTTLED],
+            "stragglers": stragglers[: hb.MAX_STRAGGLERS], "commits": commits[-hb.MAX_COMMITS :],
+            "acks": acks[-hb.MAX_ACKS :]}  # fmt: skip
+    trims = ({}, {"commits": full["commits"][-2:]}, {"commits": (), "throttled": full["throttled"][:2]},
+             {"commits": (), "throttled": (), "stragglers": ()})  # fmt: skip
+    for trim in trims:
+        extra = {**full, **trim}
+        try:
+            hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, (), **extra), key)
+            break
+        except hb.BadHeartbeat:
+            continue
 
     def make(cut: tuple[str, ...]) -> bytes:
         return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, cut, **extra), key)

@@ -33,6 +33,7 @@ from nuro.healthcheck.checks import (
 from nuro.healthcheck.diskuse import running_job_usage
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport, NoGpuProbe
 from nuro.healthcheck.statusfile import read_status
+from nuro.protocol.nodeenv import env_number
 
 log = logging.getLogger("nuro.healthcheck")
 
@@ -71,16 +72,7 @@ class HealthSettings:
         env = os.environ if env is None else env
 
         def number(name: str, kind: type, default: float | int | None) -> float | int | None:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
-            if value < 0:
-                raise ValueError(f"{name}={raw!r} must not be negative")
-            return value
+            return env_number(env, name, kind, default)
 
         limits = Limits()
         limits = replace(

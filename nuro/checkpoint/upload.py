@@ -82,6 +82,7 @@ from nuro.objectstore import (
     StoreUnavailable,
 )
 from nuro.protocol import jobrecord
+from nuro.protocol.nodeenv import env_number
 from nuro.safeio import safefs
 from nuro.safeio.safefs import UnsafePath
 
@@ -129,17 +130,11 @@ class UploadLimits:
         d = cls()
 
         def num(name: str, kind: type, default: float) -> Any:
-            raw = env.get(name, "").strip()
-            if not raw:
-                return default
             try:
-                value = kind(raw)
-            except ValueError:
-                value = -1
-            if value < 0:
-                log.warning("%s=%r is not a non-negative %s: using %s", name, raw, kind.__name__, default)
+                return env_number(env, name, kind, default)
+            except ValueError as exc:  # the node's one upload worker runs on with its default, loudly
+                log.warning("%s: using %s", exc, default)
                 return default
-            return value
 
         return cls(
             turn_s=num("NURO_UPLOAD_TURN_S", float, d.turn_s) or d.turn_s,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 _KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
@@ -35,3 +36,20 @@ def load_node_env() -> dict[str, str]:
     for key, value in settings.items():
         os.environ.setdefault(key, value)
     return settings
+
+
+def env_number(env: Mapping[str, str], name: str, kind: type, default: float | int | None) -> float | int | None:
+    """A non-negative ``kind`` (int or float) from node setting ``name``; ``default`` when unset or empty.
+
+    The one reader of numeric node settings. Raises ValueError naming the variable and its bad value: a caller that
+    must run on regardless (a daemon's worker) catches it and keeps its default, saying so."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
+    if not value >= 0:  # also refuses NaN
+        raise ValueError(f"{name}={raw!r} must not be negative")
+    return value

@@ -392,6 +392,18 @@ def opened(fd: int) -> Iterator[int]:
         os.close(fd)
 
 
+def write_private(directory: str | Path, name: str, data: bytes) -> None:
+    """``write_atomic_at`` into a daemon's own state dir (made 0700 when missing, never entered through a link),
+    the file root-only (0600): the controller's ledger and progress book."""
+    directory = Path(directory)
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        write_atomic_at(dfd, name, data, mode=0o600)
+    finally:
+        os.close(dfd)
+
+
 __all__ = [
     "DIR_FLAGS",
     "READ_FLAGS",
@@ -415,4 +427,5 @@ __all__ = [
     "remove_at",
     "walk_files",
     "write_atomic_at",
+    "write_private",
 ]

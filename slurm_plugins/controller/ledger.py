@@ -21,7 +21,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
-from nuro.safeio.safefs import write_atomic_at
+from nuro.safeio.safefs import write_private
 
 log = logging.getLogger(__name__)
 
@@ -79,12 +79,7 @@ class Ledger:
             "format": FORMAT,
             "preempting": {str(j): {"at": at, "for": f} for j, (at, f) in sorted(want.items())},
         }
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            write_atomic_at(dfd, FILE_NAME, json.dumps(body, separators=(",", ":")).encode(), mode=0o600)
-        finally:
-            os.close(dfd)
+        write_private(self.dir, FILE_NAME, json.dumps(body, separators=(",", ":")).encode())
         self._saved = want
         return True
 

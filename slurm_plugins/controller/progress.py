@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
-from nuro.safeio.safefs import write_atomic_at
+from nuro.safeio.safefs import write_private
 
 log = logging.getLogger(__name__)
 
@@ -136,12 +136,7 @@ class ProgressFile:
                 str(j): [p.commit_step, p.commit_at, p.ack_step, p.ack_at, sorted(p.nodes)] for j, p in view.items()
             },
         }
-        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        dfd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        try:
-            write_atomic_at(dfd, FILE_NAME, json.dumps(body, separators=(",", ":")).encode(), mode=0o600)
-        finally:
-            os.close(dfd)
+        write_private(self.dir, FILE_NAME, json.dumps(body, separators=(",", ":")).encode())
         self._published = version
         return True
 

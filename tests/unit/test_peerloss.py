@@ -341,3 +341,17 @@ def test_progress_in_beats_round_trips_and_bad_entries_are_refused() -> None:
                 {"acks": ((7, True, 1),)}, {"commits": too_many}):  # fmt: skip
         with pytest.raises(hb.BadHeartbeat):
             hb.Heartbeat("gpu001", 1, 4, 1.0, **bad)
+
+
+def test_a_beat_with_every_field_at_its_bound_still_fits_one_datagram() -> None:
+    from nuro.healthcheck.agent import build_heartbeat
+
+    beat, data = build_heartbeat(
+        "gpu001", 1, 1, 1.0, ("x" * 200,) * 5, KEY, suspect_jobs=tuple(range(4_000_000_000, 4_000_000_008)),
+        throttled=("t" * hb.MAX_THROTTLED_TEXT,) * hb.MAX_THROTTLED,
+        stragglers=tuple((4_000_000_000 + i, "gpu-long-node-name-x", 99.999) for i in range(hb.MAX_STRAGGLERS)),
+        commits=tuple((4_000_000_000 + i, 10**14 + i, 1_800_000_000) for i in range(hb.MAX_COMMITS)),
+        acks=tuple((4_000_000_000 + i, 10**14, 1_800_000_000) for i in range(hb.MAX_ACKS)),
+    )  # fmt: skip
+    assert len(data) <= hb.MAX_DATAGRAM and hb.decode(data, KEY) == beat
+    assert len(beat.acks) == hb.MAX_ACKS and not beat.healthy  # acks and health are never the ones dropped
