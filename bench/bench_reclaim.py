@@ -68,7 +68,8 @@ def before_tree(ref: str, into: Path) -> Path:
 
 def job_script(code: str, shim: Path | None) -> str:
     """The borrower (and filler) job: acknowledge a preemption at once, otherwise sleep."""
-    old = f"env PYTHONPATH={shim} {sys.executable} -c 'from nuro.wrappers.jobchannel import main; main()'"
+    # -P: no working directory on sys.path (the job's is this checkout, whose ``nuro`` would shadow the old one)
+    old = f"env PYTHONPATH={shim} {sys.executable} -P -c 'from nuro.wrappers.jobchannel import main; main()'"
     nj = old if shim else str(BIN / "nuro-job")
     return (f"#!/bin/bash\non_usr1() {{ {nj} ack --step 42; }}\ntrap on_usr1 USR1\n"
             f"for i in $(seq 900); do sleep 1; done\n")  # fmt: skip
@@ -78,7 +79,7 @@ def submit(env: dict[str, str], team: str, script: str, comment: str | None = No
     argv = ["runuser", "-u", TEAMS[team], "--", "env", *(f"{k}={v}" for k, v in env.items()), "sbatch",
             "--parsable", f"--account={team}", "--output=/dev/null", "--requeue", "--gres=gpu:8", "--exclusive",
             *([f"--comment={comment}"] if comment else [])]  # fmt: skip
-    res = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=60, check=True)
+    res = subprocess.run(argv, input=script, capture_output=True, text=True, timeout=60, check=True, cwd="/tmp")
     return int(res.stdout.strip().split(";")[0])
 
 
@@ -111,7 +112,7 @@ def one(layout: Layout, env: dict[str, str], policy: Path, code: str, shim: Path
     backend = CliBackend(env=env, timeout_s=30)
     clear(env, backend)
     log = layout.root / f"bench-controller-{code}.log"
-    argv = [sys.executable, "-m", "nuro.slurm_plugins.controller.daemon", "--policy", str(policy),
+    argv = [sys.executable, "-P", "-m", "nuro.slurm_plugins.controller.daemon", "--policy", str(policy),
             "--interval-s", str(interval_s), "--heartbeat-key", str(layout.heartbeat_key)]  # fmt: skip
     penv = {**env, "PATH": f"{BIN}:/usr/bin:/bin"}
     if shim is not None:
@@ -119,7 +120,11 @@ def one(layout: Layout, env: dict[str, str], policy: Path, code: str, shim: Path
     else:
         argv += ["--state-dir", str(layout.controller_state)]
     with open(log, "a") as out:
-        proc = subprocess.Popen(argv, env={**os.environ, **penv}, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(argv, env={**os.environ, **penv}, stdout=out, stderr=subprocess.STDOUT, cwd="/")
+    if shim is not None:  # the old code, not this checkout's: its marks are signed (nuro.protocol.marks)
+        check = subprocess.run([sys.executable, "-P", "-c", "import nuro.protocol.marks, sys; print(nuro.__file__)"],
+                               env={**os.environ, **penv}, capture_output=True, text=True, cwd="/")  # fmt: skip
+        assert check.returncode == 0 and str(shim) in check.stdout, (check.stdout, check.stderr)
     try:
         script = job_script(code, shim)
         guaranteed = [submit(env, "perception", script) for _ in range(3)]
