@@ -32,17 +32,22 @@ def render(key: str, why: str, **fields: int | str | None) -> str:
         raise ValueError(f"admin note key {key!r} is not one of {KEYS}")
     body: dict[str, Any] = {k: v for k, v in fields.items() if v is not None}
     text = why.replace("\n", " ").replace("\r", " ")
-    while True:
-        note = jobcomment.canonical({key: {**body, "why": text}})
-        size = len(note.encode())
-        if size <= MAX_NOTE_BYTES:
-            return note
-        over = size - MAX_NOTE_BYTES
-        # a non-ASCII character is escaped as up to 12 bytes: cut at least what is over, then check again
-        keep = max(0, len(text) - len(_CUT) - max(1, over // 6 if not text.isascii() else over))
-        if keep == 0 and text in ("", _CUT):
-            raise ValueError(f"admin note {key}: its fields alone are {size} bytes, above {MAX_NOTE_BYTES}")
-        text = text[:keep] + _CUT if keep else ""
+
+    def note(why_text: str) -> str:
+        return jobcomment.canonical({key: {**body, "why": why_text}})
+
+    if len(note(text).encode()) <= MAX_NOTE_BYTES:
+        return note(text)
+    if len(note(_CUT).encode()) > MAX_NOTE_BYTES:
+        raise ValueError(f"admin note {key}: its fields alone are above {MAX_NOTE_BYTES} bytes")
+    lo, hi = 0, len(text)  # the longest prefix that fits with "..." (escapes make bytes per character vary)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(note(text[:mid] + _CUT).encode()) <= MAX_NOTE_BYTES:
+            lo = mid
+        else:
+            hi = mid - 1
+    return note(text[:lo] + _CUT)
 
 
 def parse(text: str | None) -> dict[str, dict[str, Any]]:
