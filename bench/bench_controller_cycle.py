@@ -21,12 +21,20 @@ What production runs on other hosts (every node's slurmd and agent, and all they
 
 ``--slurm 26.05`` runs it on that version's cluster (the result file is then ``controller_cycle_<N>_<version>``).
 
+``--before-ref REV`` (issue 30) adds, on the same queue right after, the controller at ``REV`` (run from a copy of
+that commit, ``bench_reclaim.before_tree``) beside this checkout's, alternating segments of ``--cycles`` each
+(before, after, before, after), the first cycle of each segment (a fresh controller's) left out: the steady cycle
+of both, and their ratio. This checkout's controller runs as the daemon ships it: its preemption ledger and the
+agents' progress file in the cluster's controller state dir.
+
     python -m bench.bench_controller_cycle [--nodes 500] [--jobs 1200] [--cycles 10] [--budget-s 1.0] [--slurm V]
+        [--before-ref c270996]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -70,6 +78,57 @@ def wait_settled(env: dict[str, str], timeout_s: float = 900.0) -> float:
     return time.monotonic() - t0
 
 
+def shipped(backend: CliBackend, policy_raw: dict, budget_s: float, state_dir: Path) -> Controller:
+    """The controller as the daemon ships it: with its ledger and the agents' progress (issue 30)."""
+    from nuro.slurm_plugins.controller.ledger import Ledger
+    from nuro.slurm_plugins.controller.progress import ProgressFile
+
+    return Controller(backend, parse_policy(policy_raw), apply_budget_s=budget_s, ledger=Ledger(state_dir),
+                      progress=ProgressFile(state_dir).view)  # fmt: skip
+
+
+#: One segment of the old controller's cycles, in a process of its own with the old code on its path.
+_OLD_CYCLES = """
+import json, sys, yaml
+from nuro.policy import parse_policy
+from nuro.slurm import CliBackend
+from nuro.slurm_plugins.controller.daemon import Controller
+c = Controller(CliBackend(timeout_s=120), parse_policy(yaml.safe_load(open(sys.argv[1]))),
+               apply_budget_s=float(sys.argv[2]))
+print(json.dumps([[r.snapshot_s, r.decide_s, r.apply_s] for r in (c.cycle() for _ in range(int(sys.argv[3])))]))
+"""
+
+
+def compare(layout, env: dict[str, str], backend: CliBackend, policy_path: Path, policy_raw: dict,  # noqa: ANN001
+            args: argparse.Namespace) -> dict:  # fmt: skip
+    """Steady cycles of the controller at ``args.before_ref`` vs this checkout's, alternating on the same queue."""
+    import tempfile
+
+    from bench.bench_reclaim import before_tree
+
+    cycles: dict[str, list[list[float]]] = {"before": [], "after": []}
+    with tempfile.TemporaryDirectory(prefix="nuro-before-") as tmp:
+        shim = before_tree(args.before_ref, Path(tmp))
+        for _ in range(2):
+            res = subprocess.run([sys.executable, "-P", "-c", _OLD_CYCLES, str(policy_path), str(args.budget_s),
+                                  str(args.cycles)], env={**os.environ, **env, "PYTHONPATH": str(shim)}, cwd="/",
+                                 capture_output=True, text=True, check=True, timeout=1800)  # fmt: skip
+            cycles["before"] += json.loads(res.stdout.strip().splitlines()[-1])[1:]
+            ctl = shipped(backend, policy_raw, args.budget_s, layout.controller_state)
+            cycles["after"] += [
+                [r.snapshot_s, r.decide_s, r.apply_s] for r in (ctl.cycle() for _ in range(args.cycles))
+            ][1:]
+    out = {}
+    for name, rows in cycles.items():
+        totals = sorted(sum(r) for r in rows)
+        decide = statistics.median(r[1] for r in rows)
+        out[name] = {"cycles": len(rows), "median_s": round(statistics.median(totals), 3),
+                     "worst_s": round(totals[-1], 3), "decide_median_s": round(decide, 4)}  # fmt: skip
+    out["after_over_before"] = round(out["after"]["median_s"] / out["before"]["median_s"], 3)
+    out["before_ref"] = args.before_ref
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--nodes", type=int, default=500)
@@ -80,6 +139,7 @@ def main() -> None:
     # 8 saturated munged (4 threads) beside 500 slurmd on 2 cores: "Munge encode failed ... temporarily unavailable"
     ap.add_argument("--submit-threads", type=int, default=4, help="parallel sbatch [4]")
     ap.add_argument("--slurm", default="22.05", help="Slurm version of the cluster [22.05]")
+    ap.add_argument("--before-ref", default=None, help="also run the controller at this commit, same queue")
     ap.add_argument("--queue", choices=("partition-down", "running"), default="partition-down",
                     help="how the released jobs wait (module docstring) [partition-down]")  # fmt: skip
     args = ap.parse_args()
@@ -124,12 +184,13 @@ def main() -> None:
         settled_s = wait_settled(env)
         print(f"released; no job configuring or completing after {settled_s:.0f} s", flush=True)
         backend = CliBackend(env=env, timeout_s=120)
-        controller = Controller(backend, parse_policy(policy_raw), apply_budget_s=args.budget_s)
+        controller = shipped(backend, policy_raw, args.budget_s, layout.controller_state)
         reports = [controller.cycle() for _ in range(args.cycles)]
         restarted = Controller(backend, parse_policy(policy_raw), apply_budget_s=args.budget_s).cycle()
         snap = backend.read_snapshot()
         bare = median_s(lambda: (run(["squeue", "--json"], env), run(["sinfo", "--json"], env)), 5)
         steady = reports[1:] or reports
+        versus = compare(layout, env, backend, policy_path, policy_raw, args) if args.before_ref else None
 
         def med(attr: str) -> float:
             return round(statistics.median(getattr(r, attr) for r in steady), 3)
@@ -176,6 +237,7 @@ def main() -> None:
                 },
                 "bare_squeue_sinfo_json_s": round(bare, 3),
                 "steady_cycle_over_bare_ratio": round((med("snapshot_s") + med("decide_s") + med("apply_s")) / bare, 2),
+                **({"before_vs_after": versus} if versus else {}),
             },
         )
 
