@@ -49,12 +49,12 @@ USER = "nuro-alice"
 DIGEST = "sha256:" + "7e" * 32
 
 
-@pytest.fixture(scope="module")
-
 def _agent_logs(cluster: LiveCluster) -> str:
     """Every node agent's log: what the agents heard from the jobs (progress reports)."""
     return "".join(p.read_text(errors="replace") for p in sorted(cluster.layout.log.glob("agent-*.log")))
 
+
+@pytest.fixture(scope="module")
 def shared() -> Iterator[Path]:
     """A directory every job user can reach, outside ``/tmp/pytest-of-root``: any pytest session that starts on this
     machine (other engineers run theirs concurrently) chmods that tree back to 0700 and cuts running jobs off."""

@@ -28,6 +28,7 @@ from nuro.devcluster.tracking import standalone_mlflow
 from nuro.metrics.sink import sink_from_env
 from nuro.objectstore import ObjectStore
 from nuro.slurm import CliBackend
+from nuro.slurm_plugins.mlflow_bridge import controller_marks
 from nuro.tracking import mirror
 from nuro.tracking.bridge import Bridge, job_timeline, sink_gpu_rows, sink_rows, store_checkpoints
 from nuro.tracking.mlflow import MlflowClient
@@ -62,7 +63,8 @@ def test_a_run_is_mirrored_into_mlflow_exactly_and_survives_an_mlflow_outage(clu
             bridge = Bridge(client, backend.jobs, backend.finished_jobs, sink_rows(opener),
                             bucket=env.get("NURO_S3_BUCKET", "nuro"), gpu_rows=sink_gpu_rows(opener),
                             checkpoints=store_checkpoints(s3),
-                            timeline=job_timeline(backend, env.get("NURO_EVENT_LOG"), s3))  # fmt: skip
+                            timeline=job_timeline(backend, env.get("NURO_EVENT_LOG"), s3),
+                            marks=controller_marks(str(cluster.layout.controller_state)))  # fmt: skip
             run = scenario.submit(cluster.env, work, dataset, repo, steps=120, step_time_s=0.05, ckpt_interval_s=3)
             down_at = None
             while True:

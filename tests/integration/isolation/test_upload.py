@@ -36,7 +36,7 @@ from nuro.slurm import JobPhase
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.runenv import RunEnv
 from tests.integration.conftest import LiveCluster
-from tests.integration.isolation.conftest import ATTACKER, ATTACKER_TEAM, VICTIM_TEAM, Guard, as_user
+from tests.integration.isolation.conftest import ATTACKER, ATTACKER_TEAM, VICTIM, VICTIM_TEAM, Guard, as_user
 
 pytestmark = pytest.mark.slurm
 
@@ -134,12 +134,24 @@ elif mode == "hostile":
     stage(3, files)
     steps[3] = d
     print("PLANTED", flush=True)
+elif mode == "hog":
+    d, req = stage(1, {".metadata": b"m"}, write=False)
+    with open(d / "__0_0.distcp", "wb") as fh:
+        fh.truncate(100 << 30)                                                 # 100 GiB of holes: costs the job 0
+    req["files"].append({"path": "__0_0.distcp", "size": 100 << 30, "sha256": "0" * 64})
+    put(d, json.dumps(req).encode())
+    steps[1] = d
+    steps[2] = stage(2, {f"__{i}_0.distcp": b"x" for i in range(12_000)})[0]   # more files than a step may have
+    print("PLANTED", flush=True)
 else:
+    t0 = time.monotonic()
     steps[1] = stage(1, files)[0]
 deadline = time.monotonic() + float(os.environ.get("WAIT_S", "90"))
 while time.monotonic() < deadline and any(verdict(d) is None for d in steps.values()):
     time.sleep(0.2)
 print("VERDICTS " + json.dumps({s: verdict(d) for s, d in steps.items()}), flush=True)
+if mode not in ("forge", "hostile", "hog"):
+    print(f"COMMITTED_AFTER_S {time.monotonic() - t0:.2f}", flush=True)
 """
 
 
@@ -164,14 +176,15 @@ def _seed(store: ObjectStore, tmp: Path, team: str, run: str) -> None:
     ck.close()
 
 
-def _submit(cluster: LiveCluster, shared: Path, name: str, mode: str, run: str, victim_run: str) -> int:
-    comment = jobcomment.merge(None, nuro={"v": 1, "name": run, "team": ATTACKER_TEAM})
-    argv = [sys.executable, str(shared / "job.py"), str(_staging(cluster)), mode, ATTACKER_TEAM, run, VICTIM_TEAM,
+def _submit(cluster: LiveCluster, shared: Path, name: str, mode: str, run: str, victim_run: str,
+            user: str = ATTACKER, team: str = ATTACKER_TEAM) -> int:  # fmt: skip
+    comment = jobcomment.merge(None, nuro={"v": 1, "name": run, "team": team})
+    argv = [sys.executable, str(shared / "job.py"), str(_staging(cluster)), mode, team, run, VICTIM_TEAM,
             victim_run]  # fmt: skip
     res = as_user(
-        cluster, ATTACKER,
+        cluster, user,
         ["sbatch", "--parsable", "--nodes=1", f"--nodelist={NODE}", "--ntasks=1", "--cpus-per-task=1",
-         f"--account={ATTACKER_TEAM}", f"--output={shared / name}.out", f"--comment={comment}",
+         f"--account={team}", f"--output={shared / name}.out", f"--comment={comment}",
          "--wrap", " ".join(argv)],
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -262,3 +275,32 @@ def test_fifos_huge_requests_and_links_to_shadow_block_nothing_and_upload_nothin
     _wait_released(cluster, hostile, 120)
     assert "drain" not in _node_state(cluster), _node_state(cluster)
     print(f"hostile job's node released {time.monotonic() - ended:.1f} s after the job ended")
+
+
+def test_a_job_that_hogs_the_upload_worker_costs_another_teams_commit_nothing(
+    cluster: LiveCluster, passthrough: None, guard: Guard, shared: Path
+) -> None:
+    """Issue 30 item 4: alice's job stages a 100 GiB sparse shard and a step of 12,000 files on the node whose one
+    upload worker (root, in the node agent) every job shares. Both are refused before anything is read (the sparse
+    file by its allocated blocks, the step by its file count), and priya's step of another team, staged meanwhile on
+    the same node, commits: the worker is never held by one job."""
+    store = guard.store
+    run, honest_run = f"iso-{uuid.uuid4().hex[:6]}", f"iso-{uuid.uuid4().hex[:6]}"
+    hog = _submit(cluster, shared, "hog", "hog", run, "unused")
+    deadline = time.monotonic() + 120
+    while "PLANTED" not in _read(shared / "hog.out") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "PLANTED" in _read(shared / "hog.out"), _read(shared / "hog.out")
+    honest = _submit(cluster, shared, "other-team", "honest", honest_run, "unused", user=VICTIM, team=VICTIM_TEAM)
+    job = cluster.backend.wait_for_job(honest, timeout_s=240)
+    out = _read(shared / "other-team.out")
+    assert job.phase is JobPhase.COMPLETED and _verdicts(shared / "other-team.out")[1] == ["done", ""], out
+    assert store.exists(L.manifest_key(VICTIM_TEAM, honest_run, 1))
+    print(f"\nthe other team's step committed {out.split('COMMITTED_AFTER_S ')[1].split()[0]} s after staging")
+    job = cluster.backend.wait_for_job(hog, timeout_s=240)
+    v = _verdicts(shared / "hog.out")
+    assert v[1] and v[1][0] == "abandoned" and "allocated" in v[1][1], v
+    assert v[2] and v[2][0] == "abandoned" and "files" in v[2][1], v
+    for step in (1, 2):
+        assert not list(store.list(L.step_prefix(ATTACKER_TEAM, run, step))), f"step {step} reached S3"
+    _wait_released(cluster, hog, 120)
