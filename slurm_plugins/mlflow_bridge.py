@@ -36,7 +36,7 @@ from nuro.tracking.mlflow import MlflowError, client_from_env
 log = logging.getLogger("nuro.mlflow_bridge")
 
 
-def controller_marks(state_dir: str) -> Callable[[int], JobMarks]:
+def controller_marks(state_dir: str) -> Callable[[int, tuple[str, ...]], JobMarks]:
     """``Bridge``'s ``marks``: a job's progress from the controller's progress file and preemption ledger (each read
     again only when it changed; a missing or unreadable file means nothing known)."""
     progress, ledger = ProgressFile(state_dir), Ledger(state_dir)
@@ -51,8 +51,9 @@ def controller_marks(state_dir: str) -> Callable[[int], JobMarks]:
             cache["mtime"], cache["entries"] = mtime, ledger.load()
         return cache["entries"]  # type: ignore[return-value]
 
-    def marks(job_id: int) -> JobMarks:
-        p = progress.view().get(job_id)
+    def marks(job_id: int, nodes: tuple[str, ...]) -> JobMarks:
+        heard = progress.view().get(job_id)
+        p = heard.restricted_to(nodes) if heard is not None and nodes else heard  # a finished job lists no nodes
         signalled = in_flight().get(job_id)
         return JobMarks(p.commit_step if p else None, signalled[0] if signalled else None, p.ack_step if p else None)
 

@@ -111,7 +111,7 @@ class Bridge:
         timeline: a job's timeline as ``nuro-train events --json`` shows it (``job_id -> dict``), written as the
             artifact ``events.json`` with its failures, preemptions and restarts counted as tags, whenever the
             job's state or attempts change.
-        marks: a job's ``JobMarks`` (``job_id -> JobMarks``; the controller's state,
+        marks: a job's ``JobMarks`` (``(job_id, its nodes) -> JobMarks``; the controller's state,
             ``slurm_plugins/mlflow_bridge.controller_marks``); None: no progress tags.
     """
 
@@ -125,7 +125,7 @@ class Bridge:
         gpu_rows: Callable[[str, int, int], list[Row]] | None = None,
         checkpoints: Callable[[str, str], list[dict[str, Any]]] | None = None,
         timeline: Callable[[int], dict[str, Any]] | None = None,
-        marks: Callable[[int], JobMarks] | None = None,
+        marks: Callable[[int, tuple[str, ...]], JobMarks] | None = None,
     ) -> None:
         self._job_marks = marks
         self.client, self._jobs, self._finished, self._train_rows = client, jobs, finished, train_rows
@@ -179,7 +179,7 @@ class Bridge:
         view = job_view(job)
         st = self.runs.get(job.job_id) or self._find_or_create(job, view, meta, team)
         self.runs[job.job_id] = st
-        extra = {**self._marks(job.job_id, meta), **mirror.pending_tags(pending_view(job, self._queue, self._waits))}
+        extra = {**self._marks(job, meta), **mirror.pending_tags(pending_view(job, self._queue, self._waits))}
         tags = mirror.tags_of(meta, view, extra)
         changed = {k: v for k, v in tags.items() if st.tags.get(k) != v}
         status = mirror.mlflow_status(view.phase)
@@ -261,12 +261,12 @@ class Bridge:
             return None
         return str(info["run_id"])
 
-    def _marks(self, job_id: int, meta: Mapping[str, Any]) -> dict[str, str]:
+    def _marks(self, job: JobInfo, meta: Mapping[str, Any]) -> dict[str, str]:
         """The job's progress as tags: the newest committed checkpoint (its step and its manifest in S3), a
         preemption in flight and its ack."""
         if self._job_marks is None:
             return {}
-        m = self._job_marks(job_id)
+        m = self._job_marks(job.job_id, tuple(job.nodes))
         out = {}
         if m.checkpoint_step is not None:
             out["nuro.checkpoint.step"] = str(m.checkpoint_step)

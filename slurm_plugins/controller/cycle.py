@@ -88,9 +88,7 @@ class Cycle:
         """What the agents reported for ``job``, believed only from a node the job runs on now (a node key speaks for
         its own node's jobs only)."""
         p = self.progress.get(job.job_id)
-        if p is None or not p.nodes.intersection(job.nodes):
-            return None
-        return p
+        return None if p is None else p.restricted_to(job.nodes)
 
     def pool(self, name: str) -> VictimPool | None:
         return self._pools.get(name)

@@ -42,13 +42,23 @@ MAX_JOBS = 100_000
 class Progress:
     """One job's progress as the agents reported it; times are Unix seconds (the reporting agent's clock).
 
-    ``nodes``: the nodes whose agents reported it (the engine believes a report only from a node the job runs on)."""
+    ``nodes``: the nodes whose agents reported it; ``by_node``: each node's own report, so that the engine believes
+    only the reports of nodes the job runs on (``restricted_to``): a node's key speaks for its own jobs only, so a
+    node that reports another node's job (a compromised root, a bug) changes nothing of it."""
 
     commit_step: int | None = None
     commit_at: float | None = None
     ack_step: int | None = None
     ack_at: float | None = None
     nodes: frozenset[str] = frozenset()
+    by_node: tuple[Progress, ...] = ()
+
+    def restricted_to(self, nodes: Iterable[str]) -> Progress | None:
+        """What the job's own nodes reported (None: nothing)."""
+        wanted = set(nodes)
+        if not self.by_node:
+            return self if self.nodes & wanted else None
+        return merged([p for p in self.by_node if p.nodes & wanted])
 
     def acked_since(self, t: float) -> bool:
         """An explicit ack at or after ``t`` (when the controller signalled, whole seconds), or a commit learnt
@@ -60,36 +70,47 @@ class Progress:
 EMPTY: Mapping[int, Progress] = MappingProxyType({})
 
 
+def merged(reports: Iterable[Progress]) -> Progress | None:
+    """One view of several nodes' reports: the newest step committed (its earliest report), the latest ack."""
+    reports = list(reports)
+    if not reports:
+        return None
+    commits = [p for p in reports if p.commit_step is not None]
+    acks = [p for p in reports if p.ack_at is not None]
+    c = min(commits, key=lambda p: (-p.commit_step, p.commit_at)) if commits else None  # type: ignore[operator]
+    a = max(acks, key=lambda p: p.ack_at) if acks else None  # type: ignore[arg-type,return-value]
+    nodes = frozenset().union(*(p.nodes for p in reports))
+    return Progress(c.commit_step if c else None, c.commit_at if c else None, a.ack_step if a else None,
+                    a.ack_at if a else None, nodes, tuple(reports))  # fmt: skip
+
+
 class ProgressBook:
     """Thread-safe: the receiver's thread notes, the policy loop reads ``view()``."""
 
     def __init__(self, monotonic: Callable[[], float] = time.monotonic) -> None:
         self.monotonic = monotonic
         self._lock = threading.Lock()
-        self._jobs: dict[int, tuple[Progress, float]] = {}  # job -> (progress, last mentioned, monotonic)
+        self._jobs: dict[int, tuple[dict[str, Progress], float]] = {}  # job -> (node -> its report, last mentioned)
         self.version = 0  # bumped by every change (``ProgressFile.publish`` writes only a new version)
 
     def note(self, node: str, commits: Iterable[tuple[int, int, int]], acks: Iterable[tuple[int, int, int]]) -> None:
-        """One beat's ``commits`` and ``acks`` from ``node``'s agent."""
+        """One beat's ``commits`` and ``acks`` from ``node``'s agent (kept per node: ``Progress.restricted_to``)."""
         now = self.monotonic()
         with self._lock:
             for job, step, at in commits:
-                p, _ = self._jobs.get(job, (Progress(), now))
-                newer = p.commit_step is None or step > p.commit_step
-                if newer or node not in p.nodes:
-                    p = (
-                        Progress(step, float(at), p.ack_step, p.ack_at, p.nodes | {node})
-                        if newer
-                        else Progress(p.commit_step, p.commit_at, p.ack_step, p.ack_at, p.nodes | {node})
-                    )
+                nodes, _ = self._jobs.get(job, ({}, now))
+                p = nodes.get(node, Progress(nodes=frozenset({node})))
+                if p.commit_step is None or step > p.commit_step:
+                    nodes[node] = Progress(step, float(at), p.ack_step, p.ack_at, p.nodes)
                     self.version += 1
-                self._jobs[job] = (p, now)
+                self._jobs[job] = (nodes, now)
             for job, step, at in acks:
-                p, _ = self._jobs.get(job, (Progress(), now))
+                nodes, _ = self._jobs.get(job, ({}, now))
+                p = nodes.get(node, Progress(nodes=frozenset({node})))
                 if p.ack_at is None or at > p.ack_at:
-                    p = Progress(p.commit_step, p.commit_at, step, float(at), p.nodes | {node})
+                    nodes[node] = Progress(p.commit_step, p.commit_at, step, float(at), p.nodes)
                     self.version += 1
-                self._jobs[job] = (p, now)
+                self._jobs[job] = (nodes, now)
             if len(self._jobs) > MAX_JOBS:
                 self._forget(now, keep=MAX_JOBS // 2)
 
@@ -101,10 +122,11 @@ class ProgressBook:
                 del self._jobs[job]
 
     def view(self) -> Mapping[int, Progress]:
-        """A frozen copy for one cycle (old entries dropped first)."""
+        """A frozen copy for one cycle (old entries dropped first): per job, all nodes' reports merged, each
+        node's own kept in ``by_node``."""
         with self._lock:
             self._forget(self.monotonic())
-            return MappingProxyType({j: p for j, (p, _) in self._jobs.items()})
+            return MappingProxyType({j: merged(nodes.values()) for j, (nodes, _) in self._jobs.items()})  # type: ignore[misc]
 
 
 FILE_NAME = "progress.json"
@@ -133,7 +155,8 @@ class ProgressFile:
             "format": FORMAT,
             "at": round(time.time()),
             "jobs": {
-                str(j): [p.commit_step, p.commit_at, p.ack_step, p.ack_at, sorted(p.nodes)] for j, p in view.items()
+                str(j): [[min(r.nodes), r.commit_step, r.commit_at, r.ack_step, r.ack_at] for r in p.by_node]
+                for j, p in view.items()
             },
         }
         write_private(self.dir, FILE_NAME, json.dumps(body, separators=(",", ":")).encode())
@@ -159,7 +182,11 @@ class ProgressFile:
             obj = json.loads(raw)
             if obj.get("format") != FORMAT:
                 raise ValueError(f"format is not {FORMAT}")
-            jobs = {int(j): Progress(r[0], r[1], r[2], r[3], frozenset(r[4])) for j, r in obj["jobs"].items()}
+            jobs = {
+                int(j): m
+                for j, reports in obj["jobs"].items()
+                if (m := merged(Progress(r[1], r[2], r[3], r[4], frozenset({str(r[0])})) for r in reports))
+            }
         except (ValueError, KeyError, TypeError, IndexError, AttributeError) as exc:
             log.warning("progress file %s unreadable: %s", self.path, exc)
             return EMPTY

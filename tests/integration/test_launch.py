@@ -73,8 +73,10 @@ def code(shared: Path) -> Pins:
 @pytest.fixture(scope="module")
 def long_code(shared: Path) -> Pins:
     """The same script in a repository whose path is 200 characters long (issue 30: a legitimate long record)."""
-    deep = shared / "long"
-    return _repo(deep / ("r" * (200 - len(str(deep)) - 1)))
+    repo = shared / "long"
+    while len(str(repo)) < 200 - 51:  # components of at most 128 characters (nuro.jobspec.fields.AbsPath)
+        repo = repo / ("r" * 50)
+    return _repo(repo / ("r" * (200 - len(str(repo)) - 1)))
 
 
 def _repo(repo: Path) -> Pins:

@@ -41,7 +41,8 @@ def test_the_book_is_published_to_a_root_only_file_a_policy_loop_reads(tmp_path:
     out = ProgressFile(tmp_path / "state")
     assert out.publish(book) and not out.publish(book)  # unchanged: not written again
     assert os.stat(out.path).st_mode & 0o777 == 0o600
-    assert ProgressFile(tmp_path / "state").view() == {7: Progress(100, 1_000.0, None, None, frozenset({"gpu001"}))}
+    back = ProgressFile(tmp_path / "state").view()[7]
+    assert (back.commit_step, back.commit_at, back.nodes) == (100, 1_000.0, {"gpu001"}) and back == book.view()[7]
     out.path.write_text("garbage")
     assert ProgressFile(tmp_path / "state").view() == {}
 
@@ -51,6 +52,18 @@ def _victim():
     victim = a_job(3).team("a").borrowed().gpus(8).running_on("n01").signalled_s_ago(10, for_job=5)
     claimant = a_job(5).team("b").gpus(8).pending("QOSGrpGRES")
     return victim, claimant
+
+
+def test_only_the_jobs_own_nodes_are_believed_whatever_another_node_reports() -> None:
+    """A node's key speaks for its own jobs: gpu009 (a compromised root, a bug) reporting a fresher commit and an
+    ack for a job of gpu001 changes nothing of what the engine believes about it."""
+    book = ProgressBook()
+    book.note("gpu001", [(7, 100, 1_000)], [])
+    book.note("gpu009", [(7, 900, 2_000)], [(7, 900, 2_000)])
+    p = book.view()[7]
+    own = p.restricted_to(["gpu001", "gpu002"])
+    assert (own.commit_step, own.commit_at, own.ack_at) == (100, 1_000.0, None)
+    assert p.restricted_to(["gpu003"]) is None
 
 
 def test_an_ack_from_the_victims_node_requeues_it_at_once_one_from_elsewhere_does_not() -> None:
