@@ -31,7 +31,7 @@ import time
 
 import psutil
 
-from bench.common import cluster, save
+from bench.common import cluster, poll, save
 from nuro.devcluster import manager
 from nuro.devcluster.layout import Layout, node_names
 from nuro.devcluster.record import read_record
@@ -60,14 +60,7 @@ def _job(env: dict[str, str], job_id: int) -> tuple[str, str]:
     return state, nodes
 
 
-def _wait(pred, timeout_s: float, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(interval_s)
-    return None
+_wait = poll
 
 
 def _pct(xs: list[float], q: float) -> float:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from bench.common import REPO, cluster, save
+from bench.common import REPO, cluster, poll, save
 from nuro.devcluster.layout import Layout
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.slurm import CliBackend, JobPhase
@@ -83,14 +83,7 @@ def submit(env: dict[str, str], team: str, script: str, comment: str | None = No
     return int(res.stdout.strip().split(";")[0])
 
 
-def wait(pred, timeout_s: float, step_s: float = 0.1):  # noqa: ANN001, ANN201
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = pred()
-        if got:
-            return got
-        time.sleep(step_s)
-    return None
+wait = poll
 
 
 def phase(backend: CliBackend, job_id: int) -> JobPhase | None:

@@ -70,6 +70,17 @@ def nice_compute_hosts(layout: Layout, nice: int) -> int:
     return count
 
 
+def poll(pred: Callable[[], object], timeout_s: float, interval_s: float = 0.1) -> object:
+    """``pred()``'s first truthy value within ``timeout_s`` (checked every ``interval_s``), else None."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(interval_s)
+    return None
+
+
 def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
