@@ -54,6 +54,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -434,10 +435,12 @@ class Agent:
         self._kick_once()
         return True
 
-    def note_commit(self, job_id: int, step: int) -> None:
+    def note_commit(self, job_id: int, step: int, at: float | None = None) -> None:
         """Step ``step`` of ``job_id`` is committed (this agent's upload worker, or the job's accepted report): the
-        beats carry the newest one per job while the job runs here."""
-        at = round(self.clock())
+        beats carry the newest one per job while the job runs here. ``at``: when the checkpoint was taken (its
+        request's creation, never later than now); default now."""
+        now = self.clock()
+        at = round(min(now, at) if at is not None else now)
         with self._lock:
             old = self._commits.get(job_id)
             if old is None or step > old[0]:
@@ -449,9 +452,16 @@ class Agent:
 
     def on_upload_commit(self, req: Any) -> None:
         """``UploadWorker.on_commit``: root committed a step (the request's job id is the root-written record's:
-        a root worker abandons a request that names another job)."""
+        a root worker abandons a request that names another job). Its time is when the job made the checkpoint
+        (the request's ``created_at``), so that a save already under way when a preemption signal came is never
+        taken for the checkpoint the signal asked for (``progress.Progress.acked_since``); the job writes that time,
+        so a false one only hurries its own requeue."""
         try:
-            self.note_commit(int(req.job_id), int(req.step))
+            made = datetime.strptime(str(req.created_at), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+        except (AttributeError, ValueError):
+            made = None
+        try:
+            self.note_commit(int(req.job_id), int(req.step), made)
         except (TypeError, ValueError):
             log.warning("upload commit with job id %r not noted", getattr(req, "job_id", None))
 

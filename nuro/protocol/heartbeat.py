@@ -28,8 +28,9 @@ is not a node loss; a controller that does not know the key ignores it, as parse
 ``nuro.protocol.peerloss``), ``throttled`` (this node's GPUs held down by a slowing clock reason now, from NVML) and
 ``stragglers`` (a job of this node flagged a rank on some node as slow: job, node, slowdown; the controller drains
 that node only when it is the job's and its own beats say ``throttled``), ``commits`` (the newest committed
-checkpoint of each job running on this node: job, step, when the agent learnt it, from its own upload worker or the
-job's rank 0; ``nuro.protocol.peerloss`` progress reports) and ``acks`` (a job of this node acknowledged its stop:
+checkpoint of each job running on this node: job, step, when the checkpoint was taken (its request's creation, or
+when the agent learnt of it), from its own upload worker or the job's rank 0; ``nuro.protocol.peerloss`` progress
+reports) and ``acks`` (a job of this node acknowledged its stop:
 job, step, when; repeated for ``ACK_TTL_S`` so one lost datagram loses nothing). These two are how a job's progress
 reaches the controller: never through the job comment, whose 1,024 bytes its user may fill.
 """

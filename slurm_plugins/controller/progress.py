@@ -40,7 +40,8 @@ MAX_JOBS = 100_000
 
 @dataclass(frozen=True)
 class Progress:
-    """One job's progress as the agents reported it; times are Unix seconds (the reporting agent's clock).
+    """One job's progress as the agents reported it; times are Unix seconds (the reporting agent's clock; a commit's
+    is when its checkpoint was taken, never later than the agent learnt of it).
 
     ``nodes``: the nodes whose agents reported it; ``by_node``: each node's own report, so that the engine believes
     only the reports of nodes the job runs on (``restricted_to``): a node's key speaks for its own jobs only, so a
@@ -61,9 +62,11 @@ class Progress:
         return merged([p for p in self.by_node if p.nodes & wanted])
 
     def acked_since(self, t: float) -> bool:
-        """An explicit ack at or after ``t`` (when the controller signalled, whole seconds), or a commit learnt
-        after it: the checkpoint a preemption asks for is a commit newer than the request (strictly later, since a
-        commit in the signal's own second may have been made before the signal)."""
+        """An explicit ack at or after ``t`` (when the controller signalled, whole seconds), or a commit of a
+        checkpoint *taken* after it (``commit_at`` is when the checkpoint was made, its request's creation: a save
+        already under way at the signal, committing just after it, is not the one the signal asked for, and
+        requeueing on it would cut the job's own stop checkpoint half-written). Strictly later, since a checkpoint
+        taken in the signal's own second may predate it."""
         return (self.ack_at is not None and self.ack_at >= t) or (self.commit_at is not None and self.commit_at > t)
 
 

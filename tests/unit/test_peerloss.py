@@ -355,3 +355,19 @@ def test_a_beat_with_every_field_at_its_bound_still_fits_one_datagram() -> None:
     )  # fmt: skip
     assert len(data) <= hb.MAX_DATAGRAM and hb.decode(data, KEY) == beat
     assert len(beat.acks) == hb.MAX_ACKS and not beat.healthy  # acks and health are never the ones dropped
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's files (the agent refuses others')")
+def test_a_commit_carries_when_its_checkpoint_was_taken_never_later_than_now(tmp_path: Path) -> None:
+    """A save already under way when a preemption signal came commits after it; its time is the request's creation
+    (before the signal), so the controller never takes it for the checkpoint the signal asked for."""
+    clock = [100.0]
+    agent, _ = _agent(tmp_path, clock)
+    agent.clock = lambda: 1_800_000_100.0
+    _record(tmp_path, 41, 1001)
+    _record(tmp_path, 42, 1001)
+    req = type("Req", (), {"job_id": "41", "step": 7, "created_at": "2027-01-15T08:00:00Z"})()  # 1_800_000_000
+    agent.on_upload_commit(req)
+    future = type("Req", (), {"job_id": "42", "step": 3, "created_at": "2099-01-01T00:00:00Z"})()  # a job's lie
+    agent.on_upload_commit(future)
+    assert agent.beat_once().commits == ((41, 7, 1_800_000_000), (42, 3, 1_800_000_100))
