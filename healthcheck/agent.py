@@ -472,8 +472,8 @@ class Agent:
         if not self._accepts(job_id, sender_uid, f"progress {kind}"):
             return False
         self.reports_accepted += 1
-        if kind == peerloss.KIND_CKPT:
-            self.note_commit(job_id, step)
+        if kind == peerloss.KIND_CKPT:  # ``why`` of a ckpt report: when its state was taken (the job's word)
+            self.note_commit(job_id, step, float(why) if why else None)
             return True
         with self._lock:
             self._acks[job_id] = (step, round(self.clock()), self.monotonic() + hb.ACK_TTL_S)

@@ -56,23 +56,24 @@ def _node(job_id: int) -> str:
     return nodes[0]
 
 
-def _send(kind: str, step: int, job_id: int | None, why: str = "") -> None:
+def _send(kind: str, step: int, job_id: int | None, why: str = "", taken_at: int | None = None) -> None:
     jid = _job_id(job_id)
     node = _node(jid)
     try:
         path = peerloss.socket_path(peerloss.socket_dir(os.environ), node)
     except ValueError as exc:
         raise JobChannelError(f"could not report {kind} for job {jid}: {exc}") from None
-    if not peerloss.send_progress(path, kind, jid, step, why):
+    if not peerloss.send_progress(path, kind, jid, step, why, taken_at):
         raise JobChannelError(
             f"could not report {kind} step {step} for job {jid}: no node agent answers at {path} "
             "(the controller then learns of the commit from the agent's upload worker, or requeues at grace end)"
         )
 
 
-def record_checkpoint(step: int, job_id: int | None = None) -> None:
-    """Tell the controller the newest committed checkpoint (it prefers preempting jobs that lose the least)."""
-    _send(peerloss.KIND_CKPT, step, job_id)
+def record_checkpoint(step: int, job_id: int | None = None, taken_at: int | None = None) -> None:
+    """Tell the controller the newest committed checkpoint (it prefers preempting jobs that lose the least).
+    ``taken_at``: when its state was taken (Unix s; default: now, as the agent receives it)."""
+    _send(peerloss.KIND_CKPT, step, job_id, taken_at=taken_at)
 
 
 def acknowledge_preemption(step: int, job_id: int | None = None, why: str | None = None) -> None:

@@ -139,11 +139,13 @@ MAX_STEP = 10**15  # the record's integer range (nuro.protocol.jobcomment.MAX_IN
 REPORT_RATE = {"job": (2.0, 10.0), "uid": (10.0, 40.0)}
 
 
-def encode_progress(kind: str, job_id: int, step: int, why: str = "") -> bytes:
-    """``nuro-progress/1 ckpt <job> <step>`` or ``nuro-progress/1 ack <job> <step> <why>``."""
+def encode_progress(kind: str, job_id: int, step: int, why: str = "", taken_at: int | None = None) -> bytes:
+    """``nuro-progress/1 ckpt <job> <step> [<taken at, Unix s>]`` or ``nuro-progress/1 ack <job> <step> <why>``."""
     if kind not in (KIND_CKPT, KIND_ACK) or not 0 <= int(step) < MAX_STEP or not 0 < int(job_id) < 2**32:
         raise ValueError(f"not a progress report: {kind!r} job={job_id!r} step={step!r}")
     words = [kind, str(int(job_id)), str(int(step))]
+    if kind == KIND_CKPT and taken_at is not None:
+        words.append(str(max(0, int(taken_at))))
     if kind == KIND_ACK and why:
         if not _WHY.fullmatch(why):
             raise ValueError(f"ack why {why!r} is not a short lower-case word")
@@ -152,7 +154,8 @@ def encode_progress(kind: str, job_id: int, step: int, why: str = "") -> bytes:
 
 
 def parse_progress(data: bytes) -> tuple[str, int, int, str] | None:
-    """(kind, job id, step, why) of a well-formed progress report, else None."""
+    """(kind, job id, step, why) of a well-formed progress report, else None; for ``ckpt`` the fourth item is the
+    taken-at time's digits ("" when the report has none)."""
     if len(data) > MAX_REPORT or not data.startswith(PROGRESS_PREFIX):
         return None
     parts = data[len(PROGRESS_PREFIX) :].decode("ascii", "replace").split(" ")
@@ -162,15 +165,17 @@ def parse_progress(data: bytes) -> tuple[str, int, int, str] | None:
     why = parts[3] if len(parts) == 4 else ""
     if not (job.isdigit() and len(job) <= 10 and step.isdigit() and len(step) <= 15):
         return None
-    if (why and (kind != KIND_ACK or not _WHY.fullmatch(why))) or not 0 < int(job) < 2**32:
+    bad_why = kind == KIND_ACK and why and not _WHY.fullmatch(why)
+    bad_taken = kind == KIND_CKPT and why and not (why.isdigit() and len(why) <= 12)
+    if bad_why or bad_taken or not 0 < int(job) < 2**32:
         return None
     return kind, int(job), int(step), why
 
 
-def send_progress(path: Path, kind: str, job_id: int, step: int, why: str = "") -> bool:
+def send_progress(path: Path, kind: str, job_id: int, step: int, why: str = "", taken_at: int | None = None) -> bool:
     """One progress report to the agent at ``path``; False (never an exception) when it could not be sent."""
     try:
-        return _send(path, encode_progress(kind, job_id, step, why))
+        return _send(path, encode_progress(kind, job_id, step, why, taken_at))
     except ValueError:
         return False
 

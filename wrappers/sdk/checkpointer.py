@@ -317,6 +317,7 @@ class Checkpointer:
         path.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         timing = self.timings.setdefault(step, {})
+        timing["taken_at"] = time.time()  # when the state was taken: the controller's "a checkpoint after the signal"
         self._last_saved_step = step
         self._last_save_time = t0
         if self._engine is not None:
@@ -473,7 +474,8 @@ class Checkpointer:
         if newest is None or (self._last_recorded is not None and newest <= self._last_recorded):
             return
         try:
-            record_checkpoint(newest)
+            taken = self.timings.get(newest, {}).get("taken_at")
+            record_checkpoint(newest, taken_at=int(taken) if taken is not None else None)
             self._last_recorded = newest
         except Exception as exc:  # best effort: the checkpoint is committed whatever the report
             if self._last_recorded is None:  # said once: without an agent every later report fails alike
