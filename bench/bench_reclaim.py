@@ -169,8 +169,9 @@ def main() -> None:
     ap.add_argument("--port-base", type=int, default=18800)
     args = ap.parse_args()
     ensure_unix_users(POLICY_USERS)
-    with tempfile.TemporaryDirectory(prefix="nuro-before-") as tmp, cluster(8, args.port_base, "reclaim") as (
-        layout, env, _
+    with (
+        tempfile.TemporaryDirectory(prefix="nuro-before-") as tmp,
+        cluster(8, args.port_base, "reclaim") as (layout, env, _),
     ):
         Path(tmp).chmod(0o755)
         shim = before_tree(args.before_ref, Path(tmp))

@@ -228,8 +228,10 @@ def scan(c: str) -> str | None:
     A single left-to-right pass with the same checks, order and words as ``scan`` in job_submit.lua."""
     size = _byte_len(c)
     if size > MAX_COMMENT_BYTES:
-        return (f"it is {size} bytes, {size - MAX_COMMENT_BYTES} over the {MAX_COMMENT_BYTES} Slurm allows in a job "
-                f"comment ({SHORTEN_HINT})")
+        return (
+            f"it is {size} bytes, {size - MAX_COMMENT_BYTES} over the {MAX_COMMENT_BYTES} Slurm allows in a job "
+            f"comment ({SHORTEN_HINT})"
+        )
     if not c:
         return "it is empty"
     if c[0] != "{":

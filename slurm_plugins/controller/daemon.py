@@ -416,8 +416,12 @@ def _setup_logging(fmt: LogFormat, verbose: bool) -> None:
 )
 @click.option("--miss-limit", type=click.IntRange(2, 100), default=None, help="Silent intervals before lost [4].")
 @click.option("--event-log", type=click.Path(dir_okay=False, path_type=Path), default=None, help="JSONL event log.")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Root-only dir for the preemption ledger and the agents' progress [none: memory only].")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Root-only dir for the preemption ledger and the agents' progress [none: memory only].",
+)
 @click.option(
     "--slurm-metrics-url",
     default=None,

@@ -90,8 +90,9 @@ def _repo(repo: Path) -> Pins:
     return pins
 
 
-def submit(cluster: LiveCluster, shared: Path, code: Pins, name: str, *args: str, max_requeues: int = 2,
-           record: bool = False) -> int:
+def submit(
+    cluster: LiveCluster, shared: Path, code: Pins, name: str, *args: str, max_requeues: int = 2, record: bool = False
+) -> int:
     """Render and submit the tiny job; ``record``: with its run record as the job comment, as nuro-train submits it
     (team = the test account, as the bridge wants the record's team to be the job's account; no dataset pin, so the
     prolog has nothing to verify)."""

@@ -152,9 +152,14 @@ def test_space_a_job_hides_from_the_walk_still_fails_that_job(
     cluster.backend.wait_for_job(bystander, {JobPhase.RUNNING}, timeout_s=60)
     hog = _sbatch(cluster, ATTACKER, out, _HIDDEN[how].replace("{root}", str(small_staging)).replace(
         "{mib}", str(FILL_MIB)))  # fmt: skip
-    wait_until(lambda: (out.exists() and "FILLED" in out.read_text())
-               or cluster.backend.job_state(hog) not in ("RUNNING", "PENDING"), 90,
-               f"the hog job to fill the disk ({how})")  # fmt: skip (or already cancelled mid-write)
+    wait_until(
+        lambda: (
+            (out.exists() and "FILLED" in out.read_text())
+            or cluster.backend.job_state(hog) not in ("RUNNING", "PENDING")
+        ),
+        90,
+        f"the hog job to fill the disk ({how})",
+    )  # fmt: skip (or already cancelled mid-write)
     job = cluster.backend.wait_for_job(hog, timeout_s=120)
     assert job.phase == JobPhase.CANCELLED, job
     events = [json.loads(line) for line in cluster.layout.events_log.read_text().splitlines() if line.strip()]
