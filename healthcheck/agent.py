@@ -54,7 +54,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -456,8 +455,10 @@ class Agent:
         (the request's ``created_at``), so that a save already under way when a preemption signal came is never
         taken for the checkpoint the signal asked for (``progress.Progress.acked_since``); the job writes that time,
         so a false one only hurries its own requeue."""
+        from nuro.checkpoint.manifest import utc_seconds  # the upload worker's own module: loaded already
+
         try:
-            made = datetime.strptime(str(req.created_at), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC).timestamp()
+            made = utc_seconds(str(req.created_at))
         except (AttributeError, ValueError):
             made = None
         try:

@@ -42,8 +42,17 @@ _SHA = re.compile(r"[0-9a-f]{64}")
 MAX_PARTS = 100_000
 
 
+#: How manifests, parts and upload requests write a time (whole seconds, UTC).
+UTC_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+
+
 def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.now(UTC).strftime(UTC_FORMAT)
+
+
+def utc_seconds(text: str) -> float:
+    """Unix seconds of a time written by ``utc_now``. Raises ValueError for anything else."""
+    return datetime.strptime(text, UTC_FORMAT).replace(tzinfo=UTC).timestamp()
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from nuro.protocol.contract import NOTE_PREEMPT, PREEMPT_SIGNAL
 from nuro.slurm import Backend, SlurmError, SlurmUnavailable
 from nuro.slurm.backend import CALL_TIMEOUT_MIN_S
 from nuro.slurm_plugins.controller.decisions import Borrow, Decision, Preempt, Requeue, Return, SetSiteFactor
+from nuro.slurm_plugins.controller.ratelog import once
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def apply_decision(backend: Backend, decision: Decision, now: float, dry_run: bo
 
 
 #: Slurm refusals of the owner's note, logged once per message (a full or odd admin comment must not flood the log).
-_NOTE_REFUSALS: set[str] = set()
+_NOTE_REFUSALS = once()
 
 
 def _note_preempt(backend: Backend, decision: Preempt, now: float) -> str:
@@ -96,8 +97,7 @@ def _note_preempt(backend: Backend, decision: Preempt, now: float) -> str:
         raise
     except (SlurmError, ValueError) as exc:
         text = str(exc)[:200]
-        if text not in _NOTE_REFUSALS and len(_NOTE_REFUSALS) < 1000:
-            _NOTE_REFUSALS.add(text)
+        if _NOTE_REFUSALS.allow(text)[0]:
             log.warning("job=%s preemption note not written to its admin comment (signalled anyway; logged once): "
                         "%s", decision.job_id, text)  # fmt: skip
         return " (owner's note not written)"

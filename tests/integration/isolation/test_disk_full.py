@@ -74,6 +74,13 @@ def _node_state(cluster: LiveCluster) -> tuple[set[str], str]:
     return set(row["State"].split("+")), row.get("Reason") or ""
 
 
+def _wait_filled(cluster: LiveCluster, hog: int, out: Path, timeout_s: float, what: str) -> None:
+    """Until the hog printed FILLED, or was already cancelled mid-write (a health check that runs while dd writes
+    catches it before its echo)."""
+    wait_until(lambda: (out.exists() and "FILLED" in out.read_text())
+               or cluster.backend.job_state(hog) not in ("RUNNING", "PENDING"), timeout_s, what)  # fmt: skip
+
+
 def _drained_for_disk(cluster: LiveCluster) -> list[str]:
     """Nodes drained (by the health check or the controller from an agent's beat) with a staging-disk reason."""
     out = cluster.run(["sinfo", "-h", "-R", "-o", "%N|%E"]).stdout
@@ -97,10 +104,7 @@ def test_a_job_that_fills_the_staging_disk_is_cancelled_and_the_node_stays_up(
         "echo FILLED; sleep 600",
     )  # fmt: skip
     cluster.backend.wait_for_job(hog, {JobPhase.RUNNING}, timeout_s=60)
-    # filled, or already cancelled mid-write: a health check that runs while dd writes catches it before its echo
-    wait_until(lambda: ("FILLED" in (shared / "hog.out").read_text() if (shared / "hog.out").exists() else False)
-               or cluster.backend.job_state(hog) not in ("RUNNING", "PENDING"), 60,
-               "the hog job to fill its staging dir")  # fmt: skip
+    _wait_filled(cluster, hog, shared / "hog.out", 60, "the hog job to fill its staging dir")
     # slurmd runs the health check every HealthCheckInterval (30 s); the next one attributes the space to the hog.
     job = cluster.backend.wait_for_job(hog, timeout_s=120)
     assert job.phase == JobPhase.CANCELLED, job
@@ -152,14 +156,7 @@ def test_space_a_job_hides_from_the_walk_still_fails_that_job(
     cluster.backend.wait_for_job(bystander, {JobPhase.RUNNING}, timeout_s=60)
     hog = _sbatch(cluster, ATTACKER, out, _HIDDEN[how].replace("{root}", str(small_staging)).replace(
         "{mib}", str(FILL_MIB)))  # fmt: skip
-    wait_until(
-        lambda: (
-            (out.exists() and "FILLED" in out.read_text())
-            or cluster.backend.job_state(hog) not in ("RUNNING", "PENDING")
-        ),
-        90,
-        f"the hog job to fill the disk ({how})",
-    )  # fmt: skip (or already cancelled mid-write)
+    _wait_filled(cluster, hog, out, 90, f"the hog job to fill the disk ({how})")
     job = cluster.backend.wait_for_job(hog, timeout_s=120)
     assert job.phase == JobPhase.CANCELLED, job
     events = [json.loads(line) for line in cluster.layout.events_log.read_text().splitlines() if line.strip()]

@@ -198,6 +198,14 @@ def _read(p: Path) -> str:
         return ""
 
 
+def _wait_planted(out: Path, timeout_s: float) -> None:
+    """Until the attacking job printed PLANTED (its hostile files are in place)."""
+    deadline = time.monotonic() + timeout_s
+    while "PLANTED" not in _read(out) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert "PLANTED" in _read(out), _read(out)
+
+
 def _verdicts(out: Path) -> dict[int, list[str] | None]:
     text = _read(out)
     line = next((ln for ln in text.splitlines() if ln.startswith("VERDICTS ")), None)
@@ -251,10 +259,7 @@ def test_fifos_huge_requests_and_links_to_shadow_block_nothing_and_upload_nothin
     store = guard.store
     run, honest_run = f"iso-{uuid.uuid4().hex[:6]}", f"iso-{uuid.uuid4().hex[:6]}"
     hostile = _submit(cluster, shared, "hostile", "hostile", run, "unused")
-    deadline = time.monotonic() + 90
-    while "PLANTED" not in _read(shared / "hostile.out") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert "PLANTED" in _read(shared / "hostile.out"), _read(shared / "hostile.out")
+    _wait_planted(shared / "hostile.out", 90)
     honest = _submit(cluster, shared, "honest", "honest", honest_run, "unused")  # same node, meanwhile
     job = cluster.backend.wait_for_job(honest, timeout_s=240)
     assert job.phase is JobPhase.COMPLETED, _read(shared / "honest.out")
@@ -287,10 +292,7 @@ def test_a_job_that_hogs_the_upload_worker_costs_another_teams_commit_nothing(
     store = guard.store
     run, honest_run = f"iso-{uuid.uuid4().hex[:6]}", f"iso-{uuid.uuid4().hex[:6]}"
     hog = _submit(cluster, shared, "hog", "hog", run, "unused")
-    deadline = time.monotonic() + 120
-    while "PLANTED" not in _read(shared / "hog.out") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert "PLANTED" in _read(shared / "hog.out"), _read(shared / "hog.out")
+    _wait_planted(shared / "hog.out", 120)
     honest = _submit(cluster, shared, "other-team", "honest", honest_run, "unused", user=VICTIM, team=VICTIM_TEAM)
     job = cluster.backend.wait_for_job(honest, timeout_s=240)
     out = _read(shared / "other-team.out")
