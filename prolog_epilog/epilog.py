@@ -2,10 +2,12 @@
 
 Checkpoint staging (``nuro.checkpoint.nodestage.finish_job``): the node is not released before the job's pending
 checkpoint uploads are committed, or the time is up (``NURO_EPILOG_FLUSH_TIMEOUT_S``, default 120 s; keep it below
-Slurm's ``PrologEpilogTimeout``) — leftovers get ``incomplete.json`` in S3 and are never valid. The newest committed
-copy stays in the node cache for a requeue on this node (the least recently cached runs go first when the disk
-has less than ``NURO_STAGING_CACHE_KEEP_FREE_GB`` free, default twice ``NURO_STAGING_MIN_FREE_GB``); the job's
-staging dir is removed.
+Slurm's ``PrologEpilogTimeout``) — leftovers get ``incomplete.json`` in S3 and are never valid. Nothing waits for a
+step that can never commit (``nuro.checkpoint.lostwriters``): one this node never finished writing, or one whose
+missing part's writer node Slurm reports DOWN or not responding (``SlurmLostNodes``) is given up at once.
+The newest committed copy stays in the node cache for a requeue on this node (the least recently cached runs go
+first when the disk has less than ``NURO_STAGING_CACHE_KEEP_FREE_GB`` free, default twice
+``NURO_STAGING_MIN_FREE_GB``); the job's staging dir is removed.
 
 Hand-off (``nuro.checkpoint.handoff``, on with ``NURO_EPILOG_HANDOFF=1`` where the node agent runs an upload
 worker): a job that is *not* being requeued does not wait for its uploads. The epilog leaves its staging dir and
@@ -31,10 +33,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from nuro.checkpoint import handoff
+from nuro.checkpoint import handoff, lostwriters
 from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, staging_root
 from nuro.checkpoint.upload import UploadWorker
 from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
@@ -88,18 +90,48 @@ def deadline_s(env: Mapping[str, str]) -> float:
     return _seconds(env, "NURO_EPILOG_DEADLINE_S", flush + DEADLINE_MARGIN_S)
 
 
+class SlurmLostNodes:
+    """Which of some nodes Slurm reports gone (``nuro.checkpoint.lostwriters.node_is_lost``), for the flush: a step
+    whose missing part only a lost node could upload is given up at once. One node read per ``every_s`` at most (the
+    flush polls twice a second); a read that fails answers "none lost", so the flush waits as it did before."""
+
+    def __init__(self, every_s: float = 1.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.every_s = every_s
+        self.clock = clock
+        self._at: float | None = None
+        self._lost: frozenset[str] = frozenset()
+
+    def __call__(self, names: Sequence[str]) -> frozenset[str]:
+        if self._at is None or self.clock() - self._at >= self.every_s:
+            self._at = self.clock()
+            self._lost = self._read()
+        return self._lost.intersection(names)
+
+    def _read(self) -> frozenset[str]:
+        from nuro.slurm import CliBackend, SlurmError  # lazy: asked only while a step waits for a missing part
+
+        try:
+            return frozenset(n.name for n in CliBackend(timeout_s=5).nodes() if lostwriters.node_is_lost(n.flags))
+        except (SlurmError, OSError, ValueError) as exc:
+            log.warning("node states unreadable (%s): waiting for missing checkpoint parts as usual", exc)
+            return frozenset()
+
+
 def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
     timeout_s = flush_timeout_s(os.environ) if timeout_s is None else timeout_s
     result, cached = finish_job(
         ObjectStore.from_env(), staging_root(), job, flush_timeout_s=timeout_s, cache_runs=cache_runs(os.environ),
-        cache_keep_free_bytes=cache_keep_free_bytes(os.environ),
+        cache_keep_free_bytes=cache_keep_free_bytes(os.environ), lost_nodes=SlurmLostNodes(),
     )  # fmt: skip
     if result is None:
         return
-    if result.incomplete:
+    for step, why in sorted(result.settled.items()):
+        log.info("job=%s checkpoint step %d given up at once, not waited for: %s", job, step, why)
+    timed_out = [s for s in result.incomplete if s not in result.settled]
+    if timed_out:
         log.warning(
             "job=%s checkpoint uploads not committed within %.0f s, marked incomplete: steps %s %s",
-            job, timeout_s, result.incomplete, "; ".join(result.errors),
+            job, timeout_s, timed_out, "; ".join(result.errors),
         )  # fmt: skip
     log.info(
         "job=%s checkpoints committed=%s incomplete=%s waited=%.1fs cached=%s",

@@ -41,6 +41,8 @@ _TEAM = re.compile(r"[a-z][a-z0-9_]{0,30}", re.ASCII)
 _RUN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
 _TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
 _JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
+#: Slurm node names (slurm.conf ``NodeName``: a host name; '_' allowed for emulated nodes).
+_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 _STEP_DIR = re.compile(r"step-([0-9]{12})")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -81,6 +83,12 @@ def validate_job_id(job_id: object) -> str:
     if not isinstance(job_id, str) or not _JOB.fullmatch(job_id):
         raise InvalidCheckpointInput(f"bad job id {job_id!r}: expected letters, digits, '.', '_' or '-' (e.g. 1234)")
     return job_id
+
+
+def validate_node(node: object) -> str:
+    if not isinstance(node, str) or not _NODE.fullmatch(node):
+        raise InvalidCheckpointInput(f"bad node name {node!r}: expected a Slurm node name (letters, digits, '._-')")
+    return node
 
 
 def validate_step(step: object) -> int:

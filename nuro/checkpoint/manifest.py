@@ -28,6 +28,7 @@ from typing import Any
 from nuro.checkpoint.errors import InvalidCheckpointInput, ManifestError
 from nuro.checkpoint.layout import (
     validate_job_id,
+    validate_node,
     validate_path,
     validate_run,
     validate_step,
@@ -108,12 +109,18 @@ class _NodePart:
 @dataclass(frozen=True)
 class UploadRequest(_NodePart):
     """What one node asks its upload worker to do (``step-N/.upload-<part>.json``); ``keep`` is the retention count
-    (None = keep everything). The job writes it: root binds it to the job record first (``bind_request``)."""
+    (None = keep everything). The job writes it: root binds it to the job record first (``bind_request``).
+
+    ``writers``: the Slurm node of every part, by part (empty where unknown, e.g. outside Slurm). Why: a step whose
+    writer node is lost before its share is uploaded can never commit, and the epilog of a surviving node must know
+    that at once instead of waiting for it until a timeout (``nuro.checkpoint.lostwriters``). The job writes the
+    list, so it can only make its own step be given up early."""
 
     keep: int | None = None
+    writers: tuple[str, ...] = ()
 
     def to_json_obj(self) -> dict[str, Any]:
-        return {**self._json_obj(REQUEST_FORMAT), "keep": self.keep}
+        return {**self._json_obj(REQUEST_FORMAT), "keep": self.keep, "writers": list(self.writers)}
 
 
 @dataclass(frozen=True)
@@ -313,7 +320,18 @@ def _part_fields(f: _Fields) -> dict[str, Any]:
 def parse_request(data: bytes | str | Mapping[str, Any], *, what: str = "upload request") -> UploadRequest:
     f = _Fields(data, what, REQUEST_FORMAT)
     fields = _part_fields(f)
-    return UploadRequest(**fields, keep=f.opt_int("keep", 1))
+    return UploadRequest(**fields, keep=f.opt_int("keep", 1), writers=_writers(f, fields["parts_expected"]))
+
+
+def _writers(f: _Fields, parts: int) -> tuple[str, ...]:
+    """The optional ``writers`` list: absent or empty, or exactly one Slurm node name per part."""
+    raw = f.obj.get("writers") or []
+    if not isinstance(raw, list) or len(raw) not in (0, parts):
+        raise ManifestError(f"{f.what}: field 'writers' must list one node per part ({parts}), got {raw!r:.200}")
+    try:
+        return tuple(validate_node(n) for n in raw)
+    except InvalidCheckpointInput as exc:
+        raise ManifestError(f"{f.what}: field 'writers': {exc}") from None
 
 
 def bind_request(

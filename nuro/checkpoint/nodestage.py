@@ -35,7 +35,7 @@ import os
 import shutil
 import stat
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -393,18 +393,21 @@ def finish_job(
     flush_timeout_s: float = DEFAULT_FLUSH_TIMEOUT_S,
     cache_runs: int = DEFAULT_CACHE_RUNS,
     cache_keep_free_bytes: int = 0,
+    lost_nodes: Callable[[Sequence[str]], Collection[str]] | None = None,
 ) -> tuple[FlushResult | None, str | None]:
     """Epilog: flush the job's uploads (bounded), cache its newest committed copy, remove its staging dir.
 
     The cache uses the job's record (``nuro.protocol.jobrecord``; the epilog removes the record after this returns).
-    Returns (flush result, cached "team/run@step" or None). Never raises for a store outage.
+    ``lost_nodes`` answers which of the named nodes Slurm reports gone (``UploadWorker.flush``): no wait for a step
+    whose missing part only a lost node could upload. Returns (flush result, cached "team/run@step" or None). Never
+    raises for a store outage.
     """
     name = L.validate_job_id(job_id)
     with open_root(root) as r:
         st = safefs.lstat_at(r.fd, name)
     if st is None or not stat.S_ISDIR(st.st_mode):
         return None, None
-    result = UploadWorker(store, root).flush(job_id, flush_timeout_s)
+    result = UploadWorker(store, root).flush(job_id, flush_timeout_s, lost_nodes=lost_nodes)
     cached = None
     try:
         rec = jobrecord.read(root, name)

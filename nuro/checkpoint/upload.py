@@ -52,12 +52,13 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from nuro.checkpoint import layout as L
+from nuro.checkpoint import lostwriters
 from nuro.checkpoint.errors import ManifestError
 from nuro.checkpoint.manifest import (
     Incomplete,
@@ -182,6 +183,8 @@ class FlushResult:
     incomplete: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     waited_s: float = 0.0
+    #: steps given up at once because they can never commit (``nuro.checkpoint.lostwriters``): step → why
+    settled: dict[int, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -296,6 +299,7 @@ class UploadWorker:
         self._flights: dict[str, _Flight] = {}  # job id -> its upload that outlived its turn
         self._landed: dict[str, _Flight] = {}  # job id -> its flight that finished, until its result is taken
         self._rr = 0  # round robin: which job goes first in the next node-wide pass
+        self._peer_wait_max_s = WAIT_MAX_S  # the flush polls its peers at its own pace (``flush``)
 
     @property
     def _s3(self) -> ObjectStore:
@@ -402,23 +406,41 @@ class UploadWorker:
                 continue
         return out
 
-    def flush(self, job_id: str, timeout_s: float, poll_s: float = 0.5) -> FlushResult:
+    def flush(
+        self,
+        job_id: str,
+        timeout_s: float,
+        poll_s: float = 0.5,
+        lost_nodes: Callable[[Sequence[str]], Collection[str]] | None = None,
+    ) -> FlushResult:
         """Wait (bounded) until every request of ``job_id`` is committed; then give up on the rest.
 
-        Called by the epilog before the node is released. Leftovers get ``incomplete.json`` in S3 (best effort:
-        the store may be the reason they are left) and ``.upload.abandoned.json`` locally — never a manifest.
+        Called by the epilog before the node is released, when the job's processes on this node are gone. Leftovers
+        get ``incomplete.json`` in S3 (best effort: the store may be the reason they are left) and
+        ``.upload.abandoned.json`` locally — never a manifest. Nothing waits for a step that can never commit
+        (``nuro.checkpoint.lostwriters``): a step torn on this node is given up first thing, and one whose missing
+        part's writer ``lost_nodes`` (asked with those writers' names, answering the ones Slurm reports gone)
+        names is given up as soon as that is known; the peers' workers see the ``incomplete.json`` and stop too.
         """
         start = self.clock()
         deadline = start + timeout_s
         result = FlushResult(job_id)
         committed: set[int] = set()
-        while True:
-            rep = self.run_once(job_id, deadline=deadline)
-            committed.update(step for _, step in rep.committed)  # pruned dirs are gone after
-            left = self.pending(job_id)
-            if not left or self.clock() >= deadline:
-                break
-            time.sleep(min(poll_s, max(0.0, deadline - self.clock())))
+        self._settle_torn(job_id, result)  # before waiting: the peers' epilogs stop waiting for our torn parts
+        self._peer_wait_max_s = poll_s
+        try:
+            while True:
+                rep = self.run_once(job_id, deadline=deadline)
+                committed.update(step for _, step in rep.committed)  # pruned dirs are gone after
+                left = self.pending(job_id)
+                if left and lost_nodes is not None:
+                    self._settle_lost_writers(job_id, lost_nodes, result)
+                    left = self.pending(job_id)
+                if not left or self.clock() >= deadline:
+                    break
+                time.sleep(min(poll_s, max(0.0, deadline - self.clock())))
+        finally:
+            self._peer_wait_max_s = WAIT_MAX_S
         for jid, opener in self._jobs(job_id):
             try:
                 with opener() as jd:
@@ -438,6 +460,83 @@ class UploadWorker:
         result.committed = sorted(committed)
         result.waited_s = round(self.clock() - start, 3)
         return result
+
+    def _settle_torn(self, job_id: str, result: FlushResult) -> None:
+        """Give up every step of ``job_id`` torn on this node: a step dir without this node's request at the end of
+        the job (root only: the identity of the ``incomplete.json`` comes from the job record)."""
+        if self.trust != "record":
+            return
+        for jid, opener in self._jobs(job_id):
+            try:
+                with opener() as jd:
+                    owner = self._owner(jd)
+                    for sd in self._steps(jd):
+                        if sd.has_request or sd.is_done or sd.is_abandoned or owner is None:
+                            continue
+                        err = self._give_up_torn(sd, owner)
+                        result.incomplete.append(sd.step)
+                        result.settled[sd.step] = lostwriters.TORN_REASON
+                        if err:
+                            result.errors.append(err)
+            except _NotOurs:
+                continue
+            except Exception as exc:  # noqa: BLE001 - the epilog must finish whatever the job left
+                result.errors.append(f"job {jid}: {type(exc).__name__}: {exc}")
+
+    def _give_up_torn(self, sd: StepDir, owner: Owner) -> str | None:
+        reason = lostwriters.TORN_REASON
+        err = None
+        inc = Incomplete(owner.team, owner.run, sd.step, owner.job_id, owner.restart, reason, (), utc_now())
+        try:
+            if not self._s3.exists(L.manifest_key(owner.team, owner.run, sd.step)):
+                self._s3.put(L.incomplete_key(owner.team, owner.run, sd.step), dumps(inc.to_json_obj()))
+        except ObjectStoreError as exc:
+            err = f"step {sd.step}: could not write incomplete.json ({exc}); it has no manifest either"
+        try:
+            sd.mark(L.ABANDONED_FILE, {"reason": reason, "at": utc_now()})
+        except OSError as exc:
+            err = f"{err + '; ' if err else ''}could not mark step {sd.step} abandoned: {exc}"
+        log.warning("checkpoint step=%d job=%s given up at once: %s%s", sd.step, sd.job_id, reason,
+                    f" ({err})" if err else "")  # fmt: skip
+        return err
+
+    def _settle_lost_writers(
+        self, job_id: str, lost_nodes: Callable[[Sequence[str]], Collection[str]], result: FlushResult
+    ) -> None:
+        """Give up every pending step of ``job_id`` a part of which only a lost node could have uploaded."""
+        for _jid, opener in self._jobs(job_id):
+            try:
+                with opener() as jd:
+                    owner = self._owner(jd)
+                    for sd in self._steps(jd):
+                        reason = self._lost_writer(sd, owner, lost_nodes) if sd.is_pending else None
+                        if reason is None:
+                            continue
+                        err = self._give_up(sd, owner, reason)
+                        result.incomplete.append(sd.step)
+                        result.settled[sd.step] = reason
+                        if err:
+                            result.errors.append(err)
+            except _NotOurs:
+                continue
+            except Exception as exc:  # noqa: BLE001 - a failed look is no decision: the flush waits on
+                log.warning("job=%s lost-writer check failed: %s: %s", job_id, type(exc).__name__, exc)
+
+    def _lost_writer(
+        self, sd: StepDir, owner: Owner | None, lost_nodes: Callable[[Sequence[str]], Collection[str]]
+    ) -> str | None:
+        for part in sd.parts:
+            try:
+                req = self._request(sd, part, owner)
+            except ManifestError:
+                return None  # the pass abandons a bad request with its own reason
+            if req is None or not req.writers:
+                continue
+            missing = lostwriters.missing_parts(req.parts_expected, self._parts_of_attempt(req))
+            ask = lostwriters.writers_to_ask(req.writers, missing)
+            if ask:
+                return lostwriters.lost_writer_reason(req.writers, missing, set(lost_nodes(ask)))
+        return None
 
     # -- jobs and steps ----------------------------------------------------------------------------------------
     def _jobs(self, job_id: str | None) -> list[tuple[str, Callable[[], JobDir]]]:
@@ -579,7 +678,7 @@ class UploadWorker:
         polling, S3 sees N LISTs per interval, not a storm."""
         bo = self._backoff.setdefault(key, _Backoff())
         bo.attempts += 1
-        bo.next_at = self.clock() + min(WAIT_MAX_S, BACKOFF_FIRST_S * 2 ** (bo.attempts - 1))
+        bo.next_at = self.clock() + min(self._peer_wait_max_s, BACKOFF_FIRST_S * 2 ** (bo.attempts - 1))
 
     def _retry_later(self, key: tuple[str, int, int], sd: StepDir, exc: Exception) -> None:
         bo = self._backoff.setdefault(key, _Backoff())

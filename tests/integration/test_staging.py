@@ -173,6 +173,37 @@ class TestHooksAsSlurmdRunsThem:
         found = restore_latest(store, TEAM, run, dest=tmp_path / "r")
         assert found is not None and found.step == 1 and "given up" in str(found.skipped[0])
 
+    def test_a_step_torn_on_one_node_is_given_up_at_once_by_every_node(
+        self, store: ObjectStore, tmp_path: Path
+    ) -> None:
+        """Issue 31: a 2-node job ends while step 5 is being written; node2 never finished its share (a step dir
+        without its request). node2's epilog gives the step up at once (incomplete.json), and node1's epilog, whose
+        own share of step 5 is staged, sees that and stops waiting: neither waits the flush timeout."""
+        run = f"t-{uuid.uuid4().hex[:8]}"
+        job = 2101
+        nodes = [tmp_path / "node1", tmp_path / "node2"]
+        for node in nodes:
+            node.mkdir()
+            _hook("nuro.prolog_epilog.prolog", node, job, run)
+        _train(store, nodes[0] / "staging" / str(job), run, (5,))
+        step_dir = nodes[0] / "staging" / str(job) / "ckpt" / L.step_name(5)
+        req = read_request(step_dir)
+        write_request(step_dir, dataclasses.replace(req, parts_expected=2, writers=("node1", "node2")))
+        torn = nodes[1] / "staging" / str(job) / "ckpt" / L.step_name(5)
+        torn.mkdir(parents=True)
+        (torn / "__1_0.distcp").write_bytes(b"half a shard")
+        for p in (torn.parent, torn, torn / "__1_0.distcp"):
+            os.chown(p, NOBODY, NOBODY)
+
+        log2 = _hook("nuro.prolog_epilog.epilog", nodes[1], job, run, NURO_EPILOG_FLUSH_TIMEOUT_S="100")
+        assert f"job={job} checkpoint step 5 given up at once, not waited for: this node's share" in log2, log2
+        assert store.exists(L.incomplete_key(TEAM, run, 5))
+        log1 = _hook("nuro.prolog_epilog.epilog", nodes[0], job, run, NURO_EPILOG_FLUSH_TIMEOUT_S="100")
+        assert f"step=5: incomplete.json of job {job}.0 exists" in log1, log1
+        assert "not committed within" not in log1, log1
+        assert not store.exists(L.manifest_key(TEAM, run, 5))
+        assert not any((n / "staging" / str(job)).exists() for n in nodes)
+
 
 _JOB_SCRIPT = """#!/bin/bash
 exec {python} - <<'PYEOF'
@@ -317,3 +348,44 @@ def test_a_finished_jobs_uploads_are_handed_to_the_agent_and_a_requeued_jobs_are
             assert f"job={job} is being requeued" in log, log
             assert store.exists(L.manifest_key(team, run, step))  # committed before the node was released
             assert not (root / str(job)).exists() and handoff.handoffs(root) == []
+
+
+@pytest.mark.slurm
+def test_a_step_whose_writer_node_is_down_is_given_up_at_once(cluster, tmp_path: Path) -> None:
+    """Issue 31: the other node of a 2-node step died before uploading its share (Slurm has it DOWN): the epilog of
+    the surviving node gives the step up as soon as Slurm says so, instead of waiting for the part until the flush
+    timeout; while the writer is up, the same step is waited for (timeout, marked incomplete)."""
+    from nuro.slurm import JobPhase
+    from tests.integration.conftest import TEST_ACCOUNT
+
+    store = ObjectStore.from_env(cluster.env)
+    team = TEST_ACCOUNT
+    job = cluster.backend.submit("#!/bin/bash\ntrue\n", "-o", "/dev/null")
+    assert cluster.backend.wait_for_job(job, timeout_s=120).phase is JobPhase.COMPLETED
+    lost = "gpu008"
+    node = tmp_path / "gpu999"
+    node.mkdir()
+    root = node / "staging"
+    for step, down in ((6, False), (7, True)):
+        run = f"w-{uuid.uuid4().hex[:8]}"
+        _epilog_on(cluster, node, job, run, "nuro.prolog_epilog.prolog", team)
+        _train(store, root / str(job), run, (step,), team=team)
+        step_dir = root / str(job) / "ckpt" / L.step_name(step)
+        write_request(
+            step_dir, dataclasses.replace(read_request(step_dir), parts_expected=2, writers=(node.name, lost))
+        )
+        if down:
+            cluster.run(["scontrol", "update", f"nodename={lost}", "state=down", "reason=nuro-test writer lost"])
+        try:
+            timeout = "100" if down else "3"
+            log = _epilog_on(cluster, node, job, run, "nuro.prolog_epilog.epilog", team,
+                             NURO_EPILOG_FLUSH_TIMEOUT_S=timeout)  # fmt: skip
+        finally:
+            if down:
+                cluster.run(["scontrol", "update", f"nodename={lost}", "state=resume"])
+        if down:
+            assert f"given up at once, not waited for: its writer node {lost} (part 1) was lost" in log, log
+            assert "not committed within" not in log, log
+        else:
+            assert f"not committed within 3 s, marked incomplete: steps [{step}]" in log, log
+        assert store.exists(L.incomplete_key(team, run, step)) and not store.exists(L.manifest_key(team, run, step))

@@ -180,10 +180,12 @@ class Checkpointer:
         self.local_rank = self.env.local_rank if self._dist else 0
         self.local_world_size = self.env.local_world_size if self._dist else 1
         self.node_rank = self.env.node_rank if self._dist else 0
-        self._rank_nodes = self._gather_nodes()
+        self._rank_nodes, names = self._gather_nodes()
         # parts = the nodes that actually run ranks (not SLURM_JOB_NUM_NODES: a job may train on fewer nodes)
         nodes = sorted(set(self._rank_nodes))
         self.part, self.parts_expected = nodes.index(self.node_rank), len(nodes)
+        #: the Slurm node of each part (``UploadRequest.writers``), () when a node has no Slurm name
+        self.writers = _writers(nodes, self._rank_nodes, names)
 
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nuro-ckpt-finalize")
         self._inflight: tuple[int, Future[None]] | None = None
@@ -229,15 +231,17 @@ class Checkpointer:
         ctl = dist.new_group(backend="gloo", timeout=timeout)
         return dist, group, ctl
 
-    def _gather_nodes(self) -> list[int]:
-        """Every rank's node (collective): a node's share of a checkpoint is the files of its own ranks."""
+    def _gather_nodes(self) -> tuple[list[int], list[str | None]]:
+        """Every rank's node index and Slurm node name (collective): a node's share of a checkpoint is the files of
+        its own ranks, and the upload worker learns which node writes which part."""
         if not self._dist:
-            return [0]
-        nodes: list[Any] = [None] * self.world_size
-        self._dist.all_gather_object(nodes, self.node_rank, group=self._ctl_group)
+            return [0], [self.env.node_name]
+        pairs: list[Any] = [None] * self.world_size
+        self._dist.all_gather_object(pairs, (self.node_rank, self.env.node_name), group=self._ctl_group)
+        nodes = [p[0] if isinstance(p, tuple) and len(p) == 2 else None for p in pairs]
         if any(type(n) is not int or n < 0 for n in nodes):
             raise CheckpointError(f"node ranks {nodes}: GROUP_RANK/SLURM_NODEID must be set (torchrun and Slurm do)")
-        return [int(n) for n in nodes]
+        return [int(n) for n in nodes], [p[1] if isinstance(p[1], str) else None for p in pairs]
 
     def _owns(self, relpath: str) -> bool:
         """Is ``relpath`` (a file DCP wrote) this node's to upload? ``__<rank>_*`` files belong to that rank's
@@ -394,7 +398,7 @@ class Checkpointer:
         req = UploadRequest(
             team=self.team, run=self.run, step=step, job_id=self.job_id, restart=self.env.restart_count,
             part=self.part, parts_expected=self.parts_expected,
-            world_size=self.world_size, files=files, created_at=utc_now(), keep=self.keep,
+            world_size=self.world_size, files=files, created_at=utc_now(), keep=self.keep, writers=self.writers,
         )  # fmt: skip
         write_request(path, req)
         self._wake.set()
@@ -671,3 +675,17 @@ class Checkpointer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _writers(parts: list[int], rank_nodes: list[int], names: list[str | None]) -> tuple[str, ...]:
+    """The Slurm node name of each part (part i = the i-th node index that runs ranks), or () when any is unknown or
+    not a node name: the list is all or nothing (``UploadRequest.writers``)."""
+    by_node: dict[int, str | None] = {}
+    for node, name in zip(rank_nodes, names, strict=True):
+        by_node.setdefault(node, name)
+    out = [by_node.get(p) for p in parts]
+    try:
+        return tuple(L.validate_node(n) for n in out)
+    except InvalidCheckpointInput:
+        return ()
+

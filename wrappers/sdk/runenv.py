@@ -74,6 +74,7 @@ class RunEnv:
         restart_count: how many times Slurm requeued this job (``SLURM_RESTART_COUNT``, 0 on the first run).
         rank, world_size, local_rank, local_world_size: torchrun's global/local rank and sizes (0/1 by default).
         node_rank: this node's index in the job (torchrun ``GROUP_RANK``, else ``SLURM_NODEID``, else 0).
+        node_name: this node as Slurm names it (``SLURMD_NODENAME``); None outside Slurm.
         num_nodes: nodes in the job (``SLURM_JOB_NUM_NODES``, else 1).
         job_dir: the job's directory on shared storage (``NURO_JOB_DIR``); None outside a nuro job.
         staging_dir: node-local checkpoint staging dir (``NURO_STAGING_DIR``, set by the prolog); None = not staged.
@@ -91,6 +92,7 @@ class RunEnv:
     local_rank: int = 0
     local_world_size: int = 1
     node_rank: int = 0
+    node_name: str | None = None
     num_nodes: int = 1
     job_dir: str | None = None
     staging_dir: str | None = None
@@ -118,6 +120,7 @@ class RunEnv:
             local_rank=_int(e, "LOCAL_RANK", 0) or 0,
             local_world_size=_int(e, "LOCAL_WORLD_SIZE", 1) or 1,
             node_rank=_int(e, "GROUP_RANK", slurm_node) or 0,
+            node_name=e.get("SLURMD_NODENAME") or None,
             num_nodes=_int(e, "SLURM_JOB_NUM_NODES", 1) or 1,
             job_dir=e.get("NURO_JOB_DIR") or None,
             staging_dir=e.get("NURO_STAGING_DIR") or None,
