@@ -361,6 +361,13 @@ class Layout:
         work with each node seeing only its own files)."""
         return self.root / "staging"
 
+    @property
+    def snapshots(self) -> Path:
+        """The emulated nodes' in-memory snapshot roots, ``snapshots/<node>``. Real nodes use tmpfs
+        (``/dev/shm/nuro-snapshots``); here they sit beside the staging roots, so ``down --purge`` removes them and
+        two dev clusters on one machine never share one."""
+        return self.root / "snapshots"
+
     def node_staging(self, node: str) -> Path:
         """One emulated node's staging root (its agent's ``--staging-root``)."""
         return self.staging / node

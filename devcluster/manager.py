@@ -124,6 +124,7 @@ def env_exports(layout: Layout) -> dict[str, str]:
         # the agents' in-band report sockets (nuro.protocol.peerloss) in the short runtime dir: sun_path is 108 bytes
         "NURO_AGENT_SOCKET_DIR": str(layout.agent_sockets),
         "NURO_STAGING_ROOT": str(layout.staging / "{node}"),  # one root per emulated node (Layout.node_staging)
+        "NURO_SNAPSHOT_ROOT": str(layout.snapshots / "{node}"),  # in-memory snapshots (nuro.checkpoint.promote)
         "NURO_DATA_CACHE_DIR": str(layout.datacache),
         "NURO_EVENT_LOG": str(layout.events_log),
         ENV_WAITS: str(layout.controller_waits),  # why pending jobs wait, as the controller saw it last cycle

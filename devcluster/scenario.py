@@ -125,14 +125,18 @@ def submit(
     script_args: tuple[str, ...] = (),
     deepspeed: bool = False,
     resume_from: int | None = None,
+    time_limit: str = "15:00",
+    max_requeues: int | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> Run:
     """``nuro-train submit`` of the example in ``repo`` as ``user``; ``deepspeed``: the DeepSpeed example (launcher
-    deepspeed with its ZeRO-2 config)."""
+    deepspeed with its ZeRO-2 config). ``time_limit``: per attempt, in sbatch's forms; ``max_requeues``: the job's
+    requeue budget (None: nuro-train's default); ``extra_env``: more ``--env KEY=VALUE`` for the training processes."""
     name = name or f"{'ds' if deepspeed else 'ddp'}-{int(time.time() * 1000) % 10**9}"
     argv = [
         str(BIN / "nuro-train"), "submit", "--name", name, "--team", team, "--nodes", str(nodes),
         *(["--spare-nodes", str(spare_nodes)] if spare_nodes else []),
-        "--gpus-per-node", "1", "--time", "15:00", "--dataset", dataset, "--code", str(repo), "--script", "train.py",
+        "--gpus-per-node", "1", "--time", time_limit, "--dataset", dataset, "--code", str(repo), "--script", "train.py",
         "--arg", "--steps", "--arg", str(steps), "--arg", "--step-time", "--arg", str(step_time_s),
         "--arg", "--progress-every-s", "--arg", str(progress_every_s),
         *(w for a in script_args for w in ("--arg", a)),
@@ -140,6 +144,8 @@ def submit(
         "--run-root", str(work / "runs"),
         *(["--deepspeed-config", DEEPSPEED_CONFIG] if deepspeed else []),
         *(["--resume-from", str(resume_from)] if resume_from else []),
+        *(["--max-requeues", str(max_requeues)] if max_requeues is not None else []),
+        *(w for k, v in (extra_env or {}).items() for w in ("--env", f"{k}={v}")),
         "--env", "GLOO_SOCKET_IFNAME=lo", "--json",
     ]  # fmt: skip
     res = json.loads(run_cmd(argv, env, user=user, cwd=work).stdout)

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from nuro.checkpoint import handoff, lostwriters
+from nuro.checkpoint import handoff, lostwriters, promote
 from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, staging_root
 from nuro.checkpoint.upload import UploadWorker
 from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
@@ -127,6 +127,7 @@ def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
         return
     for step, why in sorted(result.settled.items()):
         log.info("job=%s checkpoint step %d given up at once, not waited for: %s", job, step, why)
+    promote_snapshot(job)
     timed_out = [s for s in result.incomplete if s not in result.settled]
     if timed_out:
         log.warning(
@@ -137,6 +138,20 @@ def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
         "job=%s checkpoints committed=%s incomplete=%s waited=%.1fs cached=%s",
         job, result.committed, result.incomplete, result.waited_s, cached or "-",
     )  # fmt: skip
+
+
+def promote_snapshot(job: str) -> None:
+    """The newest complete in-memory snapshot this node holds becomes a committed checkpoint when it is newer than
+    the run's newest one (``nuro.checkpoint.promote``): what a requeue after a node loss resumes from."""
+    root = promote.snapshot_root()
+    if not (root / job).is_dir():
+        return
+    got = promote.promote(ObjectStore.from_env(), root, job, promote.promote_timeout_s(os.environ))
+    if got.committed:
+        log.info("job=%s in-memory snapshot step %s promoted to a committed checkpoint (newest before: %s)", job,
+                 got.committed[-1], got.newest_before)  # fmt: skip
+    else:
+        log.info("job=%s no in-memory snapshot promoted: %s", job, got.why)
 
 
 def cache_runs(env: Mapping[str, str]) -> int:
@@ -252,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001
         log.exception("job=%s dataset prefetch not stopped: %s", job, exc)
     outcome = bounded_checkpoints(job, deadline_s(os.environ))
+    try:  # the job's in-memory snapshots give their memory back, promoted or not
+        promote.drop(promote.snapshot_root(), job)
+    except Exception as exc:  # noqa: BLE001
+        log.exception("job=%s could not remove its snapshot dir: %s", job, exc)
     if outcome != "handed-off":  # a hand-off keeps the record: the agent's uploads read whose checkpoint it is
         try:
             forget_record(job)

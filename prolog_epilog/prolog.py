@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nuro.checkpoint import promote
 from nuro.checkpoint.nodestage import GangPosition, open_root, prepare_job_dir, stage_latest, staging_root
 from nuro.objectstore import ObjectStore
 from nuro.prolog_epilog import hooklog
@@ -224,6 +225,10 @@ def stage(rec: JobRecord, deadline: Deadline | None = None) -> None:
     prepare_job_dir(root, str(rec.job_id), rec.uid, rec.gid)
     if rec.team is None or rec.run is None:
         return
+    try:  # in-memory snapshots (nuro.checkpoint.promote): without the dir the job only takes no snapshots
+        promote.prepare(promote.snapshot_root(), rec)
+    except (OSError, ValueError) as exc:
+        log.warning("job=%d no snapshot dir on this node (%s): in-memory snapshots are off for it", rec.job_id, exc)
     timeout_s = float(os.environ.get("NURO_PROLOG_STAGE_TIMEOUT_S") or 120)
     if deadline is not None:
         timeout_s = min(timeout_s, deadline.left())

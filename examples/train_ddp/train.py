@@ -90,7 +90,9 @@ def main() -> int:
         model.load_state_dict(state["model"])
         loader.load_state_dict(state["loader"])
         start = restored + 1
-        run_events.record_later("restored", step=restored, seconds=round(time.monotonic() - t_restore, 3))
+        run_events.record_later(
+            "restored", step=restored, seconds=round(time.monotonic() - t_restore, 3), copy=ckpt.restored_tier
+        )
         if rank == 0:
             print(f"resumed from the checkpoint of step {restored}", flush=True)
     guard = PreemptionGuard().start()  # handlers for USR1 (preemption) and USR2 (time limit)

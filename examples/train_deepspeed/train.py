@@ -108,7 +108,9 @@ def main() -> int:
     if restored is not None:
         loader.load_state_dict(state["loader"])
         start = restored + 1
-        run_events.record_later("restored", step=restored, seconds=round(time.monotonic() - t_restore, 3))
+        run_events.record_later(
+            "restored", step=restored, seconds=round(time.monotonic() - t_restore, 3), copy=ckpt.restored_tier
+        )
         if rank == 0:
             print(f"resumed from the checkpoint of step {restored}", flush=True)
     guard = PreemptionGuard().start()

@@ -18,6 +18,7 @@ of different steps can land out of order (each waits for its slowest node), so i
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -43,6 +44,13 @@ _SHA = re.compile(r"[0-9a-f]{64}")
 MAX_PARTS = 100_000
 
 
+#: Where a checkpoint's bytes were taken from (``tier``): the job's periodic checkpoint, or an in-memory snapshot that a
+#: surviving node promoted after a node loss (``nuro.checkpoint.promote``). Written only when not the default, so a
+#: periodic checkpoint's records are byte for byte what they were.
+TIER_PERSISTENT = "persistent"
+TIER_MEMORY = "memory"
+TIERS = (TIER_PERSISTENT, TIER_MEMORY)
+
 #: How manifests, parts and upload requests write a time (whole seconds, UTC).
 UTC_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
@@ -66,6 +74,11 @@ class FileEntry:
 
     def to_json_obj(self) -> dict[str, Any]:
         return {"path": self.path, "size": self.size, "sha256": self.sha256}
+
+    @classmethod
+    def of_bytes(cls, path: str, data: bytes) -> FileEntry:
+        """The entry of a file whose bytes are in hand (a snapshot share received from another node)."""
+        return cls(validate_path(path), len(data), hashlib.sha256(data).hexdigest())
 
 
 @dataclass(frozen=True)
@@ -92,6 +105,7 @@ class _NodePart:
     world_size: int
     files: tuple[FileEntry, ...]
     created_at: str
+    tier: str = TIER_PERSISTENT
 
     @property
     def attempt(self) -> Attempt:
@@ -102,7 +116,7 @@ class _NodePart:
             "format": fmt, "team": self.team, "run": self.run, "step": self.step, "job_id": self.job_id,
             "restart": self.restart, "part": self.part, "parts_expected": self.parts_expected,
             "world_size": self.world_size, "files": [f.to_json_obj() for f in self.files],
-            "created_at": self.created_at,
+            "created_at": self.created_at, **_tier_obj(self.tier),
         }  # fmt: skip
 
 
@@ -152,6 +166,7 @@ class Manifest:
     shards: tuple[FileEntry, ...]
     total_bytes: int
     format: str = MANIFEST_FORMAT
+    tier: str = TIER_PERSISTENT
 
     @property
     def attempt(self) -> Attempt:
@@ -162,7 +177,7 @@ class Manifest:
             "format": self.format, "team": self.team, "run": self.run, "step": self.step, "job_id": self.job_id,
             "restart": self.restart, "created_at": self.created_at, "parent": self.parent,
             "world_size": self.world_size, "parts": self.parts, "shards": [s.to_json_obj() for s in self.shards],
-            "total_bytes": self.total_bytes,
+            "total_bytes": self.total_bytes, **_tier_obj(self.tier),
         }  # fmt: skip
 
     def to_bytes(self) -> bytes:
@@ -192,6 +207,10 @@ class Incomplete:
             "job_id": self.job_id, "restart": self.restart, "reason": self.reason,
             "missing_parts": list(self.missing_parts), "created_at": self.created_at,
         }  # fmt: skip
+
+
+def _tier_obj(tier: str) -> dict[str, str]:
+    return {} if tier == TIER_PERSISTENT else {"tier": tier}
 
 
 def dumps(obj: Mapping[str, Any]) -> bytes:
@@ -239,6 +258,12 @@ class _Fields:
         v = self._get(key)
         if not isinstance(v, str) or len(v) > max_len:
             raise ManifestError(f"{self.what}: field {key!r} must be a string of at most {max_len} characters")
+        return v
+
+    def tier(self) -> str:
+        v = self.obj.get("tier", TIER_PERSISTENT)
+        if v not in TIERS:
+            raise ManifestError(f"{self.what}: field 'tier' must be one of {list(TIERS)}, got {v!r:.80}")
         return v
 
     def checked(self, key: str, validate: Any) -> Any:
@@ -303,7 +328,7 @@ def parse_manifest(data: bytes | str | Mapping[str, Any], *, what: str = "manife
         raise ManifestError(f"{what}: parent step {parent} is not before step {ident['step']}")
     return Manifest(
         **ident, created_at=f.str("created_at"), parent=parent, world_size=world, parts=parts, shards=shards,
-        total_bytes=total,
+        total_bytes=total, tier=f.tier(),
     )  # fmt: skip
 
 
@@ -314,6 +339,7 @@ def _part_fields(f: _Fields) -> dict[str, Any]:
     fields["world_size"] = f.int("world_size", 1)
     fields["files"] = f.files("files")
     fields["created_at"] = f.str("created_at")
+    fields["tier"] = f.tier()
     return fields
 
 
@@ -401,8 +427,9 @@ def build_manifest(parts: Iterable[PartRecord], *, parent: int | None, created_a
     shards.sort(key=lambda s: s.path)
     if parent is not None and parent >= first.step:
         parent = None
+    tier = TIER_MEMORY if any(p.tier == TIER_MEMORY for p in records) else TIER_PERSISTENT
     m = Manifest(
         first.team, first.run, first.step, first.job_id, first.restart, created_at or utc_now(), parent,
-        first.world_size, first.parts_expected, tuple(shards), sum(s.size for s in shards),
+        first.world_size, first.parts_expected, tuple(shards), sum(s.size for s in shards), tier=tier,
     )  # fmt: skip
     return parse_manifest(m.to_json_obj())  # one set of rules for what we write and what we read

@@ -204,6 +204,69 @@ class TestHooksAsSlurmdRunsThem:
         assert not store.exists(L.manifest_key(TEAM, run, 5))
         assert not any((n / "staging" / str(job)).exists() for n in nodes)
 
+    def test_a_snapshot_held_in_memory_by_the_surviving_node_is_promoted_and_restored(
+        self, store: ObjectStore, tmp_path: Path
+    ) -> None:
+        """Issue 31 item 3: two gloo ranks as two nodes take in-memory snapshots (each node's share replicated to the
+        other); node2 is then lost (its epilog never runs). node1's epilog alone promotes the newest complete
+        snapshot to a committed checkpoint of two parts, ``tier: memory``, verified like any, and it restores."""
+        from tests.gloo import run_two_ranks
+
+        run = f"m-{uuid.uuid4().hex[:8]}"
+        job = 2201
+        nodes = [tmp_path / "node1", tmp_path / "node2"]
+        for node in nodes:
+            node.mkdir()
+            _hook("nuro.prolog_epilog.prolog", node, job, run, NURO_SNAPSHOT_ROOT=str(node / "snapshots"))
+            assert (node / "snapshots" / str(job) / "ckpt").is_dir()
+        script = tmp_path / "snap_worker.py"
+        script.write_text(_SNAP_WORKER)
+        outs = run_two_ranks(script, run, str(tmp_path), str(PORT_BASE), str(job))
+        assert outs == ["held 2 4", "held 2 4"], outs
+        for n, node in enumerate(nodes):  # both shares of step 4 on each node, older snapshots gone
+            steps = sorted(p.name for p in (node / "snapshots" / str(job) / "ckpt").iterdir())
+            assert steps == [L.step_name(4)], steps
+            names = {p.name for p in (node / "snapshots" / str(job) / "ckpt" / L.step_name(4)).iterdir()}
+            assert {"__0_0.distcp", "__1_0.distcp", ".metadata", ".upload-0.json", ".upload-1.json"} <= names, n
+
+        log = _hook("nuro.prolog_epilog.epilog", nodes[0], job, run, NURO_SNAPSHOT_ROOT=str(nodes[0] / "snapshots"))
+        assert f"job={job} in-memory snapshot step 4 promoted to a committed checkpoint" in log, log
+        m = load_manifest(store, TEAM, run, 4)
+        assert (m.tier, m.parts, m.world_size) == ("memory", 2, 2)
+        assert not (nodes[0] / "snapshots" / str(job)).exists()
+        found = restore_latest(store, TEAM, run, dest=tmp_path / "r")
+        assert found is not None and found.step == 4 and found.manifest.tier == "memory"
+        import torch.distributed.checkpoint as dcp
+
+        got = {"shared": torch.zeros(64, 64), "own0": torch.zeros(8), "own1": torch.zeros(8)}
+        dcp.load(got, checkpoint_id=str(found.path), no_dist=True)
+        assert torch.all(got["shared"] == 4.0) and torch.all(got["own0"] == 4.0) and torch.all(got["own1"] == 5.0)
+
+
+_SNAP_WORKER = """
+import os, sys
+from pathlib import Path
+import torch
+import torch.distributed as dist
+run, tmp, s3_port, job = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rank = int(os.environ["RANK"])
+node = tmp / f"node{rank + 1}"
+os.environ.update(GROUP_RANK=str(rank), SLURMD_NODENAME=node.name, SLURM_JOB_ID=job,
+                  NURO_SNAPSHOT_DIR=str(node / "snapshots" / job))
+dist.init_process_group("gloo")
+from nuro.devcluster import s3
+from nuro.devcluster.layout import PortPlan
+from nuro.wrappers.sdk.checkpointer import Checkpointer
+ck = Checkpointer(team="vision", run=run, store=s3.dev_store(PortPlan(s3_port)), staging_dir=node / "staging" / job,
+                  upload="agent", interval_s=3600, snapshot_interval_s=0.001)
+for step in (2, 3, 4):
+    state = {"shared": torch.full((64, 64), float(step)), f"own{rank}": torch.full((8,), float(step + rank))}
+    assert ck.maybe_save(lambda: state, step) is False  # a snapshot, not a persistent save
+ck.close()
+print("held", ck.parts_expected, sorted(ck.snapshot_timings)[-1], flush=True)
+dist.destroy_process_group()
+"""
+
 
 _JOB_SCRIPT = """#!/bin/bash
 exec {python} - <<'PYEOF'

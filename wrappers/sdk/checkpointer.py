@@ -40,6 +40,7 @@ Slurm/torchrun ranks via ``RunEnv``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -56,8 +57,9 @@ from typing import Any, Literal
 from nuro.checkpoint import dsfiles
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import CheckpointError, InvalidCheckpointInput
-from nuro.checkpoint.manifest import Manifest, UploadRequest, utc_now
+from nuro.checkpoint.manifest import TIER_MEMORY, FileEntry, Manifest, UploadRequest, utc_now
 from nuro.checkpoint.nodestage import staging_root
+from nuro.checkpoint.promote import snapshot_root
 from nuro.checkpoint.restore import latest_committed_step, load_manifest, restore_latest, restore_step
 from nuro.checkpoint.staging import job_dirs, request_parts, write_request
 from nuro.checkpoint.upload import FlushResult, UploadWorker
@@ -65,6 +67,7 @@ from nuro.checkpoint.verify import scan_dir
 from nuro.lifecycle import run_events
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.wrappers.jobchannel import record_checkpoint
+from nuro.wrappers.sdk import snapshots
 from nuro.wrappers.sdk.runenv import RunEnv, env_seconds
 from nuro.wrappers.sdk.stragglers import timed_collective
 
@@ -113,6 +116,8 @@ class Checkpointer:
         engine: a DeepSpeed engine (``deepspeed.initialize``): ``save``/``restore`` then checkpoint the engine with
             DeepSpeed's own API, and their ``state_dict`` is the client state saved beside it (``save`` stores it,
             ``restore`` updates it in place). See ``nuro.wrappers.sdk.dsengine`` and docs/deepspeed.md.
+        snapshot_interval_s: ``maybe_save`` also takes an in-memory snapshot, replicated to the next node, this
+            often (``nuro.wrappers.sdk.snapshots``); default ``NURO_SNAPSHOT_INTERVAL_S``, else off (0).
 
     Raises:
         InvalidCheckpointInput: team/run missing or malformed, or a malformed NURO_* value.
@@ -132,6 +137,7 @@ class Checkpointer:
         *,
         env: RunEnv | None = None,
         engine: Any = None,
+        snapshot_interval_s: float | None = None,
     ) -> None:
         self.env = env or RunEnv.from_env()
         team, run = team or self.env.team, run or self.env.run_name
@@ -186,6 +192,7 @@ class Checkpointer:
         self.part, self.parts_expected = nodes.index(self.node_rank), len(nodes)
         #: the Slurm node of each part (``UploadRequest.writers``), () when a node has no Slurm name
         self.writers = _writers(nodes, self._rank_nodes, names)
+        self._setup_snapshots(snapshot_interval_s, nodes)
 
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nuro-ckpt-finalize")
         self._inflight: tuple[int, Future[None]] | None = None
@@ -198,6 +205,9 @@ class Checkpointer:
         self._wake = threading.Event()
         self._last_recorded: int | None = None
         self.timings: dict[int, dict[str, float]] = {}
+        #: which copy the last ``restore`` loaded on rank 0: "persistent", or "memory" (an in-memory snapshot a
+        #: surviving node promoted after a node loss); None elsewhere or before
+        self.restored_tier: str | None = None
         #: steps the last ``restore`` passed over because some node could not load them, and why
         self.restore_skipped: list[tuple[int, str]] = []
         self._rank0_skipped: list[tuple[int, str]] = []  # what rank 0's own search passed over (for the run event)
@@ -230,6 +240,32 @@ class Checkpointer:
         group = process_group or dist.new_group(backend="gloo", timeout=timeout)
         ctl = dist.new_group(backend="gloo", timeout=timeout)
         return dist, group, ctl
+
+    def _setup_snapshots(self, interval_s: float | None, parts: list[int]) -> None:
+        """In-memory snapshots (``nuro.wrappers.sdk.snapshots``): settings, this job's snapshot dir and, with more
+        than one node, a gloo group of the node leaders (collective: every rank calls it, alike, since the setting
+        is the job's)."""
+        self.snapshot_settings = snapshots.SnapshotSettings.from_env()
+        if interval_s is not None:
+            self.snapshot_settings = dataclasses.replace(self.snapshot_settings, interval_s=interval_s)
+        raw_dir = os.environ.get(snapshots.ENV_DIR)
+        self.snapshot_dir = Path(raw_dir) if raw_dir else snapshot_root(os.environ) / self.job_id
+        self.snapshot_bytes = 0  # held on this node after the newest snapshot (its share and its neighbour's)
+        self.snapshot_timings: dict[int, dict[str, float]] = {}
+        self._snap_on = self.snapshot_settings.interval_s > 0
+        self._last_snapshot_step: int | None = None
+        self._last_snapshot_time = time.monotonic()
+        self._leaders: list[int] = []
+        self._leaders_group: Any = None
+        if not self._snap_on:
+            return
+        if self._dist and len(parts) > 1:
+            first = {}
+            for rank, node in enumerate(self._rank_nodes):
+                first.setdefault(node, rank)
+            self._leaders = [first[n] for n in parts]  # by part: the global rank of each node's leader
+            self._leaders_group = self._dist.new_group(ranks=self._leaders, backend="gloo",
+                                                       timeout=self.env.pg_timeout)  # fmt: skip
 
     def _gather_nodes(self) -> tuple[list[int], list[str | None]]:
         """Every rank's node index and Slurm node name (collective): a node's share of a checkpoint is the files of
@@ -314,25 +350,57 @@ class Checkpointer:
             return
         self._wait_inflight()  # one save at a time: bounded memory, and the save group is never shared
         path = self.step_dir(step)
-        if self.local_rank == 0:
-            self._clear_stale(path)
-        if self._dist:
-            self._dist.barrier(group=self._ctl_group)  # no rank writes before every stale dir is moved away
-        path.mkdir(parents=True, exist_ok=True)
+        self._prepare_dir(path)
         t0 = time.monotonic()
         timing = self.timings.setdefault(step, {})
         timing["taken_at"] = time.time()  # when the state was taken: the controller's "a checkpoint after the signal"
         self._last_saved_step = step
         self._last_save_time = t0
+        self._write(state_dict, step, path, sync, timing, self._finalize)
+
+    def snapshot(self, state_dict: dict[str, Any], step: int) -> None:
+        """Take an in-memory snapshot of ``state_dict`` as ``step`` (every rank, in step; ``maybe_save`` calls it
+        when ``snapshot_interval_s`` is due): the same staged copy as an async ``save``, written to node memory and
+        sent to the next node in the background; never uploaded while the job runs (``nuro.checkpoint.promote``)."""
+        L.validate_step(step)
+        if any(s is not None and step <= s for s in (self._last_snapshot_step, self._last_saved_step)):
+            return
+        self._wait_inflight()
+        path = self.snapshot_dir / "ckpt" / L.step_name(step)
+        self._prepare_dir(path)
+        t0 = time.monotonic()
+        timing = self.snapshot_timings.setdefault(step, {})
+        self._last_snapshot_step = step
+        self._last_snapshot_time = t0
+        self._write(state_dict, step, path, False, timing, self._finalize_snapshot)
+
+    def _prepare_dir(self, path: Path) -> None:
+        if self.local_rank == 0:
+            self._clear_stale(path)
+        if self._dist:
+            self._dist.barrier(group=self._ctl_group)  # no rank writes before every stale dir is moved away
+        path.mkdir(parents=True, exist_ok=True)
+
+    def _write(
+        self,
+        state_dict: dict[str, Any],
+        step: int,
+        path: Path,
+        sync: bool,
+        timing: dict[str, float],
+        finalize: Callable[[int, Path, float], None],
+    ) -> None:
+        """Write the state into ``path`` (DCP, or DeepSpeed with an engine); ``finalize`` once it is there."""
+        t0 = time.monotonic()
         if self._engine is not None:
-            self._save_engine(state_dict, step, path, sync)
+            self._save_engine(state_dict, step, path, sync, timing, finalize)
             return
         import torch.distributed.checkpoint as dcp  # lazy: torch is the optional 'train' extra
 
         if sync or not self.async_save:
             dcp.save(state_dict, checkpoint_id=str(path), process_group=self._group, no_dist=self._dist is None)
             timing["stall_s"] = timing["durable_s"] = time.monotonic() - t0
-            self._finalize(step, path, t0)
+            finalize(step, path, t0)
             return
         if self._prestage is not None:
             self._prestage.join()  # one user of the stager at a time (it has long finished in practice)
@@ -344,7 +412,7 @@ class Checkpointer:
         def finish() -> None:
             done.result()
             timing["durable_s"] = time.monotonic() - t0
-            self._finalize(step, path, t0)
+            finalize(step, path, t0)
 
         self._inflight = (step, self._executor.submit(finish))
 
@@ -355,13 +423,20 @@ class Checkpointer:
         self.save(state_dict, step, sync=True)
         return self.wait_committed(step, timeout_s)
 
-    def _save_engine(self, client_state: dict[str, Any], step: int, path: Path, sync: bool) -> None:
+    def _save_engine(
+        self,
+        client_state: dict[str, Any],
+        step: int,
+        path: Path,
+        sync: bool,
+        timing: dict[str, float],
+        finalize: Callable[[int, Path, float], None],
+    ) -> None:
         """DeepSpeed's save into ``path`` (its tag is the step dir's name); with the writer it returns once the
-        state is copied, and the files are handed to the upload worker when every rank's writes are done."""
+        state is copied, and the files are handed on (``finalize``) when every rank's writes are done."""
         from nuro.wrappers.sdk import dsengine  # lazy: DeepSpeed only for a DeepSpeed job (imported at __init__)
 
-        t0 = self._last_save_time
-        timing = self.timings[step]
+        t0 = time.monotonic()
         dsengine.save(self._engine, path.parent, path.name, client_state)
         writer = self._writer
 
@@ -371,7 +446,7 @@ class Checkpointer:
             if self._dist:
                 self._dist.barrier(group=self._group)  # every rank's files are on disk before the node's scan
             timing["durable_s"] = time.monotonic() - t0
-            self._finalize(step, path, t0)
+            finalize(step, path, t0)
 
         if writer is None or sync:
             finish()
@@ -406,6 +481,44 @@ class Checkpointer:
         self.timings.setdefault(step, {})["requested_s"] = time.monotonic() - t0
         log.info("checkpoint staged step=%d files=%d bytes=%d", step, len(files), sum(f.size for f in files))
 
+    def _finalize_snapshot(self, step: int, path: Path, t0: float) -> None:
+        """After the snapshot is in node memory on every rank: each node's leader sends its share to the next node
+        and takes the previous node's; once every leader holds both (barrier), it writes the requests of both shares
+        (what makes the step promotable: ``nuro.checkpoint.promote``) and removes older snapshots."""
+        if self.local_rank != 0:
+            return
+        timing = self.snapshot_timings.setdefault(step, {})
+        own = tuple(f for f in scan_dir(path) if self._owns(f.path))
+        shares = [(self.part, own)]
+        if self._leaders_group is not None:
+            to_part, from_part = snapshots.ring(self.parts_expected, self.part)
+            blob = snapshots.pack([(f.path, (path / f.path).read_bytes()) for f in own])
+            theirs = snapshots.unpack(snapshots.exchange(
+                self._dist, self._leaders_group, self._leaders[to_part], self._leaders[from_part], blob))  # fmt: skip
+            snapshots.write_share(path, theirs)
+            shares.append((from_part, tuple(FileEntry.of_bytes(p, d) for p, d in theirs)))
+            self._dist.barrier(group=self._leaders_group)  # every node holds its share and its neighbour's
+        for part, files in shares:
+            write_request(path, UploadRequest(
+                team=self.team, run=self.run, step=step, job_id=self.job_id, restart=self.env.restart_count,
+                part=part, parts_expected=self.parts_expected, world_size=self.world_size, files=files,
+                created_at=utc_now(), keep=self.keep, tier=TIER_MEMORY,
+            ))  # fmt: skip
+        for old in (self.snapshot_dir / "ckpt").iterdir():
+            old_step = L.parse_step_name(old.name)
+            if old_step is not None and old_step < step:
+                shutil.rmtree(old, ignore_errors=True)
+        self.snapshot_bytes = snapshots.held_bytes(self.snapshot_dir)
+        timing["replicated_s"] = time.monotonic() - t0
+        if 2 * self.snapshot_bytes > self.snapshot_settings.max_bytes and self._snap_on:
+            self._snap_on = False  # rank 0's node decides for the job (maybe_save broadcasts its decision)
+            log.warning(
+                "in-memory snapshots stop: this node holds %d bytes per snapshot, and two of them would pass "
+                "%s=%d", self.snapshot_bytes, snapshots.ENV_MAX_BYTES, self.snapshot_settings.max_bytes,
+            )  # fmt: skip
+        log.debug("snapshot step=%d held=%d bytes replicated in %.3f s", step, self.snapshot_bytes,
+                  timing["replicated_s"])  # fmt: skip
+
     def _wait_inflight(self) -> None:
         if self._inflight is not None:
             step, fut = self._inflight
@@ -418,11 +531,20 @@ class Checkpointer:
     def maybe_save(self, state_fn: Callable[[], dict[str, Any]], step: int) -> bool:
         """Save when ``interval_s`` has passed since the last save (every rank, in step; rank 0's clock decides,
         so all ranks save at the same step). ``state_fn`` is called only when saving. True if it saved."""
-        due = time.monotonic() - self._last_save_time >= self.interval_s
-        due = bool(self._broadcast(int(due)))
-        if due:
+        now = time.monotonic()
+        kind = 0
+        if now - self._last_save_time >= self.interval_s:
+            kind = 1
+        elif self._snap_on and now - max(self._last_save_time, self._last_snapshot_time) >= (
+            self.snapshot_settings.interval_s
+        ):
+            kind = 2
+        kind = self._broadcast(kind)
+        if kind == 1:
             self.save(state_fn(), step)
-        return due
+        elif kind == 2:
+            self.snapshot(state_fn(), step)
+        return kind == 1
 
     def _broadcast(self, value: int) -> int:
         if not self._dist:
@@ -550,6 +672,7 @@ class Checkpointer:
                 )  # fmt: skip
                 if found is not None:
                     path, step = found.path, found.step
+                    self.restored_tier = found.manifest.tier
                     self._rank0_skipped += [(s.step, s.reason) for s in found.skipped]
                     error = self._format_problem(found.manifest)
             except (CheckpointError, ObjectStoreError, OSError) as exc:
@@ -688,4 +811,3 @@ def _writers(parts: list[int], rank_nodes: list[int], names: list[str | None]) -
         return tuple(L.validate_node(n) for n in out)
     except InvalidCheckpointInput:
         return ()
-
