@@ -131,7 +131,11 @@ def submit(
 ) -> Run:
     """``nuro-train submit`` of the example in ``repo`` as ``user``; ``deepspeed``: the DeepSpeed example (launcher
     deepspeed with its ZeRO-2 config). ``time_limit``: per attempt, in sbatch's forms; ``max_requeues``: the job's
-    requeue budget (None: nuro-train's default); ``extra_env``: more ``--env KEY=VALUE`` for the training processes."""
+    requeue budget (None: nuro-train's default); ``extra_env``: more environment for the training processes, as
+    ``--env KEY=VALUE``, except ``NURO_*`` names, which ``--env`` refuses (nuro's own): those are set in the
+    submitting environment, which sbatch hands to the job (its default ``--export=ALL``)."""
+    extra_env = extra_env or {}
+    own = {k: v for k, v in extra_env.items() if k.startswith("NURO_")}
     name = name or f"{'ds' if deepspeed else 'ddp'}-{int(time.time() * 1000) % 10**9}"
     argv = [
         str(BIN / "nuro-train"), "submit", "--name", name, "--team", team, "--nodes", str(nodes),
@@ -145,10 +149,10 @@ def submit(
         *(["--deepspeed-config", DEEPSPEED_CONFIG] if deepspeed else []),
         *(["--resume-from", str(resume_from)] if resume_from else []),
         *(["--max-requeues", str(max_requeues)] if max_requeues is not None else []),
-        *(w for k, v in (extra_env or {}).items() for w in ("--env", f"{k}={v}")),
+        *(w for k, v in extra_env.items() if k not in own for w in ("--env", f"{k}={v}")),
         "--env", "GLOO_SOCKET_IFNAME=lo", "--json",
     ]  # fmt: skip
-    res = json.loads(run_cmd(argv, env, user=user, cwd=work).stdout)
+    res = json.loads(run_cmd(argv, {**env, **own}, user=user, cwd=work).stdout)
     job_id = int(res["job_id"])
     return Run(job_id=job_id, name=name, team=team, log=work / "runs" / name / f"slurm-{job_id}.out")
 

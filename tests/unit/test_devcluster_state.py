@@ -51,6 +51,7 @@ def test_env_exports_point_plain_slurm_tools_and_s3_clients_at_the_cluster(tmp_p
         f"export SLURM_CONF={tmp_path}/etc/slurm.conf\nexport NURO_DEVCLUSTER_DIR={tmp_path}\n"
         f"export NURO_AGENT_STATUS_DIR={tmp_path}/run/agents\nexport NURO_AGENT_SOCKET_DIR={layout.agent_sockets}\n"
         f"export NURO_STAGING_ROOT='{tmp_path}/staging/{{node}}'\n"
+        f"export NURO_SNAPSHOT_ROOT='{tmp_path}/snapshots/{{node}}'\n"
         f"export NURO_DATA_CACHE_DIR={tmp_path}/datacache\nexport NURO_EVENT_LOG={tmp_path}/log/events.jsonl\n"
         f"export NURO_CONTROLLER_WAITS={tmp_path}/controller-waits.json\n"
     )
