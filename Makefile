@@ -64,7 +64,7 @@ UNIT_WORKERS ?= 2
 SHARD_B := tests/integration/test_controller.py tests/integration/test_sharing_thrash.py \
 	tests/integration/test_failure_detector.py tests/integration/isolation tests/integration/test_submit.py \
 	tests/integration/test_prolog.py tests/integration/test_healthcheck.py tests/integration/test_nodeagent.py \
-	tests/integration/test_adapter_live.py tests/integration/test_cluster.py
+	tests/integration/test_adapter_live.py tests/integration/test_cluster.py tests/e2e/test_snapshots.py
 SHARD_B_ENV := NURO_TEST_PORT_BASE=26800 NURO_TEST_CLUSTER_DIR=$(CURDIR)/.devcluster-test-b
 # The dev cluster's Debian packages (lua5.1 among them) before the unit tests too: the job_submit.lua vectors run
 # through lua5.1 there, and on a fresh machine the cluster (which would install it) only comes up afterwards.

@@ -5,8 +5,8 @@
 Flag rules (see docs/submit.md):
 
 1. Platform flags (``--team --tier --dataset --data-seed --code REPO[@COMMIT] --commit --allow-dirty
-   --spare-nodes --launcher --deepspeed-config --ckpt-interval --ckpt-keep --resume-from --max-requeues
-   --run-root``, plus ``--dry-run`` and ``--policy``) are read only
+   --spare-nodes --launcher --deepspeed-config --ckpt-interval --ckpt-keep --snapshot-interval --resume-from
+   --max-requeues --run-root``, plus ``--dry-run`` and ``--policy``) are read only
    *before* the script, like every sbatch option; after the script everything is the script's own argument.
 2. Platform flags must be spelled in full. sbatch accepts unique prefixes of its options, so an abbreviation of a
    platform flag (``--tea``, ``--comm``) is refused instead of guessed: it could mean either.
@@ -209,6 +209,7 @@ def platform_metadata(values: dict[str, Any], team: str, dataset: DatasetPin | N
         code=code,
         ckpt_interval_s=values.get("checkpoint.interval_s", _default("checkpoint.interval_s")),
         ckpt_keep=values.get("checkpoint.keep", _default("checkpoint.keep")),
+        snapshot_interval_s=values.get("checkpoint.snapshot_interval_s", 0),
         resume_from=values.get("resume_from"),
         max_requeues=values.get("max_requeues", _default("max_requeues")),
         data_seed=values.get("data_seed", _default("data_seed")),

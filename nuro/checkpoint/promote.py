@@ -86,18 +86,27 @@ class Promoted:
     why: str = ""
 
 
-def promote(store: ObjectStore, root: Path, job_id: str, timeout_s: float) -> Promoted:
-    """Epilog: commit the newest complete snapshot of ``job_id`` held on this node when it is newer than the run's
-    newest committed checkpoint (older snapshot steps are removed first: nothing is uploaded that a resume would
-    not use). Bounded by ``timeout_s``; never raises for a store outage (the snapshot is then simply not used)."""
+def promote(
+    store: ObjectStore, root: Path, job_id: str, timeout_s: float, *, run: tuple[str, str] | None = None
+) -> Promoted:
+    """Commit the newest complete snapshot of ``job_id`` held on this node when it is newer than the run's newest
+    committed checkpoint (older snapshot steps are removed first: nothing is uploaded that a resume would not use).
+    Bounded by ``timeout_s``; never raises for a store outage (the snapshot is then simply not used).
+
+    Root (the epilog): whose run it is comes from the job's root-owned record in ``root``. The job itself (a step
+    restarted in its allocation: ``Checkpointer.restore`` after a hot spare's swap) passes ``run=(team, run)`` and
+    uploads with its own team's credential, as an inline upload does (``trust="request"``)."""
     out = Promoted()
     name = L.validate_job_id(job_id)
-    rec = jobrecord.read(root, name)
-    if rec is None or rec.team is None or rec.run is None:
-        out.why = "no nuro job record in the snapshot root"
-        return out
+    inline = run is not None
+    if run is None:
+        rec = jobrecord.read(root, name)
+        if rec is None or rec.team is None or rec.run is None:
+            out.why = "no nuro job record in the snapshot root"
+            return out
+        run = (rec.team, rec.run)
     try:
-        out.newest_before = latest_committed_step(store, rec.team, rec.run)
+        out.newest_before = latest_committed_step(store, *run)
     except ObjectStoreError as exc:
         out.why = f"the store did not answer ({exc})"
         return out
@@ -105,11 +114,28 @@ def promote(store: ObjectStore, root: Path, job_id: str, timeout_s: float) -> Pr
     if not held:
         out.why = "no snapshot newer than the newest committed checkpoint"
         return out
-    result = UploadWorker(store, root).flush(name, timeout_s)
+    worker = UploadWorker(store, root, job_dirs=[root / name], trust="request") if inline else UploadWorker(store, root)
+    result = worker.flush(name, timeout_s)
     out.committed, out.given_up = sorted(result.committed), sorted(result.incomplete)
     if not out.committed:
         out.why = "; ".join(result.errors) or "its shares did not commit in time"
     return out
+
+
+def holds_complete(job_dir: Path) -> bool:
+    """Whether this node holds a complete snapshot of the job (a step dir with an upload request): cheap, local."""
+    try:
+        steps = [p for p in (job_dir / "ckpt").iterdir() if L.parse_step_name(p.name) is not None]
+    except OSError:
+        return False
+    return any(n.startswith(".upload-") and n.endswith(".json") for p in steps for n in _names(p))
+
+
+def _names(path: Path) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
 
 
 def _drop_stale(root: Path, job_id: str, newest: int | None) -> list[int]:
@@ -146,4 +172,13 @@ def drop(root: Path, job_id: str) -> None:
     jobrecord.remove(root, name)
 
 
-__all__ = ["DEFAULT_ROOT", "Promoted", "drop", "prepare", "promote", "promote_timeout_s", "snapshot_root"]
+__all__ = [
+    "DEFAULT_ROOT",
+    "Promoted",
+    "drop",
+    "holds_complete",
+    "prepare",
+    "promote",
+    "promote_timeout_s",
+    "snapshot_root",
+]

@@ -159,6 +159,10 @@ SPEC_OPTIONS: tuple[Opt, ...] = (
         "seconds (NURO_CKPT_INTERVAL_S for the SDK).", "--ckpt-interval", "ckpt_interval_s", sbatch=True),
     Opt("checkpoint.keep", Int(minimum=1, maximum=1000), 3, "checkpoints", "Keep the newest this many checkpoints "
         "(plus tagged ones).", "--ckpt-keep", "ckpt_keep", sbatch=True),
+    Opt("checkpoint.snapshot_interval_s", Int(minimum=0, maximum=3600), 0, "s", "Also take an in-memory snapshot "
+        "this often, each node's share sent to the next node (0 = off; NURO_SNAPSHOT_INTERVAL_S for the SDK): a node "
+        "loss then costs seconds of training, not half a checkpoint interval.", "--snapshot-interval",
+        "snapshot_interval_s", sbatch=True),
     Opt("resume_from", _JOB_ID, None, "", "Start from the latest valid checkpoint of this earlier run (job id).",
         "--resume-from", "resume_from", sbatch=True, metavar="JOB_ID"),
     Opt("max_requeues", Int(minimum=0, maximum=100), 3, "requeues", "Requeue budget: how many times the job "

@@ -41,6 +41,7 @@ def run_record(
     via: str | None = None,
     data_seed: int = 0,
     spare_nodes: int = 0,
+    snapshot_interval_s: int = 0,
 ) -> dict[str, Any]:
     """The ``nuro`` record of a job comment. Keys without a value are left out (nuro-sbatch's script is the
     user's: no ``name``/``entry``; ``via`` names a submit path other than nuro-train's).
@@ -66,6 +67,8 @@ def run_record(
     if entry is not None:
         meta["entry"] = dict(entry)
     meta["ckpt_policy"] = {"interval_s": ckpt_interval_s, "keep": ckpt_keep}
+    if snapshot_interval_s:  # 0 (off) is left out: records without snapshots keep their bytes
+        meta["ckpt_policy"]["snapshot_s"] = snapshot_interval_s
     if resume_from:
         meta["resume_from"] = resume_from
     meta["requeue"] = {"max": max_requeues}
@@ -86,6 +89,8 @@ def job_env(meta: Mapping[str, Any]) -> dict[str, str]:
         env["NURO_DATA_SEED"] = str(meta["data"]["seed"])
     env["NURO_CKPT_INTERVAL_S"] = str(meta["ckpt_policy"]["interval_s"])
     env["NURO_CKPT_KEEP"] = str(meta["ckpt_policy"]["keep"])
+    if meta["ckpt_policy"].get("snapshot_s"):
+        env["NURO_SNAPSHOT_INTERVAL_S"] = str(meta["ckpt_policy"]["snapshot_s"])
     if "resume_from" in meta:
         env["NURO_RESUME_FROM"] = str(meta["resume_from"])
     env["NURO_MAX_REQUEUES"] = str(meta["requeue"]["max"])

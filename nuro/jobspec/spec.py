@@ -73,6 +73,7 @@ class JobSpec:
     python: str = "python3"
     env: tuple[tuple[str, str], ...] = ()
     ckpt_interval_s: int = 1800
+    snapshot_interval_s: int = 0
     ckpt_keep: int = 3
     resume_from: str | None = None
     max_requeues: int = 3

@@ -89,47 +89,6 @@ def test_a_node_kill_with_a_hot_spare_goes_on_without_a_requeue(
         scenario.wait_for(f"{victim} to be resumed", lambda: in_service(cluster, victim), 60)
 
 
-def test_a_node_loss_resumes_from_the_in_memory_snapshot_seconds_behind(
-    cluster: LiveCluster, prepared: tuple[Path, str, Path]
-) -> None:
-    """Issue 31 item 3: with a persistent checkpoint interval far longer than the run (so none is committed before
-    the crash) and a snapshot every second, the lost node's share survives on the other node; that node's epilog
-    promotes the newest complete snapshot, and the requeued run resumes from it (run event ``copy=memory``),
-    a few steps behind instead of from the start."""
-    work, dataset, repo = prepared
-    env, backend = cluster.env, cluster.backend
-    store = ObjectStore.from_env(env)
-    run = scenario.submit(env, work, dataset, repo, steps=300, ckpt_interval_s=600,
-                          extra_env={"NURO_SNAPSHOT_INTERVAL_S": "1"})  # fmt: skip
-    with contextlib.ExitStack() as on_failure:
-        try:
-            job = scenario.wait_for("the run to start on 2 nodes", lambda: (j := backend.find_job(run.job_id))
-                                    and j.phase == JobPhase.RUNNING and len(j.nodes) == 2 and j, 180)  # fmt: skip
-            scenario.wait_for("40 steps", lambda: any(s >= 40 for _, s in scenario.steps_logged(run.log)), 120)
-            assert latest_committed_step(store, run.team, run.name) is None, "a persistent checkpoint came first"
-            victim = job.nodes[-1]
-            _killed, final = _crash_and_wait(cluster, run, victim, on_failure)
-        finally:
-            cancel_jobs_of(cluster, ("alice",))
-        log = _completed_log(run, final)
-        assert final.restart_count == 1, "exactly one requeue: the node loss"
-        lines = log.splitlines()
-        resumed_line = next(n for n, line in enumerate(lines) if "resumed from the checkpoint of step" in line)
-        restored = int(lines[resumed_line].rsplit(" ", 1)[1])
-        last = max(s for n, s in scenario.steps_logged(run.log) if n < resumed_line)
-        print(f"\nresumed from the in-memory snapshot of step {restored}; {last - restored} steps redone")
-        assert restored >= 30 and last - restored <= 40, (restored, last)
-        from nuro.checkpoint.restore import load_manifest
-        from nuro.lifecycle import run_events
-
-        assert load_manifest(store, run.team, run.name, restored).tier == "memory"
-        resumed = [e for e in run_events.read(store, run.team, run.name, run.job_id) if e.kind == "restored"]
-        assert resumed and resumed[-1].fields.get("copy") == "memory", resumed
-        on_failure.pop_all()
-        scenario.revive_node(env, victim)
-        scenario.wait_for(f"{victim} to be resumed", lambda: in_service(cluster, victim), 60)
-
-
 def _check_samples_exactly_once(sample_log: Path, restored: int, world: int = 2, batch: int = 64) -> None:
     """The data the run trained on, pieced together as the model saw it (steps up to the restored checkpoint from
     the first attempt, the rest from the second): every epoch reads each sample at most once, and every epoch that

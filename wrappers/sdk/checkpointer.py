@@ -54,12 +54,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from nuro.checkpoint import dsfiles
+from nuro.checkpoint import dsfiles, promote
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import CheckpointError, InvalidCheckpointInput
 from nuro.checkpoint.manifest import TIER_MEMORY, FileEntry, Manifest, UploadRequest, utc_now
 from nuro.checkpoint.nodestage import staging_root
-from nuro.checkpoint.promote import snapshot_root
 from nuro.checkpoint.restore import latest_committed_step, load_manifest, restore_latest, restore_step
 from nuro.checkpoint.staging import job_dirs, request_parts, write_request
 from nuro.checkpoint.upload import FlushResult, UploadWorker
@@ -249,7 +248,7 @@ class Checkpointer:
         if interval_s is not None:
             self.snapshot_settings = dataclasses.replace(self.snapshot_settings, interval_s=interval_s)
         raw_dir = os.environ.get(snapshots.ENV_DIR)
-        self.snapshot_dir = Path(raw_dir) if raw_dir else snapshot_root(os.environ) / self.job_id
+        self.snapshot_dir = Path(raw_dir) if raw_dir else promote.snapshot_root(os.environ) / self.job_id
         self.snapshot_bytes = 0  # held on this node after the newest snapshot (its share and its neighbour's)
         self.snapshot_timings: dict[int, dict[str, float]] = {}
         self._snap_on = self.snapshot_settings.interval_s > 0
@@ -628,6 +627,7 @@ class Checkpointer:
         copies first), each other node's leader materialises that step too, and if any node cannot (a shard torn in
         S3 that rank 0 had a good local copy of), all ranks fall back together to the newest valid step below it.
         """
+        self._promote_held_snapshots()
         max_step: int | None = None
         self.restore_skipped = []
         self._rank0_skipped = []
@@ -659,6 +659,23 @@ class Checkpointer:
         self._last_saved_step = step
         log.info("restored step=%d from %s", step, path)
         return step
+
+    def _promote_held_snapshots(self) -> None:
+        """A step started again inside its allocation (a hot spare's swap: no epilog ran) finds the snapshots the job
+        took before on the surviving nodes: each node's leader that holds a complete one newer than the newest
+        committed checkpoint uploads the shares it holds (``nuro.checkpoint.promote``, inline, with the team's own
+        credential), so the restore below finds it committed. Every rank waits for every node (collective)."""
+        if self.local_rank == 0 and promote.holds_complete(self.snapshot_dir):
+            t0 = time.monotonic()
+            try:
+                got = promote.promote(self.store, self.snapshot_dir.parent, self.snapshot_dir.name,
+                                      promote.promote_timeout_s(os.environ), run=(self.team, self.run))  # fmt: skip
+                log.info("in-memory snapshot promotion on this node: committed %s in %.2f s %s", got.committed,
+                         time.monotonic() - t0, got.why)  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - an optimisation: the restore then takes the newest checkpoint
+                log.warning("in-memory snapshot not promoted: %s: %s", type(exc).__name__, exc)
+        if self._dist:
+            self._dist.barrier(group=self._ctl_group)
 
     def _choose_step(self, max_step: int | None) -> tuple[Path | None, int]:
         """Rank 0's newest valid step at or below ``max_step`` (its path there), broadcast: (path, step) with step
