@@ -3,7 +3,9 @@
 One 8-node dev cluster; per variant the example training job (``nuro.devcluster.scenario``: 2 training nodes, gloo,
 0.1 s steps, a step count it never reaches) runs for ``--minutes`` of wall time from its first start, with a
 persistent checkpoint every ``--ckpt-interval`` s (600) and the SDK's in-memory snapshot every
-``--snapshot-interval`` s (``NURO_SNAPSHOT_INTERVAL_S`` passed to the job; 0 = off). Variants, one after the other on
+``--snapshot-interval`` s (``NURO_SNAPSHOT_INTERVAL_S`` passed to the job through the submitting environment, since
+``nuro-train submit --env`` refuses ``NURO_*`` names; the result records the value a training process saw; 0 = off).
+Variants, one after the other on
 the same cluster (not side by side: ``slurm`` pauses the controller for the whole cluster, and 2 cores would make the
 variants slow each other down), nuro's first, ``slurm`` last:
 
@@ -32,13 +34,16 @@ event log, the run's own events), rank 0's log (each ``step N`` line, timestampe
 * ETTR = useful step time (seconds of training steps never done again) / wall time from the first start to
   completion or to the end of the soak;
 * failures (node kills and any requeue or swap nobody caused) and per failure: recovery time (failure → first step
-  after resume) p50, p99, worst, worst/median; steps redone;
+  after resume) p50, p99, worst, worst/median; steps redone (run since the previous failure and never kept);
 * where each lost second went, by phase, p50 and worst per failure and summed over the run: detect, requeue wait,
-  epilog, prolog/staging, start-up, restore, redone steps; plus the first start-up and what is left (``other``:
-  step-time jitter, checkpoint stalls, the preemption).
+  epilog, prolog/staging, start-up, restore, redone steps; plus the first start-up, recoveries the soak's end cut
+  short (``unrecovered``) and what is left (``other``: step-time jitter, checkpoint stalls, the tails). The
+  preemption's recovery is in the sums but not in the failures' spreads (it waits for the claimant's run).
 
 The accounting is pure (functions of plain data, unit-tested in tests/unit/test_bench_goodput.py); the soak only
-collects. Results go to ``bench/results/goodput.json``; a markdown table for docs/benchmarks.md is printed.
+collects. Results go to ``bench/results/goodput.json``; a markdown table for docs/benchmarks.md is printed; each
+run's raw inputs (``inputs.json``) and the cluster's logs are kept under the bench's /tmp work dir (named in the
+run's notes), since the cluster's state dir is purged.
 
     python -m bench.bench_goodput --minutes 20 --fail-every 270 --slurm 22.05 --port-base 27000 \\
         [--variants nuro,spare,slurm] [--job ddp|deepspeed|both] [--seed 1] [--ckpt-interval 600] \\
@@ -49,8 +54,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import random
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -83,6 +90,7 @@ from nuro.slurm import CliBackend, JobInfo
 PHASES = ("detect", "requeue_wait", "epilog", "prolog", "startup", "restore", "redone")
 #: timeline kinds that say a failure was noticed (controller, Slurm accounting, the run's own preemption record)
 DETECT_KINDS = frozenset({"node_lost", "node_down", "requeued", "node_fail", "preempted"})
+SLURM_DETECT = frozenset({"requeued", "node_fail"})
 #: a new attempt allocated (Slurm) or the batch step going on with a spare (run event)
 RESTART_KINDS = frozenset({"restarted", "spare_swap"})
 #: an attempt that ended to be run again, for a recovery nobody caused
@@ -245,6 +253,7 @@ def recovery(
     *,
     kind: str = "kill",
     node: str | None = None,
+    since: float = float("-inf"),
 ) -> dict:
     """One failure at ``at`` and its recovery, looked for in the timeline entries (``Entry.to_json()`` dicts, sorted
     by ``ts``) up to ``until`` (the next disturbance or the end of the run).
@@ -253,13 +262,16 @@ def recovery(
     new attempt's allocation or the spare swap, less the epilog), epilog (the job's epilog runs in that span),
     prolog (its prolog runs between the allocation and the training processes), start-up (the rest up to the first
     step after resume, less the restore) and restore (the ``restored`` run event's own seconds); then redone: the
-    steps done before the failure and again after it (rank 0's log), in seconds at the failed segment's rate. They
+    steps run since ``since`` (the previous failure) and never kept (rank 0's log: done again after this failure or
+    a later one), in seconds at their segments' rates. They
     add up to the recovery time (failure → first step) plus the redone seconds. A recovery that had not reached its
     first step by ``until`` has ``recovered`` False and its lost time runs to ``until`` (phases as far as known).
     """
-    det = _first(events, DETECT_KINDS, at, until, node)
-    restart = _first(events, RESTART_KINDS, det["ts"] if det else at, until)
+    restart = _first(events, RESTART_KINDS, at, until)
     t_restart = restart["ts"] if restart else None
+    # the controller's or the run's own record first: Slurm accounting's end times are whole seconds
+    det = _first(events, DETECT_KINDS - SLURM_DETECT, at, until if t_restart is None else t_restart + 1e-6, node)
+    det = det or _first(events, SLURM_DETECT, at, until if t_restart is None else t_restart + 1e-6, node)
     after = t_restart if t_restart is not None else until
     proc = _first(events, {"process_started"}, after, until)
     resumed = _first(events, {"resumed"}, after, until)
@@ -287,11 +299,13 @@ def recovery(
         phases["restore"] = min(_restore_s(resumed), max(0.0, span - phases["prolog"]))
         phases["startup"] = span - phases["prolog"] - phases["restore"]
     if new_seg is not None and new_seg > 0 and t_first is not None:
-        before, again = segs[new_seg - 1], segs[new_seg]
-        row["resumed_step"] = again.first_step
-        redone = max(0, min(before.last_step, again.last_step) - again.first_step + 1)
-        row["redone_steps"] = redone
-        phases["redone"] = redone * (before.step_s() or typical_step_s(segs) or 0.0)
+        # the steps run since ``since`` (the previous failure) up to this one that were never kept: done again
+        # now or by a later attempt, they are this failure's loss (every step run is kept or lost to one failure)
+        kept, typical = useful_steps(segs), typical_step_s(segs) or 0.0
+        stretch = [k for k in range(new_seg) if segs[k].first_ts >= since]
+        row["resumed_step"] = segs[new_seg].first_step
+        row["redone_steps"] = sum(segs[k].steps - kept[k] for k in stretch)
+        phases["redone"] = sum((segs[k].steps - kept[k]) * (segs[k].step_s() or typical) for k in stretch)
     row["recovery_s"] = round(t_first - at, 2) if t_first is not None else None
     row["phases"] = {k: round(v, 2) for k, v in phases.items()}
     row["lost_s"] = round((t_first - at if t_first is not None else until - at) + phases["redone"], 2)
@@ -340,11 +354,20 @@ def account(
             continue
         causes = [c for c in events if c["kind"] in END_KINDS | {"node_lost"} and e["ts"] - 300 <= c["ts"] <= e["ts"]]
         at = causes[-1]["ts"] if causes else e["ts"]
+        # nobody saw it fail: it failed after the last step before that record (the gap counts as its detection)
+        at = max((s.last_ts for s in segs if at - 60 <= s.last_ts <= at), default=at)
         nxt = next((d["at"] for d in planned if d["at"] > e["ts"]), end)
         row = recovery(events, at, nxt, segs, hooks, kind="unplanned")
         rows.append(row)
         spans.append((row["at"], row["at"] + row["recovery_s"] if row["recovered"] else end))
     rows.sort(key=lambda r: r["at"])
+    # again, each knowing the failure before it (its stretch of steps starts there)
+    bounds = [(r["at"], r["kind"], r["node"]) for r in rows]
+    rows = [
+        recovery(events, at, bounds[i + 1][0] if i + 1 < len(bounds) else end, segs, hooks, kind=kind, node=node,
+                 since=bounds[i - 1][0] if i else float("-inf"))
+        for i, (at, kind, node) in enumerate(bounds)
+    ]  # fmt: skip
     useful = useful_seconds(segs)
     wall = max(0.0, end - first_start)
     first_step = segs[0].first_ts if segs else None
@@ -708,6 +731,13 @@ class Soak:
             self.notes.append(f"the tail saw {len(tailed)} step lines, the log holds {len(logged)}")
         events = [e.to_json() for e in tl.entries]
         result = account(self.tail.steps, events, self.disturbances, first_start, end, hooks, completed=completed)
+        # what the accounting read, and the cluster's logs (purged with the cluster), kept beside the run for a look
+        keep = self.work / f"{self.variant}-{self.job}"
+        shutil.copytree(self.layout.log, keep / "log", dirs_exist_ok=True)
+        inputs = {"steps": self.tail.steps, "events": events, "hooks": hooks, "disturbances": self.disturbances,
+                  "first_start": first_start, "end": end, "completed": completed}  # fmt: skip
+        (keep / "inputs.json").write_text(json.dumps(inputs))
+        self.notes.append(f"inputs and cluster logs kept in {keep}")
         return {"variant": self.variant, "job": self.job, "job_id": self.run.job_id, "soak_s": soak_s,
                 "ckpt_interval_s": self.args.ckpt_interval,
                 "snapshot_interval_s": self.args.snapshot_interval if self.variant != "slurm" else 0,

@@ -35,8 +35,10 @@ log = logging.getLogger(__name__)
 #: requeue (``swap``, ``lost``, ``spares``, ``spares_left``, ``nodes``, ``why``: node_lost or straggler;
 #: ``nuro.wrappers.spares``). ``straggler_decision``: move away from a straggler or not, by cost (``move``,
 #: ``slowdown``, ``remaining_s``, ``stay_loss_s``, ``move_cost_s``, ``why``; ``nuro.policy.straggler_move``).
+#: ``snapshots``: the memory in-memory snapshots hold on rank 0's node (``held_bytes``, ``interval_s``,
+#: ``max_bytes``, ``replicated_s``; recorded after the first one and when they stop at the bound).
 KINDS = ("started", "restored", "first_step", "progress", "preempted", "finished", "failed", "checkpoint_skipped",
-         "straggler", "straggler_cleared", "straggler_decision", "spare_swap")  # fmt: skip
+         "straggler", "straggler_cleared", "straggler_decision", "spare_swap", "snapshots")  # fmt: skip
 
 
 @dataclass(frozen=True)

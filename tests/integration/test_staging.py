@@ -236,6 +236,10 @@ class TestHooksAsSlurmdRunsThem:
         assert not (nodes[0] / "snapshots" / str(job)).exists()
         found = restore_latest(store, TEAM, run, dest=tmp_path / "r")
         assert found is not None and found.step == 4 and found.manifest.tier == "memory"
+        from nuro.lifecycle import run_events
+
+        (said,) = [e for e in run_events.read(store, TEAM, run) if e.kind == "snapshots"]  # the memory, once
+        assert said.fields["held_bytes"] > 64 * 64 * 4 and said.fields["on"] is True, said  # both shares: all of it
         import torch.distributed.checkpoint as dcp
 
         got = {"shared": torch.zeros(64, 64), "own0": torch.zeros(8), "own1": torch.zeros(8)}

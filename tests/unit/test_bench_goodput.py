@@ -150,7 +150,7 @@ def test_a_restart_nobody_caused_is_an_unplanned_failure() -> None:
     res = account(steps, events, [KILL], 98.0, 170.0, HOOKS)
     assert res["failures"] == 2 and res["unplanned"] == 1
     unplanned = res["recoveries"][-1]
-    assert unplanned["kind"] == "unplanned" and unplanned["at"] == 150.0 and unplanned["recovery_s"] == 13.0
+    assert unplanned["kind"] == "unplanned" and unplanned["at"] == 136.9 and unplanned["recovery_s"] == 26.1
     assert unplanned["redone_steps"] == 0
 
 
@@ -217,3 +217,32 @@ def test_markdown_has_a_column_per_run() -> None:
     assert lines[0] == "| | nuro (ddp) | slurm (ddp) |" and lines[1] == "|---|---|---|"
     assert any(line.startswith("| ETTR | 38.5 % |") for line in lines)
     assert sum(1 for line in lines if "per failure" in line) == len(PHASES)
+
+
+def test_the_controllers_detection_wins_over_accountings_whole_seconds() -> None:
+    """sacct's end time is truncated to the second, so it can precede the node_lost event that caused it."""
+    events = sorted([*EVENTS, _ev(110.0, "node_fail", "slurm")], key=lambda e: e["ts"])
+    row = recovery(events, 110.0, 137.0, segments(STEPS), HOOKS, node="gpu002")
+    assert row["detected_by"] == "node_lost" and row["phases"]["detect"] == 1.0
+
+
+def test_steps_redone_by_a_later_attempt_count_against_the_failure_that_lost_them() -> None:
+    """No checkpoint (Slurm alone, 600 s interval): each attempt starts from step 0 again. The second attempt's 50
+    steps are lost to the unplanned requeue at 136, though the third attempt redoes them, not the second."""
+    steps = _steps(0, 99, 100.0) + _steps(0, 49, 130.0) + _steps(0, 150, 150.0)
+    events = [
+        _ev(98.0, "started", "slurm"),
+        _ev(110.0, "node_fail", "slurm"),
+        _ev(120.0, "restarted", "slurm", attempt=1),
+        _ev(130.0, "first_step", attempt=1),
+        _ev(136.0, "requeued", "slurm", attempt=1),
+        _ev(145.0, "restarted", "slurm", attempt=2),
+        _ev(150.0, "first_step", attempt=2),
+    ]
+    res = account(steps, events, [KILL], 98.0, 165.1, [])
+    kill, unplanned = res["recoveries"]
+    assert kill["redone_steps"] == 100 and kill["resumed_step"] == 0 and kill["phases"]["restore"] == 0.0
+    assert unplanned["kind"] == "unplanned" and unplanned["redone_steps"] == 50 and unplanned["at"] == 134.9
+    assert unplanned["phases"]["detect"] == 1.1 and unplanned["detected_by"] == "requeued"
+    assert res["steps_run"] - res["steps_kept"] == 150 and res["lost_s"]["redone"] == pytest.approx(15.0)
+    assert abs(res["lost_s"]["other"]) <= 0.5

@@ -252,6 +252,7 @@ class Checkpointer:
         self.snapshot_bytes = 0  # held on this node after the newest snapshot (its share and its neighbour's)
         self.snapshot_timings: dict[int, dict[str, float]] = {}
         self._snap_on = self.snapshot_settings.interval_s > 0
+        self._snap_reported = False
         self._last_snapshot_step: int | None = None
         self._last_snapshot_time = time.monotonic()
         self._leaders: list[int] = []
@@ -509,11 +510,20 @@ class Checkpointer:
                 shutil.rmtree(old, ignore_errors=True)
         self.snapshot_bytes = snapshots.held_bytes(self.snapshot_dir)
         timing["replicated_s"] = time.monotonic() - t0
+        first = not self._snap_reported
         if 2 * self.snapshot_bytes > self.snapshot_settings.max_bytes and self._snap_on:
             self._snap_on = False  # rank 0's node decides for the job (maybe_save broadcasts its decision)
             log.warning(
                 "in-memory snapshots stop: this node holds %d bytes per snapshot, and two of them would pass "
                 "%s=%d", self.snapshot_bytes, snapshots.ENV_MAX_BYTES, self.snapshot_settings.max_bytes,
+            )  # fmt: skip
+            first = True
+        if first and self.rank == 0:  # what snapshots cost in memory, for nuro-train events (said once, or at the stop)
+            self._snap_reported = True
+            run_events.record_later(
+                "snapshots", store=self.store, env=self._event_env(), step=step, held_bytes=self.snapshot_bytes,
+                interval_s=self.snapshot_settings.interval_s, max_bytes=self.snapshot_settings.max_bytes,
+                replicated_s=round(timing["replicated_s"], 3), on=self._snap_on,
             )  # fmt: skip
         log.debug("snapshot step=%d held=%d bytes replicated in %.3f s", step, self.snapshot_bytes,
                   timing["replicated_s"])  # fmt: skip
@@ -741,15 +751,19 @@ class Checkpointer:
         skipped = {step: why for step, why in [*self._rank0_skipped, *self.restore_skipped]}
         if skipped:
             steps = [{"step": step, "reason": why[:300]} for step, why in sorted(skipped.items(), reverse=True)]
-            env = {
-                "NURO_TEAM": self.team,
-                "NURO_RUN_NAME": self.run,
-                "SLURM_JOB_ID": self.job_id,
-                "RANK": "0",
-                "SLURM_RESTART_COUNT": str(self.env.restart_count),
-                "SLURMD_NODENAME": os.environ.get("SLURMD_NODENAME", ""),
-            }  # this Checkpointer's run, also where no Slurm variables are set
-            run_events.record_later("checkpoint_skipped", store=self.store, env=env, steps=steps, restored=restored)
+            run_events.record_later("checkpoint_skipped", store=self.store, env=self._event_env(), steps=steps,
+                                    restored=restored)  # fmt: skip
+
+    def _event_env(self) -> dict[str, str]:
+        """The run events' identity: this Checkpointer's run, also where no Slurm variables are set."""
+        return {
+            "NURO_TEAM": self.team,
+            "NURO_RUN_NAME": self.run,
+            "SLURM_JOB_ID": self.job_id,
+            "RANK": "0",
+            "SLURM_RESTART_COUNT": str(self.env.restart_count),
+            "SLURMD_NODENAME": os.environ.get("SLURMD_NODENAME", ""),
+        }
 
     def _materialise_everywhere(self, step: int, path: Path | None) -> tuple[list[str], Path | None]:
         """Each node's leader (other than rank 0's) materialises ``step``; every rank learns every node's outcome.
