@@ -615,7 +615,7 @@ def main(rank, world, run, root, port, s3_port):
     from nuro.devcluster.layout import PortPlan
     from nuro.wrappers.sdk.checkpointer import Checkpointer
     store = s3.dev_store(PortPlan(s3_port))
-    jobs = {"node": "900", "fresh": "901", "solo": "902"}
+    jobs = {"node": "900", "fresh": "901", "solo": "902", "snap": "903", "again": "904"}
     node = lambda name: Path(root) / f"{name}{rank}" / jobs[name]  # each rank its own node's staging dir
     if world == 1:  # a ZeRO checkpoint of 2 ranks cannot be loaded by 1: a clear error, nothing loaded
         ck = Checkpointer(team="vision", run=run, store=store, staging_dir=node("solo"), upload="inline",
@@ -660,6 +660,35 @@ def main(rank, world, run, root, port, s3_port):
     assert (fresh.step_dir(9) / shard).is_file()
     assert fresh.wait_committed(9, 60)
     fresh.close()
+
+    # issue 31: an in-memory snapshot of the engine (each node's ZeRO shard, the model states) replicated to the
+    # other node; node 1 is then lost, node 0 alone promotes it, and fresh engines resume from it bitwise
+    from nuro.checkpoint import promote
+    snapdir = Path(root) / f"snapmem{rank}" / "903"
+    os.environ["NURO_SNAPSHOT_DIR"] = str(snapdir)
+    snap = Checkpointer(team="vision", run=run, store=store, staging_dir=node("snap"), upload="agent", engine=eng2,
+                        interval_s=3600, snapshot_interval_s=0.001)
+    got["progress"]["step"] = 10
+    import time
+    time.sleep(0.05)  # the snapshot interval (1 ms) has passed on rank 0's clock
+    assert snap.maybe_save(lambda: got, 10) is False  # a snapshot
+    snap.close()
+    names = sorted(p.name for p in (snapdir / "ckpt" / L.step_name(10)).iterdir())
+    other = f"zero_pp_rank_{1 - rank}_mp_rank_00_optim_states.pt"
+    assert {shard, other, "mp_rank_00_model_states.pt", ".upload-0.json", ".upload-1.json"} <= set(names), names
+    want2 = train(eng2, range(11, 14), rank)
+    if rank == 0:
+        got_p = promote.promote(store, snapdir.parent, snapdir.name, 60, run=("vision", run))
+        assert got_p.committed == [10], got_p
+    dist.barrier()
+    eng4 = engine(world, 1)
+    again = Checkpointer(team="vision", run=run, store=store, staging_dir=node("again"), upload="inline",
+                         engine=eng4)
+    got4 = {"progress": {"step": -1}}
+    assert again.restore(got4) == 10 and got4 == {"progress": {"step": 10}}, got4
+    assert rank != 0 or again.restored_tier == "memory"
+    assert train(eng4, range(11, 14), rank) == want2, "resumed from the snapshot, the losses differ"
+    again.close()
     dist.destroy_process_group()
 
 if __name__ == "__main__":
