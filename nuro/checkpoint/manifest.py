@@ -276,10 +276,11 @@ class _Fields:
         raw = self._get(key)
         if not isinstance(raw, list):
             raise ManifestError(f"{self.what}: field {key!r} must be a list of {{path, size, sha256}}")
-        return _files(raw, f"{self.what}: {key}")
+        return parse_files(raw, f"{self.what}: {key}")
 
 
-def _files(raw: Iterable[Any], what: str) -> tuple[FileEntry, ...]:
+def parse_files(raw: Iterable[Any], what: str) -> tuple[FileEntry, ...]:
+    """File entries ({path, size, sha256}, strict): the one parser of every list of checkpoint files."""
     out: list[FileEntry] = []
     seen: set[str] = set()
     for i, e in enumerate(raw):

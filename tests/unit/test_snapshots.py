@@ -26,13 +26,14 @@ def test_each_node_sends_to_the_next_and_takes_from_the_previous() -> None:
 
 
 def test_a_share_round_trips_and_a_bad_one_is_refused() -> None:
-    files = [(".metadata", b"m" * 10), ("__1_0.distcp", b""), ("sub/x.pt", bytes(range(256)))]
+    raw = [(".metadata", b"m" * 10), ("__1_0.distcp", b""), ("sub/x.pt", bytes(range(256)))]
+    files = [(FileEntry.of_bytes(p, d), d) for p, d in raw]
     assert unpack(pack(files)) == files
     blob = pack(files)
     with pytest.raises(InvalidCheckpointInput, match="beyond its index"):
         unpack(blob + b"x")
     with pytest.raises(InvalidCheckpointInput, match="bad checkpoint file path"):
-        unpack(pack([("../etc/passwd", b"x")]))
+        unpack(pack([(FileEntry("../etc/passwd", 1, "0" * 64), b"x")]))
     with pytest.raises(InvalidCheckpointInput, match="shorter than its header"):
         unpack(b"\x01")
 

@@ -57,7 +57,7 @@ from typing import Any, Literal
 from nuro.checkpoint import dsfiles, promote
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.errors import CheckpointError, InvalidCheckpointInput
-from nuro.checkpoint.manifest import TIER_MEMORY, FileEntry, Manifest, UploadRequest, utc_now
+from nuro.checkpoint.manifest import TIER_MEMORY, Manifest, UploadRequest, utc_now
 from nuro.checkpoint.nodestage import staging_root
 from nuro.checkpoint.restore import latest_committed_step, load_manifest, restore_latest, restore_step
 from nuro.checkpoint.staging import job_dirs, request_parts, write_request
@@ -492,11 +492,12 @@ class Checkpointer:
         shares = [(self.part, own)]
         if self._leaders_group is not None:
             to_part, from_part = snapshots.ring(self.parts_expected, self.part)
-            blob = snapshots.pack([(f.path, (path / f.path).read_bytes()) for f in own])
+            blob = snapshots.pack([(f, (path / f.path).read_bytes()) for f in own])
             theirs = snapshots.unpack(snapshots.exchange(
                 self._dist, self._leaders_group, self._leaders[to_part], self._leaders[from_part], blob))  # fmt: skip
+            del blob
             snapshots.write_share(path, theirs)
-            shares.append((from_part, tuple(FileEntry.of_bytes(p, d) for p, d in theirs)))
+            shares.append((from_part, tuple(f for f, _ in theirs)))
             self._dist.barrier(group=self._leaders_group)  # every node holds its share and its neighbour's
         for part, files in shares:
             write_request(path, UploadRequest(

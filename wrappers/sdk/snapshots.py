@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nuro.checkpoint import layout as L
-from nuro.checkpoint.errors import InvalidCheckpointInput
+from nuro.checkpoint.errors import InvalidCheckpointInput, ManifestError
+from nuro.checkpoint.manifest import FileEntry, parse_files
 from nuro.wrappers.sdk.runenv import env_seconds
 
 ENV_INTERVAL = "NURO_SNAPSHOT_INTERVAL_S"
@@ -67,13 +67,15 @@ def ring(parts: int, part: int) -> tuple[int, int]:
     return (part + 1) % parts, (part - 1) % parts
 
 
-def pack(files: Sequence[tuple[str, bytes]]) -> bytes:
-    """One buffer of (relative path, bytes) pairs: a length-prefixed JSON index, then the bytes in order."""
-    index = json.dumps([[path, len(data)] for path, data in files]).encode()
+def pack(files: Sequence[tuple[FileEntry, bytes]]) -> bytes:
+    """One buffer of (file entry, bytes) pairs: a length-prefixed JSON index (path, size, sha256), then the bytes in
+    order. The sender's sha256 travels along: the receiver lists it in its request unhashed, and the upload worker,
+    which hashes every byte it sends, refuses a share that does not match (a promoted step then falls back)."""
+    index = json.dumps([[f.path, f.size, f.sha256] for f, _ in files]).encode()
     return b"".join([_HEADER.pack(len(index)), index, *(data for _, data in files)])
 
 
-def unpack(blob: bytes) -> list[tuple[str, bytes]]:
+def unpack(blob: bytes) -> list[tuple[FileEntry, bytes]]:
     """The inverse of ``pack``, strict: every path a safe relative path, the sizes adding up to the buffer."""
     if len(blob) < _HEADER.size:
         raise InvalidCheckpointInput("snapshot share: buffer shorter than its header")
@@ -87,11 +89,14 @@ def unpack(blob: bytes) -> list[tuple[str, bytes]]:
         raise InvalidCheckpointInput("snapshot share: the index is not a list of files")
     out, at = [], start
     for entry in index:
-        if not (isinstance(entry, list) and len(entry) == 2 and type(entry[1]) is int and entry[1] >= 0):
+        if not (isinstance(entry, list) and len(entry) == 3 and type(entry[1]) is int and entry[1] >= 0):
             raise InvalidCheckpointInput(f"snapshot share: bad index entry {entry!r:.100}")
-        path = L.validate_path(entry[0])
-        out.append((path, blob[at : at + entry[1]]))
-        at += entry[1]
+        try:
+            (f,) = parse_files([{"path": entry[0], "size": entry[1], "sha256": entry[2]}], "snapshot share")
+        except ManifestError as exc:
+            raise InvalidCheckpointInput(str(exc)) from None
+        out.append((f, blob[at : at + f.size]))
+        at += f.size
     if at != len(blob):
         raise InvalidCheckpointInput(f"snapshot share: {len(blob) - at} bytes beyond its index")
     return out
@@ -113,11 +118,11 @@ def exchange(dist: Any, group: Any, to_rank: int, from_rank: int, blob: bytes) -
     return got.numpy().tobytes()
 
 
-def write_share(step_dir: Path, files: Sequence[tuple[str, bytes]]) -> None:
+def write_share(step_dir: Path, files: Sequence[tuple[FileEntry, bytes]]) -> None:
     """Write the neighbour's share beside this node's own (its files have other names: a DCP or ZeRO file is one
     rank's; a DeepSpeed model-states copy this node also wrote, but does not own, is replaced by the owner's)."""
-    for path, data in files:
-        dest = step_dir / path
+    for entry, data in files:
+        dest = step_dir / entry.path
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(f".{dest.name}.part")
         tmp.write_bytes(data)
