@@ -73,6 +73,7 @@ class CommittedCheckpoint:
     at: float
     job_id: int | None = None
     restart: int | None = None
+    tier: str = "persistent"
 
 
 @dataclass(frozen=True)
@@ -218,8 +219,14 @@ def _run_entries(run_events: Iterable[RunEvent]) -> list[Entry]:
 
 def _ckpt_entries(ckpts: Iterable[CommittedCheckpoint]) -> list[Entry]:
     return [
-        Entry(c.at, "checkpoint_committed", "checkpoint", f"step {c.step} committed", c.restart, c.step) for c in ckpts
-    ]
+        Entry(c.at, "checkpoint_committed", "checkpoint", f"step {c.step} committed" + _TIER_WORDS.get(c.tier, ""),
+              c.restart, c.step)
+        for c in ckpts
+    ]  # fmt: skip
+
+
+#: How a committed step that was not a periodic checkpoint reads in the timeline.
+_TIER_WORDS = {"memory": " (in-memory snapshot, promoted after the node loss)"}
 
 
 def build(

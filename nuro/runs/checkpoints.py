@@ -40,6 +40,7 @@ def checkpoint_record(manifest) -> dict:  # noqa: ANN001 - a nuro.checkpoint.man
         "committed_at": manifest.created_at,
         "bytes": manifest.total_bytes,
         "world_size": manifest.world_size,
+        "tier": manifest.tier,  # "memory": an in-memory snapshot a surviving node promoted after a node loss
     }
 
 

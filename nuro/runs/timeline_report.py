@@ -36,6 +36,7 @@ def committed_checkpoints(store: ObjectStore, team: str, run: str, job_id: int) 
             at=datetime.fromisoformat(str(c["committed_at"]).replace("Z", "+00:00")).timestamp(),
             job_id=job_id,
             restart=c["restart"],
+            tier=c.get("tier", "persistent"),
         )
         for c in committed
         if str(c["job_id"]) == str(job_id)

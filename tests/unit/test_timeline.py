@@ -92,3 +92,10 @@ def test_a_node_loss_absorbed_by_a_spare_is_a_recovery_without_a_requeue() -> No
     summary = rec.to_json()
     assert summary["via"] == "spare" and summary["node"] == "gpu006" and summary["requeue_s"] is None
     assert summary["resume_s"] == 3.75 and summary["resumed_step"] == 33 and summary["steps_lost"] == 12
+
+
+def test_a_promoted_in_memory_snapshot_says_so_in_the_timeline() -> None:
+    ckpts = [CommittedCheckpoint(step=7, at=100.0, job_id=1, restart=0),
+             CommittedCheckpoint(step=9, at=130.0, job_id=1, restart=0, tier="memory")]  # fmt: skip
+    details = [e.detail for e in build(1, [], (), (), ckpts).entries if e.kind == "checkpoint_committed"]
+    assert details == ["step 7 committed", "step 9 committed (in-memory snapshot, promoted after the node loss)"]
