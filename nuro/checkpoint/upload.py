@@ -92,6 +92,9 @@ log = logging.getLogger(__name__)
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 WAIT_MAX_S = 5.0
+#: How many of a job's newest step dirs the flush settles at once (``nuro.checkpoint.lostwriters``): a save in flight
+#: at the job's end is one of the last; a job that leaves thousands of empty step dirs gets no S3 write per dir.
+SETTLE_NEWEST = 4
 _MAX_SAID = 10_000  # "logged once" memory: bounded whatever the number of hostile job dirs
 SPARSE_SLACK_BYTES = 1 << 20  # files up to this size are never judged sparse (tails, inline data, empty files)
 
@@ -470,7 +473,7 @@ class UploadWorker:
             try:
                 with opener() as jd:
                     owner = self._owner(jd)
-                    for sd in self._steps(jd):
+                    for sd in self._steps(jd, newest=SETTLE_NEWEST):
                         if sd.has_request or sd.is_done or sd.is_abandoned or owner is None:
                             continue
                         err = self._give_up_torn(sd, owner)
@@ -508,7 +511,7 @@ class UploadWorker:
             try:
                 with opener() as jd:
                     owner = self._owner(jd)
-                    for sd in self._steps(jd):
+                    for sd in self._steps(jd, newest=SETTLE_NEWEST):
                         reason = self._lost_writer(sd, owner, lost_nodes) if sd.is_pending else None
                         if reason is None:
                             continue
@@ -580,10 +583,11 @@ class UploadWorker:
             )
         return owner
 
-    def _steps(self, jd: JobDir) -> Iterator[StepDir]:
-        """Each step dir of the job, opened one at a time and closed once its turn is over (a job with 100 000
-        step dirs must not hold as many fds of the agent)."""
-        for step, name in jd.step_names():
+    def _steps(self, jd: JobDir, newest: int | None = None) -> Iterator[StepDir]:
+        """Each step dir of the job (only the ``newest`` ones, if given), opened one at a time and closed once its
+        turn is over (a job with 100 000 step dirs must not hold as many fds of the agent)."""
+        names = jd.step_names()
+        for step, name in names[-newest:] if newest else names:
             try:
                 sd = jd.open_step(step, name)
             except FileNotFoundError:
