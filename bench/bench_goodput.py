@@ -3,8 +3,8 @@
 One 8-node dev cluster; per variant the example training job (``nuro.devcluster.scenario``: 2 training nodes, gloo,
 0.1 s steps, a step count it never reaches) runs for ``--minutes`` of wall time from its first start, with a
 persistent checkpoint every ``--ckpt-interval`` s (600) and the SDK's in-memory snapshot every
-``--snapshot-interval`` s (``NURO_SNAPSHOT_INTERVAL_S`` passed to the job through the submitting environment, since
-``nuro-train submit --env`` refuses ``NURO_*`` names; the result records the value a training process saw; 0 = off).
+``--snapshot-interval`` s (``nuro-train submit --snapshot-interval``, exported to the job as
+``NURO_SNAPSHOT_INTERVAL_S``; the result records the value a training process saw; 0 = off).
 Variants, one after the other on
 the same cluster (not side by side: ``slurm`` pauses the controller for the whole cluster, and 2 cores would make the
 variants slow each other down), nuro's first, ``slurm`` last:
@@ -668,8 +668,7 @@ class Soak:
                 self.env, self.work, self.dataset, self.repo, spare_nodes=1 if self.variant == "spare" else 0,
                 steps=STEPS, ckpt_interval_s=args.ckpt_interval, deepspeed=self.job == "deepspeed",
                 name=f"goodput-{self.variant}-{self.job}-{int(time.time()) % 10**6}",
-                time_limit=str(int(args.minutes) + 30), max_requeues=100,
-                extra_env={SNAPSHOT_ENV: str(snapshot)},
+                time_limit=str(int(args.minutes) + 30), max_requeues=100, snapshot_interval_s=int(snapshot),
             )  # fmt: skip
             self.tail = StepTail(self.run.log)
             self.tail.start()
@@ -755,7 +754,7 @@ def main() -> None:
     ap.add_argument("--job", choices=("ddp", "deepspeed", "both"), default="ddp")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ckpt-interval", type=int, default=600, help="persistent checkpoint interval, s")
-    ap.add_argument("--snapshot-interval", type=float, default=5,
+    ap.add_argument("--snapshot-interval", type=int, default=5,
                     help="NURO_SNAPSHOT_INTERVAL_S for the nuro variants (0 = off)")  # fmt: skip
     args = ap.parse_args()
 

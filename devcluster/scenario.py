@@ -51,11 +51,12 @@ class Run:
 def run_cmd(
     argv: list[str], env: dict[str, str], user: str | None = None, cwd: Path | None = None, timeout_s: float = 300
 ) -> subprocess.CompletedProcess:
+    shown = " ".join(argv)  # the command, never the environment: it carries the S3 secret and the metrics token
     if user:
         argv = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in env.items()), *argv]
     res = subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=timeout_s, cwd=cwd)
     if res.returncode != 0:
-        raise ScenarioError(f"{' '.join(argv)} failed ({res.returncode}):\n{res.stderr or res.stdout}")
+        raise ScenarioError(f"{shown} failed ({res.returncode}):\n{res.stderr or res.stdout}")
     return res
 
 
@@ -128,12 +129,14 @@ def submit(
     time_limit: str = "15:00",
     max_requeues: int | None = None,
     extra_env: dict[str, str] | None = None,
+    snapshot_interval_s: int = 0,
 ) -> Run:
     """``nuro-train submit`` of the example in ``repo`` as ``user``; ``deepspeed``: the DeepSpeed example (launcher
     deepspeed with its ZeRO-2 config). ``time_limit``: per attempt, in sbatch's forms; ``max_requeues``: the job's
     requeue budget (None: nuro-train's default); ``extra_env``: more environment for the training processes, as
     ``--env KEY=VALUE``, except ``NURO_*`` names, which ``--env`` refuses (nuro's own): those are set in the
-    submitting environment, which sbatch hands to the job (its default ``--export=ALL``)."""
+    submitting environment, which sbatch hands to the job (its default ``--export=ALL``); ``snapshot_interval_s``:
+    ``--snapshot-interval`` (in-memory snapshots; 0 = off)."""
     extra_env = extra_env or {}
     own = {k: v for k, v in extra_env.items() if k.startswith("NURO_")}
     name = name or f"{'ds' if deepspeed else 'ddp'}-{int(time.time() * 1000) % 10**9}"
@@ -149,6 +152,7 @@ def submit(
         *(["--deepspeed-config", DEEPSPEED_CONFIG] if deepspeed else []),
         *(["--resume-from", str(resume_from)] if resume_from else []),
         *(["--max-requeues", str(max_requeues)] if max_requeues is not None else []),
+        *(["--snapshot-interval", str(snapshot_interval_s)] if snapshot_interval_s else []),
         *(w for k, v in extra_env.items() if k not in own for w in ("--env", f"{k}={v}")),
         "--env", "GLOO_SOCKET_IFNAME=lo", "--json",
     ]  # fmt: skip

@@ -27,8 +27,6 @@ from tests.integration.conftest import LiveCluster, cancel_jobs_of
 
 pytestmark = [pytest.mark.slurm]
 
-SNAPSHOTS = {"NURO_SNAPSHOT_INTERVAL_S": "1"}
-
 
 @pytest.mark.parametrize("spare", [False, True], ids=["requeue", "spare"])
 def test_a_node_loss_resumes_from_the_in_memory_snapshot_seconds_behind(
@@ -38,8 +36,9 @@ def test_a_node_loss_resumes_from_the_in_memory_snapshot_seconds_behind(
     env, backend = cluster.env, cluster.backend
     store = ObjectStore.from_env(env)
     width = 3 if spare else 2
-    run = scenario.submit(env, work, dataset, repo, steps=300, ckpt_interval_s=600, spare_nodes=int(spare),
-                          extra_env=SNAPSHOTS)  # fmt: skip
+    run = scenario.submit(
+        env, work, dataset, repo, steps=300, ckpt_interval_s=600, spare_nodes=int(spare), snapshot_interval_s=1
+    )  # nuro-train submit --snapshot-interval 1
     with contextlib.ExitStack() as on_failure:
         try:
             job = scenario.wait_for(f"the run to start on {width} nodes", lambda: (j := backend.find_job(run.job_id))
