@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping
 from nuro.lifecycle.platform_events import EventLog
 from nuro.protocol.heartbeat import MAX_STOP_GRACE_S
 from nuro.slurm import Backend, DownNode, DrainNode, ResumeNode
-from nuro.slurm.actions import ActionResult
-from nuro.slurm.models import NodeInfo
+from nuro.slurm.actions import ActionResult, Requeue
+from nuro.slurm.models import JobInfo, JobPhase, NodeInfo
 from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
 from nuro.slurm_plugins.controller.liveness import (
     Cause,
@@ -208,13 +208,16 @@ class FailureDetector:
     ) -> list[tuple[NodeAction, ActionResult | None]]:
         lost_nodes = {a.node for a in actions if a.kind is NodeActionKind.DOWN}
         running: dict[str, list[tuple[int, bool]]] = {}
-        if lost_nodes and self.events is not None:
+        batch_hosts: dict[int, str] = {}  # requeueable jobs whose batch host (first node) is lost
+        if lost_nodes:
             # Which jobs ran there, read before DOWN requeues them (after it, squeue no longer names the node).
             try:
                 for job in self.backend.jobs():
                     if job.state.startswith(("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")):
                         for node in lost_nodes.intersection(job.nodes):
                             running.setdefault(node, []).append((job.job_id, job.requeue))
+                        if job.requeue and job.nodes and job.nodes[0] in lost_nodes:
+                            batch_hosts[job.job_id] = job.nodes[0]
             except Exception as exc:  # noqa: BLE001 - a bad job list must not stop the node from going down
                 log.warning("could not list the jobs on %s before taking it down: %s", sorted(lost_nodes), exc)
         done: list[tuple[NodeAction, ActionResult | None]] = []
@@ -234,7 +237,32 @@ class FailureDetector:
             )  # fmt: skip
             self._note_after(action, result, running.get(action.node, []), now)
             done.append((action, result))
+        if batch_hosts and not self.dry_run:
+            self._requeue_headless(batch_hosts)
         return done
+
+    def _requeue_headless(self, batch_hosts: Mapping[int, str]) -> None:
+        """Requeue every job that lost its batch host yet still runs: a ``--no-kill`` job (hot spares) has the lost
+        node excised and keeps RUNNING, but its batch script, the one that would swap in a spare, died with the
+        node; Slurm notices only when that node registers again (measured on 26.05: the job hung until then). Its
+        requeue is the path it would have taken without spares."""
+        try:
+            jobs: dict[int, JobInfo] = {j.job_id: j for j in self.backend.jobs()}
+        except Exception as exc:  # noqa: BLE001 - the next loss of the same node is not coming: say it loudly
+            log.error("could not list jobs after taking nodes down (batch hosts lost: %s): %s", dict(batch_hosts), exc)
+            return
+        for job_id, host in sorted(batch_hosts.items()):
+            job = jobs.get(job_id)
+            if job is None or job.phase is not JobPhase.RUNNING or host in job.nodes:
+                continue  # Slurm ended or requeued it itself (the usual case), or it has not let go of the node yet
+            try:
+                result = self.backend.apply(Requeue(job_id))
+            except Exception as exc:  # noqa: BLE001
+                result = ActionResult(Requeue(job_id), ok=False, message=f"{type(exc).__name__}: {exc}"[:300])
+            log.info("job=%d lost its batch host %s and still ran: requeued=%s %s", job_id, host, result.ok,
+                     result.message if not result.ok else "")  # fmt: skip
+            self._emit("jobs_requeued", node=host, jobs=[job_id] if result.ok else [], not_requeued=[] if result.ok
+                       else [job_id], why="batch host lost", error="" if result.ok else result.message)  # fmt: skip
 
     def _emit(self, kind: str, **fields: object) -> None:
         if self.events is None:

@@ -78,6 +78,30 @@ def test_killed_node_goes_down_and_drained_fast_and_its_requeue_job_runs_elsewhe
     assert any(e["kind"] == "node_resumed" for e in read_events(cluster.layout.events_log, node=victim))
 
 
+def test_a_no_kill_job_that_lost_its_batch_host_is_requeued(cluster: LiveCluster, restore: list[str]) -> None:
+    """Issue 31: a ``--no-kill`` job (what hot spares use) keeps RUNNING when a node fails: Slurm excises the node.
+    When that node is the batch host, the batch script (which would swap in a spare) died with it and nothing would
+    end the job until the node registers again. The detector requeues such a job: the requeue path."""
+    job_id = cluster.backend.submit(SLEEP_JOB, "--requeue", "--no-kill", "-N2", "--nodelist=gpu003,gpu004",
+                                    "-o", "/dev/null")  # fmt: skip
+    job = wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING" and j, 60, "running")
+    host = job.nodes[0]
+    restore.append(host)
+    wait_until(lambda: cgroups.node_processes(cluster.layout.root, host), 30, f"the job's processes on {host}")
+    killed = manager.kill_node(cluster.layout, host)
+    try:
+        again = wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.restart_count == 1 and j, 60,
+                           "the job requeued")  # fmt: skip
+        assert again.phase.name in ("COMPLETING", "PENDING", "RUNNING"), again  # requeued: not ended
+        events = read_events(cluster.layout.events_log, since=killed["at"] - 1, node=host)
+        headless = [e for e in events if e["kind"] == "jobs_requeued" and e.get("why") == "batch host lost"]
+        assert headless and headless[0]["jobs"] == [job_id], events
+    finally:
+        cluster.run(["scancel", str(job_id)], check=False)
+        manager.revive_node(cluster.layout, host)
+    wait_until(lambda: _node(cluster, host).state == "IDLE", 30, f"{host} resumed by the detector")
+
+
 def test_an_admin_drained_node_is_never_resumed(cluster: LiveCluster, restore: list[str]) -> None:
     node = "gpu007"
     restore.append(node)
