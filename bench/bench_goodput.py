@@ -765,7 +765,9 @@ def main() -> None:
     variants = [v for v in VARIANTS if v in wanted]  # slurm last: it pauses the controller
     jobs = ["ddp", "deepspeed"] if args.job == "both" else [args.job]
     results: list[dict] = []
-    with cluster(8, args.port_base, "goodput", slurm=args.slurm) as (layout, env, _up):
+    # a state dir (and results file) of its own per Slurm version and port base: soaks may run side by side
+    name = f"goodput-{args.slurm}-{args.job}-{args.port_base}"
+    with cluster(8, args.port_base, name, slurm=args.slurm) as (layout, env, _up):
         backend = CliBackend(env=env)
         work = Path(tempfile.mkdtemp(prefix="nuro-bench-goodput-", dir="/tmp"))
         work.chmod(0o755)
@@ -791,7 +793,7 @@ def main() -> None:
                 print(f"{variant} ({job}): ETTR {res['ettr']}, failures {res['failures']}, "
                       f"recovery {res['recovery_s']}, lost {res['lost_s']}", flush=True)  # fmt: skip
     table = markdown(results)
-    save("goodput", {"slurm": args.slurm, "minutes": args.minutes, "fail_every_s": args.fail_every,
+    save(f"goodput-{args.slurm}-{args.job}", {"slurm": args.slurm, "minutes": args.minutes, "fail_every_s": args.fail_every,
                      "seed": args.seed, "runs": results, "table": table})  # fmt: skip
     print()
     print(table)
