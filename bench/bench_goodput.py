@@ -793,8 +793,9 @@ def main() -> None:
                 print(f"{variant} ({job}): ETTR {res['ettr']}, failures {res['failures']}, "
                       f"recovery {res['recovery_s']}, lost {res['lost_s']}", flush=True)  # fmt: skip
     table = markdown(results)
-    save(f"goodput-{args.slurm}-{args.job}", {"slurm": args.slurm, "minutes": args.minutes, "fail_every_s": args.fail_every,
-                     "seed": args.seed, "runs": results, "table": table})  # fmt: skip
+    save(f"goodput-{args.slurm}-{args.job}", {"slurm": args.slurm, "minutes": args.minutes,
+                                              "fail_every_s": args.fail_every, "seed": args.seed, "runs": results,
+                                              "table": table})  # fmt: skip
     print()
     print(table)
 
