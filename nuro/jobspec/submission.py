@@ -23,6 +23,7 @@ from nuro.jobspec.render import ClusterFacts, Pins, RenderError, SbatchRequest, 
 from nuro.jobspec.sbatch_args import parse_options, script_directives
 from nuro.jobspec.spec import JobSpec, SpecError, build_spec, load_spec_file, split_code_flag
 from nuro.slurm import Backend
+from nuro.slurm.models import EXPEDITED_REQUEUE_SINCE
 
 #: Where runs write when neither the spec nor a flag says (``run_root``).
 DEFAULT_RUN_ROOT = "~/nuro-runs"
@@ -119,15 +120,10 @@ def deepspeed_notes(path: str, code: CodePin, world: int) -> list[str]:
     return [f"{field}: {n}" for n in check.notes]
 
 
-#: Slurm 25.11+ requeues a job submitted with ``--requeue=expedite`` at once when its node fails (no ``cred_expire``
-#: wait; slurm.conf's ``enable_expedited_requeue``, which the renderer writes for those releases). Older ones refuse
-#: the flag, so it is added at submit time from the cluster's version; the rendered script keeps ``--requeue``.
-EXPEDITED_REQUEUE_SINCE = (25, 11)
-
-
 def requeue_args(backend: Backend) -> list[str]:
-    """``["--requeue=expedite"]`` where the cluster's Slurm has it (a command-line flag overrides the script's
-    ``#SBATCH --requeue``), else nothing."""
+    """``["--requeue=expedite"]`` where the cluster's Slurm has it (``EXPEDITED_REQUEUE_SINCE``; slurm.conf's
+    ``enable_expedited_requeue``, which the renderer writes for those releases; a command-line flag overrides the
+    script's ``#SBATCH --requeue``), else nothing: older releases refuse the flag."""
     return ["--requeue=expedite"] if backend.version().major_minor >= EXPEDITED_REQUEUE_SINCE else []
 
 

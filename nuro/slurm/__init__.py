@@ -35,6 +35,7 @@ from nuro.slurm.actions import (
     UpdateJobs,
     UpdateQos,
     UpdateSiteFactor,
+    UpdateStartTime,
     render_argv,
     render_stdin,
 )
@@ -121,6 +122,7 @@ __all__ = [
     "UpdateComment",
     "UpdateJobs",
     "UpdateSiteFactor",
+    "UpdateStartTime",
     "attach_switches",
     "classify_error",
     "compress_hostlist",

@@ -159,6 +159,14 @@ class UpdateSiteFactor:
 
 
 @dataclass(frozen=True)
+class UpdateStartTime:
+    """``scontrol update jobid=<id> StartTime=now``: a pending job may start at the next scheduling pass (root; the
+    detector's expedited start of a job it requeued, ``nuro.slurm_plugins.controller.expedite``)."""
+
+    job_id: int | str
+
+
+@dataclass(frozen=True)
 class UpdateJobs:
     """``scontrol update jobid=<id>,<id>,... qos=<qos> | sitefactor=<value>``: one command for many pending jobs.
 
@@ -247,6 +255,7 @@ Action = (
     | Release
     | UpdateQos
     | UpdateSiteFactor
+    | UpdateStartTime
     | UpdateJobs
     | UpdateComment
     | UpdateAdminComment
@@ -292,6 +301,8 @@ def render_argv(action: Action | SubmitCommand) -> list[str]:
             return ["scontrol", "update", "jobid=" + ",".join(_check_job_id(j) for j in ids), what]
         case UpdateSiteFactor(job_id=jid, value=value):
             return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"sitefactor={int(value)}"]
+        case UpdateStartTime(job_id=jid):
+            return ["scontrol", "update", f"jobid={_check_job_id(jid)}", "StartTime=now"]
         case UpdateComment(job_id=jid, comment=comment):
             return ["scontrol", "update", f"jobid={_check_job_id(jid)}", f"comment={comment}"]
         case UpdateAdminComment(job_id=jid, text=text):

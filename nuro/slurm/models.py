@@ -43,6 +43,12 @@ class SlurmVersion:
         return (self.major, self.minor) >= (23, 2)
 
 
+#: The first Slurm that requeues a job submitted with ``--requeue=expedite`` at once when its node fails (no
+#: ``cred_expire`` wait; slurm.conf's ``enable_expedited_requeue``). Older ones refuse the flag; there nuro's detector
+#: starts the jobs it requeued itself once that is safe (``nuro.slurm_plugins.controller.expedite``).
+EXPEDITED_REQUEUE_SINCE = (25, 11)
+
+
 @dataclass(frozen=True)
 class NodeInfo:
     """One node as slurmctld sees it.

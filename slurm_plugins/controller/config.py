@@ -21,6 +21,8 @@ miss_limit: 4                     # intervals of silence before a node is declar
 detector_tick_s: 0.25             # how often the detector judges (its own loop, independent of interval_s)
 straggler_clear_s: 30             # a straggler drain (nuro-straggler:) lifts once the node's GPUs report no slowing
                                   # clock reason for this long
+expedite_requeue: true            # before Slurm 25.11: start a job a node loss requeued as soon as it is safe, not
+                                  # cred_expire + 1 s later (nuro.slurm_plugins.controller.expedite)
 state_dir: /var/lib/nuro/controller  # root-only: the preemption ledger (in-flight preemptions survive a restart)
                                   # and the agents' progress (progress.json); unset = memory only
 event_log: /var/log/nuro/events.jsonl  # append-only JSONL journal (nuro.lifecycle.platform_events); unset = log lines
@@ -75,6 +77,7 @@ class ControllerConfig(BaseModel):
     miss_limit: int = Field(default=DEFAULT_MISS_LIMIT, ge=2, le=100)
     detector_tick_s: float = Field(default=0.25, gt=0, le=10)
     straggler_clear_s: float = Field(default=30.0, ge=1, le=3600)
+    expedite_requeue: bool = True
     event_log: Path | None = None
     state_dir: Path | None = None
     slurm_metrics_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+/?$")

@@ -507,6 +507,7 @@ def main(
             LivenessConfig(interval_s=cfg.heartbeat_interval_s, miss_limit=cfg.miss_limit,
                            straggler_clear_s=cfg.straggler_clear_s),
             events=EventLog(cfg.event_log) if cfg.event_log else None, dry_run=cfg.dry_run, clock=wall,
+            expedite_requeue=cfg.expedite_requeue,
         )  # fmt: skip
         detector_thread = threading.Thread(
             target=_keep_running, args=("failure detector", lambda: detector.run(cfg.detector_tick_s, stop), stop),

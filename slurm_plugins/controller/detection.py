@@ -34,8 +34,9 @@ from collections.abc import Callable, Mapping
 from nuro.lifecycle.platform_events import EventLog
 from nuro.protocol.heartbeat import MAX_STOP_GRACE_S
 from nuro.slurm import Backend, DownNode, DrainNode, ResumeNode
-from nuro.slurm.actions import ActionResult, Requeue
-from nuro.slurm.models import JobInfo, JobPhase, NodeInfo
+from nuro.slurm.actions import ActionResult, Requeue, UpdateStartTime
+from nuro.slurm.models import EXPEDITED_REQUEUE_SINCE, JobInfo, JobPhase, NodeInfo
+from nuro.slurm_plugins.controller import expedite
 from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
 from nuro.slurm_plugins.controller.liveness import (
     Cause,
@@ -72,6 +73,8 @@ class FailureDetector:
         events: where to write node_lost/node_down/… records (None: log only).
         dry_run: assess and log, change nothing in Slurm.
         node_poll_s: how often Slurm's node list is re-read when nothing happens.
+        expedite_requeue: start the jobs a node loss requeued as soon as that is safe, where Slurm has no
+            expedited requeue of its own (``nuro.slurm_plugins.controller.expedite``).
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class FailureDetector:
         clock: Callable[[], float] = time.time,
         node_poll_s: float = 2.0,
         monotonic: Callable[[], float] = time.monotonic,
+        expedite_requeue: bool = True,
     ) -> None:
         self.backend = backend
         self.receiver = receiver
@@ -105,6 +109,9 @@ class FailureDetector:
         self._stats_at = float("-inf")
         self._job_nodes: dict[int, tuple[float, tuple[str, ...]]] = {}  # job -> (read at, its nodes)
         self.ticks = 0
+        self.expedite_requeue = expedite_requeue
+        self._watched: list[expedite.Watched] = []  # jobs a node loss requeued, to start once safe
+        self._slurm_expedites: bool | None = None  # whether this Slurm requeues expedited jobs itself (25.11+)
 
     def _reported_jobs(self, beats: list, now: float) -> dict[int, tuple[str, ...]]:
         """The nodes of the jobs this tick's beats report (``suspect_jobs``, ``stragglers``), from Slurm, cached."""
@@ -197,11 +204,51 @@ class FailureDetector:
                 "SlurmdTimeout still downs dead nodes)", "kernel dropping heartbeats" if dropping else
                 "mass-loss guard", len(self.state.suppressed), self.state.suppressed[:5],
             )  # fmt: skip
+        if self._watched:
+            self._expedite(wall)
         if not actions:
             return []
         done = self._apply(actions, now, wall)
         self._nodes_at = float("-inf")  # see Slurm's answer at the next tick
         return done
+
+    def _expedite(self, wall: float) -> None:
+        """Start the watched jobs ``expedite.decide`` clears (one ``squeue -j`` per watched job and tick, at most
+        ``REPORT_LOOKUPS_PER_TICK``); a job Slurm could not be asked about is asked again next tick."""
+        observed: dict[int, tuple[int, str] | None] = {}
+        for w in self._watched[:REPORT_LOOKUPS_PER_TICK]:
+            try:
+                observed[w.job_id] = self.backend.job_restarts(w.job_id)
+            except KeyError:
+                observed[w.job_id] = None
+            except Exception as exc:  # noqa: BLE001 - asked again next tick; WATCH_S bounds it
+                log.debug("job=%d state unreadable for the expedited start: %s", w.job_id, exc)
+        out = {n for n, info in self.slurm_nodes.items() if info.flags & {"DOWN", "DRAIN"}}
+        decision = expedite.decide(self._watched, observed, out, wall)
+        self._watched = list(decision.keep)
+        for w, why in decision.dropped:
+            log.info("job=%d not expedited after losing %s: %s", w.job_id, w.node, why)
+        for w in decision.expedite:
+            try:
+                result = self.backend.apply(UpdateStartTime(w.job_id))
+            except Exception as exc:  # noqa: BLE001 - Slurm's own delay applies then, as before
+                result = ActionResult(UpdateStartTime(w.job_id), ok=False, message=f"{type(exc).__name__}: {exc}"[:300])
+            log.info("job=%d requeued after losing %s: start expedited %.1f s after the kill, applied=%s %s",
+                     w.job_id, w.node, wall - w.killed_at, result.ok, "" if result.ok else result.message)  # fmt: skip
+            self._emit("requeue_expedited", node=w.node, jobs=[w.job_id], after_kill_s=round(wall - w.killed_at, 2),
+                       ok=result.ok, error="" if result.ok else result.message)  # fmt: skip
+
+    def _watch_requeues(self) -> bool:
+        """Whether to expedite requeues here: on, and this Slurm has no expedited requeue of its own."""
+        if not self.expedite_requeue or self.dry_run:
+            return False
+        if self._slurm_expedites is None:
+            try:
+                self._slurm_expedites = self.backend.version().major_minor >= EXPEDITED_REQUEUE_SINCE
+            except Exception as exc:  # noqa: BLE001 - unknown: leave Slurm's delay alone
+                log.warning("Slurm version unknown (%s): requeued jobs wait Slurm's own delay", exc)
+                return False
+        return not self._slurm_expedites
 
     def _apply(
         self, actions: list[NodeAction], now: float, wall: float
@@ -212,10 +259,13 @@ class FailureDetector:
         if lost_nodes:
             # Which jobs ran there, read before DOWN requeues them (after it, squeue no longer names the node).
             try:
+                watch = self._watch_requeues()
                 for job in self.backend.jobs():
                     if job.state.startswith(("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED")):
                         for node in lost_nodes.intersection(job.nodes):
                             running.setdefault(node, []).append((job.job_id, job.requeue))
+                            if watch and job.requeue and all(w.job_id != job.job_id for w in self._watched):
+                                self._watched.append(expedite.Watched(job.job_id, job.restart_count, node, wall))
                         if job.requeue and job.nodes and job.nodes[0] in lost_nodes:
                             batch_hosts[job.job_id] = job.nodes[0]
             except Exception as exc:  # noqa: BLE001 - a bad job list must not stop the node from going down

@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from nuro.cluster.description import release_of
 from nuro.devcluster import cgroups, manager
 from nuro.lifecycle.platform_events import read_events
 from nuro.slurm import NodeInfo
-from tests.integration.conftest import LiveCluster, wait_until
+from nuro.slurm.models import EXPEDITED_REQUEUE_SINCE
+from tests.integration.conftest import TEST_SLURM, LiveCluster, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.every_slurm]
 
@@ -70,6 +72,13 @@ def test_killed_node_goes_down_and_drained_fast_and_its_requeue_job_runs_elsewhe
     )
     assert elsewhere.restart_count == 1
     print(f"kill -> running again on {elsewhere.nodes[0]} after {time.time() - killed['at']:.1f} s")
+    # before 25.11 (no expedited requeue in Slurm) the detector started the requeued job itself once it was safe
+    expedited = [e for e in read_events(cluster.layout.events_log, since=killed["at"] - 1)
+                 if e["kind"] == "requeue_expedited" and e["jobs"] == [job_id]]  # fmt: skip
+    if release_of(TEST_SLURM) < EXPEDITED_REQUEUE_SINCE:
+        assert expedited and expedited[0]["ok"] and expedited[0]["after_kill_s"] >= 2.0, expedited
+    else:
+        assert not expedited
     cluster.run(["scancel", str(job_id)])
 
     revived = manager.revive_node(cluster.layout, victim)

@@ -22,13 +22,14 @@ from pathlib import Path
 import pytest
 
 from nuro.cluster.description import release_of
-from nuro.jobspec.submission import EXPEDITED_REQUEUE_SINCE, requeue_args
+from nuro.jobspec.submission import requeue_args
 from nuro.policy import load_policy
 from nuro.policy.admission import JobRequest, decide
 from nuro.policy.luatable import LUA_SEGMENT_SINCE, TABLE_FILE, policy_table, render_lua_table
 from nuro.policy.model import Policy
 from nuro.policy.slurm_state import SlurmState, read_cluster_facts, read_state
 from nuro.protocol import jobcomment
+from nuro.slurm.models import EXPEDITED_REQUEUE_SINCE
 from nuro.slurm.parse_text import parse_scontrol_show_oneliner
 from tests.integration.conftest import TEST_SLURM, TEST_TOPOLOGY, LiveCluster
 from tests.luabridge import install_script
