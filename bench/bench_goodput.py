@@ -16,7 +16,8 @@ variants slow each other down), nuro's first, ``slurm`` last:
   is still nuro's (launcher, Checkpointer), as in bench_resume.py: only what the platform adds around it is off.
 
 During a variant's run, a node of the job's training step is crashed like a host (``devcluster kill-node``) every
-``--fail-every`` s ± 20 % (seeded RNG, ``--seed``), and revived (``revive_and_wait``) once the job has moved on so
+``--fail-every`` s ± 20 % (seeded RNG, ``--seed``), and revived (``revive_and_wait``) once the job has moved on and
+``--revive-after`` s (30) passed since the kill (a host's reboot; the node's capacity returns then), so
 capacity returns. The nuro variants also get, at set points: one urgent preemption at 45 % of the soak (``priya``
 submits an ``urgent``-tier claimant for all 64 GPUs: the only way to start it is the controller's
 checkpoint-confirmed preemption of the run; the claimant then holds the cluster for 10 s; if the controller has not
@@ -613,6 +614,9 @@ class Soak:
             return any(ts > at + GAP_S for ts, _ in self.tail.steps[seen:])  # trains again (a spare swap)
 
         moved = bool(poll(moved_on, max(5.0, min(300.0, deadline - time.time())), 0.5))
+        # a crashed host is back after a reboot, not a second later: a node in service again at once is also the one
+        # case where starting a requeued job early is unsafe (nuro.slurm_plugins.controller.expedite)
+        time.sleep(max(0.0, at + self.args.revive_after - time.time()))
         back = scenario.revive_and_wait(self.env, victim, timeout_s=120)
         if not back:
             self.notes.append(f"{victim} not back in service 120 s after its revive")
@@ -754,6 +758,7 @@ def main() -> None:
     ap.add_argument("--job", choices=("ddp", "deepspeed", "both"), default="ddp")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--ckpt-interval", type=int, default=600, help="persistent checkpoint interval, s")
+    ap.add_argument("--revive-after", type=float, default=30.0, help="a killed node comes back this long after, s")
     ap.add_argument("--snapshot-interval", type=int, default=5,
                     help="NURO_SNAPSHOT_INTERVAL_S for the nuro variants (0 = off)")  # fmt: skip
     args = ap.parse_args()
