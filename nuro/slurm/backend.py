@@ -99,7 +99,13 @@ from nuro.slurm.parse import (
     partitions_from_nodes,
     topology_kind,
 )
-from nuro.slurm.parse_text import ONE_FIELD_FORMAT, fixed_fields_format, parse_squeue_fixed_fields
+from nuro.slurm.parse_text import (
+    DEFAULT_CRED_EXPIRE_S,
+    ONE_FIELD_FORMAT,
+    fixed_fields_format,
+    parse_cred_expire,
+    parse_squeue_fixed_fields,
+)
 from nuro.slurm.states import JobPhase
 
 log = logging.getLogger(__name__)
@@ -176,6 +182,12 @@ class Backend(abc.ABC):
         if job is None:
             raise InvalidJobId(f"no job {job_id}", argv=())
         return job.state
+
+    def cred_expire_s(self) -> int:
+        """slurm.conf's AuthInfo ``cred_expire``: how long a job's launch credential, and slurmd's memory of the job
+        (a node that still remembers it runs no prolog for it), outlive its end. Slurm's default where a backend
+        cannot tell."""
+        return DEFAULT_CRED_EXPIRE_S
 
     def job_nodes(self, job_id: int | str) -> list[str]:
         """The nodes one job holds (empty when Slurm knows no such job); adapters read only that field."""
@@ -369,6 +381,7 @@ class CliBackend(Backend):
         self._topology_kind = "none"
         self._jobs_json: str | None = None
         self._version: SlurmVersion | None = None
+        self._cred_expire: int | None = None
         self._squeue_json: bool = True
         self._calls = 0
         self._partitions: tuple[float, list[PartitionInfo]] | None = None  # (read at, monotonic), scontrol's answer
@@ -733,6 +746,12 @@ class CliBackend(Backend):
             self._version = parse_version(self.run(["sinfo", "--version"]).stdout)
             log.debug("slurm version=%s", self._version)
         return self._version
+
+    def cred_expire_s(self) -> int:
+        """``scontrol show config``'s AuthInfo ``cred_expire``, once per backend."""
+        if self._cred_expire is None:
+            self._cred_expire = parse_cred_expire(self.run(["scontrol", "show", "config"]).stdout)
+        return self._cred_expire
 
     # -- actions -------------------------------------------------------------------------------------------
     def apply(self, action: Action) -> ActionResult:

@@ -229,6 +229,22 @@ def parse_sacctmgr_parsable(text: str, fields: Sequence[str]) -> list[dict[str, 
 _DURATION = re.compile(r"^(?:(\d+)-)?(?:(\d+):)?(\d+):(\d+)$")
 
 
+#: Slurm's AuthInfo cred_expire when slurm.conf sets none: how long a job's launch credential, and slurmd's memory of
+#: the job, outlive the job's end.
+DEFAULT_CRED_EXPIRE_S = 120
+
+
+def parse_cred_expire(text: str) -> int:
+    """``cred_expire`` from ``scontrol show config``'s ``AuthInfo`` line (admin config), else Slurm's default."""
+    for line in text.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AuthInfo":
+            m = re.search(r"(?:^|,)\s*cred_expire=(\d+)", value.strip())
+            if m:
+                return int(m.group(1))
+    return DEFAULT_CRED_EXPIRE_S
+
+
 def parse_slurm_duration_s(text: str) -> int | None:
     """A Slurm duration as printed by ``sacctmgr``/``scontrol`` ("00:01:00", "1-02:03:04", "05:00") → seconds.
 

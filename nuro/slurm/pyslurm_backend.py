@@ -193,6 +193,14 @@ class PyslurmBackend(Backend):
         """Delegated to the CLI backend."""
         return self.cli.version()
 
+    def cred_expire_s(self) -> int:
+        """Delegated to the CLI backend (``scontrol show config``)."""
+        return self.cli.cred_expire_s()
+
+    def job_restarts(self, job_id: int | str) -> tuple[int, str]:
+        """Delegated to the CLI backend (one ``squeue -j`` line)."""
+        return self.cli.job_restarts(job_id)
+
 
 def make_backend(
     env: Mapping[str, str] | None = None,

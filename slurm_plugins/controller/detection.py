@@ -112,6 +112,7 @@ class FailureDetector:
         self.expedite_requeue = expedite_requeue
         self._watched: list[expedite.Watched] = []  # jobs a node loss requeued, to start once safe
         self._slurm_expedites: bool | None = None  # whether this Slurm requeues expedited jobs itself (25.11+)
+        self._cred_expire_s = expedite.DEFAULT_CRED_EXPIRE_S  # slurm.conf's, read with the version
 
     def _reported_jobs(self, beats: list, now: float) -> dict[int, tuple[str, ...]]:
         """The nodes of the jobs this tick's beats report (``suspect_jobs``, ``stragglers``), from Slurm, cached."""
@@ -224,7 +225,7 @@ class FailureDetector:
             except Exception as exc:  # noqa: BLE001 - asked again next tick; WATCH_S bounds it
                 log.debug("job=%d state unreadable for the expedited start: %s", w.job_id, exc)
         out = {n for n, info in self.slurm_nodes.items() if info.flags & {"DOWN", "DRAIN"}}
-        decision = expedite.decide(self._watched, observed, out, wall)
+        decision = expedite.decide(self._watched, observed, out, wall, cred_expire_s=self._cred_expire_s)
         self._watched = list(decision.keep)
         for w, why in decision.dropped:
             log.info("job=%d not expedited after losing %s: %s", w.job_id, w.node, why)
@@ -245,6 +246,7 @@ class FailureDetector:
         if self._slurm_expedites is None:
             try:
                 self._slurm_expedites = self.backend.version().major_minor >= EXPEDITED_REQUEUE_SINCE
+                self._cred_expire_s = float(self.backend.cred_expire_s())
             except Exception as exc:  # noqa: BLE001 - unknown: leave Slurm's delay alone
                 log.warning("Slurm version unknown (%s): requeued jobs wait Slurm's own delay", exc)
                 return False

@@ -13,14 +13,21 @@ job id it still runs, "do not launch second copy", and slurmctld then drains tha
 - the new attempt ran correctly on the very nodes the old one used (20/20 on 24.11, 8/8 on 22.05) whenever those
   nodes stayed up: slurmctld keeps the job COMPLETING until their epilogs are done, so PENDING means they are clean;
 - it failed ("Duplicate jobid", node drained, job held) only when a node that was DOWN at the requeue was back in
-  service at once: nothing waits for a DOWN node's teardown but the delay.
+  service at once: nothing waits for a DOWN node's teardown but the delay;
+- and a surviving node that gets the new attempt within ``cred_expire`` of the old one's kill still remembers the
+  job (slurmd's credential cache: ``cred_jobid_cached``), so it runs **no prolog** for it: no job record, no staging
+  dir, the launch fails (the goodput soak's DeepSpeed run on 22.05, started 3.7 s after the kill with
+  ``cred_expire=5``). Slurm's own delay counts from the requeue's end (``batch_requeue_fini``: now + cred_expire + 1);
+  the memory to outlive counts from the kill, which comes earlier by the survivors' epilogs.
 
 So the detector expedites only what it caused, and only when it is safe (``decide``): a job that ran on a node the
 detector set DOWN (and DRAIN: nuro keeps the lost node out until its agent beats healthy again), now PENDING with a
-higher restart count than before the loss, at least ``MIN_AFTER_KILL_S`` after the kill (a new credential is then
-created in a later second than the revoke), while every node the detector took down for it is still down or
-drained. Anything else (the job started, ended, was held, or the node came back) drops it: Slurm's own delay then
-applies, as before. Pure: the detector reads the job states and applies ``UpdateStartTime``.
+higher restart count than before the loss, ``cred_expire + MARGIN_S`` after the kill (every survivor has forgotten the
+old attempt, and a new credential is created in a later second than the revoke), while every node the detector took
+down for it is still down or drained. What it saves is the survivors' epilog time plus Slurm's wait for its next
+scheduling pass after the BeginTime (``StartTime=now`` triggers one). Anything else (the job started, ended, was
+held, or the node came back) drops it: Slurm's own delay then applies, as before. Pure: the detector reads the job
+states and applies ``UpdateStartTime``.
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-#: A new launch credential must be created in a later second than the revoke (whole seconds, slurmctld's clock).
-MIN_AFTER_KILL_S = 2.0
+#: After the kill, beyond cred_expire: whole-second credential times, and the kill reaching the survivors' slurmd.
+MARGIN_S = 2.0
+#: Slurm's cred_expire when the caller does not know it (slurm.conf's default): then nothing is expedited in practice.
+DEFAULT_CRED_EXPIRE_S = 120.0
 #: How long a requeued job is watched for its PENDING state (a requeue finishes once the epilogs are done).
 WATCH_S = 120.0
 
@@ -56,10 +65,13 @@ def decide(
     observed: Mapping[int, tuple[int, str] | None],
     node_out: Collection[str],
     now: float,
+    cred_expire_s: float = DEFAULT_CRED_EXPIRE_S,
 ) -> Decision:
     """Which watched jobs to start now. ``observed``: job → (restart count, state) as Slurm says now (None: Slurm
     no longer knows it; a job missing from the mapping was not read this time and is kept); ``node_out``: the nodes
-    that are still DOWN or DRAIN; ``now``: wall time."""
+    that are still DOWN or DRAIN; ``now``: wall time; ``cred_expire_s``: slurm.conf's AuthInfo cred_expire."""
+    ready_after = cred_expire_s + MARGIN_S
+    watch_s = max(WATCH_S, ready_after + 30.0)
     expedite, keep, dropped = [], [], []
     for w in watched:
         if w.job_id not in observed:
@@ -74,20 +86,20 @@ def decide(
         if w.node not in node_out:
             dropped.append((w, f"{w.node} is back in service"))
         elif restarts <= w.restarts:  # not requeued (yet): still COMPLETING, or Slurm kept it running
-            if now - w.killed_at < WATCH_S:
+            if now - w.killed_at < watch_s:
                 keep.append(w)
             else:
                 dropped.append((w, "not requeued"))
         elif not state.startswith("PENDING"):
-            if state.startswith(("COMPLETING", "REQUEUE", "CONFIGURING")) and now - w.killed_at < WATCH_S:
+            if state.startswith(("COMPLETING", "REQUEUE", "CONFIGURING")) and now - w.killed_at < watch_s:
                 keep.append(w)  # the requeue is finishing (the survivors' epilogs)
             else:
                 dropped.append((w, f"{state.lower()} already"))
-        elif now - w.killed_at < MIN_AFTER_KILL_S:
+        elif now - w.killed_at < ready_after:
             keep.append(w)
         else:
             expedite.append(w)
     return Decision(tuple(expedite), tuple(keep), tuple(dropped))
 
 
-__all__ = ["MIN_AFTER_KILL_S", "WATCH_S", "Decision", "Watched", "decide"]
+__all__ = ["DEFAULT_CRED_EXPIRE_S", "MARGIN_S", "WATCH_S", "Decision", "Watched", "decide"]

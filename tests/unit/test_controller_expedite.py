@@ -1,23 +1,34 @@
 """Which requeued jobs the detector starts early (``nuro.slurm_plugins.controller.expedite.decide``): only once the
-requeue has finished (PENDING, one more restart), at least 2 s after the kill, while the lost node stays out."""
+requeue has finished (PENDING, one more restart), cred_expire + 2 s after the kill, while the lost node stays out;
+and ``scontrol show config``'s cred_expire, read by the backend."""
 
 from __future__ import annotations
 
-from nuro.slurm_plugins.controller.expedite import MIN_AFTER_KILL_S, WATCH_S, Watched, decide
+from nuro.slurm.parse_text import parse_cred_expire
+from nuro.slurm_plugins.controller.expedite import MARGIN_S, WATCH_S, Watched, decide
 
 W = Watched(job_id=7, restarts=0, node="gpu002", killed_at=100.0)
 
 
-def test_a_requeued_pending_job_is_started_once_2_s_passed_since_the_kill() -> None:
-    d = decide([W], {7: (1, "PENDING")}, {"gpu002"}, 100.0 + MIN_AFTER_KILL_S)
+def test_a_requeued_pending_job_is_started_once_the_survivors_forgot_the_old_attempt() -> None:
+    d = decide([W], {7: (1, "PENDING")}, {"gpu002"}, 100.0 + 5 + MARGIN_S, cred_expire_s=5)
     assert d.expedite == (W,) and not d.keep and not d.dropped
-    early = decide([W], {7: (1, "PENDING")}, {"gpu002"}, 100.5)
-    assert early.keep == (W,) and not early.expedite  # a credential of the kill's second would be refused
+    # within cred_expire of the kill a survivor still remembers job 7 and would run no prolog for it
+    early = decide([W], {7: (1, "PENDING")}, {"gpu002"}, 103.7, cred_expire_s=5)
+    assert early.keep == (W,) and not early.expedite
+    unknown = decide([W], {7: (1, "PENDING")}, {"gpu002"}, 110.0)  # cred_expire unknown: Slurm's default, 120
+    assert unknown.keep == (W,) and not unknown.expedite
+
+
+def test_cred_expire_comes_from_authinfo_else_slurms_default() -> None:
+    config = "AuthAltTypes = (null)\nAuthInfo = socket=/run/munge.sock,cred_expire=5\nAuthType = auth/munge\n"
+    assert parse_cred_expire(config) == 5
+    assert parse_cred_expire("AuthInfo = (null)\n") == 120 and parse_cred_expire("") == 120
 
 
 def test_a_requeue_still_finishing_is_waited_for_never_overwritten() -> None:
     for seen in ((0, "RUNNING"), (0, "COMPLETING"), (1, "COMPLETING"), (1, "REQUEUED")):
-        d = decide([W], {7: seen}, {"gpu002"}, 103.0)
+        d = decide([W], {7: seen}, {"gpu002"}, 108.0, cred_expire_s=5)
         assert d.keep == (W,) and not d.expedite, seen
     assert decide([W], {}, {"gpu002"}, 103.0).keep == (W,)  # not read this tick
 
@@ -30,5 +41,5 @@ def test_anything_else_leaves_slurms_own_delay() -> None:
         "not requeued": ({7: (0, "RUNNING")}, {"gpu002"}, 100.0 + WATCH_S),
     }
     for why, (observed, out, now) in cases.items():
-        d = decide([W], observed, out, now)
+        d = decide([W], observed, out, now, cred_expire_s=5)
         assert d.dropped == ((W, why),) and not d.expedite and not d.keep, why
