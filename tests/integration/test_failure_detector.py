@@ -88,7 +88,7 @@ def test_a_requeued_job_that_restarts_on_a_surviving_node_gets_its_prolog_there(
     still remembers the old one: slurmd then runs no prolog for it (no job record, no staging dir; the soak's
     DeepSpeed run failed so). A 2-node job among 3 allowed nodes loses its second node; the new attempt must use the
     survivor, and the survivor's prolog runs for it."""
-    allowed = ("gpu001", "gpu002", "gpu006")
+    allowed = ("gpu001", "gpu002", "gpu004")  # one leaf: a 2-node job fits any two of them (topology/block too)
     others = [f"gpu00{i}" for i in range(1, 9) if f"gpu00{i}" not in allowed]
     job_id = cluster.backend.submit(SLEEP_JOB, "--requeue", "-N2", f"--exclude={','.join(others)}", "-o", "/dev/null")
     job = wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING" and j, 60, "running")
