@@ -38,6 +38,7 @@ from nuro.checkpoint.upload import UploadWorker
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.protocol import jobrecord
 from nuro.protocol.jobrecord import JobRecord
+from nuro.protocol.nodeenv import env_number
 from nuro.safeio import safefs
 
 log = logging.getLogger(__name__)
@@ -55,16 +56,13 @@ def snapshot_root(env: Mapping[str, str] | None = None) -> Path:
 
 
 def promote_timeout_s(env: Mapping[str, str]) -> float:
-    raw = env.get(ENV_PROMOTE_TIMEOUT, "").strip()
+    """``NURO_SNAPSHOT_PROMOTE_TIMEOUT_S`` (default 20 s); a malformed or zero value keeps the default, loudly."""
     try:
-        value = float(raw) if raw else DEFAULT_PROMOTE_TIMEOUT_S
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        log.warning("%s=%r is not a positive number of seconds: using %.0f", ENV_PROMOTE_TIMEOUT, raw,
-                    DEFAULT_PROMOTE_TIMEOUT_S)  # fmt: skip
+        value = env_number(env, ENV_PROMOTE_TIMEOUT, float, DEFAULT_PROMOTE_TIMEOUT_S)
+    except ValueError as exc:
+        log.warning("%s: using %.0f s", exc, DEFAULT_PROMOTE_TIMEOUT_S)
         return DEFAULT_PROMOTE_TIMEOUT_S
-    return value
+    return float(value) if value else DEFAULT_PROMOTE_TIMEOUT_S
 
 
 def prepare(root: Path, rec: JobRecord) -> Path:

@@ -469,50 +469,28 @@ class UploadWorker:
         the job (root only: the identity of the ``incomplete.json`` comes from the job record)."""
         if self.trust != "record":
             return
-        for jid, opener in self._jobs(job_id):
-            try:
-                with opener() as jd:
-                    owner = self._owner(jd)
-                    for sd in self._steps(jd, newest=SETTLE_NEWEST):
-                        if sd.has_request or sd.is_done or sd.is_abandoned or owner is None:
-                            continue
-                        err = self._give_up_torn(sd, owner)
-                        result.incomplete.append(sd.step)
-                        result.settled[sd.step] = lostwriters.TORN_REASON
-                        if err:
-                            result.errors.append(err)
-            except _NotOurs:
-                continue
-            except Exception as exc:  # noqa: BLE001 - the epilog must finish whatever the job left
-                result.errors.append(f"job {jid}: {type(exc).__name__}: {exc}")
 
-    def _give_up_torn(self, sd: StepDir, owner: Owner) -> str | None:
-        reason = lostwriters.TORN_REASON
-        err = None
-        inc = Incomplete(owner.team, owner.run, sd.step, owner.job_id, owner.restart, reason, (), utc_now())
-        try:
-            if not self._s3.exists(L.manifest_key(owner.team, owner.run, sd.step)):
-                self._s3.put(L.incomplete_key(owner.team, owner.run, sd.step), dumps(inc.to_json_obj()))
-        except ObjectStoreError as exc:
-            err = f"step {sd.step}: could not write incomplete.json ({exc}); it has no manifest either"
-        try:
-            sd.mark(L.ABANDONED_FILE, {"reason": reason, "at": utc_now()})
-        except OSError as exc:
-            err = f"{err + '; ' if err else ''}could not mark step {sd.step} abandoned: {exc}"
-        log.warning("checkpoint step=%d job=%s given up at once: %s%s", sd.step, sd.job_id, reason,
-                    f" ({err})" if err else "")  # fmt: skip
-        return err
+        def torn(sd: StepDir, owner: Owner | None) -> str | None:
+            done = sd.has_request or sd.is_done or sd.is_abandoned or owner is None
+            return None if done else lostwriters.TORN_REASON
+
+        self._settle(job_id, result, torn)
 
     def _settle_lost_writers(
         self, job_id: str, lost_nodes: Callable[[Sequence[str]], Collection[str]], result: FlushResult
     ) -> None:
         """Give up every pending step of ``job_id`` a part of which only a lost node could have uploaded."""
-        for _jid, opener in self._jobs(job_id):
+        self._settle(job_id, result, lambda sd, owner: self._lost_writer(sd, owner, lost_nodes) if sd.is_pending
+                     else None)  # fmt: skip
+
+    def _settle(self, job_id: str, result: FlushResult, why: Callable[[StepDir, Owner | None], str | None]) -> None:
+        """Give up, at once, each of the job's newest ``SETTLE_NEWEST`` steps ``why`` says can never commit."""
+        for jid, opener in self._jobs(job_id):
             try:
                 with opener() as jd:
                     owner = self._owner(jd)
                     for sd in self._steps(jd, newest=SETTLE_NEWEST):
-                        reason = self._lost_writer(sd, owner, lost_nodes) if sd.is_pending else None
+                        reason = why(sd, owner)
                         if reason is None:
                             continue
                         err = self._give_up(sd, owner, reason)
@@ -522,8 +500,8 @@ class UploadWorker:
                             result.errors.append(err)
             except _NotOurs:
                 continue
-            except Exception as exc:  # noqa: BLE001 - a failed look is no decision: the flush waits on
-                log.warning("job=%s lost-writer check failed: %s: %s", job_id, type(exc).__name__, exc)
+            except Exception as exc:  # noqa: BLE001 - the epilog must finish whatever the job left; a failed look
+                result.errors.append(f"job {jid}: {type(exc).__name__}: {exc}")  # is no decision: the flush waits on
 
     def _lost_writer(
         self, sd: StepDir, owner: Owner | None, lost_nodes: Callable[[Sequence[str]], Collection[str]]
@@ -954,15 +932,18 @@ class UploadWorker:
             req = self._request(sd, part, owner)
         except ManifestError as exc:
             return str(exc)  # a forged or broken request: nothing is written in S3 for it
-        if req is None:
+        if req is not None:
+            missing = tuple(sorted(set(range(req.parts_expected)) - set(self._safe_parts(req))))
+            inc = Incomplete(req.team, req.run, req.step, req.job_id, req.restart, reason, missing, utc_now())
+        elif owner is not None:  # torn here: no request, whose step it is comes from the job record alone
+            inc = Incomplete(owner.team, owner.run, sd.step, owner.job_id, owner.restart, reason, (), utc_now())
+        else:
             return None
-        missing = sorted(set(range(req.parts_expected)) - set(self._safe_parts(req)))
-        inc = Incomplete(req.team, req.run, req.step, req.job_id, req.restart, reason, tuple(missing), utc_now())
         try:
-            if not self._s3.exists(L.manifest_key(req.team, req.run, req.step)):
-                self._s3.put(L.incomplete_key(req.team, req.run, req.step), dumps(inc.to_json_obj()))
+            if not self._s3.exists(L.manifest_key(inc.team, inc.run, inc.step)):
+                self._s3.put(L.incomplete_key(inc.team, inc.run, inc.step), dumps(inc.to_json_obj()))
         except ObjectStoreError as exc:
-            return f"step {req.step}: could not write incomplete.json ({exc}); it has no manifest either"
+            return f"step {inc.step}: could not write incomplete.json ({exc}); it has no manifest either"
         return None
 
     def _safe_parts(self, req: UploadRequest) -> list[int]:

@@ -215,9 +215,11 @@ class FailureDetector:
 
     def _expedite(self, wall: float) -> None:
         """Start the watched jobs ``expedite.decide`` clears (one ``squeue -j`` per watched job and tick, at most
-        ``REPORT_LOOKUPS_PER_TICK``); a job Slurm could not be asked about is asked again next tick."""
+        ``REPORT_LOOKUPS_PER_TICK``, and only once its early start may come); a job Slurm could not be asked about is
+        asked again next tick."""
         observed: dict[int, tuple[int, str] | None] = {}
-        for w in self._watched[:REPORT_LOOKUPS_PER_TICK]:
+        ready = wall - expedite.MARGIN_S - self._cred_expire_s  # nothing starts before that: no job read before it
+        for w in [w for w in self._watched if w.killed_at <= ready][:REPORT_LOOKUPS_PER_TICK]:
             try:
                 observed[w.job_id] = self.backend.job_restarts(w.job_id)
             except KeyError:
