@@ -98,6 +98,8 @@ RESTART_KINDS = frozenset({"restarted", "spare_swap"})
 END_KINDS = frozenset({"requeued", "node_fail", "preempted", "failed", "timeout"})
 #: a pause in rank 0's step log at least this long splits it (a recovery, a stall): its steps' rate stays clean
 GAP_S = 3.0
+#: the prologs of one allocation start within this many seconds of each other
+PROLOG_BURST_S = 5.0
 _HOOK_LINE = re.compile(
     r"^(?P<date>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<ms>\d{3}) (?P<node>\S+) (?P<hook>nuro-prolog|nuro-epilog) \S+ "
     r"job=(?P<job>\d+) (?:prolog done|epilog checkpoints \S+) in (?P<secs>[\d.]+) s"
@@ -245,6 +247,29 @@ def _restore_s(entry: dict | None) -> float:
     return float(m[1]) if m else 0.0
 
 
+def attempt_starts(events: Sequence[dict], hooks: Sequence[dict] = ()) -> list[dict]:
+    """The timeline with one trustworthy ``restarted`` entry per new attempt. Slurm accounting keeps one record per
+    job: an attempt requeued soon after it began may leave no start of its own, or one stamped after its training
+    processes were up (22.05 soak: a kill 40 s after the preemption's restart left attempt 1 "started" at its end and
+    attempt 2 with no start, so its recovery counted as lost up to the next kill). Such an attempt's start is the
+    first prolog of the last burst before its processes (prologs of one allocation start within seconds), else the
+    processes' own start."""
+    procs: dict[int, float] = {}
+    for e in events:
+        if e["kind"] == "process_started" and e.get("attempt") is not None:
+            procs.setdefault(e["attempt"], e["ts"])
+    fixed = {a for a, t in procs.items()
+             if a > 0 and not any(e["kind"] == "restarted" and e.get("attempt") == a and e["ts"] <= t for e in events)}
+    out = [e for e in events if not (e["kind"] == "restarted" and e.get("attempt") in fixed)]
+    for a in sorted(fixed):
+        t_proc = procs[a]
+        starts = sorted(h["start"] for h in hooks if h["hook"] == "prolog" and t_proc - 60 <= h["start"] <= t_proc)
+        burst = [t for t in starts if t >= starts[-1] - PROLOG_BURST_S] if starts else [t_proc]
+        out.append({"ts": burst[0], "kind": "restarted", "source": "slurm", "attempt": a, "step": None, "node": None,
+                    "detail": f"attempt {a} (from its first prolog: accounting kept no start before its processes)"})
+    return sorted(out, key=lambda e: e["ts"])
+
+
 def recovery(
     events: Sequence[dict],
     at: float,
@@ -335,7 +360,7 @@ def account(
     preemption is a recovery too but not a failure (its recovery waits for the claimant's run). Returns ETTR, the
     failures' spreads, the lost time by phase (p50 and worst per failure, sums over the run), and every recovery.
     """
-    events = sorted((e for e in events if first_start - 60 <= e["ts"] <= end), key=lambda e: e["ts"])
+    events = attempt_starts([e for e in events if first_start - 60 <= e["ts"] <= end], hooks)
     steps = [(ts, s) for ts, s in steps if ts <= end]
     segs = segments(steps, gap_s)
     planned = sorted((d for d in disturbances if d["kind"] in ("kill", "preempt") and d["at"] < end),

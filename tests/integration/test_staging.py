@@ -418,12 +418,14 @@ def test_a_finished_jobs_uploads_are_handed_to_the_agent_and_a_requeued_jobs_are
 
 
 @pytest.mark.slurm
-def test_a_step_whose_writer_node_is_down_is_given_up_at_once(cluster, tmp_path: Path) -> None:
+def test_a_step_whose_writer_node_is_down_is_given_up_at_once(cluster, restore, tmp_path: Path) -> None:
     """Issue 31: the other node of a 2-node step died before uploading its share (Slurm has it DOWN): the epilog of
     the surviving node gives the step up as soon as Slurm says so, instead of waiting for the part until the flush
     timeout; while the writer is up, the same step is waited for (timeout, marked incomplete)."""
+    from nuro.checkpoint.lostwriters import node_is_lost
+    from nuro.devcluster import manager
     from nuro.slurm import JobPhase
-    from tests.integration.conftest import TEST_ACCOUNT
+    from tests.integration.conftest import TEST_ACCOUNT, wait_until
 
     store = ObjectStore.from_env(cluster.env)
     team = TEST_ACCOUNT
@@ -442,14 +444,16 @@ def test_a_step_whose_writer_node_is_down_is_given_up_at_once(cluster, tmp_path:
             step_dir, dataclasses.replace(read_request(step_dir), parts_expected=2, writers=(node.name, lost))
         )
         if down:
+            # the writer's host crashes: a node merely set DOWN would be returned by its live slurmd (ReturnToService=2)
+            # before the epilog asks; the fixture revives it and puts it back in service afterwards
+            restore.append(lost)
+            manager.kill_node(cluster.layout, lost)
             cluster.run(["scontrol", "update", f"nodename={lost}", "state=down", "reason=nuro-test writer lost"])
-        try:
-            timeout = "100" if down else "3"
-            log = _epilog_on(cluster, node, job, run, "nuro.prolog_epilog.epilog", team,
-                             NURO_EPILOG_FLUSH_TIMEOUT_S=timeout)  # fmt: skip
-        finally:
-            if down:
-                cluster.run(["scontrol", "update", f"nodename={lost}", "state=resume"])
+            wait_until(lambda: node_is_lost(next(n for n in cluster.backend.nodes() if n.name == lost).flags), 30,
+                       f"{lost} lost in Slurm's view")  # fmt: skip
+        timeout = "100" if down else "3"
+        log = _epilog_on(cluster, node, job, run, "nuro.prolog_epilog.epilog", team,
+                         NURO_EPILOG_FLUSH_TIMEOUT_S=timeout)  # fmt: skip
         if down:
             assert f"given up at once, not waited for: its writer node {lost} (part 1) was lost" in log, log
             assert "not committed within" not in log, log

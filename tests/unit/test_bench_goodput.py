@@ -17,6 +17,7 @@ from bench.bench_goodput import (
     PHASES,
     Segment,
     account,
+    attempt_starts,
     hook_windows,
     markdown,
     overlap,
@@ -246,3 +247,26 @@ def test_steps_redone_by_a_later_attempt_count_against_the_failure_that_lost_the
     assert unplanned["phases"]["detect"] == 1.1 and unplanned["detected_by"] == "requeued"
     assert res["steps_run"] - res["steps_kept"] == 150 and res["lost_s"]["redone"] == pytest.approx(15.0)
     assert abs(res["lost_s"]["other"]) <= 0.5
+
+
+
+def test_an_attempt_accounting_kept_no_start_for_is_timed_from_its_first_prolog() -> None:
+    """Slurm accounting's one record per job: an attempt requeued soon after it began may leave no ``restarted``
+    entry, or one stamped after its processes were up (22.05 soak: a kill 40 s after the preemption's restart); the
+    first prolog of the burst before its processes stands for the allocation, instead of the recovery being counted
+    lost up to the next disturbance."""
+    hooks = [*HOOKS, {"node": "gpu004", "hook": "prolog", "start": 120.6, "end": 122.0}]
+    missing = [e for e in EVENTS if e["kind"] != "restarted"]
+    late = [*missing, _ev(126.0, "restarted", "slurm", attempt=1)]
+    for events in (missing, late):
+        fixed = attempt_starts(events, hooks)
+        assert [(e["ts"], e["attempt"]) for e in fixed if e["kind"] == "restarted"] == [(120.2, 1)]
+        row = recovery(fixed, 110.0, 137.0, segments(STEPS), hooks, node="gpu002")
+        assert row["recovered"] and row["via"] == "requeue" and row["recovery_s"] == 20.0
+        assert row["phases"]["requeue_wait"] == pytest.approx(7.2) and row["phases"]["prolog"] == pytest.approx(1.8)
+    # a record before the processes is kept; no prolog logged: the processes' start
+    assert attempt_starts(EVENTS, hooks) == sorted(EVENTS, key=lambda e: e["ts"])
+    assert [e["ts"] for e in attempt_starts(missing, []) if e["kind"] == "restarted"] == [125.0]
+    # through account: no unplanned failure is made of the late record
+    acc = account(STEPS, late, [KILL], 98.0, 137.0, hooks)
+    assert acc["unplanned"] == 0 and acc["recoveries"][0]["recovery_s"] == 20.0
