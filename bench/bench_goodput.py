@@ -258,15 +258,27 @@ def attempt_starts(events: Sequence[dict], hooks: Sequence[dict] = ()) -> list[d
     for e in events:
         if e["kind"] == "process_started" and e.get("attempt") is not None:
             procs.setdefault(e["attempt"], e["ts"])
-    fixed = {a for a, t in procs.items()
-             if a > 0 and not any(e["kind"] == "restarted" and e.get("attempt") == a and e["ts"] <= t for e in events)}
+    fixed = {
+        a
+        for a, t in procs.items()
+        if a > 0 and not any(e["kind"] == "restarted" and e.get("attempt") == a and e["ts"] <= t for e in events)
+    }
     out = [e for e in events if not (e["kind"] == "restarted" and e.get("attempt") in fixed)]
     for a in sorted(fixed):
         t_proc = procs[a]
         starts = sorted(h["start"] for h in hooks if h["hook"] == "prolog" and t_proc - 60 <= h["start"] <= t_proc)
         burst = [t for t in starts if t >= starts[-1] - PROLOG_BURST_S] if starts else [t_proc]
-        out.append({"ts": burst[0], "kind": "restarted", "source": "slurm", "attempt": a, "step": None, "node": None,
-                    "detail": f"attempt {a} (from its first prolog: accounting kept no start before its processes)"})
+        out.append(
+            {
+                "ts": burst[0],
+                "kind": "restarted",
+                "source": "slurm",
+                "attempt": a,
+                "step": None,
+                "node": None,
+                "detail": f"attempt {a} (from its first prolog: accounting kept no start before its processes)",
+            }
+        )
     return sorted(out, key=lambda e: e["ts"])
 
 

@@ -249,7 +249,6 @@ def test_steps_redone_by_a_later_attempt_count_against_the_failure_that_lost_the
     assert abs(res["lost_s"]["other"]) <= 0.5
 
 
-
 def test_an_attempt_accounting_kept_no_start_for_is_timed_from_its_first_prolog() -> None:
     """Slurm accounting's one record per job: an attempt requeued soon after it began may leave no ``restarted``
     entry, or one stamped after its processes were up (22.05 soak: a kill 40 s after the preemption's restart); the
