@@ -72,6 +72,7 @@ from nuro.devcluster.procs import (
 )
 from nuro.devcluster.record import Phase, RunRecord, write_record
 from nuro.devcluster.restart import RestartBook, nice_for
+from nuro.healthcheck import slurmdspool
 from nuro.metrics import identities
 from nuro.metrics.base import ENV_URL as ENV_METRICS_URL
 from nuro.protocol.heartbeat import DEFAULT_INTERVAL_S, load_key, write_node_key
@@ -510,6 +511,9 @@ class Supervisor:
         started = []
         if self._ref(f"slurmd:{node}") is None or not self._ref(f"slurmd:{node}").is_alive():
             self.record.daemons = [d for d in self.record.daemons if d.name != f"slurmd:{node}"]
+            # the host "reboots": what the compute role's ExecStartPre does on a real one (a crashed node's slurmd
+            # would otherwise reload the jobs it ran and skip their next attempts' prologs)
+            slurmdspool.clear_stale(self.layout.slurmd_spool / node, time.time())
             started.append({"name": "slurmd", "pid": self._spawn_slurmd(node, save=False).pid})
         if self._ref(f"agent:{node}") is None or not self._ref(f"agent:{node}").is_alive():
             self.record.daemons = [d for d in self.record.daemons if d.name != f"agent:{node}"]

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from nuro.checkpoint.layout import node_staging_root
 from nuro.lifecycle import run_events
-from nuro.protocol import peerloss
+from nuro.protocol import jobrecord, peerloss
 from nuro.protocol.contract import (
     ENV_RDZV_PORT_BASE,
     ENV_RDZV_PORT_SPAN,
@@ -412,8 +412,47 @@ def with_node_staging_dir(env: Mapping[str, str]) -> Mapping[str, str]:
         return env
 
 
+def prolog_missing(env: Mapping[str, str]) -> str | None:
+    """Why nuro's prolog did not run on this node for this attempt, or None (it did, or this node runs none).
+
+    slurmd runs a job's prolog only the first time it sees the job id (22.05 through 26.05): a node that still
+    remembers an earlier attempt starts the new one without it (a survivor of a requeue on 22.05, SchedMD bug 15656;
+    a host back from a crash whose slurmd reloaded its old job state, ``nuro.healthcheck.slurmdspool``). Such an
+    attempt has no staging dir and no root record of itself, so nothing it saves could ever commit. Judged only
+    where nuro's prolog runs (the node's job records dir exists)."""
+    root, job, node = env.get("NURO_STAGING_ROOT", ""), env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME")
+    if not root or not job.isdigit():
+        return None
+    try:
+        staging = node_staging_root(root, node)
+        if not (staging / jobrecord.DIR).is_dir():
+            return None
+        rec = jobrecord.read(staging, job)
+    except (OSError, ValueError):  # unreadable or malformed: the prolog ran; what it wrote is the epilog's to judge
+        return None
+    attempt = env.get("SLURM_RESTART_COUNT") or "0"
+    if rec is None:
+        return f"no prolog ran on {node} for attempt {attempt} of job {job} (no job record: slurmd skipped it)"
+    if str(rec.restart) != attempt:
+        return (f"no prolog ran on {node} for attempt {attempt} of job {job} (its job record is attempt "
+                f"{rec.restart}'s: slurmd skipped the prolog)")  # fmt: skip
+    return None
+
+
 def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     """Node mode: plan, run torchrun with signal forwarding, classify, write the verdict, return the exit status."""
+    missing = prolog_missing(env)
+    if missing is not None:
+        # nothing this attempt saves here could commit: restart at once (a fresh attempt gets its prolog), and say
+        # so in this node's verdict, so the step does not wait for it as for a lost node
+        log.error("%s: restarting the job instead of training without it", missing)
+        base = verdict_base(env, args.verdict_dir)
+        if base is not None:
+            node_id = int(env["SLURM_NODEID"]) if env.get("SLURM_NODEID", "").isdigit() else 0
+            with contextlib.suppress(OSError):
+                write_verdict(attempt_dir(base, env), Outcome(Kind.REQUEUE, EXIT_REQUEUE, missing, node=node_id,
+                                                              at=time.time()))  # fmt: skip
+        return EXIT_REQUEUE
     env = with_node_staging_dir(env)
     # node-local scratch for torchrun's error files and stderr copies; in the job's staging dir when the prolog made
     # one (the epilog cleans it even when Slurm SIGKILLs this launcher before its own clean-up runs)

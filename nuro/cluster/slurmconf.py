@@ -297,13 +297,35 @@ def render_slurmdbd_conf(desc: ClusterDescription, pid_file: str, log_file: str)
     return HEADER + "\n".join(lines) + "\n"
 
 
+#: characters a path written into a script or unit line may not hold (quoting, expansion, word splitting)
+_UNSAFE_IN_PATH = "\n\0'\"$`\\ "
+
+
+def _plain_paths(what: str, *paths: str, unsafe: str = _UNSAFE_IN_PATH) -> None:
+    """Raise ValueError unless every path is absolute and free of ``unsafe`` characters: they are the admin's paths,
+    written verbatim into a file root runs."""
+    for path in paths:
+        if not path.startswith("/") or any(c in path for c in unsafe):
+            raise ValueError(f"{what} paths must be absolute and plain, got {path!r}")
+
+
+def render_slurmd_dropin(python: str, spool: str) -> str:
+    """A systemd drop-in for ``slurmd.service``: before slurmd starts, clear its job-state cache from before the
+    host booted (``nuro.healthcheck.slurmdspool``), so a host back from a crash runs the prolog of a job it ran
+    before. ``-`` in front: a failure of the clean-up never keeps slurmd from starting."""
+    _plain_paths("slurmd drop-in", python, spool, unsafe=_UNSAFE_IN_PATH + "%")  # % is a systemd specifier
+    return (
+        "# nuro: a host back from a crash forgets the jobs its slurmd ran before (their next attempts get prologs)\n"
+        "[Service]\n"
+        f"ExecStartPre=-{python} -m nuro.healthcheck.slurmdspool --spool {spool}\n"
+    )
+
+
 def render_hook_wrapper(entry_point: str, env_file: str) -> str:
     """A tiny executable for Prolog/Epilog/HealthCheckProgram that tells nuro's entry point where its settings are.
 
     slurmd runs these hooks with a job-only environment (no SLURM_CONF, no S3 settings), and they take no
     arguments, so the settings file is named here. Both paths are the admin's, never a user's.
     """
-    for path in (entry_point, env_file):
-        if not path.startswith("/") or any(c in path for c in "\n\0'\"$`\\ "):
-            raise ValueError(f"hook paths must be absolute and plain, got {path!r}")
+    _plain_paths("hook", entry_point, env_file)
     return f'#!/bin/sh\nNURO_ENV_FILE={env_file} exec {entry_point} "$@"\n'

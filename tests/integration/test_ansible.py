@@ -350,6 +350,9 @@ def test_files_modes_and_no_secret_in_world_readable_files(deploy: Deploy) -> No
     unit = (node / "etc" / "systemd" / "system" / "nuro-nodeagent.service").read_text()
     assert unit == shipped.replace("/opt/nuro/venv/", f"{VENV_BIN.parent}/").replace("/etc/nuro/", f"{node}/etc/nuro/")
     assert f"ExecStart={VENV_BIN}/nuro-nodeagent " in unit and f"EnvironmentFile={env_file}\n" in unit
+    # slurmd forgets the jobs of before a crash (nuro.healthcheck.slurmdspool) before it starts
+    dropin = (node / "etc" / "systemd" / "system" / "slurmd.service.d" / "nuro.conf").read_text()
+    assert f"\nExecStartPre=-{VENV_BIN}/python -m nuro.healthcheck.slurmdspool --spool /" in dropin, dropin
     ctl_unit = (deploy.host_root("ctl") / "etc" / "systemd" / "system" / "nuro-controller.service").read_text()
     ctl_etc = deploy.host_root("ctl") / "etc" / "nuro"
     assert f"ExecStart={VENV_BIN}/nuro-controller --config {ctl_etc}/controller.yaml\n" in ctl_unit

@@ -115,6 +115,42 @@ def test_a_requeued_job_that_restarts_on_a_surviving_node_gets_its_prolog_there(
     wait_until(lambda: _node(cluster, victim).state == "IDLE", 30, f"{victim} resumed by the detector")
 
 
+def test_a_node_back_from_a_crash_runs_the_prolog_of_a_job_it_ran_before(
+    cluster: LiveCluster, restore: list[str]
+) -> None:
+    """Issue 31 (soak, 22.05): slurmd runs a job's prolog only the first time it sees the job id, and reloads the ids
+    it saw from its spool when it starts. A host that crashed while running a job never hears that the job left it,
+    so when the requeued job came back to it, no prolog ran (the root record still named the old attempt; the
+    epilog refused its checkpoint uploads). A revive clears the spool's job state from before the "boot", as the
+    compute role's ``ExecStartPre`` does on a real host (``nuro.healthcheck.slurmdspool``): the prolog runs."""
+    node = "gpu006"
+    restore.append(node)
+    job_id = cluster.backend.submit("#!/bin/bash\nsrun sleep 900\n", "--requeue", "-N1", f"--nodelist={node}",
+                                    "-o", "/dev/null")  # fmt: skip
+
+    def prologs() -> int:
+        log = cluster.layout.log / f"hooks-{node}.log"
+        text = log.read_text(errors="replace") if log.exists() else ""
+        return sum(f"job={job_id} prolog done" in line for line in text.splitlines())
+
+    wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING", 60, "the job running")
+    # slurmd saves its job state to the spool on a task launch (the srun step), not at the batch launch
+    wait_until(lambda: any(p.name() == "sleep" for p in cgroups.node_processes(cluster.layout.root, node)), 30,
+               f"the job's step on {node}")  # fmt: skip
+    assert prologs() == 1
+    manager.kill_node(cluster.layout, node)
+    try:
+        wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.restart_count == 1
+                   and j.phase.name == "PENDING", 60, "the job requeued, waiting for its node")  # fmt: skip
+        manager.revive_node(cluster.layout, node)
+        again = wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING" and j, 90,
+                           f"the job back on {node} once the detector resumed it")  # fmt: skip
+        assert again.restart_count == 1 and again.nodes == (node,), again
+        wait_until(lambda: prologs() == 2, 30, f"the prolog of the new attempt on {node}")
+    finally:
+        cluster.run(["scancel", str(job_id)], check=False)
+
+
 def _check_expedited(cluster: LiveCluster, job_id: int, killed_at: float) -> None:
     """Where the detector started a requeued job itself (before 25.11, when that came before Slurm's own delay: a
     survivor's epilog made the requeue end later than the kill), it did so only after cred_expire (5 s on the dev

@@ -263,3 +263,48 @@ def test_a_per_node_staging_root_is_resolved_on_the_node_not_on_the_batch_host()
     kept = {**env, "NURO_STAGING_DIR": "/set/by/batch/12"}
     assert launch.with_node_staging_dir(kept) is kept  # a plain root: the batch script's value holds everywhere
     assert "NURO_STAGING_DIR" not in launch.with_node_staging_dir({**env, "SLURMD_NODENAME": ""})
+
+
+def _prolog_env(root: Path, restart: str | None = None, **extra: str) -> dict[str, str]:
+    env = {"NURO_STAGING_ROOT": str(root / "{node}"), "SLURM_JOB_ID": "41", "SLURMD_NODENAME": "gpu003",
+           "SLURM_NODEID": "1", **extra}  # fmt: skip
+    if restart is not None:
+        env["SLURM_RESTART_COUNT"] = restart
+    return env
+
+
+def _record(root: Path, restart: int) -> None:
+    from nuro.protocol import jobrecord
+
+    staging = root / "gpu003"
+    staging.mkdir(parents=True, exist_ok=True)
+    jobrecord.write(staging, jobrecord.JobRecord(41, 0, 0, "root", "perception", "perception", None, restart,
+                                                 "gpu003", None))  # fmt: skip
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's")
+def test_an_attempt_the_prolog_skipped_is_told_apart(tmp_path: Path) -> None:
+    """slurmd skips the prolog of a job it still remembers (a 22.05 survivor, a host back from a crash): no record of
+    this attempt on the node. Where no nuro prolog runs at all (no records dir), nothing is judged."""
+    assert launch.prolog_missing(_prolog_env(tmp_path, "2")) is None  # no nuro prolog on this node
+    _record(tmp_path, 2)
+    assert launch.prolog_missing(_prolog_env(tmp_path, "2")) is None
+    why = launch.prolog_missing(_prolog_env(tmp_path, "3"))
+    assert why == ("no prolog ran on gpu003 for attempt 3 of job 41 (its job record is attempt 2's: slurmd skipped "
+                   "the prolog)")  # fmt: skip
+    assert "(no job record: slurmd skipped it)" in launch.prolog_missing(
+        {**_prolog_env(tmp_path), "SLURM_JOB_ID": "42"}
+    )
+    assert launch.prolog_missing({**_prolog_env(tmp_path, "2"), "NURO_STAGING_ROOT": ""}) is None  # outside nuro
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's")
+def test_a_node_without_its_prolog_restarts_the_job_at_once_with_its_verdict(tmp_path: Path) -> None:
+    """Exit 75 before any worker starts, and a REQUEUE verdict that names why: the step neither trains without the
+    prolog (its checkpoints could never commit) nor waits for this node as for a lost one."""
+    _record(tmp_path, 0)
+    verdicts = tmp_path / "launch"
+    args = launch.parse_args(["--verdict-dir", str(verdicts), "--nproc-per-node=1", "--", "train.py"])
+    assert launch.run_node(args, _prolog_env(tmp_path, "1")) == launch.EXIT_REQUEUE
+    (verdict,) = launch.read_verdicts(verdicts / "attempt-1")
+    assert verdict.kind is Kind.REQUEUE and verdict.node == 1 and "no prolog ran on gpu003" in verdict.why

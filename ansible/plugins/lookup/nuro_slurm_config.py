@@ -29,7 +29,8 @@ options:
     description:
       - File names, C(slurm.conf), C(cgroup.conf), C(topology.conf), C(gres.conf), C(job_submit.lua), or
         C(hook_wrapper)
-        (with the keywords entry_point= and env_file=).
+        (with the keywords entry_point= and env_file=), or C(slurmd_dropin) (with python=: slurmd's ExecStartPre
+        that clears its job-state cache from before a crash).
     required: true
 """
 
@@ -104,6 +105,14 @@ class LookupModule(LookupBase):
                     desc = inventory.describe_inventory(plain, {k: list(v) for k, v in groups.items()})
                 except inventory.InventoryError as exc:
                     raise AnsibleError(f"nuro_slurm_config: {exc}") from exc
+            if term == "slurmd_dropin":
+                from nuro.cluster.slurmconf import render_slurmd_dropin
+
+                try:
+                    out.append(render_slurmd_dropin(kwargs["python"], desc.paths.slurmd_spool))
+                except (KeyError, ValueError) as exc:
+                    raise AnsibleError(f"nuro_slurm_config slurmd_dropin needs python=: {exc}") from exc
+                continue
             try:
                 out.append(inventory.render_file(desc, term))
             except inventory.InventoryError as exc:
