@@ -20,7 +20,7 @@ import pytest
 from nuro.cluster.description import release_of
 from nuro.devcluster import cgroups, manager
 from nuro.lifecycle.platform_events import read_events
-from nuro.slurm import NodeInfo
+from nuro.slurm import JobInfo, NodeInfo
 from nuro.slurm.models import EXPEDITED_REQUEUE_SINCE
 from tests.integration.conftest import TEST_SLURM, LiveCluster, wait_until
 
@@ -120,33 +120,40 @@ def test_a_node_back_from_a_crash_runs_the_prolog_of_a_job_it_ran_before(
 ) -> None:
     """Issue 31 (soak, 22.05): slurmd runs a job's prolog only the first time it sees the job id, and reloads the ids
     it saw from its spool when it starts. A host that crashed while running a job never hears that the job left it,
-    so when the requeued job came back to it, no prolog ran (the root record still named the old attempt; the
-    epilog refused its checkpoint uploads). A revive clears the spool's job state from before the "boot", as the
-    compute role's ``ExecStartPre`` does on a real host (``nuro.healthcheck.slurmdspool``): the prolog runs."""
-    node = "gpu006"
-    restore.append(node)
-    job_id = cluster.backend.submit("#!/bin/bash\nsrun sleep 900\n", "--requeue", "-N1", f"--nodelist={node}",
+    so when the job came back to it after running elsewhere, no prolog ran (the root record still named the old
+    attempt; the epilog refused its checkpoint uploads). A revive clears the spool's job state from before the
+    "boot", as the compute role's ``ExecStartPre`` does on a real host (``nuro.healthcheck.slurmdspool``)."""
+    pair = ("gpu005", "gpu006")
+    others = ",".join(f"gpu00{i}" for i in range(1, 9) if f"gpu00{i}" not in pair)
+    job_id = cluster.backend.submit("#!/bin/bash\nsrun sleep 900\n", "--requeue", "-N1", f"--exclude={others}",
                                     "-o", "/dev/null")  # fmt: skip
 
-    def prologs() -> int:
+    def prologs(node: str) -> int:
         log = cluster.layout.log / f"hooks-{node}.log"
         text = log.read_text(errors="replace") if log.exists() else ""
         return sum(f"job={job_id} prolog done" in line for line in text.splitlines())
 
-    wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING", 60, "the job running")
+    def running(restart: int) -> JobInfo:
+        return wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING"
+                          and j.restart_count == restart and j, 90, f"attempt {restart} running")  # fmt: skip
+
+    crashed = running(0).nodes[0]
+    elsewhere = next(n for n in pair if n != crashed)
+    restore.extend(pair)
     # slurmd saves its job state to the spool on a task launch (the srun step), not at the batch launch
-    wait_until(lambda: any(p.name() == "sleep" for p in cgroups.node_processes(cluster.layout.root, node)), 30,
-               f"the job's step on {node}")  # fmt: skip
-    assert prologs() == 1
-    manager.kill_node(cluster.layout, node)
+    wait_until(lambda: any(p.name() == "sleep" for p in cgroups.node_processes(cluster.layout.root, crashed)), 30,
+               f"the job's step on {crashed}")  # fmt: skip
+    assert prologs(crashed) == 1
+    manager.kill_node(cluster.layout, crashed)
     try:
-        wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.restart_count == 1
-                   and j.phase.name == "PENDING", 60, "the job requeued, waiting for its node")  # fmt: skip
-        manager.revive_node(cluster.layout, node)
-        again = wait_until(lambda: (j := cluster.backend.find_job(job_id)) and j.state == "RUNNING" and j, 90,
-                           f"the job back on {node} once the detector resumed it")  # fmt: skip
-        assert again.restart_count == 1 and again.nodes == (node,), again
-        wait_until(lambda: prologs() == 2, 30, f"the prolog of the new attempt on {node}")
+        assert running(1).nodes == (elsewhere,)  # the job moved on while the host was down
+        manager.revive_node(cluster.layout, crashed)
+        wait_until(lambda: _node(cluster, crashed).state == "IDLE", 60, f"{crashed} resumed by the detector")
+        # the job comes back to the host that crashed under it
+        cluster.run(["scontrol", "requeue", str(job_id)])
+        cluster.run(["scontrol", "update", f"jobid={job_id}", f"ExcNodeList={others},{elsewhere}"])
+        assert running(2).nodes == (crashed,)
+        wait_until(lambda: prologs(crashed) == 2, 30, f"the prolog of attempt 2 on {crashed}")
     finally:
         cluster.run(["scancel", str(job_id)], check=False)
 
