@@ -47,6 +47,11 @@ class SlurmVersion:
 #: ``cred_expire`` wait; slurm.conf's ``enable_expedited_requeue``). Older ones refuse the flag; there nuro's detector
 #: starts the jobs it requeued itself once that is safe (``nuro.slurm_plugins.controller.expedite``).
 EXPEDITED_REQUEUE_SINCE = (25, 11)
+#: The first Slurm whose slurmd forgets a requeued job's old attempt as soon as the new attempt's credential arrives
+#: (created in a later second than the old one's revoke), so a surviving node runs the new attempt's prolog at once.
+#: 22.05 sets the old entry to expire but purges at most once per 2 s (``_clear_expired_job_states``), so the new
+#: attempt may find it and skip the prolog until ``cred_expire`` has passed (SchedMD bug 15656, fixed in 23.02).
+REISSUE_PURGES_SINCE = (23, 2)
 
 
 @dataclass(frozen=True)

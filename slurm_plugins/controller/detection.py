@@ -35,7 +35,7 @@ from nuro.lifecycle.platform_events import EventLog
 from nuro.protocol.heartbeat import MAX_STOP_GRACE_S
 from nuro.slurm import Backend, DownNode, DrainNode, ResumeNode
 from nuro.slurm.actions import ActionResult, Requeue, UpdateStartTime
-from nuro.slurm.models import EXPEDITED_REQUEUE_SINCE, JobInfo, JobPhase, NodeInfo
+from nuro.slurm.models import EXPEDITED_REQUEUE_SINCE, REISSUE_PURGES_SINCE, JobInfo, JobPhase, NodeInfo
 from nuro.slurm_plugins.controller import expedite
 from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
 from nuro.slurm_plugins.controller.liveness import (
@@ -113,6 +113,7 @@ class FailureDetector:
         self._watched: list[expedite.Watched] = []  # jobs a node loss requeued, to start once safe
         self._slurm_expedites: bool | None = None  # whether this Slurm requeues expedited jobs itself (25.11+)
         self._cred_expire_s = expedite.DEFAULT_CRED_EXPIRE_S  # slurm.conf's, read with the version
+        self._reissue_purges = False  # slurmd forgets a requeued job's old attempt at once (23.02+)
 
     def _reported_jobs(self, beats: list, now: float) -> dict[int, tuple[str, ...]]:
         """The nodes of the jobs this tick's beats report (``suspect_jobs``, ``stragglers``), from Slurm, cached."""
@@ -218,7 +219,8 @@ class FailureDetector:
         ``REPORT_LOOKUPS_PER_TICK``, and only once its early start may come); a job Slurm could not be asked about is
         asked again next tick."""
         observed: dict[int, tuple[int, str] | None] = {}
-        ready = wall - expedite.MARGIN_S - self._cred_expire_s  # nothing starts before that: no job read before it
+        # nothing starts before that: no job read before it
+        ready = wall - expedite.earliest_start_s(self._cred_expire_s, self._reissue_purges)
         for w in [w for w in self._watched if w.killed_at <= ready][:REPORT_LOOKUPS_PER_TICK]:
             try:
                 observed[w.job_id] = self.backend.job_restarts(w.job_id)
@@ -227,7 +229,8 @@ class FailureDetector:
             except Exception as exc:  # noqa: BLE001 - asked again next tick; WATCH_S bounds it
                 log.debug("job=%d state unreadable for the expedited start: %s", w.job_id, exc)
         out = {n for n, info in self.slurm_nodes.items() if info.flags & {"DOWN", "DRAIN"}}
-        decision = expedite.decide(self._watched, observed, out, wall, cred_expire_s=self._cred_expire_s)
+        decision = expedite.decide(self._watched, observed, out, wall, cred_expire_s=self._cred_expire_s,
+                                   reissue_purges=self._reissue_purges)  # fmt: skip
         self._watched = list(decision.keep)
         for w, why in decision.dropped:
             log.info("job=%d not expedited after losing %s: %s", w.job_id, w.node, why)
@@ -247,7 +250,9 @@ class FailureDetector:
             return False
         if self._slurm_expedites is None:
             try:
-                self._slurm_expedites = self.backend.version().major_minor >= EXPEDITED_REQUEUE_SINCE
+                version = self.backend.version().major_minor
+                self._slurm_expedites = version >= EXPEDITED_REQUEUE_SINCE
+                self._reissue_purges = version >= REISSUE_PURGES_SINCE
                 self._cred_expire_s = float(self.backend.cred_expire_s())
             except Exception as exc:  # noqa: BLE001 - unknown: leave Slurm's delay alone
                 log.warning("Slurm version unknown (%s): requeued jobs wait Slurm's own delay", exc)

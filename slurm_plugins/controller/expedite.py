@@ -22,18 +22,27 @@ job id it still runs, "do not launch second copy", and slurmctld then drains tha
 
 So the detector expedites only what it caused, and only when it is safe (``decide``): a job that ran on a node the
 detector set DOWN (and DRAIN: nuro keeps the lost node out until its agent beats healthy again), now PENDING with a
-higher restart count than before the loss, ``cred_expire + MARGIN_S`` after the kill (every survivor has forgotten the
-old attempt, and a new credential is created in a later second than the revoke), while every node the detector took
-down for it is still down or drained. What it saves is the survivors' epilog time plus Slurm's wait for its next
-scheduling pass after the BeginTime (``StartTime=now`` triggers one). Anything else (the job started, ended, was
-held, or the node came back) drops it: Slurm's own delay then applies, as before. Pure: the detector reads the job
-states and applies ``UpdateStartTime``.
+higher restart count than before the loss, while every node the detector took down for it is still down or drained,
+and once the survivors will run the new attempt's prolog:
+
+- 23.02 and later (``REISSUE_PURGES_SINCE``): slurmd drops the old attempt's entry as soon as a credential created in
+  a later second than its revoke arrives (``cred_handle_reissue``, read in 23.02's and 24.11's source). PENDING
+  means every survivor's epilog is done, so their revokes came before the first tick that saw it PENDING: the start
+  is sent from the next whole second on (``pending_at``), and the new credential is newer than every revoke;
+- 22.05: that purge runs at most once per 2 s, so the entry may outlive the reissue (SchedMD bug 15656): the start
+  waits ``cred_expire + MARGIN_S`` from the kill, by when every survivor has forgotten the old attempt.
+
+What it saves: on 23.02+ Slurm's whole ``cred_expire + 1`` s delay; on 22.05 the survivors' epilog time plus Slurm's
+wait for its next scheduling pass after the BeginTime (``StartTime=now`` triggers one). Anything else (the job
+started, ended, was held, or the node came back) drops it: Slurm's own delay then applies, as before. Pure: the
+detector reads the job states and applies ``UpdateStartTime``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 #: After the kill, beyond cred_expire: whole-second credential times, and the kill reaching the survivors' slurmd.
 MARGIN_S = 2.0
@@ -41,6 +50,14 @@ MARGIN_S = 2.0
 DEFAULT_CRED_EXPIRE_S = 120.0
 #: How long a requeued job is watched for its PENDING state (a requeue finishes once the epilogs are done).
 WATCH_S = 120.0
+#: With a purging slurmd, the first read of a watched job comes this long after the kill (a requeue needs the
+#: detection and the survivors' epilogs first): no squeue per tick for a job that cannot be PENDING yet.
+FIRST_READ_S = 1.0
+
+
+def earliest_start_s(cred_expire_s: float, reissue_purges: bool) -> float:
+    """Seconds after the kill before which a watched job is never started (nor read)."""
+    return FIRST_READ_S if reissue_purges else cred_expire_s + MARGIN_S
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,8 @@ class Watched:
     restarts: int
     node: str
     killed_at: float
+    #: when a tick first saw it PENDING after the requeue (wall time); None before
+    pending_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,12 +85,15 @@ def decide(
     node_out: Collection[str],
     now: float,
     cred_expire_s: float = DEFAULT_CRED_EXPIRE_S,
+    reissue_purges: bool = False,
 ) -> Decision:
     """Which watched jobs to start now. ``observed``: job → (restart count, state) as Slurm says now (None: Slurm
     no longer knows it; a job missing from the mapping was not read this time and is kept); ``node_out``: the nodes
-    that are still DOWN or DRAIN; ``now``: wall time; ``cred_expire_s``: slurm.conf's AuthInfo cred_expire."""
-    ready_after = cred_expire_s + MARGIN_S
-    watch_s = max(WATCH_S, ready_after + 30.0)
+    that are still DOWN or DRAIN; ``now``: wall time; ``cred_expire_s``: slurm.conf's AuthInfo cred_expire;
+    ``reissue_purges``: this Slurm is ``REISSUE_PURGES_SINCE`` or later. A job kept after its first PENDING sighting
+    comes back with ``pending_at`` set."""
+    ready_after = earliest_start_s(cred_expire_s, reissue_purges)
+    watch_s = max(WATCH_S, cred_expire_s + MARGIN_S + 30.0)
     expedite, keep, dropped = [], [], []
     for w in watched:
         if w.job_id not in observed:
@@ -97,9 +119,20 @@ def decide(
                 dropped.append((w, f"{state.lower()} already"))
         elif now - w.killed_at < ready_after:
             keep.append(w)
+        elif reissue_purges and (w.pending_at is None or now < math.floor(w.pending_at) + 1):
+            keep.append(w if w.pending_at is not None else replace(w, pending_at=now))
         else:
             expedite.append(w)
     return Decision(tuple(expedite), tuple(keep), tuple(dropped))
 
 
-__all__ = ["DEFAULT_CRED_EXPIRE_S", "MARGIN_S", "WATCH_S", "Decision", "Watched", "decide"]
+__all__ = [
+    "DEFAULT_CRED_EXPIRE_S",
+    "FIRST_READ_S",
+    "MARGIN_S",
+    "WATCH_S",
+    "Decision",
+    "Watched",
+    "decide",
+    "earliest_start_s",
+]

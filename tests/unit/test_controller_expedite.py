@@ -1,11 +1,14 @@
 """Which requeued jobs the detector starts early (``nuro.slurm_plugins.controller.expedite.decide``): only once the
-requeue has finished (PENDING, one more restart), cred_expire + 2 s after the kill, while the lost node stays out;
-and ``scontrol show config``'s cred_expire, read by the backend."""
+requeue has finished (PENDING, one more restart), while the lost node stays out, and once the survivors run the new
+attempt's prolog: from the second after the first PENDING sighting on 23.02+, cred_expire + 2 s after the kill on
+22.05; and ``scontrol show config``'s cred_expire, read by the backend."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nuro.slurm.parse_text import parse_cred_expire
-from nuro.slurm_plugins.controller.expedite import MARGIN_S, WATCH_S, Watched, decide
+from nuro.slurm_plugins.controller.expedite import FIRST_READ_S, MARGIN_S, WATCH_S, Watched, decide, earliest_start_s
 
 W = Watched(job_id=7, restarts=0, node="gpu002", killed_at=100.0)
 
@@ -43,3 +46,24 @@ def test_anything_else_leaves_slurms_own_delay() -> None:
     for why, (observed, out, now) in cases.items():
         d = decide([W], observed, out, now, cred_expire_s=5)
         assert d.dropped == ((W, why),) and not d.expedite and not d.keep, why
+
+
+def test_a_purging_slurmd_lets_the_start_come_the_second_after_the_requeue() -> None:
+    """23.02+: the survivors' revokes came before the first tick that saw the job PENDING (their epilogs were done);
+    a credential created from the next whole second on is newer than every revoke, so slurmd drops the old entry and
+    runs the prolog."""
+    first = decide([W], {7: (1, "PENDING")}, {"gpu002"}, 102.3, cred_expire_s=5, reissue_purges=True)
+    assert first.keep == (replace(W, pending_at=102.3),) and not first.expedite
+    seen = first.keep[0]
+    same_second = decide([seen], {7: (1, "PENDING")}, {"gpu002"}, 102.9, cred_expire_s=5, reissue_purges=True)
+    assert same_second.keep == (seen,) and not same_second.expedite  # pending_at is kept, not moved on
+    d = decide([seen], {7: (1, "PENDING")}, {"gpu002"}, 103.0, cred_expire_s=5, reissue_purges=True)
+    assert d.expedite == (seen,) and not d.keep
+    # still finishing, or the node back: as before
+    assert decide([W], {7: (1, "COMPLETING")}, {"gpu002"}, 102.0, reissue_purges=True).keep == (W,)
+    assert decide([seen], {7: (1, "PENDING")}, set(), 104.0, reissue_purges=True).dropped[0][1] == (
+        "gpu002 is back in service"
+    )
+    # the detector reads a watched job from FIRST_READ_S on (23.02+), from cred_expire + 2 s on 22.05
+    assert earliest_start_s(5, True) == FIRST_READ_S and earliest_start_s(5, False) == 5 + MARGIN_S
+    assert decide([W], {7: (1, "PENDING")}, {"gpu002"}, 100.5, reissue_purges=True).keep == (W,)  # too early to see
