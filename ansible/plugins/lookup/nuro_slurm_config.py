@@ -29,8 +29,8 @@ options:
     description:
       - File names, C(slurm.conf), C(cgroup.conf), C(topology.conf), C(gres.conf), C(job_submit.lua), or
         C(hook_wrapper)
-        (with the keywords entry_point= and env_file=), or C(slurmd_dropin) (with python=: slurmd's ExecStartPre
-        that clears its job-state cache from before a crash).
+        (with the keywords entry_point= and env_file=), or C(slurmd_dropin) (with python=, the slurmd drop-in
+        whose ExecStartPre clears the job-state cache of before a crash).
     required: true
 """
 
