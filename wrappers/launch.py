@@ -345,7 +345,12 @@ def attempt_dir(base: Path, env: Mapping[str, str]) -> Path:
     """Where this attempt's verdicts go: ``<base>/attempt-<SLURM_RESTART_COUNT>``, and ``…-swap-<N>`` for the step
     started again on a spare (``NURO_LAUNCH_SWAP``, ``wrappers.spares``)."""
     swap = spares.swap_index(env)
-    return base / (f"attempt-{env.get('SLURM_RESTART_COUNT') or 0}" + (f"-swap-{swap}" if swap else ""))
+    return base / (f"attempt-{_attempt(env)}" + (f"-swap-{swap}" if swap else ""))
+
+
+def _attempt(env: Mapping[str, str]) -> str:
+    """This attempt's number as Slurm gives it to the job (``SLURM_RESTART_COUNT``, unset on the first)."""
+    return env.get("SLURM_RESTART_COUNT") or "0"
 
 
 def verdict_base(env: Mapping[str, str], given: str | None) -> Path | None:
@@ -430,7 +435,7 @@ def prolog_missing(env: Mapping[str, str]) -> str | None:
         rec = jobrecord.read(staging, job)
     except (OSError, ValueError):  # unreadable or malformed: the prolog ran; what it wrote is the epilog's to judge
         return None
-    attempt = env.get("SLURM_RESTART_COUNT") or "0"
+    attempt = _attempt(env)
     if rec is None:
         return f"no prolog ran on {node} for attempt {attempt} of job {job} (no job record: slurmd skipped it)"
     if str(rec.restart) != attempt:

@@ -44,10 +44,11 @@ import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+# Slurm's cred_expire when the caller does not know it (slurm.conf's default): then nothing is expedited in practice
+from nuro.slurm.parse_text import DEFAULT_CRED_EXPIRE_S
+
 #: After the kill, beyond cred_expire: whole-second credential times, and the kill reaching the survivors' slurmd.
 MARGIN_S = 2.0
-#: Slurm's cred_expire when the caller does not know it (slurm.conf's default): then nothing is expedited in practice.
-DEFAULT_CRED_EXPIRE_S = 120.0
 #: How long a requeued job is watched for its PENDING state (a requeue finishes once the epilogs are done).
 WATCH_S = 120.0
 #: With a purging slurmd, the first read of a watched job comes this long after the kill (a requeue needs the

@@ -265,6 +265,12 @@ def test_a_per_node_staging_root_is_resolved_on_the_node_not_on_the_batch_host()
     assert "NURO_STAGING_DIR" not in launch.with_node_staging_dir({**env, "SLURMD_NODENAME": ""})
 
 
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="job records are root-owned (the prolog writes them as root; jobrecord.read refuses any other owner's)",
+)
+
+
 def _prolog_env(root: Path, restart: str | None = None, **extra: str) -> dict[str, str]:
     env = {"NURO_STAGING_ROOT": str(root / "{node}"), "SLURM_JOB_ID": "41", "SLURMD_NODENAME": "gpu003",
            "SLURM_NODEID": "1", **extra}  # fmt: skip
@@ -282,7 +288,7 @@ def _record(root: Path, restart: int) -> None:
                                                  "gpu003", None))  # fmt: skip
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's")
+@needs_root
 def test_an_attempt_the_prolog_skipped_is_told_apart(tmp_path: Path) -> None:
     """slurmd skips the prolog of a job it still remembers (a 22.05 survivor, a host back from a crash): no record of
     this attempt on the node. Where no nuro prolog runs at all (no records dir), nothing is judged."""
@@ -298,7 +304,7 @@ def test_an_attempt_the_prolog_skipped_is_told_apart(tmp_path: Path) -> None:
     assert launch.prolog_missing({**_prolog_env(tmp_path, "2"), "NURO_STAGING_ROOT": ""}) is None  # outside nuro
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="job records are root's")
+@needs_root
 def test_a_node_without_its_prolog_restarts_the_job_at_once_with_its_verdict(tmp_path: Path) -> None:
     """Exit 75 before any worker starts, and a REQUEUE verdict that names why: the step neither trains without the
     prolog (its checkpoints could never commit) nor waits for this node as for a lost one."""
