@@ -362,6 +362,21 @@ def share_table(rows: list[dict], slack_s: float, quotas: dict[str, dict[str, in
     return "\n".join(lines)
 
 
+def cause_table(rows: list[dict], variants: list[Variant]) -> str:
+    """Capacity idle while work waited (% of capacity), and its share per cause (``replay.IDLE_CAUSES``)."""
+    causes = list(rows[0]["baseline"]["idle_while_waiting_by_cause"])
+    head = f"{'policy':<10} {'seed':>4} {'variant':<10} {'idle∧wait %':>11} " + " ".join(f"{c:>14}" for c in causes)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        for v in variants:
+            m = r[v.value]
+            by = m["idle_while_waiting_by_cause"]
+            total = sum(by.values())
+            shares = " ".join(f"{100 * by[c] / total if total else 0:>13.1f}%" for c in causes)
+            lines.append(f"{r['policy']:<10} {r['seed']:>4} {v.value:<10} {100 * total:>10.2f}% {shares}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=7, help="synthesis seed of the main table [7]")
@@ -473,6 +488,8 @@ def main(argv: list[str] | None = None) -> dict:
             name: {t: v["quota"] for t, v in p["setup"]["policy"]["teams"].items()} for name, p in per_policy.items()
         }
         print(share_table(rows, slack, quotas))
+    print("\n== capacity idle while work waited, by cause (share of it)")
+    print(cause_table(rows, args.variants))
     print(f"\nruntime: {total_s:.1f} s for {len(rows)} replays × {len(args.variants)} variants")
     return out
 
@@ -486,6 +503,7 @@ def _seed_record(row: dict, args: argparse.Namespace, keys: tuple[str, ...]) -> 
         out.update({f"{v.value}.{k}": m[k] for k in keys})
         out[f"{v.value}.team_guaranteed_goodput_gpu_s"] = m["team_guaranteed_goodput_gpu_s"]
         out[f"{v.value}.queue_wait"] = m["queue_wait"]
+        out[f"{v.value}.idle_while_waiting_by_cause"] = m["idle_while_waiting_by_cause"]
     if args.bound:
         out["bound"] = row["bound"]
     return out

@@ -12,6 +12,10 @@ pods); counts of decisions and preemptions are over the whole replay.
 | idle while waiting | per 5-minute bin: min(idle GPUs, GPUs of pending jobs), summed / (cluster GPUs × window):
   capacity that sat idle while work waited (QOS limits, lending limits, placement). Baseline utilisation + this is an
   upper estimate of what a work-conserving scheduler could have used of the same load (whatever the job shapes) |
+| idle while waiting, by cause | the same GPU·s, per cause of the pending work they could have served: QOS limit
+  (quota, borrow limit, a lend pool kept: the policy's choice), requeue delay, a reservation held for a higher job,
+  fragmentation (enough idle GPUs in all, no nodes that fit), a job wider than all idle GPUs together; shared by
+  pending GPUs at each moment |
 | alloc-idle % | allocated GPU·s in which the job did not train (restart staging, checkpoint-and-wait after a preemption
   signal) / allocated GPU·s |
 | fractional rounding % | allocated GPU·s the trace pods did not ask for (a pod with ``gpu_milli`` 460 holds a whole
@@ -41,7 +45,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from bench.sim.replay import ReplayLog
+from bench.sim.replay import IDLE_BIN_S, ReplayLog
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -103,10 +107,6 @@ def wait_stats(waits: Sequence[float], censored: int) -> dict:
         "median_s": round(percentile(waits, 50), 1),
         "p95_s": round(percentile(waits, 95), 1),
     }
-
-
-#: Bin width of "idle while waiting": short enough that an idle spell and a queue in the same hour are not paired.
-IDLE_BIN_S = 300.0
 
 
 def _idle_while_waiting(log: ReplayLog, t0: float, t1: float) -> tuple[float, float]:
@@ -199,6 +199,9 @@ def compute(
             jains.append(jain(xs))
             shortfall_jains.append(jain([min(1.0, x) for x in xs]))
     idle_waiting, idle_waiting_single = _idle_while_waiting(log, t0, t1)
+    first_bin = int(t0 // IDLE_BIN_S)
+    by_cause = {c: sum(v[first_bin + 1 :]) + v[first_bin] * (1 - (t0 % IDLE_BIN_S) / IDLE_BIN_S)
+                for c, v in log.idle_by_cause.items()}  # fmt: skip
     waits: dict[str, list[float]] = {
         t: [] for t in [*teams, "urgent", "all", "gangs", *(f"guaranteed:{t}" for t in teams)]
     }
@@ -235,6 +238,7 @@ def compute(
         "utilisation": round(alloc / cap_gpu_s, 4),
         "idle_while_waiting": round(idle_waiting / cap_gpu_s, 4),
         "idle_while_waiting_single_node": round(idle_waiting_single / cap_gpu_s, 4),
+        "idle_while_waiting_by_cause": {c: round(v / cap_gpu_s, 5) for c, v in by_cause.items()},
         "goodput": round(good / cap_gpu_s, 4),
         "alloc_idle_pct": round(100 * idle / alloc, 3) if alloc else 0.0,
         "fractional_rounding_pct": round(100 * rounding / alloc, 2) if alloc else 0.0,

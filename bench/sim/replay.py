@@ -108,6 +108,16 @@ class ReplayLog:
     decide_s: float = 0.0
     cycles: int = 0
     wall_s: float = 0.0
+    #: idle GPU·s while work waited, per ``IDLE_BIN_S`` bin from 0 and per cause (``Replay._idle_causes``)
+    idle_by_cause: dict[str, list[float]] = field(default_factory=dict)
+
+
+#: Bin width of the idle-by-cause record (the metrics' idle-while-waiting bins)
+IDLE_BIN_S = 300.0
+#: Why pending work could not use idle GPUs: its QOS limit (quota, borrow limit, or no lending: the policy's
+#: choice), its requeue delay, a reservation held for a higher job, placement (enough idle GPUs in all, no nodes
+#: that fit: fragmentation proper), or a job wider than all the idle GPUs together
+IDLE_CAUSES = ("qos_limit", "requeue_delay", "reservation", "fragmentation", "too_few_idle")
 
 
 class Replay:
@@ -155,6 +165,10 @@ class Replay:
         self._seq = 0
         self._tick_queued = False
         self.log = ReplayLog(self.variant, self.horizon_s, self.sim.capacity, [])
+        bins = math.ceil(self.horizon_s / IDLE_BIN_S) + 1
+        self.log.idle_by_cause = {c: [0.0] * bins for c in IDLE_CAUSES}
+        self._idle_from = 0.0
+        self._idle_now: dict[str, float] = {}
         self.controller = None
         if self.variant is Variant.NURO:
             from nuro.slurm_plugins.controller.daemon import Controller  # the engine is only needed for this variant
@@ -238,13 +252,45 @@ class Replay:
                 progress(t)
                 next_report = t + 86400.0
         self.now = self.horizon_s
+        self._idle_causes(self.horizon_s)
         for job in list(self.sim.running.values()):
             self._finish(job, "censored")
         for job in self.sim.pending.values():
             self._pend_record(job, self.horizon_s)
         self.log.counters["limit_breaches_at_start"] = self.sim.limit_breaches
 
+    def _idle_causes(self, t: float) -> None:
+        """Book the idle-while-waiting of the state since the last batch up to ``t``, then take this state's: idle
+        GPUs up to the pending GPUs, shared among the pending jobs' causes (``IDLE_CAUSES``) by their GPUs."""
+        t0, record = self._idle_from, self.log.idle_by_cause
+        while t0 < t and self._idle_now:
+            b = int(t0 // IDLE_BIN_S)
+            t1 = min(t, (b + 1) * IDLE_BIN_S)
+            for cause, gpus in self._idle_now.items():
+                record[cause][min(b, len(record[cause]) - 1)] += gpus * (t1 - t0)
+            t0 = t1
+        self._idle_from = t
+        idle = self.sim.capacity - self.sim.allocated
+        self._idle_now = {}
+        if idle <= 0 or not self.sim.pending:
+            return
+        wanted: Counter = Counter()
+        for job in self.sim.pending.values():
+            if job.reason == "QOSGrpGRES":
+                wanted["qos_limit"] += job.gpus
+            elif job.reason == "BeginTime":
+                wanted["requeue_delay"] += job.gpus
+            elif job.gpus > idle:
+                wanted["too_few_idle"] += job.gpus
+            else:
+                wanted["reservation" if job.reason == "Priority" else "fragmentation"] += job.gpus
+        total = sum(wanted.values())
+        if total:
+            served = min(idle, total)
+            self._idle_now = {cause: served * gpus / total for cause, gpus in wanted.items()}
+
     def _sample(self) -> None:
+        self._idle_causes(self.now)
         self.log.samples += 1
         over = self.sim.qos_over_limit()
         if any(q.startswith("g-") for q in over):

@@ -248,7 +248,12 @@ class Controller:
         self._save_ledger(decisions.next_state)
         budget = ApplyBudget.for_cycle(self.apply_budget_s, report.snapshot_s, self._per_id_s)
         pending = groups(applicable)  # apply order: requeues and signals first, SiteFactors last (deferred first)
+        # packing weights go right after the requeues and signals: a few calls that steer every start, worth more than
+        # any one QOS move or SiteFactor when the budget is short
+        weights_due = self.node_weights
         while pending:
+            if weights_due and not isinstance(pending[0][0], ApplyBudget.ALWAYS):
+                report.weights, weights_due = self.reweigh(snapshot.nodes, budget), False
             group = pending.pop(0)
             if not budget.allows(group):
                 report.deferred += len(group)
@@ -297,7 +302,7 @@ class Controller:
                     failed.add(decision.job_id)
                 else:
                     self._record(decision)
-        if self.node_weights and not report.error:
+        if weights_due and not report.error:
             report.weights = self.reweigh(snapshot.nodes, budget)
         self._per_id_s = budget.per_id_s  # the next cycle sizes its first batch by what Slurm answered lately
         if report.deferred:

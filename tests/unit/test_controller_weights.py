@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nuro.slurm.actions import ActionResult, UpdateNodeWeight
 from nuro.slurm.errors import SlurmUnavailable
 from nuro.slurm.models import NodeInfo
@@ -92,3 +94,29 @@ def test_a_stopping_controller_leaves_slurms_default_weight_on_every_gpu_node() 
     nodes = [node("gpu001", 3, weight=6), node("gpu002", 0, weight=9, state="IDLE+DRAIN"), node("gpu003", 0, weight=1),
              node("cpu001", 0, weight=7, total=0, state="IDLE")]  # fmt: skip
     assert weights.plan(nodes, weights.neutral_weight).updates == (UpdateNodeWeight("gpu[001-002]", 1),)
+
+
+class _Cluster(Recorder):
+    """A backend for ``Controller.cycle``: a fixed snapshot, nothing held, every action recorded and accepted."""
+
+    def __init__(self, snapshot: object) -> None:
+        super().__init__()
+        self.snapshot = snapshot
+
+    def read_snapshot(self) -> object:
+        return self.snapshot
+
+    def site_factors(self) -> dict[int, int]:
+        return {}
+
+
+def test_a_cycle_sets_the_packing_weights_and_a_later_one_nothing() -> None:
+    from tests.unit.test_engine_builders import NOW, a_cluster
+
+    snap = a_cluster().nodes(3).build()
+    backend = _Cluster(snap)
+    ctl = Controller(backend, a_policy(24).team("a", quota=24).build(), clock=lambda: NOW, node_weights=True)  # type: ignore[arg-type]
+    assert ctl.cycle().weights == 3
+    assert backend.applied == [UpdateNodeWeight(weights.plan(snap.nodes).updates[0].node, 9)]
+    backend.snapshot = replace(snap, nodes=tuple(replace(n, weight=9) for n in snap.nodes))
+    assert ctl.cycle().weights == 0 and len(backend.applied) == 1

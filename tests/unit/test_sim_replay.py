@@ -121,3 +121,14 @@ def test_scavenger_victim_without_ack_is_requeued_at_grace_end() -> None:
     assert m["requeues_unacked"] == 1
     beta = next(j for j in log.jobs if j.job_id == 3)
     assert beta.first_start_s == pytest.approx(1000.0 + POLICY.grace_s)
+
+
+def test_idle_while_waiting_by_cause() -> None:
+    """The baseline's idle half beside alpha's second job (over its quota) is the QOS limit's; beside beta's gang of
+    2 × 4 GPUs (within its quota) with one node free, it is fragmentation: 8 GPUs idle, but on one node."""
+    _, m = replay([job(1, "alpha", 0.0, 3000.0), job(2, "alpha", 0.0, 3000.0)], Variant.BASELINE, 3000.0)
+    assert m["idle_while_waiting_by_cause"]["qos_limit"] == pytest.approx(0.5)
+    gang = JobSpec(2, "j2", "beta", "bo", "normal", 2, 4, 0.0, 3000.0, False, 600.0, 20.0, True, 30.0, ())
+    _, m = replay([job(1, "alpha", 0.0, 3000.0), gang], Variant.BASELINE, 3000.0)
+    assert m["idle_while_waiting_by_cause"]["fragmentation"] == pytest.approx(0.5)
+    assert sum(m["idle_while_waiting_by_cause"].values()) == pytest.approx(m["idle_while_waiting"])
