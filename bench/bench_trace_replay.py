@@ -436,7 +436,7 @@ def main(argv: list[str] | None = None) -> dict:
     per_policy: dict[str, dict] = {}
     for path in policy_paths:
         policy = scale_policy(path, cluster_gpus)
-        name = path.stem if path != EXAMPLE_POLICY else "example"
+        name = path.stem if path.resolve() != EXAMPLE_POLICY.resolve() else "example"
         main_run = replay_seed(seeds[0], args, tasks, nodes, policy)
         setup = _setup(args, path, policy, nodes, main_run, seeds)
         if not per_policy:
