@@ -17,7 +17,7 @@ Mapping onto Slurm (see ARCHITECTURE.md "Teams, quotas, borrowing on Slurm"):
 | restart_cost_s | staging + start-up a requeued job pays before it trains again; part of a victim's cost |
 | usage_half_life_s | half-life of each team's decayed GPU usage (borrow order, who yields first, SiteFactor) |
 | lend_hysteresis_s | half-life of a lender's peak guaranteed demand; only GPUs idle at that peak are lent |
-| ending_soon_s | caps how long a claimant waits for a job that ends by itself (never longer than grace_s) |
+| ending_soon_s | the most a claimant waits for a job that ends by itself when waiting is cheaper than preempting it |
 | drain_horizon_s | a gang no victim set can place gets the nodes whole soonest drained, if whole within this |
 | require_pinning | job_submit.lua refuses team GPU jobs without a dataset digest + code commit in the comment |
 """

@@ -8,8 +8,8 @@ The cycle is a numbered pipeline (STYLE K1); each phase is one small function an
 1. **classify** jobs by QOS and account (``classify.py``); sum each team's GPUs by kind; bring each team's decayed
    usage up to now and derive its fair-share load (``fairshare.py``).
 2. **finish** in-flight preemptions: requeue on ack, or at grace end without one (``preemption.py``); jobs that end
-   by their time limit before a preemption could free their GPUs (within ``grace_s``, at most ``ending_soon_s``)
-   count as being freed too.
+   by their time limit sooner than preempting them pays off (``grace_s + restart_cost_s + their seconds since their
+   checkpoint``, at most ``ending_soon_s``) count as being freed too.
 3. **tiers**: pending tier jobs (``urgent``) get room from borrowers, then lower classes.
 4. **reclaim**: pending guaranteed jobs within quota get room from borrowers.
 5. **borrow**: return pending borrowed jobs that fit the quota again; move QOS-blocked guaranteed jobs to the

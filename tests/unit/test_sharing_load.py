@@ -108,18 +108,17 @@ def _two_borrowers(job3_ends_in_s: float, job3_ckpt_age_s: float = 0) -> object:
     )
 
 
-def test_a_job_that_ends_before_a_preemption_could_free_its_gpus_is_waited_for() -> None:
-    """The claimant waits for an ending job at most ``grace_s`` (60 s here), what a reclaim takes anyway; never
-    longer to spare the victim its restart or its stale checkpoint: a lender does not pay for having lent (the sharing
-    incentive, issue 32)."""
-
+def test_a_job_that_ends_sooner_than_preempting_it_pays_off_is_waited_for() -> None:
+    # grace 60 s + restart cost 120 s + the seconds since its checkpoint, never past ending_soon_s (600 s)
     def waits(ends_in: float, ckpt_age: float, policy: object = POLICY) -> bool:
         d = decide(_two_borrowers(ends_in, ckpt_age), policy, ControllerState(), NOW)
         return not d.of(Preempt) and {w.job_id: w.code for w in d.waiting}[10] == Code.WAIT_IN_FLIGHT
 
-    assert POLICY.grace_s == 60 and POLICY.ending_soon_s == 600
-    assert waits(30, 0) and waits(60, 0)  # ends before a preemption could give the GPUs back
-    assert not waits(170, 0) and not waits(300, 200)  # within grace + restart (+ checkpoint age): preempted now
+    assert POLICY.ending_soon_s == 600
+    assert waits(30, 0) and waits(170, 0)  # within grace + restart cost: preempting could not be faster
+    assert not waits(300, 0)  # fresh checkpoint: preempting loses 180 s of restart, waiting costs the claimant 300 s
+    assert waits(300, 200)  # a 200 s old checkpoint: preempting would lose 380 s, more than the 300 s wait
+    assert not waits(700, 3000)  # however stale its checkpoint, no claimant waits longer than ending_soon_s
     eager = POLICY.model_copy(update={"ending_soon_s": 0})  # an admin who wants reclaim at once
     assert not waits(30, 0, eager)
 
