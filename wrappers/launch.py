@@ -689,11 +689,15 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
             print(f"nuro: no spare left to replace straggler {moving}: the requeue path follows", flush=True)
             return status
         if state is not None and not seen and _may_have_lost_a_node(status, found, num_nodes, env):
-            swap = _swap_for_lost(state, env["SLURM_JOB_ID"], found, wait_s)
+            lost, swap = _swap_for_lost(state, env["SLURM_JOB_ID"], found, wait_s)
             if swap is not None:
                 _announce(swap, env, "node_lost", f"node(s) {','.join(swap.lost)} lost")
                 continue
-            print("nuro: no spare left for the lost node: the requeue path follows", flush=True)
+            if lost:
+                # Slurm keeps a --no-kill job running without the node and will not requeue it: this script must
+                # (the training's own status is the lost node's SIGKILL, not its failure)
+                print(f"nuro: node(s) {','.join(lost)} lost and no spare left: the requeue path follows", flush=True)
+                return EXIT_REQUEUE
             return status
         if wait_s > 0 and lost_one and state is None:
             print(f"nuro: a node never reported; waiting up to {wait_s:g} s for Slurm's node verdict", flush=True)
@@ -765,10 +769,11 @@ def _swap_for_lost(
     job_nodes: Callable[[str], list[str]] | None = None,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
-) -> spares.Swap | None:
+) -> tuple[list[str], spares.Swap | None]:
     """Wait up to ``wait_s`` for Slurm to take a silent training node (no verdict) out of the allocation (nuro's
     detector sets a lost node DOWN; with --no-kill Slurm removes it from the job), then swap it for a spare. Only
-    nodes Slurm removed are replaced; None when none was (a launcher died, not its node) or the spares ran out."""
+    nodes Slurm removed are replaced. Returns the lost nodes and the swap: ([], None) when none was lost (a launcher
+    died, not its node), (lost, None) when the spares ran out (the job must be requeued: Slurm will not)."""
     job_nodes = job_nodes or (lambda job: _allocation(job, []))
     reported = {v.node for v in found}
     silent = [n for i, n in enumerate(state.active) if i not in reported]
@@ -784,8 +789,8 @@ def _swap_for_lost(
     if not lost:
         print(f"nuro: no node of the job left its allocation in {wait_s:g} s (a launcher died, not its node)",
               flush=True)  # fmt: skip
-        return None
-    return state.replace(lost, allocation)
+        return [], None
+    return lost, state.replace(lost, allocation)
 
 
 # --- CLI ---------------------------------------------------------------------------------------------------------

@@ -93,18 +93,32 @@ def test_the_step_swaps_only_once_slurm_took_the_silent_node_out() -> None:
     state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
     answers = iter([["gpu001", "gpu002", "gpu003"], ["gpu001", "gpu002", "gpu003"], ["gpu001", "gpu003"]])
     clock = SleepClock()
-    swap = launch._swap_for_lost(state, "7", [_verdict(0)], 10, job_nodes=lambda _j: next(answers),
-                                 sleep=clock.sleep, clock=clock)  # fmt: skip
-    assert swap is not None and swap.lost == ("gpu002",) and state.active == ["gpu001", "gpu003"]
+    lost, swap = launch._swap_for_lost(state, "7", [_verdict(0)], 10, job_nodes=lambda _j: next(answers),
+                                       sleep=clock.sleep, clock=clock)  # fmt: skip
+    assert lost == ["gpu002"] and swap is not None and swap.lost == ("gpu002",) and state.active == ["gpu001", "gpu003"]
 
 
 def test_a_silent_node_that_stays_allocated_is_not_swapped(capsys: pytest.CaptureFixture[str]) -> None:
     state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
     clock = SleepClock()
-    swap = launch._swap_for_lost(state, "7", [_verdict(0)], 2, job_nodes=lambda _j: ["gpu001", "gpu002", "gpu003"],
-                                 sleep=clock.sleep, clock=clock)  # fmt: skip
-    assert swap is None and state.active == ["gpu001", "gpu002"] and clock.now >= 2
+    lost, swap = launch._swap_for_lost(state, "7", [_verdict(0)], 2,
+                                       job_nodes=lambda _j: ["gpu001", "gpu002", "gpu003"], sleep=clock.sleep,
+                                       clock=clock)  # fmt: skip
+    assert lost == [] and swap is None and state.active == ["gpu001", "gpu002"] and clock.now >= 2
     assert "a launcher died, not its node" in capsys.readouterr().out
+
+
+def test_a_lost_node_with_no_spare_left_is_reported_lost_for_the_requeue_path() -> None:
+    """The DeepSpeed soak on 22.05: the spare was used by an earlier swap, the next node loss found none, and the
+    script took the lost node's SIGKILL (137) for the training's failure: the job ended FAILED, never requeued (a
+    --no-kill job is not requeued by Slurm). The lost node is named so the step returns EXIT_REQUEUE."""
+    state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
+    first = state.replace(["gpu002"], ["gpu001", "gpu003"])
+    assert first is not None and state.spares == []
+    clock = SleepClock()
+    lost, swap = launch._swap_for_lost(state, "7", [], 5, job_nodes=lambda _j: ["gpu001"], sleep=clock.sleep,
+                                       clock=clock)  # fmt: skip
+    assert lost == ["gpu003"] and swap is None
 
 
 def test_a_move_stop_names_the_node_the_step_leaves(tmp_path: Path) -> None:
