@@ -8,8 +8,6 @@ from bench.sim.bound import goodput_bound
 from bench.sim.synth import JobSpec
 from bench.sim.trace import NodeSpec
 
-pytest.importorskip("scipy", reason="the bound's max-flow needs scipy (the test extra installs it)")
-
 
 def job(job_id: int, gpn: int = 8, nodes: int = 1, submit: float = 0.0, run: float = 100.0) -> JobSpec:
     return JobSpec(job_id, f"j{job_id}", "a", "u", "normal", nodes, gpn, submit, run, False, 600.0, 10.0, True, 0.0, ())
