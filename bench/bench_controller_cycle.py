@@ -84,7 +84,20 @@ def shipped(backend: CliBackend, policy_raw: dict, budget_s: float, state_dir: P
     from nuro.slurm_plugins.controller.progress import ProgressFile
 
     return Controller(backend, parse_policy(policy_raw), apply_budget_s=budget_s, ledger=Ledger(state_dir),
-                      progress=ProgressFile(state_dir).view)  # fmt: skip
+                      progress=ProgressFile(state_dir).view, node_weights=True)  # fmt: skip
+
+
+def scramble_weights(env: dict[str, str], names: list[str], k: int) -> int:
+    """Give half the nodes (alternating by ``k``) weights off their packing value, grouped into one ``scontrol`` call
+    per value (outside the timed cycle): the next cycle must set them all back, as after a burst of starts and ends
+    on those nodes. Returns how many nodes were changed."""
+    by_weight: dict[int, list[str]] = {}
+    for i, name in enumerate(names):
+        if i % 2 == k % 2:
+            by_weight.setdefault(1 + (i * 7 + k) % 8, []).append(name)
+    for weight, nodes in by_weight.items():
+        run(["scontrol", "update", f"nodename={','.join(nodes)}", f"weight={weight}"], env)
+    return sum(len(v) for v in by_weight.values())
 
 
 #: One segment of the old controller's cycles, in a process of its own with the old code on its path.
@@ -136,6 +149,12 @@ def main() -> None:
     ap.add_argument("--cycles", type=int, default=10)
     ap.add_argument("--port-base", type=int, default=28800)
     ap.add_argument("--budget-s", type=float, default=1.0, help="Slurm budget per cycle [1.0, as shipped]")
+    ap.add_argument(
+        "--weights-churn",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before each steady cycle, put half the nodes' weights off (the cycle sets them back) [on]",
+    )
     # 8 saturated munged (4 threads) beside 500 slurmd on 2 cores: "Munge encode failed ... temporarily unavailable"
     ap.add_argument("--submit-threads", type=int, default=4, help="parallel sbatch [4]")
     ap.add_argument("--slurm", default="22.05", help="Slurm version of the cluster [22.05]")
@@ -185,7 +204,11 @@ def main() -> None:
         print(f"released; no job configuring or completing after {settled_s:.0f} s", flush=True)
         backend = CliBackend(env=env, timeout_s=120)
         controller = shipped(backend, policy_raw, args.budget_s, layout.controller_state)
-        reports = [controller.cycle() for _ in range(args.cycles)]
+        names = [n.name for n in backend.nodes()]
+        reports, scrambled = [], []
+        for k in range(args.cycles):
+            scrambled.append(scramble_weights(env, names, k) if k and args.weights_churn else 0)
+            reports.append(controller.cycle())
         restarted = Controller(backend, parse_policy(policy_raw), apply_budget_s=args.budget_s).cycle()
         snap = backend.read_snapshot()
         bare = median_s(lambda: (run(["squeue", "--json"], env), run(["sinfo", "--json"], env)), 5)
@@ -227,6 +250,8 @@ def main() -> None:
                     "deferred": restarted.deferred,
                 },
                 "deferred_per_cycle": [r.deferred for r in reports],
+                "weights_scrambled_before_cycle": scrambled,
+                "weights_set_per_cycle": [r.weights for r in reports],
                 "apply_s_per_cycle": [round(r.apply_s, 3) for r in reports],
                 "slurm_s_per_cycle": [round(r.slurm_s, 3) for r in reports],
                 "steady_cycle_median": {

@@ -26,8 +26,9 @@ from pathlib import Path
 
 from bench.common import REPO, save
 from bench.sim import metrics
+from bench.sim.bound import goodput_bound
 from bench.sim.replay import Variant, run_replay
-from bench.sim.slurm import SchedParams
+from bench.sim.slurm import PLACEMENTS, SchedParams
 from bench.sim.synth import SynthParams, synthesise
 from bench.sim.trace import NODE_CSV, POD_CSV, load_nodes, load_tasks, scale_policy, shape_cluster
 from nuro.policy.model import Policy
@@ -137,7 +138,8 @@ def min_run_by_qos(policy: Policy) -> dict[str, float]:
 
 
 def replay_seed(seed: int, args: argparse.Namespace, tasks: list, nodes: list, policy: Policy) -> dict:
-    """Synthesise the workload for ``seed`` and replay it under both variants; metrics and what was synthesised."""
+    """Synthesise the workload for ``seed`` and replay it under every variant; metrics, the goodput bound of the
+    window (``bench/sim/bound.py``) and what was synthesised."""
     params = synth_params(seed, args)
     max_gang = sum(1 for n in nodes if n.gpus >= 8)
     workload = synthesise(tasks, params, policy, max_gang, args.max_tasks)
@@ -146,9 +148,13 @@ def replay_seed(seed: int, args: argparse.Namespace, tasks: list, nodes: list, p
     measure_from = jobs[warm].submit_s
     quotas = {t.name: t.quota_gpus for t in policy.teams}
     out: dict = {"params": params, "workload": workload, "measure_from": measure_from}
-    for variant in (Variant.BASELINE, Variant.NURO):
-        log = run_replay(jobs, nodes, policy, variant, args.interval_s, sched=SCHED)
+    sched = dataclasses.replace(SCHED, placement=args.placement)
+    for variant in args.variants:
+        log = run_replay(jobs, nodes, policy, variant, args.interval_s, sched=sched, node_weights=args.node_weights)
         out[variant.value] = metrics.compute(log, quotas, measure_from, args.window_s, min_run_by_qos(policy))
+    if args.bound:
+        horizon = max(j.submit_s for j in jobs)
+        out["bound"] = dataclasses.asdict(goodput_bound(jobs, nodes, measure_from, horizon))
     return out
 
 
@@ -266,6 +272,111 @@ def load_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+#: issue 32's targets at --compress 32 with Slurm's placement (checked per policy over its seeds)
+SHARE_TARGETS = (
+    "goodput ratio ≥ 50 % of the headroom to the bound (mean)",
+    "example policy: goodput ratio ≥ 1.10 (mean)",
+    "goodput ratio ≥ 1.00 on every seed",
+    "≥ the scavenger-QOS variant on every seed",
+    "GPU-h lost to preemption + restart ≤ 0.5× scavenger's",
+    "sharing incentive for every team on every seed",
+    "≤ 20 preemptions per 1,000 jobs",
+    "0 quota and borrow-limit violations",
+)
+
+
+def goodput_ratio(row: dict, variant: str) -> float:
+    return row[variant]["goodput"] / row["baseline"]["goodput"]
+
+
+def headroom_used(row: dict) -> float:
+    """Share of the room between the baseline's goodput and the bound that nuro took: (nuro − base) / (bound − base)."""
+    base, bound = row["baseline"]["goodput"], row["bound"]["fraction"]
+    return (row["nuro"]["goodput"] - base) / (bound - base) if bound - base > 1e-6 else math.nan
+
+
+def lost_gpu_h(m: dict) -> float:
+    """Work redone plus restart staging, GPU-h."""
+    return m["gpu_h_lost_to_preemption"] + m["gpu_h_restart_staging"]
+
+
+def incentive_misses(row: dict, slack_s: float, quotas: dict[str, int]) -> list[str]:
+    """Where a team is worse off under nuro than under its hard quota alone (DRF's sharing incentive), give or take
+    one reclaim (``slack_s`` = grace + two controller cycles): less kept progress of its guaranteed (non-tier) work
+    than the baseline's less one reclaim of its quota (quota × ``slack_s`` GPU·s), or a p95 wait of that work longer
+    by more than ``slack_s``."""
+    base, nuro = row["baseline"], row["nuro"]
+    misses = []
+    for team, got in base["team_guaranteed_goodput_gpu_s"].items():
+        now = nuro["team_guaranteed_goodput_gpu_s"][team]
+        if now < got - quotas.get(team, 0) * slack_s:
+            misses.append(f"{team} goodput {now / got:.4f}x")
+        bw, nw = base["queue_wait"].get(f"guaranteed:{team}"), nuro["queue_wait"].get(f"guaranteed:{team}")
+        if bw and nw and nw["p95_s"] > bw["p95_s"] + slack_s:
+            misses.append(f"{team} p95 wait {bw['p95_s']:.0f}->{nw['p95_s']:.0f} s")
+    return misses
+
+
+def share_table(rows: list[dict], slack_s: float, quotas: dict[str, dict[str, int]]) -> str:
+    """The issue-32 table: goodput of every variant against the bound, one line per (policy, seed), then each
+    policy's targets, met or not."""
+    head = (
+        f"{'policy':<10} {'seed':>4} {'goodput base/scav/nuro/bound':>30} {'scav/b':>7} {'nuro/b':>7} {'bound/b':>7} "
+        f"{'headroom':>8} {'lost GPU-h scav→nuro':>21} {'preempt/1000 s→n':>17} {'viol':>4}  sharing incentive"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        b, sc, n = r["baseline"], r["scavenger"], r["nuro"]
+        viol = n["quota_violation_samples"] + n["borrow_limit_violation_samples"]
+        miss = incentive_misses(r, slack_s, quotas[r["policy"]])
+        lines.append(
+            f"{r['policy']:<10} {r['seed']:>4} {b['goodput']:>7.4f}/{sc['goodput']:.4f}/{n['goodput']:.4f}/"
+            f"{r['bound']['fraction']:.4f} {goodput_ratio(r, 'scavenger'):>7.3f} {goodput_ratio(r, 'nuro'):>7.3f} "
+            f"{r['bound']['fraction'] / b['goodput']:>7.3f} {100 * headroom_used(r):>7.1f}% "
+            f"{lost_gpu_h(sc):>9.2f} → {lost_gpu_h(n):<9.2f} {sc['preemptions_per_1000_jobs']:>7.1f} → "
+            f"{n['preemptions_per_1000_jobs']:<7.1f} {viol:>4}  {'; '.join(miss) or 'every team'}"
+        )
+    lines.append("")
+    for name in dict.fromkeys(r["policy"] for r in rows):
+        mine = [r for r in rows if r["policy"] == name]
+        ratio = [goodput_ratio(r, "nuro") for r in mine]
+        used = [headroom_used(r) for r in mine]
+        checks = (
+            sum(used) / len(used) >= 0.5,
+            name != "example" or sum(ratio) / len(ratio) >= 1.10,
+            min(ratio) >= 1.0,
+            all(r["nuro"]["goodput"] >= r["scavenger"]["goodput"] for r in mine),
+            sum(lost_gpu_h(r["nuro"]) for r in mine) <= 0.5 * sum(lost_gpu_h(r["scavenger"]) for r in mine),
+            not any(incentive_misses(r, slack_s, quotas[name]) for r in mine),
+            max(r["nuro"]["preemptions_per_1000_jobs"] for r in mine) <= 20,
+            all(r["nuro"]["quota_violation_samples"] + r["nuro"]["borrow_limit_violation_samples"] == 0 for r in mine),
+        )
+        scav = [goodput_ratio(r, "scavenger") for r in mine]
+        bound = [r["bound"]["fraction"] / r["baseline"]["goodput"] for r in mine]
+        lines.append(
+            f"{name}: goodput ratio mean {sum(ratio) / len(ratio):.3f} (min {min(ratio):.3f}), scavenger QOS "
+            f"{sum(scav) / len(scav):.3f}, bound {sum(bound) / len(bound):.3f}, headroom used "
+            f"{100 * sum(used) / len(used):.0f} %; "
+            + "; ".join(f"{t}: {'met' if ok else 'NOT met'}" for t, ok in zip(SHARE_TARGETS, checks, strict=True))
+        )
+    return "\n".join(lines)
+
+
+def cause_table(rows: list[dict], variants: list[Variant]) -> str:
+    """Capacity idle while work waited (% of capacity), and its share per cause (``replay.IDLE_CAUSES``)."""
+    causes = list(rows[0]["baseline"]["idle_while_waiting_by_cause"])
+    head = f"{'policy':<10} {'seed':>4} {'variant':<10} {'idle∧wait %':>11} " + " ".join(f"{c:>14}" for c in causes)
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        for v in variants:
+            m = r[v.value]
+            by = m["idle_while_waiting_by_cause"]
+            total = sum(by.values())
+            shares = " ".join(f"{100 * by[c] / total if total else 0:>13.1f}%" for c in causes)
+            lines.append(f"{r['policy']:<10} {r['seed']:>4} {v.value:<10} {100 * total:>10.2f}% {shares}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, default=7, help="synthesis seed of the main table [7]")
@@ -283,7 +394,33 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--gang-weights", default=None, help="a weight per --gang-sizes entry, e.g. 0.4,0.3,0.2,0.1")
     ap.add_argument("--team-weights", default=None, help="share of trace tasks per team, e.g. perception=0.3,...")
     ap.add_argument("--name", default="trace_replay", help="result file name under bench/results/")
+    ap.add_argument(
+        "--variants",
+        default="baseline,scavenger,nuro",
+        help="replayed side by side: baseline (hard quotas), scavenger (Slurm's preempt/qos), nuro",
+    )
+    ap.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default="tree",
+        help="slurmctld's node choice: tree (22.05-25.11), block (26.05), bestfit (the old ideal) [tree]",
+    )
+    ap.add_argument(
+        "--node-weights",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="nuro's controller sets packing node weights [on]",
+    )
+    ap.add_argument(
+        "--bound",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="compute the goodput bound of each window (max-flow) [on]",
+    )
     args = ap.parse_args(argv)
+    args.variants = [Variant(v) for v in args.variants.split(",")]
+    if Variant.BASELINE not in args.variants or Variant.NURO not in args.variants:
+        raise SystemExit("--variants needs baseline and nuro (the ratios are nuro / baseline)")
 
     t_start = time.perf_counter()
     tasks, trace_nodes = load_tasks(POD_CSV), load_nodes(NODE_CSV)
@@ -299,7 +436,7 @@ def main(argv: list[str] | None = None) -> dict:
     per_policy: dict[str, dict] = {}
     for path in policy_paths:
         policy = scale_policy(path, cluster_gpus)
-        name = path.stem if path != EXAMPLE_POLICY else "example"
+        name = path.stem if path.resolve() != EXAMPLE_POLICY.resolve() else "example"
         main_run = replay_seed(seeds[0], args, tasks, nodes, policy)
         setup = _setup(args, path, policy, nodes, main_run, seeds)
         if not per_policy:
@@ -307,10 +444,11 @@ def main(argv: list[str] | None = None) -> dict:
             print(json.dumps(setup, indent=1), flush=True)
         base, nuro = main_run["baseline"], main_run["nuro"]
         print(f"== {name} seed {seeds[0]}: baseline {base['wall_s']} s, nuro {nuro['wall_s']} s", flush=True)
-        spread = [{"policy": name, "seed": seeds[0], "baseline": base, "nuro": nuro}]
+        kept = [v.value for v in args.variants] + (["bound"] if args.bound else [])
+        spread = [{"policy": name, "seed": seeds[0], **{k: main_run[k] for k in kept}}]
         for seed in seeds[1:]:
             r = replay_seed(seed, args, tasks, nodes, policy)
-            spread.append({"policy": name, "seed": seed, "baseline": r["baseline"], "nuro": r["nuro"]})
+            spread.append({"policy": name, "seed": seed, **{k: r[k] for k in kept}})
             print(f"== {name} seed {seed}: baseline {r['baseline']['wall_s']} s, nuro {r['nuro']['wall_s']} s",
                   flush=True)  # fmt: skip
         rows.extend(spread)
@@ -327,8 +465,7 @@ def main(argv: list[str] | None = None) -> dict:
                 "quota_violation_samples", "borrow_limit_violation_samples")  # fmt: skip
         per_policy[name] = {
             "setup": setup, "baseline": base, "nuro": nuro, "ratios_nuro_over_baseline": ratios,
-            "seed_spread": [{"seed": r["seed"], **{f"{v}.{k}": r[v][k] for v in ("baseline", "nuro") for k in keys}}
-                            for r in spread],
+            "seed_spread": [_seed_record(r, args, keys) for r in spread],
         }  # fmt: skip
         print(f"\n== {name}, seed {seeds[0]}: baseline (Slurm alone, hard quotas) vs nuro (same decide() every "
               f"{args.interval_s:g} s)")  # fmt: skip
@@ -343,7 +480,32 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"\n== sharing under load: {len(policy_paths)} policy(ies) × {len(seeds)} seed(s), --compress "
           f"{args.compress:g} (issue 13 targets)")  # fmt: skip
     print(load_table(rows))
-    print(f"\nruntime: {total_s:.1f} s for {len(rows)} replays × 2 variants")
+    if Variant.SCAVENGER in args.variants and args.bound:
+        slack = max(p["setup"]["policy"]["grace_s"] for p in per_policy.values()) + 2 * args.interval_s
+        print(f"\n== goodput against Slurm's scavenger QOS and the bound ({args.placement} placement, node weights "
+              f"{'on' if args.node_weights else 'off'}; issue 32 targets)")  # fmt: skip
+        quotas = {
+            name: {t: v["quota"] for t, v in p["setup"]["policy"]["teams"].items()} for name, p in per_policy.items()
+        }
+        print(share_table(rows, slack, quotas))
+    print("\n== capacity idle while work waited, by cause (share of it)")
+    print(cause_table(rows, args.variants))
+    print(f"\nruntime: {total_s:.1f} s for {len(rows)} replays × {len(args.variants)} variants")
+    return out
+
+
+def _seed_record(row: dict, args: argparse.Namespace, keys: tuple[str, ...]) -> dict:
+    """One seed's saved figures: each variant's headline metrics, its per-team guaranteed goodput and waits, the
+    bound."""
+    out: dict = {"seed": row["seed"]}
+    for v in args.variants:
+        m = row[v.value]
+        out.update({f"{v.value}.{k}": m[k] for k in keys})
+        out[f"{v.value}.team_guaranteed_goodput_gpu_s"] = m["team_guaranteed_goodput_gpu_s"]
+        out[f"{v.value}.queue_wait"] = m["queue_wait"]
+        out[f"{v.value}.idle_while_waiting_by_cause"] = m["idle_while_waiting_by_cause"]
+    if args.bound:
+        out["bound"] = row["bound"]
     return out
 
 
@@ -391,7 +553,8 @@ def _setup(args: argparse.Namespace, path: Path, policy: Policy, nodes: list, ma
         },
         "synthesis": params.describe(),
         "workload": {**workload.counts, "gang_size_histogram": workload.gang_sizes},
-        "scheduler": dataclasses.asdict(SCHED),
+        "scheduler": dataclasses.asdict(dataclasses.replace(SCHED, placement=args.placement)),
+        "node_weights": args.node_weights,
         "controller_interval_s": args.interval_s,
         "controller_sources_sha256": engine_sources(),
         "measurement": {

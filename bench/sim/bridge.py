@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from nuro.slurm import hostlist
 from nuro.slurm.actions import (
     Action,
     ActionResult,
@@ -24,6 +25,7 @@ from nuro.slurm.actions import (
     UpdateAdminComment,
     UpdateComment,
     UpdateJobs,
+    UpdateNodeWeight,
     UpdateQos,
     UpdateSiteFactor,
 )
@@ -77,8 +79,9 @@ class SnapshotBuilder:
     def node(self, i: int) -> NodeInfo:
         sim = self.replay.sim
         alloc = sim.total[i] - sim.free[i]
+        key = (alloc, sim.weight[i])
         cached = self._nodes.get(i)
-        if cached is not None and cached[0] == alloc:
+        if cached is not None and cached[0] == key:
             return cached[1]
         state = "IDLE" if alloc == 0 else ("ALLOCATED" if sim.free[i] == 0 else "MIXED")
         info = NodeInfo(
@@ -90,8 +93,9 @@ class SnapshotBuilder:
             gpus_alloc=alloc,
             partitions=(PARTITION,),
             switch=sim.leaf_names[sim.leaf_of[i]],
+            weight=sim.weight[i],
         )
-        self._nodes[i] = (alloc, info)
+        self._nodes[i] = (key, info)
         return info
 
     def job(self, job: SimJob, now: float) -> JobInfo:
@@ -130,9 +134,12 @@ class SnapshotBuilder:
         self._jobs[job.job_id] = (key, info)
         return info
 
+    def nodes(self) -> tuple[NodeInfo, ...]:
+        return tuple(self.node(i) for i in range(len(self.replay.sim.names)))
+
     def snapshot(self, now: float) -> ClusterSnapshot:
         sim = self.replay.sim
-        nodes = tuple(self.node(i) for i in range(len(sim.names)))
+        nodes = self.nodes()
         jobs = tuple(self.job(j, now) for j in (*sim.running.values(), *sim.pending.values()))
         return ClusterSnapshot(nodes, jobs, (self._partition,), to_dt(now), source="trace-replay")
 
@@ -218,6 +225,11 @@ class SimBackend(Backend):
             if job.state != "RUNNING":
                 raise InvalidState(f"job {job.job_id} is {job.state}: nothing to signal")
             r.signal(job, action.signal)
+            return ""
+        if isinstance(action, UpdateNodeWeight):
+            for name in hostlist.expand(action.node):
+                r.sim.weight[r.sim.index_of(name)] = action.weight
+            r.dirty = True
             return ""
         if isinstance(action, Requeue):
             job = self._job(action.job_id)

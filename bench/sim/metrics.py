@@ -12,6 +12,10 @@ pods); counts of decisions and preemptions are over the whole replay.
 | idle while waiting | per 5-minute bin: min(idle GPUs, GPUs of pending jobs), summed / (cluster GPUs × window):
   capacity that sat idle while work waited (QOS limits, lending limits, placement). Baseline utilisation + this is an
   upper estimate of what a work-conserving scheduler could have used of the same load (whatever the job shapes) |
+| idle while waiting, by cause | the same GPU·s, per cause of the pending work they could have served: QOS limit
+  (quota, borrow limit, a lend pool kept: the policy's choice), requeue delay, a reservation held for a higher job,
+  fragmentation (enough idle GPUs in all, no nodes that fit), a job wider than all idle GPUs together; shared by
+  pending GPUs at each moment |
 | alloc-idle % | allocated GPU·s in which the job did not train (restart staging, checkpoint-and-wait after a preemption
   signal) / allocated GPU·s |
 | fractional rounding % | allocated GPU·s the trace pods did not ask for (a pod with ``gpu_milli`` 460 holds a whole
@@ -26,6 +30,9 @@ pods); counts of decisions and preemptions are over the whole replay.
   could use, lent to it) counts as served, not as unfair; only teams that got less than their share lower it |
 | queue wait | first start − submit, per job submitted in the window; a job never started counts with horizon − submit
   (censored, a lower bound) |
+| team guaranteed goodput | per team: GPU·s of kept progress in the window of its jobs outside any tier (the work its
+  quota guarantees, wherever it ran: guaranteed or borrowed QOS) |
+| team guaranteed p95 wait | per team: p95 queue wait of those jobs (censored ones count as above) |
 | quota violations | samples (one after every event batch) where a ``g-<team>`` QOS ran above its quota |
 | preemptions per 1,000 jobs | preemption signals / jobs replayed × 1000 |
 | requeued within min run | requeued runs shorter than their QOS's minimum run time (must be 0) |
@@ -38,7 +45,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from bench.sim.replay import ReplayLog
+from bench.sim.replay import IDLE_BIN_S, ReplayLog
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -102,10 +109,6 @@ def wait_stats(waits: Sequence[float], censored: int) -> dict:
     }
 
 
-#: Bin width of "idle while waiting": short enough that an idle spell and a queue in the same hour are not paired.
-IDLE_BIN_S = 300.0
-
-
 def _idle_while_waiting(log: ReplayLog, t0: float, t1: float) -> tuple[float, float]:
     """GPU·s that sat idle while jobs waited: per ``IDLE_BIN_S`` bin, the smaller of the idle GPUs and the GPUs of
     pending jobs (whatever their shape or QOS: an upper estimate of what a work-conserving scheduler could add).
@@ -149,6 +152,8 @@ def compute(
     alloc = idle = good = borrowed = 0.0
     lost = restart = 0.0
     team_alloc = {t: 0.0 for t in teams}
+    team_good = {t: 0.0 for t in teams}  # kept progress of each team's non-tier jobs (sharing incentive)
+    tier_job = {j.job_id for j in log.jobs if j.spec.tier != "normal"}
     n_bins = max(1, math.ceil(span / window_s))
     bin_alloc = {t: [0.0] * n_bins for t in teams}
     bin_demand = {t: [0.0] * n_bins for t in teams}
@@ -169,6 +174,8 @@ def compute(
         trained = max(0.0, r.end_s - r.train_start_s)
         in_window = _overlap(r.train_start_s, r.end_s, t0, t1) / trained if trained > 0 else 0.0
         good += r.kept_gpu_s * in_window  # kept progress, spread evenly over the run's training phase
+        if r.job_id not in tier_job:
+            team_good[r.team] += r.kept_gpu_s * in_window
         if t0 <= r.end_s <= t1:
             lost += r.lost_gpu_s
             restart += r.restart_gpu_s
@@ -192,13 +199,20 @@ def compute(
             jains.append(jain(xs))
             shortfall_jains.append(jain([min(1.0, x) for x in xs]))
     idle_waiting, idle_waiting_single = _idle_while_waiting(log, t0, t1)
-    waits: dict[str, list[float]] = {t: [] for t in [*teams, "urgent", "all", "gangs"]}
+    first_bin = int(t0 // IDLE_BIN_S)
+    by_cause = {c: sum(v[first_bin + 1 :]) + v[first_bin] * (1 - (t0 % IDLE_BIN_S) / IDLE_BIN_S)
+                for c, v in log.idle_by_cause.items()}  # fmt: skip
+    waits: dict[str, list[float]] = {
+        t: [] for t in [*teams, "urgent", "all", "gangs", *(f"guaranteed:{t}" for t in teams)]
+    }
     censored: dict[str, int] = {k: 0 for k in waits}
     for job in log.jobs:
         s = job.spec
         if not t0 <= s.submit_s <= t1:
             continue
         keys = [s.team, "all"] + (["urgent"] if s.tier == "urgent" else []) + (["gangs"] if s.node_count > 1 else [])
+        if s.tier == "normal":
+            keys.append(f"guaranteed:{s.team}")
         if job.first_start_s is not None and job.first_start_s <= t1:
             w = job.first_start_s - s.submit_s
         else:
@@ -224,6 +238,7 @@ def compute(
         "utilisation": round(alloc / cap_gpu_s, 4),
         "idle_while_waiting": round(idle_waiting / cap_gpu_s, 4),
         "idle_while_waiting_single_node": round(idle_waiting_single / cap_gpu_s, 4),
+        "idle_while_waiting_by_cause": {c: round(v / cap_gpu_s, 5) for c, v in by_cause.items()},
         "goodput": round(good / cap_gpu_s, 4),
         "alloc_idle_pct": round(100 * idle / alloc, 3) if alloc else 0.0,
         "fractional_rounding_pct": round(100 * rounding / alloc, 2) if alloc else 0.0,
@@ -242,6 +257,7 @@ def compute(
             }
             for t in teams
         },
+        "team_guaranteed_goodput_gpu_s": {t: round(v, 1) for t, v in team_good.items()},
         "quota_violation_samples": log.g_over_quota_samples,
         "borrow_limit_violation_samples": log.b_over_limit_samples,
         "qos_limit_breaches_at_start": log.counters.get("limit_breaches_at_start", 0),

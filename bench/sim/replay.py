@@ -4,9 +4,15 @@ Events (a heap; ties at one time in the order below): a job ARRIVEs, ENDs, ACKs 
 committed), becomes ELIGIBLE again after a requeue, or the controller TICKs. After each batch of same-time events the
 controller runs (on a tick), then one scheduling pass (when anything changed), then the QOS limits are sampled.
 
-The two variants differ only in the controller:
+The variants differ only in who shares:
 
 * ``baseline`` — Slurm alone, hard quotas, no borrowing: jobs stay in ``g-<team>`` (or ``urgent``) for life.
+* ``scavenger`` — Slurm's own soft sharing as an admin sets it up: a job that would exceed its team's quota at
+  submission (running + pending in ``g-<team>``) goes to the team's scavenger QOS (limited to the borrow limit) for
+  life; guaranteed and tier QOS preempt scavenger jobs (``PreemptType=preempt/qos``, ``PreemptMode=REQUEUE``,
+  ``GraceTime`` = the policy's grace, ``PreemptExemptTime`` = its minimum run time). Victims are chosen by Slurm's
+  order, blind to checkpoints; a victim that checkpoints on the signal (as a submitit job does) exits once committed
+  and is requeued then, the others at grace end.
 * ``nuro`` — every ``interval_s`` on the tick grid, the daemon's own ``Controller.cycle()`` reads a snapshot of the
   simulator, calls the engine's ``decide`` and applies the decisions through ``SimBackend`` (``bridge.py``). A tick
   is skipped when nothing is pending and no preemption is in flight: no decision could apply to such a state.
@@ -33,18 +39,23 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from bench.sim.bridge import EPOCH, SimBackend
-from bench.sim.slurm import DEFAULT_SCHED, DONE, RUNNING, SchedParams, SimJob, SlurmSim
+from bench.sim.slurm import DEFAULT_SCHED, DONE, RUNNING, QosPreemption, SchedParams, SimJob, SlurmSim
 from bench.sim.synth import JobSpec
 from bench.sim.trace import NodeSpec
 from nuro.policy.model import Policy
 from nuro.protocol import jobcomment
 from nuro.protocol.contract import PREEMPT_SIGNAL
 
-ARRIVE, END, ACK, ELIGIBLE, TICK = range(5)
+ARRIVE, END, ACK, ELIGIBLE, GRACE_END, TICK = range(6)
+
+#: The scavenger variant's preemptable QOS per team: one QOS ``scavenger`` with ``MaxTRESPerAccount`` = the team's
+#: borrow limit, modelled as one QOS per team with that GrpTRES.
+SCAVENGER_PREFIX = "s-"
 
 
 class Variant(StrEnum):
     BASELINE = "baseline"
+    SCAVENGER = "scavenger"
     NURO = "nuro"
 
 
@@ -97,6 +108,16 @@ class ReplayLog:
     decide_s: float = 0.0
     cycles: int = 0
     wall_s: float = 0.0
+    #: idle GPU·s while work waited, per ``IDLE_BIN_S`` bin from 0 and per cause (``Replay._idle_causes``)
+    idle_by_cause: dict[str, list[float]] = field(default_factory=dict)
+
+
+#: Bin width of the idle-by-cause record (the metrics' idle-while-waiting bins)
+IDLE_BIN_S = 300.0
+#: Why pending work could not use idle GPUs: its QOS limit (quota, borrow limit, or no lending: the policy's
+#: choice), its requeue delay, a reservation held for a higher job, placement (enough idle GPUs in all, no nodes
+#: that fit: fragmentation proper), or a job wider than all the idle GPUs together
+IDLE_CAUSES = ("qos_limit", "requeue_delay", "reservation", "fragmentation", "too_few_idle")
 
 
 class Replay:
@@ -111,6 +132,7 @@ class Replay:
         interval_s: float = 30.0,
         horizon_s: float | None = None,
         sched: SchedParams = DEFAULT_SCHED,
+        node_weights: bool = True,
     ) -> None:
         self.policy = policy
         self.variant = Variant(variant)
@@ -122,7 +144,17 @@ class Replay:
             limits[t.guaranteed_qos], limits[t.borrow_qos] = t.quota_gpus, t.borrow_limit_gpus
         for tier in policy.tiers:
             limits[tier.name], prio[tier.name] = None, tier.priority
+        if self.variant is Variant.SCAVENGER:
+            for t in policy.teams:
+                limits[SCAVENGER_PREFIX + t.name] = t.borrow_limit_gpus
         self.sim = SlurmSim(nodes, limits, prio, {t.name: t.shares for t in policy.teams}, sched, policy.grace_s)
+        if self.variant is Variant.SCAVENGER:
+            self.sim.preemption = QosPreemption(
+                may_preempt=lambda qos: not qos.startswith(SCAVENGER_PREFIX),
+                preemptable=lambda qos: qos.startswith(SCAVENGER_PREFIX),
+                exempt_s=float(policy.min_run_of()),
+                signal=self._slurm_preempt,
+            )
         self.specs = list(jobs)
         self.horizon_s = horizon_s if horizon_s is not None else max((j.submit_s for j in jobs), default=0.0)
         self.now = 0.0
@@ -133,12 +165,17 @@ class Replay:
         self._seq = 0
         self._tick_queued = False
         self.log = ReplayLog(self.variant, self.horizon_s, self.sim.capacity, [])
+        bins = math.ceil(self.horizon_s / IDLE_BIN_S) + 1
+        self.log.idle_by_cause = {c: [0.0] * bins for c in IDLE_CAUSES}
+        self._idle_from = 0.0
+        self._idle_now: dict[str, float] = {}
         self.controller = None
         if self.variant is Variant.NURO:
             from nuro.slurm_plugins.controller.daemon import Controller  # the engine is only needed for this variant
 
-            self.controller = Controller(SimBackend(self), policy, clock=lambda: EPOCH + self.now,
-                                         progress=self.progress)  # fmt: skip
+            self._backend = SimBackend(self)
+            self.controller = Controller(self._backend, policy, clock=lambda: EPOCH + self.now,
+                                         progress=self.progress, node_weights=node_weights)  # fmt: skip
 
     # -- events --------------------------------------------------------------------------------------------------
     def _push(self, t: float, kind: int, job: SimJob | None = None, token: int = 0) -> None:
@@ -162,7 +199,7 @@ class Replay:
         for spec in self.specs:
             tier = self.policy.tier(spec.tier)
             qos = tier.name if tier is not None else self.policy.team(spec.team).guaranteed_qos
-            job = SimJob(spec, qos)
+            job = SimJob(spec, qos)  # the scavenger variant routes it at arrival (``_route``)
             self.log.jobs.append(job)
             self._push(spec.submit_s, ARRIVE, job)
         next_report = 0.0
@@ -178,12 +215,18 @@ class Replay:
                     continue
                 elif kind == ARRIVE:
                     self.active[job.job_id] = job
+                    if self.variant is Variant.SCAVENGER:
+                        self._route(job)
                     self.sim.submit(job, t)
                     self.dirty = True
                 elif kind == END and job.token == token and job.state == RUNNING:
                     self._finish(job, "done")
                 elif kind == ACK and job.token == token and job.state == RUNNING:
                     self._ack(job)
+                    if self.variant is Variant.SCAVENGER:  # committed: the job exits, Slurm requeues it
+                        self.requeue(job)
+                elif kind == GRACE_END and job.token == token and job.state == RUNNING:
+                    self.requeue(job)
                 elif kind == ELIGIBLE:
                     self.dirty = True
             if tick and self.controller is not None and (self.sim.pending or self.in_flight):
@@ -196,6 +239,9 @@ class Replay:
                         self.log.counters[f"{type(o.decision).__name__}.{getattr(o.decision, 'code', '')}"] += 1
             if self.dirty:
                 self.dirty = False
+                if self.controller is not None and self.controller.node_weights:
+                    # the daemon sets weights every second: by any scheduling pass they follow the nodes' use
+                    self.controller.reweigh(self._backend.builder.nodes())
                 for job in self.sim.schedule(t):
                     self._started(job)
             self._sample()
@@ -206,13 +252,45 @@ class Replay:
                 progress(t)
                 next_report = t + 86400.0
         self.now = self.horizon_s
+        self._idle_causes(self.horizon_s)
         for job in list(self.sim.running.values()):
             self._finish(job, "censored")
         for job in self.sim.pending.values():
             self._pend_record(job, self.horizon_s)
         self.log.counters["limit_breaches_at_start"] = self.sim.limit_breaches
 
+    def _idle_causes(self, t: float) -> None:
+        """Book the idle-while-waiting of the state since the last batch up to ``t``, then take this state's: idle
+        GPUs up to the pending GPUs, shared among the pending jobs' causes (``IDLE_CAUSES``) by their GPUs."""
+        t0, record = self._idle_from, self.log.idle_by_cause
+        while t0 < t and self._idle_now:
+            b = int(t0 // IDLE_BIN_S)
+            t1 = min(t, (b + 1) * IDLE_BIN_S)
+            for cause, gpus in self._idle_now.items():
+                record[cause][min(b, len(record[cause]) - 1)] += gpus * (t1 - t0)
+            t0 = t1
+        self._idle_from = t
+        idle = self.sim.capacity - self.sim.allocated
+        self._idle_now = {}
+        if idle <= 0 or not self.sim.pending:
+            return
+        wanted: Counter = Counter()
+        for job in self.sim.pending.values():
+            if job.reason == "QOSGrpGRES":
+                wanted["qos_limit"] += job.gpus
+            elif job.reason == "BeginTime":
+                wanted["requeue_delay"] += job.gpus
+            elif job.gpus > idle:
+                wanted["too_few_idle"] += job.gpus
+            else:
+                wanted["reservation" if job.reason == "Priority" else "fragmentation"] += job.gpus
+        total = sum(wanted.values())
+        if total:
+            served = min(idle, total)
+            self._idle_now = {cause: served * gpus / total for cause, gpus in wanted.items()}
+
     def _sample(self) -> None:
+        self._idle_causes(self.now)
         self.log.samples += 1
         over = self.sim.qos_over_limit()
         if any(q.startswith("g-") for q in over):
@@ -279,6 +357,23 @@ class Replay:
         self.log.counters[f"qos_to_{qos.split('-', 1)[0]}"] += 1
         job.qos = qos
         self.dirty = True
+
+    def _route(self, job: SimJob) -> None:
+        """The scavenger variant's job_submit rule: over the team's quota (running and pending guaranteed work
+        included) at submission, the job goes to the team's scavenger QOS for life."""
+        g = job.qos
+        if not g.startswith("g-"):
+            return
+        waiting = sum(p.gpus for p in self.sim.pending.values() if p.qos == g)
+        if self.sim.qos_used.get(g, 0) + waiting + job.gpus > (self.sim.qos_limits.get(g) or 0):
+            job.qos = SCAVENGER_PREFIX + job.spec.team
+            self.log.counters["routed_to_scavenger"] += 1
+
+    def _slurm_preempt(self, job: SimJob) -> None:
+        """preempt/qos with REQUEUE and GraceTime: the signal now, the requeue at grace end (or at the victim's
+        own commit, ``ACK``)."""
+        self.signal(job, PREEMPT_SIGNAL)
+        self._push(self.now + self.policy.grace_s, GRACE_END, job, job.token)
 
     def signal(self, job: SimJob, sig: str) -> None:
         """The preemption signal: an acking job stops training and commits a checkpoint; others ignore it."""
@@ -360,9 +455,10 @@ def run_replay(
     interval_s: float = 30.0,
     horizon_s: float | None = None,
     sched: SchedParams = DEFAULT_SCHED,
+    node_weights: bool = True,
 ) -> ReplayLog:
     """One replay to the horizon (default: the last arrival)."""
-    return Replay(jobs, nodes, policy, Variant(variant), interval_s, horizon_s, sched).run()
+    return Replay(jobs, nodes, policy, Variant(variant), interval_s, horizon_s, sched, node_weights).run()
 
 
 __all__ = ["PendRecord", "Replay", "ReplayLog", "RunRecord", "Variant", "run_replay"]

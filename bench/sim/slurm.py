@@ -5,10 +5,23 @@ time) cannot be used; what matters for the comparison is that both variants see 
 keeps Slurm's rules that nuro relies on:
 
 * **gang, whole GPUs**: a job gets ``node_count`` nodes with ``gpus_per_node`` free GPUs each, all at once, or waits;
-* **topology**: leaves of ``leaf_size`` nodes; a multi-node job goes to one leaf when one has room (best fit),
-  else to the fewest leaves; a gang of 2 to leaf-size nodes carries job_submit.lua's ``--switches=1`` hint and
-  waits up to ``switch_wait_s`` (from its first try in this pending spell) for one leaf before it is placed across
-  leaves, as cons_tres does with ``wait4switch``;
+* **placement as slurmctld does it** (``placement``; Slurm's source, docs/trace-replay.md "Placement"): nodes
+  in natural name order, each with a ``Weight`` (slurm.conf's 1, or what nuro's controller sets); the nodes of the
+  lowest weight that can make up the job come first, and free GPUs only decide whether a node can host the job,
+  never which one is taken:
+
+  - ``tree`` (topology/tree, 22.05 to 25.11): one node → of the lowest weight's usable nodes, the leaf with the
+    fewest (first in topology order), its first node; several → lower weight groups forced in, then the smallest
+    leaf with room for the rest, else the leaf with the most (taken whole) and again;
+  - ``tree-26.05``: as ``tree`` for several nodes; one node → the first usable node by (weight, name), any leaf;
+  - ``block`` (26.05 with topology/block): one node → the first usable node by (weight, name), any leaf; several →
+    the smallest aligned block of leaves that can hold the job, lowest weight then fewest usable nodes (ties to the
+    last), never across blocks;
+  - ``bestfit``: the replay's earlier idealisation (one node: fewest GPUs left over), kept for comparison only;
+
+  a gang of 2 to leaf-size nodes carries job_submit.lua's ``--switches=1`` hint and waits up to ``switch_wait_s``
+  (from its first try in this pending spell) for one leaf before it is placed across leaves, as cons_tres does with
+  ``wait4switch``;
 * **hard QOS limits**: a job starts only if its QOS's GPUs in use + its GPUs ≤ ``GrpTRES`` (``g-<team>`` = quota,
   ``b-<team>`` = borrow limit); otherwise it waits with reason ``QOSGrpGRES`` and does not block others;
 * **priority** (priority/multifactor, simplified): QOS priority (the tier's) + SiteFactor + 10,000 × fair share
@@ -18,20 +31,57 @@ keeps Slurm's rules that nuro relies on:
   (the earliest time and nodes, computed from running jobs' ends); lower jobs start only if they do not touch the
   reserved nodes or end before that time. Time limits equal the true remaining run time (perfect estimates).
 
-Not modelled: CPUs/memory, partitions, node failures, Slurm's own preemption (nuro's policy sets no ``Preempt=``
-lists; see docs/controller.md), job arrays, ``--switches`` waits, scheduling latency (a pass runs at every event).
+* **Slurm's own preemption** only in the scavenger variant (``QosPreemption``): preempt/qos, REQUEUE, GraceTime and
+  PreemptExemptTime; nuro's policy sets no ``Preempt=`` lists (docs/controller.md).
+
+Not modelled: CPUs/memory, partitions, node failures, job arrays, scheduling latency (a pass runs at every event).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from bench.sim.synth import JobSpec
 from bench.sim.trace import NodeSpec
 
 PENDING, RUNNING, DONE = "PENDING", "RUNNING", "DONE"
+PLACEMENTS = ("tree", "tree-26.05", "block", "bestfit")
+#: From this Slurm version a one-node job takes the first usable node by (weight, node order), whatever the topology
+#: plugin (cons_tres ``_get_one_res``, commit 295100b5f6).
+FIRST_FIT_ONE_NODE_SINCE = (26, 5)
+
+
+def placement_for(version: tuple[int, int], topology: str) -> str:
+    """The replay's placement rule for a Slurm ``version`` (major, minor) and topology plugin ("tree" or "block");
+    block before 26.05 is not modelled."""
+    if topology == "block":
+        if version < FIRST_FIT_ONE_NODE_SINCE:
+            raise ValueError(f"topology/block on Slurm {version[0]}.{version[1]:02d} is not modelled (26.05 is)")
+        return "block"
+    return "tree-26.05" if version >= FIRST_FIT_ONE_NODE_SINCE else "tree"
+
+
+def _natural_key(name: str) -> list:
+    """strnatcmp's order: digit runs compare as numbers (node2 before node10)."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _started_at(job: SimJob, now: float) -> float:
+    return now if job.run_start_s is None else job.run_start_s
+
+
+def _fits_better(cnt_i: int, cnt_j: int, need: int) -> bool:
+    """22.05's leaf comparison for a flat tree: a leaf that fits what is left beats one that does not; of two that
+    fit the smaller wins; of two that do not the larger; equal ones keep the earlier leaf."""
+    fi, fj = cnt_i >= need, cnt_j >= need
+    if fi and fj:
+        return cnt_i < cnt_j
+    if fi != fj:
+        return fi
+    return cnt_i > cnt_j
 
 
 @dataclass(frozen=True)
@@ -44,6 +94,7 @@ class SchedParams:
     fs_half_life_s: float = 86400.0
     requeue_delay_s: float = 11.0  # EligibleTime = requeue + cred_expire (10 s, tuned per SLURM_FACTS) + 1 s
     switch_wait_s: float = 60.0  # the bridge's wait4switch for the one-leaf hint (luatable.DEFAULT_SWITCH_WAIT_S)
+    placement: str = "tree"  # one of PLACEMENTS (module docstring); placement_for(version, topology) picks it
 
 
 DEFAULT_SCHED = SchedParams()
@@ -96,6 +147,18 @@ class SimJob:
         return end
 
 
+@dataclass
+class QosPreemption:
+    """Slurm's own soft sharing (``PreemptType=preempt/qos``, ``PreemptMode=REQUEUE``): jobs of a QOS for which
+    ``may_preempt`` is true take GPUs from running jobs of a QOS for which ``preemptable`` is true once those ran
+    ``exempt_s`` (``PreemptExemptTime``); ``signal`` is the replay's hand-off (GraceTime, the requeue)."""
+
+    may_preempt: Callable[[str], bool]
+    preemptable: Callable[[str], bool]
+    exempt_s: float
+    signal: Callable[[SimJob], None]
+
+
 class SlurmSim:
     """Nodes, the queue and QOS usage; ``schedule(now)`` is one scheduling pass (module docstring).
 
@@ -112,7 +175,17 @@ class SlurmSim:
         params: SchedParams = DEFAULT_SCHED,
         grace_s: float = 60.0,
     ) -> None:
+        if params.placement not in PLACEMENTS:
+            raise ValueError(f"placement {params.placement!r}: one of {', '.join(PLACEMENTS)}")
         self.names = [n.name for n in nodes]
+        self._index = {name: i for i, name in enumerate(self.names)}
+        #: slurmctld's node order: natural sort of the names (read_config.c sorts the node table so)
+        order = sorted(range(len(nodes)), key=lambda i: _natural_key(self.names[i]))
+        self.rank = [0] * len(nodes)
+        for r, i in enumerate(order):
+            self.rank[i] = r
+        #: each node's scheduling Weight: slurm.conf's default, or what nuro's controller set (``UpdateNodeWeight``)
+        self.weight = [1] * len(nodes)
         self.total = [n.gpus for n in nodes]
         self.free = list(self.total)
         leaf_index: dict[str, int] = {}
@@ -133,6 +206,8 @@ class SlurmSim:
         self.usage: dict[str, float] = {t: 0.0 for t in team_shares}
         self._usage_at = 0.0
         self.limit_breaches = 0
+        #: Slurm's own preemption (the scavenger variant); None: nuro's controller or nobody preempts
+        self.preemption: QosPreemption | None = None
 
     @property
     def capacity(self) -> int:
@@ -179,6 +254,9 @@ class SlurmSim:
             )
 
     # -- placement -----------------------------------------------------------------------------------------------
+    def index_of(self, name: str) -> int:
+        return self._index[name]
+
     def place(
         self,
         gpus_per_node: int,
@@ -187,25 +265,126 @@ class SlurmSim:
         exclude: frozenset[int] = frozenset(),
         one_leaf: bool = False,
     ) -> tuple[int, ...] | None:
-        """Nodes for a gang, or None. One node: best fit (least left over, then lowest index). Several: the one
+        """Nodes for a gang, or None: the ``placement`` rule (module docstring) over the nodes with ``gpus_per_node``
+        GPUs free, less ``exclude``; with ``one_leaf`` a result across leaves is None."""
+        usable = [i for i, f in enumerate(free) if f >= gpus_per_node and i not in exclude]
+        if len(usable) < count:
+            return None
+        rule = self.params.placement
+        if rule == "bestfit":
+            return self._place_bestfit(gpus_per_node, count, free, usable, one_leaf)
+        if count == 1:
+            if rule != "tree":  # 26.05's one-node path (_get_one_res): first fit by (weight, node order)
+                return (min(usable, key=lambda i: (self.weight[i], self.rank[i])),)
+            return self._place_tree(usable, 1)
+        nodes = self._place_block(usable, count) if rule == "block" else self._place_tree(usable, count)
+        if nodes is None or (one_leaf and self.leaves_spanned(nodes) > 1):
+            return None
+        return nodes
+
+    def _by_weight(self, usable: list[int], count: int) -> tuple[list[int], set[int]]:
+        """cons_tres's weight groups: the usable nodes of the lowest weights until they make up ``count``; every
+        group but the last is forced into the allocation. Returns (candidates, forced)."""
+        w = self.weight
+        cand: list[int] = []
+        forced: set[int] = set()
+        for weight in sorted({w[i] for i in usable}):
+            if cand:
+                forced.update(cand)
+            cand.extend(i for i in usable if w[i] == weight)
+            if len(cand) >= count:
+                break
+        return cand, forced
+
+    def _place_tree(self, usable: list[int], count: int) -> tuple[int, ...] | None:
+        """topology/tree's ``_eval_nodes_topo`` for a two-level tree (one root over the leaves): forced nodes, then
+        their leaves, then leaves by fit: the smallest with room for what is left, else the largest, taken whole;
+        ties to the first leaf; nodes in slurmctld's order."""
+        cand, forced = self._by_weight(usable, count)
+        by_leaf: dict[int, list[int]] = {}
+        for i in sorted(cand, key=self.rank.__getitem__):
+            by_leaf.setdefault(self.leaf_of[i], []).append(i)
+        chosen = set(forced)
+        need = count - len(chosen)
+        used: set[int] = set()
+        for leaf in sorted({self.leaf_of[i] for i in forced}):
+            used.add(leaf)
+            for i in by_leaf[leaf]:
+                if need <= 0:
+                    break
+                if i not in chosen:
+                    chosen.add(i)
+                    need -= 1
+        cnt = {leaf: len(nodes) for leaf, nodes in by_leaf.items() if leaf not in used}
+        while need > 0:
+            best = None
+            for leaf in sorted(cnt):
+                if cnt[leaf] == 0:
+                    continue
+                if best is None or _fits_better(cnt[leaf], cnt[best], need):
+                    best = leaf
+            if best is None:
+                return None
+            for i in by_leaf[best]:
+                if need <= 0:
+                    break
+                chosen.add(i)
+                need -= 1
+            cnt[best] = 0
+        return tuple(sorted(chosen))
+
+    def _place_block(self, usable: list[int], count: int) -> tuple[int, ...] | None:
+        """topology/block's ``eval_nodes_block`` (26.05), leaves as base blocks: the smallest aligned group of
+        2^level leaves that can hold the job; among those with enough usable nodes the lowest weight, then the
+        fewest usable nodes, ties to the last; inside it base blocks by fit (ties to the later one). Never across
+        blocks."""
+        base = max(len(leaf) for leaf in self.leaves)
+        level = max(0, math.ceil(math.log2(math.ceil(count / base))))
+        per_block = 2**level
+        usable_set = set(usable)
+        best: tuple[int, int, int] | None = None  # (lowest weight, usable count, first leaf)
+        for first in range(0, len(self.leaves), per_block):
+            members = [i for leaf in self.leaves[first : first + per_block] for i in leaf if i in usable_set]
+            if len(members) < count:
+                continue
+            key = (min(self.weight[i] for i in members), len(members))
+            if best is None or key <= best[:2]:
+                best = (*key, first)
+        if best is None:
+            return None
+        first = best[2]
+        inside = [i for leaf in self.leaves[first : first + per_block] for i in leaf if i in usable_set]
+        cand, forced = self._by_weight(inside, count)
+        by_leaf: dict[int, list[int]] = {}
+        for i in sorted(cand, key=self.rank.__getitem__):
+            by_leaf.setdefault(self.leaf_of[i], []).append(i)
+        chosen = set(forced)
+        need = count - len(chosen)
+        for leaf in sorted({self.leaf_of[i] for i in forced}):
+            for i in by_leaf.pop(leaf, []):
+                if need > 0 and i not in chosen:
+                    chosen.add(i)
+                    need -= 1
+        while need > 0 and by_leaf:
+            fit = [leaf for leaf, nodes in by_leaf.items() if len(nodes) >= need]
+            pick = (max(fit, key=lambda leaf: (-len(by_leaf[leaf]), leaf)) if fit
+                    else max(by_leaf, key=lambda leaf: (len(by_leaf[leaf]), leaf)))  # fmt: skip
+            for i in by_leaf.pop(pick):
+                if need > 0:
+                    chosen.add(i)
+                    need -= 1
+        return tuple(sorted(chosen)) if need <= 0 else None
+
+    def _place_bestfit(
+        self, g: int, count: int, free: Sequence[int], usable: list[int], one_leaf: bool
+    ) -> tuple[int, ...] | None:
+        """The earlier idealisation: one node: best fit (least left over, then lowest index). Several: the one
         leaf with room and the fewest qualifying nodes, best fit inside it; else (unless ``one_leaf``) the fewest
         leaves, fullest first."""
-        g = gpus_per_node
         if count == 1:
-            best, best_left = -1, math.inf
-            for i, f in enumerate(free):
-                if f >= g and f - g < best_left and i not in exclude:
-                    best, best_left = i, f - g
-                    if best_left == 0:
-                        break
-            return (best,) if best >= 0 else None
-        per_leaf = []
-        for leaf in self.leaves:
-            ok = [i for i in leaf if free[i] >= g and i not in exclude]
-            if ok:
-                per_leaf.append(ok)
-        if sum(len(ok) for ok in per_leaf) < count:
-            return None
+            return (min(usable, key=lambda i: (free[i] - g, i)),)
+        usable_set = set(usable)
+        per_leaf = [ok for leaf in self.leaves if (ok := [i for i in leaf if i in usable_set])]
         one = [ok for ok in per_leaf if len(ok) >= count]
         if one:
             ok = min(one, key=len)
@@ -272,11 +451,38 @@ class SlurmSim:
             if nodes is None:
                 job.reason = "Priority" if blocked is not None else "Resources"
                 blocked = blocked or job
+                if self.preemption is not None and self.preemption.may_preempt(job.qos):
+                    for victim in self._victims(job, now):
+                        if victim.signalled_s is None:
+                            self.preemption.signal(victim)
                 continue
             self.start(job, nodes, now)
             started.append(job)
             max_free = max(self.free, default=0)
         return started
+
+    def _victims(self, job: SimJob, now: float) -> list[SimJob]:
+        """preempt/qos's choice for ``job``: preemptable runs past ``PreemptExemptTime``, in Slurm's order (those
+        already signalled first, then lowest priority, youngest), removed one by one until the job can be placed;
+        the victims are the removed runs on the nodes it would get. Blind to checkpoints, lending and progress."""
+        rule = self.preemption
+        assert rule is not None
+        cands = [
+            r for r in self.running.values()
+            if rule.preemptable(r.qos) and (r.signalled_s is not None or now - _started_at(r, now) >= rule.exempt_s)
+        ]  # fmt: skip
+        cands.sort(key=lambda r: (r.signalled_s is None, r.priority, -_started_at(r, now), r.job_id))
+        free = list(self.free)
+        removed: list[SimJob] = []
+        for r in cands:
+            for i in r.nodes:
+                free[i] += r.spec.gpus_per_node
+            removed.append(r)
+            nodes = self.place(job.spec.gpus_per_node, job.spec.node_count, free)
+            if nodes is not None:
+                chosen = set(nodes)
+                return [v for v in removed if chosen.intersection(v.nodes)]
+        return []
 
     def _waits_for_leaf(self, job: SimJob, now: float) -> bool:
         """A hinted gang (2 to leaf-size nodes) inside its switch wait takes one leaf or nothing."""
@@ -324,4 +530,15 @@ class SlurmSim:
         return [q for q, lim in self.qos_limits.items() if lim is not None and self.qos_used.get(q, 0) > lim]
 
 
-__all__ = ["DEFAULT_SCHED", "DONE", "PENDING", "RUNNING", "SchedParams", "SimJob", "SlurmSim"]
+__all__ = [
+    "DEFAULT_SCHED",
+    "DONE",
+    "PENDING",
+    "PLACEMENTS",
+    "RUNNING",
+    "QosPreemption",
+    "placement_for",
+    "SchedParams",
+    "SimJob",
+    "SlurmSim",
+]

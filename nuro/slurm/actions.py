@@ -240,6 +240,20 @@ class DownNode:
 
 
 @dataclass(frozen=True)
+class UpdateNodeWeight:
+    """``scontrol update nodename=<hostlist> weight=<n>``: Slurm prefers the lowest weight that satisfies a request
+    (the controller's packing weights, ``nuro.slurm_plugins.controller.weights``). Live until slurmctld restarts
+    or reconfigures, which revert it to slurm.conf's."""
+
+    node: str
+    weight: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.weight < 2**32 - 1:
+            raise ValueError(f"UpdateNodeWeight({self.node!r}): weight {self.weight} outside Slurm's 0..4294967294")
+
+
+@dataclass(frozen=True)
 class ResumeNode:
     """``scontrol update nodename=<node> state=resume``; Slurm refuses it for a node that is not drained/down."""
 
@@ -262,6 +276,7 @@ Action = (
     | DrainNode
     | DownNode
     | ResumeNode
+    | UpdateNodeWeight
 )
 
 
@@ -313,6 +328,8 @@ def render_argv(action: Action | SubmitCommand) -> list[str]:
             return ["scontrol", "update", f"nodename={_check_node(node)}", "state=down", f"reason={reason}"]
         case ResumeNode(node=node):
             return ["scontrol", "update", f"nodename={_check_node(node)}", "state=resume"]
+        case UpdateNodeWeight(node=node, weight=weight):
+            return ["scontrol", "update", f"nodename={_check_node(node)}", f"weight={int(weight)}"]
     raise TypeError(f"render_argv: not a nuro.slurm action: {action!r}")
 
 

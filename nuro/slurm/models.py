@@ -65,6 +65,8 @@ class NodeInfo:
         gres: configured GRES text, e.g. "gpu:8".
         gpus_total / gpus_alloc: GPUs configured / allocated to jobs right now.
         switch: the lowest-level (leaf) topology switch holding this node; None without topology/tree.
+        weight: Slurm's scheduling ``Weight`` now (the lowest that satisfies a request wins); None where the read
+            did not say.
     """
 
     name: str
@@ -78,6 +80,7 @@ class NodeInfo:
     cpus_alloc: int = 0
     partitions: tuple[str, ...] = ()
     switch: str | None = None
+    weight: int | None = None
 
     @property
     def base_state(self) -> str:

@@ -309,7 +309,19 @@ def _node_from_json(d: Mapping[str, Any]) -> NodeInfo:
         cpus_alloc=as_int(d.get("alloc_cpus")),
         partitions=tuple(d.get("partitions") or ()),
         switch=None,
+        weight=_weight(d.get("weight")),
     )
+
+
+def _weight(value: object) -> int | None:
+    """A node's ``weight``: a number (22.05's sinfo, 24.11+'s scontrol) or ``{"minimum", "maximum"}`` over a
+    24.11+ sinfo record's nodes (taken only when both agree); None when absent."""
+    if isinstance(value, Mapping) and "minimum" in value:
+        if value.get("minimum") != value.get("maximum"):
+            return None
+        value = value.get("minimum")
+    weight = as_int(value, default=-1)
+    return weight if weight >= 0 else None
 
 
 def _nodes_from_sinfo_records(records: list[Any]) -> list[NodeInfo]:
@@ -350,6 +362,7 @@ def _nodes_from_sinfo_records(records: list[Any]) -> list[NodeInfo]:
                 cpus_alloc=as_int(cpus.get("allocated")) // count,
                 partitions=(partition,) if partition else (),
                 switch=None,
+                weight=_weight(r.get("weight")),
             )
     return sorted(by_name.values(), key=lambda n: n.name)
 

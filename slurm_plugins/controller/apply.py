@@ -227,17 +227,23 @@ class ApplyBudget:
         """How long the next budgeted call may take: what is left, less what cutting it would cost."""
         return self.budget_s - self.spent_s - CALL_CUT_S  # type: ignore[operator]  # only asked with a budget
 
+    def has_room(self) -> bool:
+        """Whether a deferrable call (a QOS move, a SiteFactor, a node weight) may still go this cycle."""
+        return self.budget_s is None or self._call_left_s() >= CALL_MIN_S
+
     def allows(self, group: Group) -> bool:
-        return self.budget_s is None or isinstance(group[0], self.ALWAYS) or self._call_left_s() >= CALL_MIN_S
+        return isinstance(group[0], self.ALWAYS) or self.has_room()
+
+    def deferrable_limit_s(self) -> float | None:
+        """How long a deferrable call may take: what is left of the budget (None: no budget)."""
+        return None if self.budget_s is None else max(CALL_MIN_S, self._call_left_s())
 
     def call_limit_s(self, group: Group) -> float | None:
         """How long the Slurm call for ``group`` may take: what is left of the budget for QOS moves and
         SiteFactors; None (the backend's own limit) for requeues and signals, and without a budget. One update RPC
         took 5–10 s on the dev cluster during a burst of submissions: without a limit on the call itself a single
         SiteFactor stretched the cycle that far past its budget."""
-        if self.budget_s is None or isinstance(group[0], self.ALWAYS):
-            return None
-        return max(CALL_MIN_S, self._call_left_s())
+        return None if isinstance(group[0], self.ALWAYS) else self.deferrable_limit_s()
 
     def chunk(self, group: Group) -> list[Group]:
         """``group`` cut to what the remaining budget pays for first, then the rest in chunks of that size."""

@@ -21,6 +21,9 @@ miss_limit: 4                     # intervals of silence before a node is declar
 detector_tick_s: 0.25             # how often the detector judges (its own loop, independent of interval_s)
 straggler_clear_s: 30             # a straggler drain (nuro-straggler:) lifts once the node's GPUs report no slowing
                                   # clock reason for this long
+node_weights: true                # set each GPU node's Slurm Weight to 1 + its free GPUs every cycle, so jobs pack
+                                  # onto busy nodes and whole nodes stay whole for gangs (controller/weights.py);
+                                  # false keeps slurm.conf's Weight
 expedite_requeue: true            # before Slurm 25.11: start a job a node loss requeued as soon as it is safe, not
                                   # cred_expire + 1 s later (nuro.slurm_plugins.controller.expedite)
 state_dir: /var/lib/nuro/controller  # root-only: the preemption ledger (in-flight preemptions survive a restart)
@@ -78,6 +81,7 @@ class ControllerConfig(BaseModel):
     detector_tick_s: float = Field(default=0.25, gt=0, le=10)
     straggler_clear_s: float = Field(default=30.0, ge=1, le=3600)
     expedite_requeue: bool = True
+    node_weights: bool = True
     event_log: Path | None = None
     state_dir: Path | None = None
     slurm_metrics_url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+/?$")

@@ -44,7 +44,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -57,11 +57,12 @@ from nuro.metrics.buffer import writer_from_env
 from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.runs.pending import ENV_WAITS, WaitsFile
-from nuro.slurm import Backend, CliBackend, SlurmError
+from nuro.slurm import Backend, CliBackend, SlurmError, hostlist
 from nuro.slurm.backend import in_daemon_thread
 from nuro.slurm.errors import SlurmTimeout
-from nuro.slurm.models import ClusterSnapshot
+from nuro.slurm.models import ClusterSnapshot, NodeInfo
 from nuro.slurm.states import JobPhase
+from nuro.slurm_plugins.controller import weights
 from nuro.slurm_plugins.controller.apply import ApplyBudget, Outcome, apply_group, groups
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
 from nuro.slurm_plugins.controller.decisions import Preempt, Requeue, SetSiteFactor
@@ -126,6 +127,7 @@ class CycleReport:
     outcomes: list[Outcome] = field(default_factory=list)
     error: str = ""
     deferred: int = 0  # decisions not sent this cycle: the apply budget was spent (decided again next cycle)
+    weights: int = 0  # nodes whose packing weight was set this cycle (``weights.py``)
 
     @property
     def slurm_s(self) -> float:
@@ -146,8 +148,11 @@ class Controller:
         apply_budget_s: float | None = None,
         ledger: Ledger | None = None,
         progress: Callable[[], Mapping[int, Progress]] | None = None,
+        node_weights: bool = False,
     ) -> None:
         self.backend = backend
+        #: set each GPU node's Weight to pack jobs (``weights.py``) after the cycle's decisions
+        self.node_weights = node_weights
         #: where in-flight preemptions survive a restart (None: memory only; Slurm's GraceTime is the backstop)
         self.ledger = ledger
         self._for_job: dict[int, int | None] = {}  # victim -> the job it was preempted for (kept in the ledger)
@@ -243,7 +248,12 @@ class Controller:
         self._save_ledger(decisions.next_state)
         budget = ApplyBudget.for_cycle(self.apply_budget_s, report.snapshot_s, self._per_id_s)
         pending = groups(applicable)  # apply order: requeues and signals first, SiteFactors last (deferred first)
+        # packing weights go right after the requeues and signals: a few calls that steer every start, worth more than
+        # any one QOS move or SiteFactor when the budget is short
+        weights_due = self.node_weights
         while pending:
+            if weights_due and not isinstance(pending[0][0], ApplyBudget.ALWAYS):
+                report.weights, weights_due = self.reweigh(snapshot.nodes, budget), False
             group = pending.pop(0)
             if not budget.allows(group):
                 report.deferred += len(group)
@@ -292,6 +302,8 @@ class Controller:
                     failed.add(decision.job_id)
                 else:
                     self._record(decision)
+        if weights_due and not report.error:
+            report.weights = self.reweigh(snapshot.nodes, budget)
         self._per_id_s = budget.per_id_s  # the next cycle sizes its first batch by what Slurm answered lately
         if report.deferred:
             log.info("cycle=%d deferred=%d decisions to the next cycle: the cycle's Slurm budget (%.2f s, "
@@ -307,6 +319,36 @@ class Controller:
             decisions.cycle_stats.log_fields(),
         )  # fmt: skip
         return report
+
+    def reweigh(
+        self, nodes: Iterable[NodeInfo], budget: ApplyBudget | None = None,
+        target: Callable[[NodeInfo], int | None] = weights.packing_weight,
+    ) -> int:  # fmt: skip
+        """Set the packing weights that differ (``weights.plan``; ``target``: another rule, e.g. the neutral one at a
+        stop) within what is left of ``budget``; returns how many nodes were set. A refused or cut update is planned
+        again next cycle from the weights Slurm reports."""
+        done = 0
+        for update in weights.plan(nodes, target).updates:
+            if self.dry_run:
+                log.info("cycle=%d dry run: would set weight=%d on %s", self.cycles, update.weight, update.node)
+                continue
+            if budget is not None and not budget.has_room():
+                break
+            limit = budget.deferrable_limit_s() if budget is not None else None
+            t = time.monotonic()
+            try:
+                with contextlib.nullcontext() if limit is None else self.backend.call_timeout(limit):
+                    result = self.backend.apply(update)
+                error = "" if result.ok else result.message
+            except SlurmError as exc:
+                error = str(exc)
+            if budget is not None:
+                budget.spend(time.monotonic() - t, 0)
+            if not error:
+                done += len(hostlist.expand(update.node))
+            elif self._cycle_errors.allow(f"weights: {error}")[0]:
+                log.warning("cycle=%d weight=%d not set on %s: %s", self.cycles, update.weight, update.node, error)
+        return done
 
     def _save_ledger(self, state: ControllerState) -> None:
         """Write the in-flight preemptions to the ledger when they changed (dry runs write nothing)."""
@@ -428,6 +470,10 @@ def _setup_logging(fmt: LogFormat, verbose: bool) -> None:
     help="slurmctld's http://host:port (25.11+, MetricsType=metrics/openmetrics): its counts and scheduler "
     "statistics go to $NURO_METRICS_URL as `slurmctld` points.",
 )
+@click.option(
+    "--node-weights/--no-node-weights", default=None,
+    help="Set each GPU node's Weight to 1 + its free GPUs every cycle, so jobs pack [on].",
+)  # fmt: skip
 @click.option("-v", "--verbose", is_flag=True)
 def main(
     config_path: Path | None,
@@ -444,6 +490,7 @@ def main(
     event_log: Path | None,
     state_dir: Path | None,
     slurm_metrics_url: str | None,
+    node_weights: bool | None,
     verbose: bool,
 ) -> None:
     """Borrowing with lending limits, checkpoint-confirmed reclaim and urgent preemption, fair-share priority, and
@@ -454,7 +501,7 @@ def main(
             "heartbeat_port": heartbeat_port, "heartbeat_bind": heartbeat_bind,
             "heartbeat_key_file": heartbeat_key_file, "heartbeat_interval_s": heartbeat_interval_s,
             "miss_limit": miss_limit, "event_log": event_log, "slurm_metrics_url": slurm_metrics_url,
-            "state_dir": state_dir,
+            "state_dir": state_dir, "node_weights": node_weights,
         }  # fmt: skip
         updates = {k: v for k, v in flags.items() if v is not None}
         if dry_run:
@@ -476,7 +523,8 @@ def main(
         if policy is None:
             click.echo("nuro-controller: --once runs one policy cycle: give --policy", err=True)
             sys.exit(2)
-        _run_once(Controller(_backend(cfg), policy, cfg.dry_run, clock=wall_clock_from_env()))
+        _run_once(Controller(_backend(cfg), policy, cfg.dry_run, clock=wall_clock_from_env(),
+                             node_weights=cfg.node_weights))  # fmt: skip
     stop = threading.Event()
     wall = wall_clock_from_env()
 
@@ -540,7 +588,7 @@ def main(
                     "requeued at grace end")  # fmt: skip
     controller = Controller(
         _backend(cfg), policy, cfg.dry_run, clock=wall, events=events, apply_budget_s=cfg.apply_budget_s,
-        ledger=Ledger(cfg.state_dir) if cfg.state_dir else None, progress=progress,
+        ledger=Ledger(cfg.state_dir) if cfg.state_dir else None, progress=progress, node_weights=cfg.node_weights,
     )  # fmt: skip
     policy_file = cfg.policy
     signal.signal(signal.SIGHUP, lambda *_: controller.reload_policy(policy_file))
@@ -552,9 +600,23 @@ def main(
     policy_thread.start()
     _wait_interruptibly(stop)
     policy_thread.join(max(5.0, cfg.interval_s + 1))
+    if cfg.node_weights and not cfg.dry_run:
+        _neutral_weights(controller)
     if detector_thread is not None:
         detector_thread.join(5)
     log.info("nuro-controller stopped after %d cycles", controller.cycles)
+
+
+def _neutral_weights(controller: Controller) -> None:
+    """A clean stop leaves Slurm's default weight on every GPU node (``weights.neutral_weight``): packing weights
+    outliving the controller would keep steering jobs to nodes that were busy when it stopped."""
+    try:
+        done = controller.reweigh(controller.backend.nodes(), target=weights.neutral_weight)
+    except SlurmError as exc:
+        log.warning("node weights left as the last cycle set them (could not read the nodes: %s)", exc)
+        return
+    if done:
+        log.info("node weights: %d GPU nodes back to Slurm's default %d", done, weights.DEFAULT_WEIGHT)
 
 
 def _start_slurm_metrics(cfg: ControllerConfig, stop: threading.Event) -> threading.Thread | None:

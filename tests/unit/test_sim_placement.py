@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sim.slurm import PENDING, RUNNING, SimJob, SlurmSim
+from bench.sim.slurm import PENDING, RUNNING, SchedParams, SimJob, SlurmSim
 from bench.sim.synth import JobSpec
 from bench.sim.trace import NodeSpec
 
@@ -73,12 +73,71 @@ def test_gang_spans_fewest_leaves_when_no_leaf_fits() -> None:
     assert gang.state == RUNNING and s.leaves_spanned(gang.nodes) == 2
 
 
-def test_best_fit_single_node() -> None:
+def test_single_node_job_takes_slurms_first_node_not_the_best_fit() -> None:
+    """Slurm ranks usable nodes by weight, leaf and name, never by leftover GPUs: the 1-GPU job lands on the idle
+    8-GPU node ("big" sorts first); with packing weights (free GPUs + 1) it fills the small node instead."""
     ns = [NodeSpec("big", 8, "l0"), NodeSpec("small", 2, "l0")]
     s = sim(ns)
     (job,) = submit(s, spec(1, gpn=1))
     s.schedule(0.0)
-    assert job.nodes == (1,), "a 1-GPU job goes to the node it fills best, keeping whole 8-GPU nodes free"
+    assert job.nodes == (0,)
+    s = sim(ns)
+    s.weight = [9, 3]
+    (job,) = submit(s, spec(1, gpn=1))
+    s.schedule(0.0)
+    assert job.nodes == (1,), "the lowest weight that fits wins"
+
+
+def test_tree_single_node_goes_to_the_tightest_leaf_in_name_order() -> None:
+    """22.05's _eval_nodes_topo for one node: of the lowest weight's usable nodes, the leaf with the fewest, then
+    its first node in natural name order (n2 before n10)."""
+    ns = [NodeSpec("n10", 8, "l0"), NodeSpec("n2", 8, "l0"), NodeSpec("n3", 8, "l1"), NodeSpec("n4", 8, "l1"),
+          NodeSpec("n5", 8, "l1")]  # fmt: skip
+    s = sim(ns)
+    (job,) = submit(s, spec(1, gpn=1))
+    s.schedule(0.0)
+    assert job.nodes == (1,), "leaf l0 has 2 usable nodes, l1 has 3; in l0 n2 sorts before n10"
+
+
+def test_block_single_node_is_first_fit_by_weight_then_name() -> None:
+    """26.05's one-node path: the first usable node by (weight, name), whatever its leaf."""
+    ns = [NodeSpec("n1", 8, "l0"), NodeSpec("n2", 8, "l1"), NodeSpec("n3", 8, "l1"), NodeSpec("n4", 8, "l1")]
+    s = SlurmSim(ns, {"g-a": 100}, {}, {"a": 1}, SchedParams(placement="block"))
+    (job,) = submit(s, spec(1, gpn=1))
+    s.schedule(0.0)
+    assert job.nodes == (0,)
+    s.weight = [5, 5, 2, 5]
+    (job,) = submit(s, spec(2, gpn=1))
+    s.schedule(0.0)
+    assert job.nodes == (2,)
+
+
+def test_lower_weight_nodes_are_forced_into_a_gang() -> None:
+    """Weights beat topology: with too few nodes of the lowest weight for the gang, all of them are taken and the
+    rest comes first from their leaves."""
+    s = sim(nodes(8))
+    s.weight = [1, 1, 1, 1, 1, 1, 1, 0]  # n07 (leaf1) alone at the lowest weight
+    (gang,) = submit(s, spec(1, nodes=3, gpn=8))
+    s.schedule(0.0)
+    assert gang.nodes == (4, 5, 7), "n07 forced in, then its leaf's first nodes"
+
+
+def test_block_gang_never_spans_blocks_and_ties_go_to_the_last_block() -> None:
+    s = SlurmSim(nodes(8), {"g-a": 1000}, {}, {"a": 1}, SchedParams(placement="block"))
+    (gang,) = submit(s, spec(1, nodes=2, gpn=8))
+    s.schedule(0.0)
+    assert gang.nodes == (4, 5), "two equal blocks of 4: the last one, its first nodes"
+    (wide,) = submit(s, spec(2, nodes=7, gpn=8))
+    s.schedule(0.0)
+    assert wide.state == PENDING, "7 nodes need the 8-node block, which has only 6 usable: it waits"
+    (five,) = submit(s, spec(3, nodes=5, gpn=8))
+    s.schedule(0.0)
+    assert five.nodes == (0, 1, 2, 3, 6), "leaf0 fits nothing whole beyond 4: taken whole, then the rest"
+
+
+def test_unknown_placement_is_refused() -> None:
+    with pytest.raises(ValueError, match="placement"):
+        SlurmSim(nodes(2), {}, {}, {}, SchedParams(placement="random"))
 
 
 def test_qos_limit_blocks_without_blocking_others() -> None:

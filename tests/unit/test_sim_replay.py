@@ -98,3 +98,37 @@ def test_idle_while_waiting_tells_single_node_headroom_from_a_gangs() -> None:
     assert (m["utilisation"], m["idle_while_waiting"], m["idle_while_waiting_single_node"]) == (0.5, 0.5, 0.0)
     _, m = replay([job(1, "alpha", 0.0, 3000.0), job(2, "alpha", 0.0, 3000.0)], Variant.BASELINE, 3000.0)
     assert m["idle_while_waiting"] == m["idle_while_waiting_single_node"] == 0.5
+
+
+def test_scavenger_runs_over_quota_work_and_slurm_preempts_it_blind_to_checkpoints() -> None:
+    """Slurm's own soft sharing: alpha's second job goes to the scavenger QOS at submission and runs on beta's idle
+    GPUs; beta's job preempts it at once (it is past PreemptExemptTime, the policy's 600 s), whatever its
+    checkpoint; the victim commits on the signal and is requeued then, and waits in the scavenger QOS for room."""
+    jobs = [job(1, "alpha", 0.0, 5000.0), job(2, "alpha", 0.0, 5000.0), job(3, "beta", 1000.0, 1000.0)]
+    log, m = replay(jobs, Variant.SCAVENGER, 6000.0)
+    assert m["decisions"] == {} and m["controller_cycles"] == 0, "no nuro controller in this variant"
+    assert m["preemptions"] == 1 and m["requeues_acked"] == 1
+    beta = next(j for j in log.jobs if j.job_id == 3)
+    assert beta.first_start_s == pytest.approx(1000.0 + 20.0), "it starts once the victim committed (20 s)"
+    (run,) = [r for r in log.runs if r.outcome == "requeued"]
+    assert run.qos == "s-alpha" and run.start_s == 0.0
+    assert m["quota_violation_samples"] == m["borrow_limit_violation_samples"] == 0
+
+
+def test_scavenger_victim_without_ack_is_requeued_at_grace_end() -> None:
+    jobs = [job(1, "alpha", 0.0, 5000.0), job(2, "alpha", 0.0, 5000.0, acks=False), job(3, "beta", 1000.0, 1000.0)]
+    log, m = replay(jobs, Variant.SCAVENGER, 6000.0)
+    assert m["requeues_unacked"] == 1
+    beta = next(j for j in log.jobs if j.job_id == 3)
+    assert beta.first_start_s == pytest.approx(1000.0 + POLICY.grace_s)
+
+
+def test_idle_while_waiting_by_cause() -> None:
+    """The baseline's idle half beside alpha's second job (over its quota) is the QOS limit's; beside beta's gang of
+    2 × 4 GPUs (within its quota) with one node free, it is fragmentation: 8 GPUs idle, but on one node."""
+    _, m = replay([job(1, "alpha", 0.0, 3000.0), job(2, "alpha", 0.0, 3000.0)], Variant.BASELINE, 3000.0)
+    assert m["idle_while_waiting_by_cause"]["qos_limit"] == pytest.approx(0.5)
+    gang = JobSpec(2, "j2", "beta", "bo", "normal", 2, 4, 0.0, 3000.0, False, 600.0, 20.0, True, 30.0, ())
+    _, m = replay([job(1, "alpha", 0.0, 3000.0), gang], Variant.BASELINE, 3000.0)
+    assert m["idle_while_waiting_by_cause"]["fragmentation"] == pytest.approx(0.5)
+    assert sum(m["idle_while_waiting_by_cause"].values()) == pytest.approx(m["idle_while_waiting"])

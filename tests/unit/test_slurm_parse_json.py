@@ -113,6 +113,7 @@ def test_sinfo_nodes_and_derived_partitions() -> None:
     assert gpu008.state == "IDLE+DRAIN" and gpu008.reason == "nuro test"
     assert gpu008.is_drained and not gpu008.is_schedulable and gpu008.gpus_free == 0
     assert all(n.partitions == ("gpu",) and n.cpus == 16 and n.switch is None for n in nodes)
+    assert {n.weight for n in nodes} == {1}  # the packing weights (controller/weights.py) are read back from here
     # 22.05's sinfo --json has no partition list: derived from the nodes.
     assert [(p.name, p.total_nodes, p.total_cpus, p.state) for p in partitions] == [("gpu", 8, 128, "UNKNOWN")]
 
@@ -218,3 +219,11 @@ def test_a_job_that_shrank_is_one_attempt() -> None:
     assert [r.state for r in records] == ["PENDING+RESIZING", "COMPLETED"]
     (attempt,) = merge_resized(records)
     assert attempt.state == "COMPLETED" and "gpu006" in attempt.nodes and attempt.start_time == records[0].start_time
+
+
+@pytest.mark.parametrize("version", ["v24.11", "v26.05"])
+def test_node_weight_read_on_newer_slurm(version: str) -> None:
+    """24.11+: scontrol's node JSON gives a number, sinfo's grouped record a {minimum, maximum} range."""
+    for name in ("scontrol_show_node.json", "sinfo_8nodes.json"):
+        nodes, _ = parse_sinfo_json(read(f"{version}/{name}"))
+        assert nodes and {n.weight for n in nodes} == {1}, name
