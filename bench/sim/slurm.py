@@ -296,42 +296,38 @@ class SlurmSim:
                 break
         return cand, forced
 
-    def _place_tree(self, usable: list[int], count: int) -> tuple[int, ...] | None:
-        """topology/tree's ``_eval_nodes_topo`` for a two-level tree (one root over the leaves): forced nodes, then
-        their leaves, then leaves by fit: the smallest with room for what is left, else the largest, taken whole;
-        ties to the first leaf; nodes in slurmctld's order."""
-        cand, forced = self._by_weight(usable, count)
+    def _forced_first(
+        self, cand: list[int], forced: set[int], count: int
+    ) -> tuple[dict[int, list[int]], set[int], int]:
+        """Shared by tree and block: the candidates by leaf in slurmctld's node order, with the forced nodes taken
+        and their leaves filled first (those leaves then leave the choice). Returns (the other leaves' candidates,
+        the nodes chosen, how many are still needed)."""
         by_leaf: dict[int, list[int]] = {}
         for i in sorted(cand, key=self.rank.__getitem__):
             by_leaf.setdefault(self.leaf_of[i], []).append(i)
         chosen = set(forced)
         need = count - len(chosen)
-        used: set[int] = set()
         for leaf in sorted({self.leaf_of[i] for i in forced}):
-            used.add(leaf)
-            for i in by_leaf[leaf]:
-                if need <= 0:
-                    break
-                if i not in chosen:
+            for i in by_leaf.pop(leaf, []):
+                if need > 0 and i not in chosen:
                     chosen.add(i)
                     need -= 1
-        cnt = {leaf: len(nodes) for leaf, nodes in by_leaf.items() if leaf not in used}
-        while need > 0:
-            best = None
-            for leaf in sorted(cnt):
-                if cnt[leaf] == 0:
-                    continue
-                if best is None or _fits_better(cnt[leaf], cnt[best], need):
+        return by_leaf, chosen, need
+
+    def _place_tree(self, usable: list[int], count: int) -> tuple[int, ...] | None:
+        """topology/tree's ``_eval_nodes_topo`` for a two-level tree (one root over the leaves): forced nodes, then
+        their leaves, then leaves by fit: the smallest with room for what is left, else the largest, taken whole;
+        ties to the first leaf; nodes in slurmctld's order."""
+        by_leaf, chosen, need = self._forced_first(*self._by_weight(usable, count), count)
+        while need > 0 and by_leaf:
+            best = min(by_leaf)
+            for leaf in sorted(by_leaf):
+                if _fits_better(len(by_leaf[leaf]), len(by_leaf[best]), need):
                     best = leaf
-            if best is None:
-                return None
-            for i in by_leaf[best]:
-                if need <= 0:
-                    break
-                chosen.add(i)
-                need -= 1
-            cnt[best] = 0
-        return tuple(sorted(chosen))
+            taken = by_leaf.pop(best)[:need]
+            chosen.update(taken)
+            need -= len(taken)
+        return tuple(sorted(chosen)) if need <= 0 else None
 
     def _place_block(self, usable: list[int], count: int) -> tuple[int, ...] | None:
         """topology/block's ``eval_nodes_block`` (26.05), leaves as base blocks: the smallest aligned group of
@@ -354,25 +350,14 @@ class SlurmSim:
             return None
         first = best[2]
         inside = [i for leaf in self.leaves[first : first + per_block] for i in leaf if i in usable_set]
-        cand, forced = self._by_weight(inside, count)
-        by_leaf: dict[int, list[int]] = {}
-        for i in sorted(cand, key=self.rank.__getitem__):
-            by_leaf.setdefault(self.leaf_of[i], []).append(i)
-        chosen = set(forced)
-        need = count - len(chosen)
-        for leaf in sorted({self.leaf_of[i] for i in forced}):
-            for i in by_leaf.pop(leaf, []):
-                if need > 0 and i not in chosen:
-                    chosen.add(i)
-                    need -= 1
+        by_leaf, chosen, need = self._forced_first(*self._by_weight(inside, count), count)
         while need > 0 and by_leaf:
             fit = [leaf for leaf, nodes in by_leaf.items() if len(nodes) >= need]
             pick = (max(fit, key=lambda leaf: (-len(by_leaf[leaf]), leaf)) if fit
                     else max(by_leaf, key=lambda leaf: (len(by_leaf[leaf]), leaf)))  # fmt: skip
-            for i in by_leaf.pop(pick):
-                if need > 0:
-                    chosen.add(i)
-                    need -= 1
+            taken = by_leaf.pop(pick)[:need]
+            chosen.update(taken)
+            need -= len(taken)
         return tuple(sorted(chosen)) if need <= 0 else None
 
     def _place_bestfit(
