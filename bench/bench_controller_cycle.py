@@ -48,7 +48,9 @@ import yaml
 from bench.common import OTHER_HOSTS_NICE, REPO, cluster, median_s, nice_compute_hosts, run, save
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.policy import parse_policy
-from nuro.slurm import CliBackend
+from nuro.slurm import CliBackend, render_argv
+from nuro.slurm.models import NodeInfo
+from nuro.slurm_plugins.controller import weights
 from nuro.slurm_plugins.controller.daemon import Controller
 
 MEMBERS = {"perception": "alice", "prediction": "priya", "controls": "chen", "simulation": "sam"}
@@ -87,17 +89,21 @@ def shipped(backend: CliBackend, policy_raw: dict, budget_s: float, state_dir: P
                       progress=ProgressFile(state_dir).view, node_weights=True)  # fmt: skip
 
 
-def scramble_weights(env: dict[str, str], names: list[str], k: int) -> int:
-    """Give half the nodes (alternating by ``k``) weights off their packing value, grouped into one ``scontrol`` call
-    per value (outside the timed cycle): the next cycle must set them all back, as after a burst of starts and ends
-    on those nodes. Returns how many nodes were changed."""
-    by_weight: dict[int, list[str]] = {}
-    for i, name in enumerate(names):
-        if i % 2 == k % 2:
-            by_weight.setdefault(1 + (i * 7 + k) % 8, []).append(name)
-    for weight, nodes in by_weight.items():
-        run(["scontrol", "update", f"nodename={','.join(nodes)}", f"weight={weight}"], env)
-    return sum(len(v) for v in by_weight.values())
+def scramble_weights(env: dict[str, str], backend: CliBackend, k: int) -> int:
+    """Give half the nodes (alternating by ``k``) weights off their packing value, one ``scontrol`` call per value
+    (``weights.plan`` with that target, outside the timed cycle): the next cycle must set them all back, as after a
+    burst of starts and ends on those nodes. Returns how many nodes were changed."""
+    nodes = backend.nodes()
+    index = {n.name: i for i, n in enumerate(nodes)}
+
+    def off(node: NodeInfo) -> int | None:
+        i = index[node.name]
+        return 1 + (i * 7 + k) % 8 if i % 2 == k % 2 else None
+
+    todo = weights.plan(nodes, off)
+    for update in todo.updates:
+        run(render_argv(update), env)
+    return todo.nodes
 
 
 #: One segment of the old controller's cycles, in a process of its own with the old code on its path.
@@ -204,10 +210,9 @@ def main() -> None:
         print(f"released; no job configuring or completing after {settled_s:.0f} s", flush=True)
         backend = CliBackend(env=env, timeout_s=120)
         controller = shipped(backend, policy_raw, args.budget_s, layout.controller_state)
-        names = [n.name for n in backend.nodes()]
         reports, scrambled = [], []
         for k in range(args.cycles):
-            scrambled.append(scramble_weights(env, names, k) if k and args.weights_churn else 0)
+            scrambled.append(scramble_weights(env, backend, k) if k and args.weights_churn else 0)
             reports.append(controller.cycle())
         restarted = Controller(backend, parse_policy(policy_raw), apply_budget_s=args.budget_s).cycle()
         snap = backend.read_snapshot()

@@ -18,8 +18,9 @@ import pytest
 
 from bench.sim.slurm import SchedParams, SlurmSim, placement_for
 from bench.sim.trace import NodeSpec
-from nuro.slurm import JobPhase
+from nuro.slurm import JobPhase, render_argv
 from nuro.slurm.models import NodeInfo
+from nuro.slurm_plugins.controller import weights
 from tests.integration.conftest import (
     TEST_ACCOUNT,
     TEST_SLURM,
@@ -50,12 +51,13 @@ SCENARIO: tuple[tuple[dict[str, int], tuple[int, int, str | None]], ...] = (
 )
 
 
-def _set_weights(cluster: LiveCluster, names: list[str], weights: dict[str, int]) -> dict[str, int]:
-    """Set the scenario step's weights on the cluster; the full map of node -> weight now."""
-    full = {n: weights.get(n, weights.get("*", 1)) for n in names}
-    for weight in sorted(set(full.values())):
-        nodes = ",".join(n for n in names if full[n] == weight)
-        cluster.run(["scontrol", "update", f"nodename={nodes}", f"weight={weight}"])
+def _set_weights(cluster: LiveCluster, wanted: dict[str, int]) -> dict[str, int]:
+    """Set the scenario step's weights on the cluster (one call per value, as the controller renders them:
+    ``weights.plan``); the full map of node -> weight now."""
+    nodes = cluster.backend.nodes()
+    full = {n.name: wanted.get(n.name, wanted.get("*", 1)) for n in nodes}
+    for update in weights.plan(nodes, lambda n: full[n.name]).updates:
+        cluster.run(render_argv(update))
     return full
 
 
@@ -63,15 +65,13 @@ def _set_weights(cluster: LiveCluster, names: list[str], weights: dict[str, int]
 def neutral(cluster: LiveCluster) -> Iterator[list[NodeInfo]]:
     """No job of the test users, every node in service at Slurm's default weight, before and after."""
     cancel_jobs_of(cluster, TEST_USERS)
-    nodes = cluster.backend.nodes()
-    names = [n.name for n in nodes]
-    _set_weights(cluster, names, {})
+    _set_weights(cluster, {})
     try:
-        yield nodes
+        yield cluster.backend.nodes()
     finally:
         cancel_jobs_of(cluster, TEST_USERS)
         with contextlib.suppress(Exception):
-            _set_weights(cluster, names, {})
+            _set_weights(cluster, {})
 
 
 def _run(cluster: LiveCluster, nodes: int, gpus: int, pinned: str | None, user: str = TEST_USERS[0]) -> list[str]:
@@ -89,16 +89,15 @@ def test_the_model_names_the_nodes_slurm_picks(cluster: LiveCluster, neutral: li
     assert all(n.switch for n in neutral), "the dev cluster's nodes carry their leaf or block"
     specs = [NodeSpec(n.name, n.gpus_total, n.switch or "") for n in neutral]
     model = SlurmSim(specs, {}, {}, {}, SchedParams(placement=rule))
-    names = [n.name for n in neutral]
     seen = []
-    for weights, (count, gpus, pinned) in SCENARIO:
-        full = _set_weights(cluster, names, weights)
+    for step_weights, (count, gpus, pinned) in SCENARIO:
+        full = _set_weights(cluster, step_weights)
         model.weight = [full[n] for n in model.names]
         predicted = (
             [pinned] if pinned else [model.names[i] for i in model.place(gpus, count, model.free) or ()]
         )  # fmt: skip
         got = _run(cluster, count, gpus, pinned)
-        seen.append((weights, count, gpus, predicted, got))
+        seen.append((step_weights, count, gpus, predicted, got))
         assert got == sorted(predicted), f"Slurm {TEST_SLURM} ({rule}): steps so far {seen}"
         for name in got:
             model.free[model.index_of(name)] -= gpus
