@@ -160,6 +160,22 @@ def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: floa
         timeout_s,
         f"the jobs of {', '.join(users)} to end",
     )
+    wait_accounting_ended(cluster, users, timeout_s)
+
+
+def wait_accounting_ended(cluster: LiveCluster, users: tuple[str, ...], timeout_s: float = 60) -> None:
+    """Wait until slurmdbd has recorded the end of every job of these users, not only slurmctld.
+
+    ``sacctmgr delete`` refuses ("Job(s) active, cancel job(s) before remove") while a job of the association has no
+    end time in the job table (``time_end=0 && state<JOB_COMPLETE``); slurmctld sends the end through its dbd agent
+    queue, which lags the controller's own view by up to a few seconds on a loaded box.
+    """
+    argv = ["sacct", "-X", "-n", "-P", "-u", ",".join(users), "-s", "PD,R,S", "-o", "JobID"]
+    wait_until(
+        lambda: (done := cluster.run(argv, check=False)).returncode == 0 and not done.stdout.strip(),
+        timeout_s,
+        f"accounting to record the end of the jobs of {', '.join(users)}",
+    )
 
 
 def ensure_test_users(cluster: LiveCluster) -> None:
