@@ -33,6 +33,11 @@ pods); counts of decisions and preemptions are over the whole replay.
 | team guaranteed goodput | per team: GPU·s of kept progress in the window of its jobs outside any tier (the work its
   quota guarantees, wherever it ran: guaranteed or borrowed QOS) |
 | team guaranteed p95 wait | per team: p95 queue wait of those jobs (censored ones count as above) |
+| team lent wait | per team: p95 over those jobs of the part of each job's first wait in which the job was due
+  (the team's running GPUs, its own borrowed ones included, plus its earlier pending jobs plus this job fit its
+  quota) while another team's borrowed (or scavenger) jobs ran: the wait its lending cost it. Zero by definition
+  where nobody borrows; whatever else a job waited for (its own team's work, capacity other teams hold within their
+  quotas) is not lending's |
 | quota violations | samples (one after every event batch) where a ``g-<team>`` QOS ran above its quota |
 | preemptions per 1,000 jobs | preemption signals / jobs replayed × 1000 |
 | requeued within min run | requeued runs shorter than their QOS's minimum run time (must be 0) |
@@ -45,7 +50,7 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
-from bench.sim.replay import IDLE_BIN_S, ReplayLog
+from bench.sim.replay import IDLE_BIN_S, SCAVENGER_PREFIX, ReplayLog
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -136,6 +141,62 @@ def _idle_while_waiting(log: ReplayLog, t0: float, t1: float) -> tuple[float, fl
     return total, single
 
 
+def _borrowed(qos: str) -> bool:
+    return qos.startswith(("b-", SCAVENGER_PREFIX))
+
+
+def lent_waits(log: ReplayLog, quotas: Mapping[str, int], t0: float, t1: float) -> dict[str, list[float]]:
+    """Per team, each of its guaranteed (non-tier) jobs submitted in the window: seconds of its first wait in which
+    it was due under its quota while other teams' borrowed jobs ran (module table, "team lent wait").
+
+    An exact sweep over the change points (run starts and ends, submissions, first starts); within a team, pending
+    jobs are due in submission order (the order Slurm's age factor gives one team's equal jobs), so a job is due when
+    the team's running GPUs plus the pending GPUs before it plus its own fit the quota."""
+    out: dict[str, list[float]] = {}
+    for team, quota in quotas.items():
+        mine = sorted((j for j in log.jobs if j.spec.team == team and j.spec.tier == "normal"),
+                      key=lambda j: (j.spec.submit_s, j.job_id))  # fmt: skip
+        changes: list[tuple[float, int, int]] = []  # (time, team's GPUs change, others' borrowed GPUs change)
+        mine_ids = {j.job_id for j in mine}
+        for r in log.runs:
+            if r.job_id in mine_ids:
+                changes += [(r.start_s, r.gpus, 0), (r.end_s, -r.gpus, 0)]
+            elif r.team != team and _borrowed(r.qos):
+                changes += [(r.start_s, 0, r.gpus), (r.end_s, 0, -r.gpus)]
+        for j in mine:
+            changes.append((j.spec.submit_s, 0, 0))
+            if j.first_start_s is not None:
+                changes.append((j.first_start_s, 0, 0))
+        changes.sort(key=lambda c: c[0])
+        waited = {j.job_id: 0.0 for j in mine}
+        used = others = 0
+        nxt = 0  # next of ``mine`` (by submission) not yet submitted
+        pending: list = []
+        i = 0
+        while i < len(changes):
+            t = changes[i][0]
+            while i < len(changes) and changes[i][0] == t:
+                used += changes[i][1]
+                others += changes[i][2]
+                i += 1
+            while nxt < len(mine) and mine[nxt].spec.submit_s <= t:
+                pending.append(mine[nxt])
+                nxt += 1
+            pending = [j for j in pending if j.first_start_s is None or j.first_start_s > t]
+            end = changes[i][0] if i < len(changes) else t1
+            lo, hi = max(t, t0), min(end, t1)
+            if others <= 0 or hi <= lo:
+                continue
+            ahead = used
+            for j in pending:
+                ahead += j.spec.gpus
+                if ahead > quota:
+                    break
+                waited[j.job_id] += hi - lo
+        out[team] = [waited[j.job_id] for j in mine if t0 <= j.spec.submit_s <= t1]
+    return out
+
+
 def compute(
     log: ReplayLog,
     quotas: Mapping[str, int],
@@ -199,6 +260,7 @@ def compute(
             jains.append(jain(xs))
             shortfall_jains.append(jain([min(1.0, x) for x in xs]))
     idle_waiting, idle_waiting_single = _idle_while_waiting(log, t0, t1)
+    lent = lent_waits(log, quotas, t0, t1)
     first_bin = int(t0 // IDLE_BIN_S)
     by_cause = {c: sum(v[first_bin + 1 :]) + v[first_bin] * (1 - (t0 % IDLE_BIN_S) / IDLE_BIN_S)
                 for c, v in log.idle_by_cause.items()}  # fmt: skip
@@ -258,6 +320,7 @@ def compute(
             for t in teams
         },
         "team_guaranteed_goodput_gpu_s": {t: round(v, 1) for t, v in team_good.items()},
+        "team_lent_wait_p95_s": {t: round(percentile(v, 95), 1) if v else 0.0 for t, v in lent.items()},
         "quota_violation_samples": log.g_over_quota_samples,
         "borrow_limit_violation_samples": log.b_over_limit_samples,
         "qos_limit_breaches_at_start": log.counters.get("limit_breaches_at_start", 0),
@@ -284,4 +347,4 @@ def compute(
     }
 
 
-__all__ = ["compute", "jain", "percentile", "wait_stats", "water_fill"]
+__all__ = ["compute", "jain", "lent_waits", "percentile", "wait_stats", "water_fill"]

@@ -8,7 +8,8 @@ import math
 import pytest
 
 from bench.sim import metrics
-from bench.sim.replay import Variant, run_replay
+from bench.sim.replay import ReplayLog, RunRecord, Variant, run_replay
+from bench.sim.slurm import SimJob
 from bench.sim.synth import JobSpec
 from bench.sim.trace import NodeSpec
 from nuro.policy.model import parse_policy
@@ -132,3 +133,40 @@ def test_idle_while_waiting_by_cause() -> None:
     _, m = replay([job(1, "alpha", 0.0, 3000.0), gang], Variant.BASELINE, 3000.0)
     assert m["idle_while_waiting_by_cause"]["fragmentation"] == pytest.approx(0.5)
     assert sum(m["idle_while_waiting_by_cause"].values()) == pytest.approx(m["idle_while_waiting"])
+
+
+def _run(job_id: int, team: str, qos: str, gpus: int, start: float, end: float) -> RunRecord:
+    return RunRecord(job_id, team, qos, gpus, start, end, start, None, "done", 0.0, 0.0, 0.0, 1, 1)
+
+
+def _waiting(spec: JobSpec, first_start: float | None) -> SimJob:
+    return SimJob(spec, qos=f"g-{spec.team}", first_start_s=first_start)
+
+
+def test_lent_wait_counts_only_the_wait_a_due_job_spent_behind_other_teams_borrowers() -> None:
+    # alpha (quota 8) runs a 4-GPU job; beta borrows 8 GPUs from 0 to 500. Alpha's 4-GPU job 2 (submitted at 100) is
+    # due (4 + 4 ≤ 8) and waits for beta's borrower: 400 s lent. Alpha's 8-GPU job 3 (submitted at 200) is not due
+    # while job 2 is ahead of it and job 1 runs (4 + 4 + 8 > 8): its wait is alpha's own work, until job 1 ends at 600.
+    def spec(i: int, submit: float, gpus: int) -> JobSpec:
+        return JobSpec(i, f"j{i}", "alpha", "ann", "normal", 1, gpus, submit, 900.0, False, 600.0, 20.0, True, 30.0, ())
+
+    jobs = [_waiting(spec(1, 0.0, 4), 0.0), _waiting(spec(2, 100.0, 4), 500.0), _waiting(spec(3, 200.0, 8), 600.0)]
+    runs = [_run(1, "alpha", "g-alpha", 4, 0.0, 600.0), _run(9, "beta", "b-beta", 8, 0.0, 500.0),
+            _run(2, "alpha", "g-alpha", 4, 500.0, 1400.0)]  # fmt: skip
+    log = ReplayLog(Variant.NURO, 2000.0, 16, jobs, runs)
+    lent = metrics.lent_waits(log, {"alpha": 8, "beta": 8}, 0.0, 2000.0)
+    assert lent["alpha"] == [0.0, 400.0, 0.0]
+    assert lent["beta"] == [], "beta submitted nothing of its own in the window"
+
+
+def test_a_scavenger_job_counts_as_borrowed_and_nobody_borrows_in_the_baseline() -> None:
+    jobs = [job(1, "alpha", 0.0, 3000.0), job(2, "alpha", 0.0, 3000.0), job(3, "beta", 1000.0, 1000.0)]
+    _, base = replay(jobs, Variant.BASELINE, 6000.0)
+    log, nuro = replay(jobs, Variant.NURO, 6000.0)
+    assert base["team_lent_wait_p95_s"] == {"alpha": 0.0, "beta": 0.0}
+    beta = next(j for j in log.jobs if j.job_id == 3)
+    assert metrics.lent_waits(log, QUOTAS, 0.0, 6000.0)["beta"] == [beta.first_start_s - 1000.0] != [0.0]
+    scav = [_run(9, "beta", "s-beta", 8, 0.0, 100.0)]
+    spec = JobSpec(1, "j1", "alpha", "ann", "normal", 1, 8, 0.0, 900.0, False, 600.0, 20.0, True, 30.0, ())
+    lent = metrics.lent_waits(ReplayLog(Variant.SCAVENGER, 1000.0, 16, [_waiting(spec, 100.0)], scav), QUOTAS, 0, 1e3)
+    assert lent["alpha"] == [100.0]
