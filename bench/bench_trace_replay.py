@@ -301,33 +301,35 @@ def lost_gpu_h(m: dict) -> float:
 
 
 def incentive_misses(row: dict, slack_s: float, quotas: dict[str, int]) -> list[str]:
-    """Where a team paid for lending under nuro (DRF's sharing incentive), give or take one reclaim (``slack_s`` =
-    grace + two controller cycles): less kept progress of its guaranteed (non-tier) work than under its hard quota
-    alone less one reclaim of its quota (quota × ``slack_s`` GPU·s), or a p95 "lent wait" over ``slack_s``: the part of
-    its jobs' waits in which they were due under its quota while other teams' borrowed jobs ran (``metrics.py``)."""
+    """Where a team is worse off under nuro than under its hard quota alone (DRF's sharing incentive), give or take
+    one reclaim (``slack_s`` = grace + two controller cycles): less kept progress of its guaranteed (non-tier) work
+    than the baseline's less one reclaim of its quota (quota × ``slack_s`` GPU·s), whatever the cause; or its jobs
+    waiting for what it lent, p95 over ``slack_s`` (lent wait, ``metrics.lent``: a p95 wait longer for another
+    reason, its own gangs or borrowers, is listed by ``worse_than_quota``, not counted here)."""
     base, nuro = row["baseline"], row["nuro"]
     misses = []
     for team, got in base["team_guaranteed_goodput_gpu_s"].items():
         now = nuro["team_guaranteed_goodput_gpu_s"][team]
         if now < got - quotas.get(team, 0) * slack_s:
             misses.append(f"{team} goodput {now / got:.4f}x")
-        lent = nuro["team_lent_wait_p95_s"].get(team, 0.0)
-        if lent > slack_s:
-            misses.append(f"{team} lent wait p95 {lent:.0f} s")
+        wait = nuro["team_lent_wait_p95_s"].get(team, 0.0)
+        if wait > slack_s:
+            misses.append(f"{team} lent wait p95 {wait:.0f} s")
     return misses
 
 
-def longer_waits(row: dict, slack_s: float) -> list[tuple[str, float, float, float]]:
+def longer_waits(row: dict, slack_s: float) -> list[tuple[str, float, float, float, float]]:
     """Teams whose guaranteed jobs' p95 wait is longer under nuro than under hard quotas by more than ``slack_s``:
-    (team, baseline p95, nuro p95, nuro lent wait p95). With the lent wait within ``slack_s`` the longer wait is the
-    team's own work (its gangs that the baseline's fragmented nodes never started, its own long borrowers), not what
-    it lent; over it, ``incentive_misses`` counts it."""
+    (team, baseline p95 s, nuro p95 s, lent wait p95 s, lent GPU·s). Where the lent wait is within ``slack_s`` the
+    longer wait is not lending's but the team's own work (its gangs that the baseline's fragmented nodes never
+    started, its own borrowers) or capacity other teams hold within their quotas and tiers."""
     base, nuro = row["baseline"], row["nuro"]
     out = []
     for team in base["team_guaranteed_goodput_gpu_s"]:
         bw, nw = base["queue_wait"].get(f"guaranteed:{team}"), nuro["queue_wait"].get(f"guaranteed:{team}")
         if bw and nw and nw["p95_s"] > bw["p95_s"] + slack_s:
-            out.append((team, bw["p95_s"], nw["p95_s"], nuro["team_lent_wait_p95_s"].get(team, 0.0)))
+            lent_wait, lent_gpu_s = nuro["team_lent_wait_p95_s"].get(team, 0.0), nuro["team_lent_gpu_s"].get(team, 0.0)
+            out.append((team, bw["p95_s"], nw["p95_s"], lent_wait, lent_gpu_s))
     return out
 
 
@@ -343,14 +345,15 @@ def share_table(rows: list[dict], slack_s: float, quotas: dict[str, dict[str, in
         b, sc, n = r["baseline"], r["scavenger"], r["nuro"]
         viol = n["quota_violation_samples"] + n["borrow_limit_violation_samples"]
         miss = incentive_misses(r, slack_s, quotas[r["policy"]])
-        longer = [f"{t} p95 wait {b:.0f}->{n:.0f} s" for t, b, n, lent in longer_waits(r, slack_s) if lent <= slack_s]
+        worse = [f"{t} {b:.0f}->{n:.0f} s (lent {lw:.0f} s, {lg / 3600:.1f} GPU-h)"
+                 for t, b, n, lw, lg in longer_waits(r, slack_s)]  # fmt: skip
         lines.append(
             f"{r['policy']:<10} {r['seed']:>4} {b['goodput']:>7.4f}/{sc['goodput']:.4f}/{n['goodput']:.4f}/"
             f"{r['bound']['fraction']:.4f} {goodput_ratio(r, 'scavenger'):>7.3f} {goodput_ratio(r, 'nuro'):>7.3f} "
             f"{r['bound']['fraction'] / b['goodput']:>7.3f} {100 * headroom_used(r):>7.1f}% "
             f"{lost_gpu_h(sc):>9.2f} → {lost_gpu_h(n):<9.2f} {sc['preemptions_per_1000_jobs']:>7.1f} → "
             f"{n['preemptions_per_1000_jobs']:<7.1f} {viol:>4}  {'; '.join(miss) or 'every team'}"
-            + (f" [own work: {'; '.join(longer)}]" if longer else "")
+            + (f" [longer p95 wait: {'; '.join(worse)}]" if worse else "")
         )
     lines.append("")
     for name in dict.fromkeys(r["policy"] for r in rows):
@@ -370,14 +373,13 @@ def share_table(rows: list[dict], slack_s: float, quotas: dict[str, dict[str, in
         scav = [goodput_ratio(r, "scavenger") for r in mine]
         bound = [r["bound"]["fraction"] / r["baseline"]["goodput"] for r in mine]
         longer = [w for r in mine for w in longer_waits(r, slack_s)]
-        own = sum(1 for *_, lent in longer if lent <= slack_s)
         lines.append(
             f"{name}: goodput ratio mean {sum(ratio) / len(ratio):.3f} (min {min(ratio):.3f}), scavenger QOS "
             f"{sum(scav) / len(scav):.3f}, bound {sum(bound) / len(bound):.3f}, headroom used "
             f"{100 * sum(used) / len(used):.0f} %; "
             + "; ".join(f"{t}: {'met' if ok else 'NOT met'}" for t, ok in zip(SHARE_TARGETS, checks, strict=True))
-            + f"; p95 wait longer than under hard quotas: {len(longer)} of {len(mine) * len(quotas[name])} "
-            f"team-seeds, {own} of them the team's own work (lent wait within one reclaim)"
+            + f"; team-seeds with a longer p95 wait than under hard quotas: {len(longer)} of "
+            f"{len(mine) * len(quotas[name])}, {sum(1 for w in longer if w[3] > slack_s)} of them lending's"
         )
     return "\n".join(lines)
 
@@ -523,6 +525,7 @@ def _seed_record(row: dict, args: argparse.Namespace, keys: tuple[str, ...]) -> 
         out.update({f"{v.value}.{k}": m[k] for k in keys})
         out[f"{v.value}.team_guaranteed_goodput_gpu_s"] = m["team_guaranteed_goodput_gpu_s"]
         out[f"{v.value}.team_lent_wait_p95_s"] = m["team_lent_wait_p95_s"]
+        out[f"{v.value}.team_lent_gpu_s"] = m["team_lent_gpu_s"]
         out[f"{v.value}.queue_wait"] = m["queue_wait"]
         out[f"{v.value}.idle_while_waiting_by_cause"] = m["idle_while_waiting_by_cause"]
     if args.bound:

@@ -34,10 +34,12 @@ pods); counts of decisions and preemptions are over the whole replay.
   quota guarantees, wherever it ran: guaranteed or borrowed QOS) |
 | team guaranteed p95 wait | per team: p95 queue wait of those jobs (censored ones count as above) |
 | team lent wait | per team: p95 over those jobs of the part of each job's first wait in which the job was due
-  (the team's running GPUs, its own borrowed ones included, plus its earlier pending jobs plus this job fit its
+  (it fits what its team's running GPUs, its own borrowed ones included, and its earlier due jobs leave of the
   quota) while another team's borrowed (or scavenger) jobs ran: the wait its lending cost it. Zero by definition
   where nobody borrows; whatever else a job waited for (its own team's work, capacity other teams hold within their
-  quotas) is not lending's |
+  quotas or in a tier) is not lending's |
+| team lent GPU·s | per team: ∫ min(GPUs of its due jobs, other teams' borrowed GPUs) dt: the most GPU-time lending
+  can have kept from it (due: the jobs that fit its unused quota, in submission order, skipping those that do not) |
 | quota violations | samples (one after every event batch) where a ``g-<team>`` QOS ran above its quota |
 | preemptions per 1,000 jobs | preemption signals / jobs replayed × 1000 |
 | requeued within min run | requeued runs shorter than their QOS's minimum run time (must be 0) |
@@ -49,6 +51,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from bench.sim.replay import IDLE_BIN_S, SCAVENGER_PREFIX, ReplayLog
 
@@ -145,14 +148,25 @@ def _borrowed(qos: str) -> bool:
     return qos.startswith(("b-", SCAVENGER_PREFIX))
 
 
-def lent_waits(log: ReplayLog, quotas: Mapping[str, int], t0: float, t1: float) -> dict[str, list[float]]:
-    """Per team, each of its guaranteed (non-tier) jobs submitted in the window: seconds of its first wait in which
-    it was due under its quota while other teams' borrowed jobs ran (module table, "team lent wait").
+@dataclass(frozen=True)
+class Lent:
+    """What lending cost one team (module table, "team lent wait" and "team lent GPU·s")."""
 
-    An exact sweep over the change points (run starts and ends, submissions, first starts); within a team, pending
-    jobs are due in submission order (the order Slurm's age factor gives one team's equal jobs), so a job is due when
-    the team's running GPUs plus the pending GPUs before it plus its own fit the quota."""
-    out: dict[str, list[float]] = {}
+    waits: list[float]  # per guaranteed job submitted in the window, seconds due while others borrowed
+    gpu_s: float  # GPU·s the team was due (short of its quota, with work waiting) while others borrowed them
+
+
+def lent(log: ReplayLog, quotas: Mapping[str, int], t0: float, t1: float) -> dict[str, Lent]:
+    """Per team: each of its guaranteed (non-tier) jobs' seconds of first wait in which it was due under its quota
+    while other teams' borrowed jobs ran, and the GPU·s its quota was short (up to its waiting GPUs and the others'
+    borrowed GPUs) meanwhile: the most that lending can have cost it.
+
+    An exact sweep over the change points (run starts and ends, submissions, first starts). Within a team, pending
+    jobs are due in submission order (the order Slurm's age factor gives one team's equal jobs), each taking what is
+    left of the quota after the team's running GPUs and the due jobs before it; a job that does not fit what is left
+    is skipped, not waited behind, as Slurm backfills smaller jobs past one its QOS limit holds. The short GPU·s are
+    the due jobs' GPUs, up to the others' borrowed GPUs: a team's gang wider than its unused quota is its own wait."""
+    out: dict[str, Lent] = {}
     for team, quota in quotas.items():
         mine = sorted((j for j in log.jobs if j.spec.team == team and j.spec.tier == "normal"),
                       key=lambda j: (j.spec.submit_s, j.job_id))  # fmt: skip
@@ -169,6 +183,7 @@ def lent_waits(log: ReplayLog, quotas: Mapping[str, int], t0: float, t1: float) 
                 changes.append((j.first_start_s, 0, 0))
         changes.sort(key=lambda c: c[0])
         waited = {j.job_id: 0.0 for j in mine}
+        short_gpu_s = 0.0
         used = others = 0
         nxt = 0  # next of ``mine`` (by submission) not yet submitted
         pending: list = []
@@ -185,15 +200,17 @@ def lent_waits(log: ReplayLog, quotas: Mapping[str, int], t0: float, t1: float) 
             pending = [j for j in pending if j.first_start_s is None or j.first_start_s > t]
             end = changes[i][0] if i < len(changes) else t1
             lo, hi = max(t, t0), min(end, t1)
-            if others <= 0 or hi <= lo:
+            if others <= 0 or hi <= lo or not pending:
                 continue
-            ahead = used
+            room = quota - used
             for j in pending:
-                ahead += j.spec.gpus
-                if ahead > quota:
+                if room <= 0:
                     break
-                waited[j.job_id] += hi - lo
-        out[team] = [waited[j.job_id] for j in mine if t0 <= j.spec.submit_s <= t1]
+                if j.spec.gpus <= room:
+                    room -= j.spec.gpus
+                    waited[j.job_id] += hi - lo
+            short_gpu_s += min(max(0, quota - used) - max(0, room), others) * (hi - lo)
+        out[team] = Lent([waited[j.job_id] for j in mine if t0 <= j.spec.submit_s <= t1], short_gpu_s)
     return out
 
 
@@ -260,7 +277,7 @@ def compute(
             jains.append(jain(xs))
             shortfall_jains.append(jain([min(1.0, x) for x in xs]))
     idle_waiting, idle_waiting_single = _idle_while_waiting(log, t0, t1)
-    lent = lent_waits(log, quotas, t0, t1)
+    lending = lent(log, quotas, t0, t1)
     first_bin = int(t0 // IDLE_BIN_S)
     by_cause = {c: sum(v[first_bin + 1 :]) + v[first_bin] * (1 - (t0 % IDLE_BIN_S) / IDLE_BIN_S)
                 for c, v in log.idle_by_cause.items()}  # fmt: skip
@@ -320,7 +337,8 @@ def compute(
             for t in teams
         },
         "team_guaranteed_goodput_gpu_s": {t: round(v, 1) for t, v in team_good.items()},
-        "team_lent_wait_p95_s": {t: round(percentile(v, 95), 1) if v else 0.0 for t, v in lent.items()},
+        "team_lent_wait_p95_s": {t: round(percentile(v.waits, 95), 1) if v.waits else 0.0 for t, v in lending.items()},
+        "team_lent_gpu_s": {t: round(v.gpu_s, 1) for t, v in lending.items()},
         "quota_violation_samples": log.g_over_quota_samples,
         "borrow_limit_violation_samples": log.b_over_limit_samples,
         "qos_limit_breaches_at_start": log.counters.get("limit_breaches_at_start", 0),
@@ -347,4 +365,4 @@ def compute(
     }
 
 
-__all__ = ["compute", "jain", "lent_waits", "percentile", "wait_stats", "water_fill"]
+__all__ = ["compute", "jain", "Lent", "lent", "percentile", "wait_stats", "water_fill"]

@@ -127,7 +127,8 @@ def shape_cluster(nodes: Sequence[TraceNode], scale: float, leaf_size: int = 4) 
 
 def scale_policy(example: Path, cluster_gpus: int) -> Policy:
     """The example ``teams.yaml`` scaled to ``cluster_gpus``: quotas proportional and summing to the cluster
-    (largest remainder), borrow and lend limits scaled by the same factor; members, tiers and grace unchanged."""
+    (largest remainder), borrow and lend limits and lend buffers scaled by the same factor; members, tiers and grace
+    unchanged."""
     base = load_policy(example)
     data = policy_to_yaml_dict(base)
     factor = cluster_gpus / sum(t.quota_gpus for t in base.teams)
@@ -140,6 +141,8 @@ def scale_policy(example: Path, cluster_gpus: int) -> Policy:
         body["quota_gpus"] = q
         body["borrow_limit_gpus"] = min(cluster_gpus - q, round(body.get("borrow_limit_gpus", 0) * factor))
         body["lend_limit_gpus"] = min(q, round(body.get("lend_limit_gpus", 0) * factor))
+        if body.get("lend_buffer_gpus"):
+            body["lend_buffer_gpus"] = min(q, round(body["lend_buffer_gpus"] * factor))
         if "fairshare" in body:
             body["fairshare"] = max(1, q)
     data["cluster_gpus"] = cluster_gpus

@@ -11,6 +11,7 @@ Mapping onto Slurm (see ARCHITECTURE.md "Teams, quotas, borrowing on Slurm"):
 | quota_gpus | QOS ``g-<team>`` ``GrpTRES=gres/gpu=<quota>``: hard, enforced by slurmctld even with nuro down |
 | borrow_limit_gpus | QOS ``b-<team>`` ``GrpTRES=gres/gpu=<limit>``: the most the team may hold above its quota |
 | lend_limit_gpus | controller only: the most of the team's idle quota others may borrow |
+| lend_buffer_gpus | controller only: of the team's idle quota, this many are never lent (its next jobs start at once) |
 | tier (e.g. urgent) | QOS ``<tier>`` with ``Priority=<priority>``, usable only by the listed accounts/users |
 | grace_s | how long a preempted job has to commit a checkpoint and acknowledge before it is requeued anyway |
 | min_run_s | no run younger than this is preempted (controller rule; QOS ``PreemptExemptTime``: Slurm's backstop) |
@@ -59,6 +60,9 @@ class Team(_Strict):
     quota_gpus: NonNegInt
     borrow_limit_gpus: NonNegInt = 0
     lend_limit_gpus: NonNegInt = 0
+    #: GPUs of the team's idle quota kept unlent, so that its next jobs start at once instead of waiting for a reclaim
+    #: (the sharing incentive bought with utilisation: docs/trace-replay.md "The sharing incentive").
+    lend_buffer_gpus: NonNegInt = 0
     #: Slurm fair-share shares; default: the quota (shares proportional to entitlement).
     fairshare: Annotated[int, Field(ge=1, strict=True)] | None = None
     #: This team's jobs are never preempted before their current run is this old (default: the policy's).
@@ -82,6 +86,11 @@ class Team(_Strict):
             raise ValueError(
                 f"lend_limit_gpus={self.lend_limit_gpus} is above quota_gpus={self.quota_gpus}: a team can only "
                 "lend GPUs of its own quota; lower lend_limit_gpus"
+            )
+        if self.lend_buffer_gpus > self.quota_gpus:
+            raise ValueError(
+                f"lend_buffer_gpus={self.lend_buffer_gpus} is above quota_gpus={self.quota_gpus}: the buffer is the "
+                "part of the team's own quota it keeps unlent; lower lend_buffer_gpus"
             )
         return self
 

@@ -14,13 +14,14 @@
      for others are never lent).
 
 ``lendable(b) = (cluster_gpus − Σ quotas) + Σ_{t ≠ b} min(lend_limit_t, idle_t)`` with
-``idle_t = max(0, quota_t − peak_t)`` and ``peak_t`` the lender's guaranteed demand (running plus waiting guaranteed
-GPUs) at its recent peak (``demand_peaks``: the peak decays with half-life ``lend_hysteresis_s``): a lender lends at
-most its lending limit, never the part of its quota its own pending jobs are about to use, and not the GPUs it used
-a few minutes ago either (hysteresis: those are the ones a reclaim would take back soon). The pool is aggregate
-(borrowers do not borrow from a named lender), so the check is on the total borrowed; it is conservative because a
-borrower's own idle quota is left out. When lenders take their GPUs back, borrowed jobs above the pool are not
-preempted for that alone: reclaim (phase 4) preempts them as soon as a lender's job cannot start.
+``idle_t = max(0, quota_t − peak_t − lend_buffer_t)`` and ``peak_t`` the lender's guaranteed demand (running plus
+waiting guaranteed GPUs) at its recent peak (``demand_peaks``: the peak decays with half-life ``lend_hysteresis_s``):
+a lender lends at most its lending limit, never the part of its quota its own pending jobs are about to use, not the
+GPUs it used a few minutes ago either (hysteresis: those are the ones a reclaim would take back soon), and never its
+buffer (``lend_buffer_gpus``, default 0: GPUs kept idle so its next jobs start without waiting for a reclaim).
+The pool is aggregate (borrowers do not borrow from a named lender), so the check is on the total borrowed; it is
+conservative because a borrower's own idle quota is left out. When lenders take their GPUs back, borrowed jobs above
+the pool are not preempted for that alone: reclaim (phase 4) preempts them as soon as a lender's job cannot start.
 
 Order among borrowers: fair-share load, lowest first (``fairshare.load``: decayed and current GPUs against the
 entitlement, so a team that borrowed heavily in the last hours borrows last), then job priority, submit time and
@@ -51,7 +52,7 @@ def lendable_gpus(cy: Cycle, borrower: str) -> int:
             continue
         u = cy.view.usage[name]
         demand = max(u.g_running + u.g_waiting, cy.demand_peak.get(name, 0.0))
-        idle = max(0, team.quota_gpus - math.ceil(demand))
+        idle = max(0, team.quota_gpus - math.ceil(demand) - team.lend_buffer_gpus)
         total += min(team.lend_limit_gpus, idle)
     return total
 

@@ -226,9 +226,17 @@ class PolicyBuilder:
         self._teams: list[Team] = []
         self._tiers: list[Tier] = []
 
-    def team(self, name: str, quota: int, borrow: int = 0, lend: int = 0, shares: int | None = None) -> PolicyBuilder:
+    def team(self, name: str, quota: int, borrow: int = 0, lend: int = 0, shares: int | None = None,
+             buffer: int = 0) -> PolicyBuilder:  # fmt: skip
         self._teams.append(
-            Team(name=name, quota_gpus=quota, borrow_limit_gpus=borrow, lend_limit_gpus=lend, fairshare=shares)
+            Team(
+                name=name,
+                quota_gpus=quota,
+                borrow_limit_gpus=borrow,
+                lend_limit_gpus=lend,
+                fairshare=shares,
+                lend_buffer_gpus=buffer,
+            )  # fmt: skip
         )
         return self
 

@@ -185,6 +185,22 @@ def test_lending_keeps_back_what_a_lender_used_at_its_recent_peak() -> None:
     assert d.of(Borrow) == () and {w.job_id: w.code for w in d.waiting}[10] == Code.WAIT_LEND_POOL
 
 
+def test_a_lenders_buffer_is_never_lent() -> None:
+    # b's 16 GPUs sit idle; with an 8-GPU buffer only 8 are lent: a's second 8-GPU job waits for the lend pool
+    snap = a_cluster().nodes(4).jobs(a_job(1).running_on("n01"), a_job(2).running_on("n02"),
+                                     a_job(10).over_quota(), a_job(11).over_quota()).build()  # fmt: skip
+    lend_all = a_policy(32).team("a", 16, borrow=16).team("b", 16, lend=16).build()
+    assert [b.job_id for b in decide(snap, lend_all, ControllerState(), NOW).of(Borrow)] == [10, 11]
+    keep_8 = a_policy(32).team("a", 16, borrow=16).team("b", 16, lend=16, buffer=8).build()
+    d = decide(snap, keep_8, ControllerState(), NOW)
+    assert [b.job_id for b in d.of(Borrow)] == [10] and {w.job_id: w.code for w in d.waiting}[11] == Code.WAIT_LEND_POOL
+
+
+def test_a_buffer_above_the_quota_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match="lend_buffer_gpus=17 is above quota_gpus=16.*lower lend_buffer_gpus"):
+        a_policy(32).team("b", 16, buffer=17)
+
+
 def test_only_the_head_of_a_teams_queue_gets_a_site_factor() -> None:
     policy = a_policy(32).team("a", 16, borrow=8).team("b", 16).build()
     snap = a_cluster().nodes(4).jobs(*(a_job(10 + i).pending() for i in range(20))).build()

@@ -144,19 +144,20 @@ def _waiting(spec: JobSpec, first_start: float | None) -> SimJob:
 
 
 def test_lent_wait_counts_only_the_wait_a_due_job_spent_behind_other_teams_borrowers() -> None:
-    # alpha (quota 8) runs a 4-GPU job; beta borrows 8 GPUs from 0 to 500. Alpha's 4-GPU job 2 (submitted at 100) is
-    # due (4 + 4 ≤ 8) and waits for beta's borrower: 400 s lent. Alpha's 8-GPU job 3 (submitted at 200) is not due
-    # while job 2 is ahead of it and job 1 runs (4 + 4 + 8 > 8): its wait is alpha's own work, until job 1 ends at 600.
+    # alpha (quota 8) runs a 4-GPU job; beta borrows 8 GPUs from 0 to 500. Alpha's 8-GPU job 3 (submitted at 50) is
+    # not due while job 1 runs (4 + 8 > 8): its wait is alpha's own work, until job 1 ends at 600. Alpha's 4-GPU job 2
+    # (submitted at 100, behind it) fits what is left (4 + 4 ≤ 8), is due and waits for beta's borrower: 400 s lent.
     def spec(i: int, submit: float, gpus: int) -> JobSpec:
         return JobSpec(i, f"j{i}", "alpha", "ann", "normal", 1, gpus, submit, 900.0, False, 600.0, 20.0, True, 30.0, ())
 
-    jobs = [_waiting(spec(1, 0.0, 4), 0.0), _waiting(spec(2, 100.0, 4), 500.0), _waiting(spec(3, 200.0, 8), 600.0)]
+    jobs = [_waiting(spec(1, 0.0, 4), 0.0), _waiting(spec(2, 100.0, 4), 500.0), _waiting(spec(3, 50.0, 8), 600.0)]
     runs = [_run(1, "alpha", "g-alpha", 4, 0.0, 600.0), _run(9, "beta", "b-beta", 8, 0.0, 500.0),
             _run(2, "alpha", "g-alpha", 4, 500.0, 1400.0)]  # fmt: skip
     log = ReplayLog(Variant.NURO, 2000.0, 16, jobs, runs)
-    lent = metrics.lent_waits(log, {"alpha": 8, "beta": 8}, 0.0, 2000.0)
-    assert lent["alpha"] == [0.0, 400.0, 0.0]
-    assert lent["beta"] == [], "beta submitted nothing of its own in the window"
+    lent = metrics.lent(log, {"alpha": 8, "beta": 8}, 0.0, 2000.0)
+    assert lent["alpha"].waits == [0.0, 0.0, 400.0], "jobs 1, 3, 2 in submission order"
+    assert lent["alpha"].gpu_s == 4 * 400.0, "alpha was 4 GPUs short of its quota from 100 to 500, with work waiting"
+    assert lent["beta"] == metrics.Lent([], 0.0), "beta submitted nothing of its own in the window"
 
 
 def test_a_scavenger_job_counts_as_borrowed_and_nobody_borrows_in_the_baseline() -> None:
@@ -165,8 +166,8 @@ def test_a_scavenger_job_counts_as_borrowed_and_nobody_borrows_in_the_baseline()
     log, nuro = replay(jobs, Variant.NURO, 6000.0)
     assert base["team_lent_wait_p95_s"] == {"alpha": 0.0, "beta": 0.0}
     beta = next(j for j in log.jobs if j.job_id == 3)
-    assert metrics.lent_waits(log, QUOTAS, 0.0, 6000.0)["beta"] == [beta.first_start_s - 1000.0] != [0.0]
+    assert metrics.lent(log, QUOTAS, 0.0, 6000.0)["beta"].waits == [beta.first_start_s - 1000.0] != [0.0]
     scav = [_run(9, "beta", "s-beta", 8, 0.0, 100.0)]
     spec = JobSpec(1, "j1", "alpha", "ann", "normal", 1, 8, 0.0, 900.0, False, 600.0, 20.0, True, 30.0, ())
-    lent = metrics.lent_waits(ReplayLog(Variant.SCAVENGER, 1000.0, 16, [_waiting(spec, 100.0)], scav), QUOTAS, 0, 1e3)
-    assert lent["alpha"] == [100.0]
+    lent = metrics.lent(ReplayLog(Variant.SCAVENGER, 1000.0, 16, [_waiting(spec, 100.0)], scav), QUOTAS, 0, 1e3)
+    assert lent["alpha"] == metrics.Lent([100.0], 8 * 100.0)
