@@ -163,6 +163,19 @@ def cancel_jobs_of(cluster: LiveCluster, users: tuple[str, ...], timeout_s: floa
     wait_accounting_ended(cluster, users, timeout_s)
 
 
+def wait_accounted(cluster: LiveCluster, job_id: int | str, state: str = "RUNNING", timeout_s: float = 60) -> None:
+    """Wait until slurmdbd's job table holds this job in ``state``, not only slurmctld.
+
+    What accounting refuses or allows (``sacctmgr delete`` of an association with a job in flight) is decided on that
+    table, which slurmctld's dbd agent fills seconds behind its own view on a loaded box."""
+    argv = ["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "State"]
+    wait_until(
+        lambda: (done := cluster.run(argv, check=False)).returncode == 0 and done.stdout.split() == [state],
+        timeout_s,
+        f"accounting to hold job {job_id} as {state}",
+    )
+
+
 def wait_accounting_ended(cluster: LiveCluster, users: tuple[str, ...], timeout_s: float = 60) -> None:
     """Wait until slurmdbd has recorded the end of every job of these users, not only slurmctld.
 

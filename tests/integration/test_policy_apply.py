@@ -30,6 +30,7 @@ from tests.integration.conftest import (
     TEST_SLURM,
     LiveCluster,
     cancel_jobs_of,
+    wait_accounted,
     wait_until,
 )
 
@@ -227,6 +228,7 @@ def test_failure_stops_with_slurms_message(clean: LiveCluster, tmp_path: Path) -
     job_id = proc.stdout.strip().split(";")[0]
     try:
         wait_until(lambda: _state(clean, job_id)[0] == "RUNNING", 60, f"chen's job {job_id} running")
+        wait_accounted(clean, job_id)  # the refusal is slurmdbd's, on its job table (under load: seconds late)
         text = nuro_admin(clean, "policy", "apply", str(no_controls), "--prune")
         assert text.returncode == 1, text.stdout + text.stderr
         assert "Job(s) active, cancel job(s) before remove" in text.stderr
