@@ -3,10 +3,10 @@ that can host it and whole nodes stay whole for gangs.
 
 Why: slurmctld picks among the nodes of the lowest ``Weight`` that satisfy a request, and among those by topology
 and node order, never by leftover GPUs (``_eval_nodes_topo``, ``eval_nodes.c``; docs/controller.md "Packing node
-weights"). A 1-GPU job therefore lands on the first idle node of the tightest leaf as readily as on a node with one GPU free, and a gang
-then waits for nodes that small jobs broke. With ``Weight = 1 + free GPUs`` the lowest weight that fits is the best
-fit: the replay's mean ratio over hard quotas on the example policy is 1.069 with Slurm's own choice and 1.093 with
-these weights (docs/trace-replay.md).
+weights"). A 1-GPU job therefore lands on the first idle node of the tightest leaf as readily as on a node with one
+GPU free, and a gang then waits for nodes that small jobs broke. With ``Weight = 1 + free GPUs`` the lowest weight
+that fits is the best fit: the replay's mean ratio over hard quotas on the example policy is 1.069 with Slurm's own
+choice and 1.093 with these weights (docs/trace-replay.md).
 
 What it costs Slurm: one ``scontrol update nodename=<hostlist> weight=<n>`` per distinct value that changed (at most
 one per possible free-GPU count, usually one or two a cycle). ``scontrol reconfigure`` and a slurmctld restart put
