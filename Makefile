@@ -57,8 +57,8 @@ BASETEMP := /tmp/nuro-pytest-$(shell printf '%s' '$(CURDIR)' | sha256sum | cut -
 # waits on Slurm far more than it computes (one core busy on average), so two shards finish in ~60 % of the time.
 # Shard B is the listed files (the controller, detector and isolation tests); everything else (new files too) is
 # shard A. Balanced by measured time (2026-12-02: A 952 s, B 1,139 s before the policy-apply and bridge files moved
-# to A; 2026-12-05: A 1,301 s, B 1,043 s, so the straggler e2e test, ~100 s, moved to B). Fixed port bases used by single modules (checkpoints/staging 8800, lifecycle 24800-25100) stay in shard A;
-# shard B's cluster is at 26800.
+# to A; 2026-12-05: A 1,301 s, B 1,043 s, so the straggler e2e test, ~100 s, moved to B). Fixed port bases used by
+# single modules (checkpoints/staging 8800, lifecycle 24800-25100) stay in shard A; shard B's cluster is at 26800.
 # All three always run; make fails if any failed; each shard's output is printed whole when it ends.
 UNIT_WORKERS ?= 2
 SHARD_B := tests/integration/test_controller.py tests/integration/test_sharing_thrash.py \

@@ -305,7 +305,7 @@ def incentive_misses(row: dict, slack_s: float, quotas: dict[str, int]) -> list[
     one reclaim (``slack_s`` = grace + two controller cycles): less kept progress of its guaranteed (non-tier) work
     than the baseline's less one reclaim of its quota (quota × ``slack_s`` GPU·s), whatever the cause; or its jobs
     waiting for what it lent, p95 over ``slack_s`` (lent wait, ``metrics.lent``: a p95 wait longer for another
-    reason, its own gangs or borrowers, is listed by ``worse_than_quota``, not counted here)."""
+    reason, its own gangs or borrowers, is listed by ``longer_waits``, not counted here)."""
     base, nuro = row["baseline"], row["nuro"]
     misses = []
     for team, got in base["team_guaranteed_goodput_gpu_s"].items():

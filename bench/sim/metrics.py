@@ -54,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.sim.replay import IDLE_BIN_S, SCAVENGER_PREFIX, ReplayLog
+from nuro.policy.model import borrow_qos
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -145,7 +146,8 @@ def _idle_while_waiting(log: ReplayLog, t0: float, t1: float) -> tuple[float, fl
 
 
 def _borrowed(qos: str) -> bool:
-    return qos.startswith(("b-", SCAVENGER_PREFIX))
+    """A borrowing run: nuro's borrow QOS or the scavenger variant's."""
+    return qos.startswith((borrow_qos(""), SCAVENGER_PREFIX))
 
 
 @dataclass(frozen=True)
