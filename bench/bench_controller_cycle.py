@@ -67,6 +67,33 @@ def scaled_policy(gpus: int) -> dict:
     return raw
 
 
+def apply_scaled_policy(layout, env: dict[str, str], gpus: int) -> tuple[dict, Path]:  # noqa: ANN001
+    """The example policy scaled to ``gpus`` (``scaled_policy``), written beside the cluster and applied with
+    ``nuro-admin policy apply``; returns it and its file."""
+    raw = scaled_policy(gpus)
+    path = layout.root / "teams.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    admin = Path(sys.executable).parent / "nuro-admin"
+    subprocess.run([str(admin), "policy", "apply", str(path)], env={**os.environ, **env}, check=True,
+                   capture_output=True)  # fmt: skip
+    return raw, path
+
+
+def sbatch_as_member(team: str, env: dict[str, str], args: list[str], attempts: int = 1) -> int:
+    """``sbatch --parsable --account=<team> <args>`` as the team's member; its job id. ``attempts`` > 1 retries after
+    2, 4, … s: a slurmctld or munged swamped by hundreds of slurmd on 2 cores times out now and then."""
+    user = MEMBERS[team]
+    argv = ["runuser", "-u", user, "--", "env", *(f"{k}={v}" for k, v in env.items()), "sbatch", "--parsable",
+            f"--account={team}", *args]  # fmt: skip
+    for attempt in range(attempts):
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+        if res.returncode == 0:
+            return int(res.stdout.strip().split(";")[0])
+        if attempt + 1 < attempts:
+            time.sleep(2 * (attempt + 1))
+    raise RuntimeError(f"sbatch as {user} ({' '.join(args)}) failed {attempts} time(s): {res.stderr.strip()}")
+
+
 def wait_settled(env: dict[str, str], timeout_s: float = 900.0) -> float:
     """Seconds until no job is configuring (its prolog running) or completing, twice in a row, 5 s apart."""
     t0 = time.monotonic()
@@ -173,28 +200,14 @@ def main() -> None:
     os.environ.setdefault("NURO_DEVCLUSTER_MLFLOW", "0")
     ensure_unix_users(POLICY_USERS)
     with cluster(args.nodes, args.port_base, f"cycle{args.nodes}", slurm=args.slurm) as (layout, env, _up):
-        policy_raw = scaled_policy(args.nodes * 8)
-        policy_path = layout.root / "teams.yaml"
-        policy_path.write_text(yaml.safe_dump(policy_raw))
-        admin = Path(sys.executable).parent / "nuro-admin"
-        subprocess.run([str(admin), "policy", "apply", str(policy_path)], env={**os.environ, **env}, check=True,
-                       capture_output=True)  # fmt: skip
+        policy_raw, policy_path = apply_scaled_policy(layout, env, args.nodes * 8)
         teams = list(MEMBERS)
         niced = nice_compute_hosts(layout, OTHER_HOSTS_NICE)
         print(f"{niced} compute-host processes at nice {OTHER_HOSTS_NICE}", flush=True)
 
         def submit(i: int) -> int:
-            team = teams[i % len(teams)]
-            nodes = 1 + (i % 4)
-            argv = ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in env.items()),
-                    "sbatch", "--parsable", "--hold", f"--account={team}", f"--nodes={nodes}", "--gres=gpu:8",
-                    "--output=/dev/null", "--wrap", "sleep 3600"]  # fmt: skip
-            for attempt in range(3):  # a slurmctld or munged swamped by 500 slurmd on 2 cores times out now and then
-                res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-                if res.returncode == 0:
-                    return int(res.stdout.strip().split(";")[0])
-                time.sleep(2 * (attempt + 1))
-            raise RuntimeError(f"sbatch of job {i} ({team}, {nodes} nodes) failed 3 times: {res.stderr.strip()}")
+            args_ = ["--hold", f"--nodes={1 + i % 4}", "--gres=gpu:8", "--output=/dev/null", "--wrap", "sleep 3600"]
+            return sbatch_as_member(teams[i % len(teams)], env, args_, attempts=3)
 
         t_submit = time.monotonic()
         with ThreadPoolExecutor(max_workers=args.submit_threads) as pool:

@@ -23,16 +23,11 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
-import yaml
-
-from bench.bench_controller_cycle import MEMBERS, SHARE, scaled_policy
-from bench.common import OTHER_HOSTS_NICE, cluster, nice_compute_hosts, run, save
+from bench.bench_controller_cycle import MEMBERS, SHARE, apply_scaled_policy, sbatch_as_member
+from bench.common import OTHER_HOSTS_NICE, cluster, nice_compute_hosts, poll, run, save
 from nuro.devcluster.users import POLICY_USERS, ensure_unix_users
 from nuro.slurm import CliBackend, render_argv
 from nuro.slurm.models import NodeInfo
@@ -93,10 +88,7 @@ def main() -> None:
     args = ap.parse_args()
     ensure_unix_users(POLICY_USERS)
     with cluster(args.nodes, args.port_base, f"weights{args.nodes}", slurm=args.slurm) as (layout, env, _up):
-        policy_path = layout.root / "teams.yaml"
-        policy_path.write_text(yaml.safe_dump(scaled_policy(args.nodes * 8)))
-        admin = Path(sys.executable).parent / "nuro-admin"
-        subprocess.run([str(admin), "policy", "apply", str(policy_path)], env={**env}, check=True, capture_output=True)
+        apply_scaled_policy(layout, env, args.nodes * 8)
         nice_compute_hosts(layout, OTHER_HOSTS_NICE)
         backend = CliBackend(env=env, timeout_s=120)
         nodes = backend.nodes()
@@ -108,21 +100,16 @@ def main() -> None:
         owners = [t for t in teams for _ in range(round(len(nodes) * SHARE[t]))][: len(nodes)]
 
         def submit(team: str, gpus: int) -> int:
-            argv = ["runuser", "-u", MEMBERS[team], "--", "env", *(f"{k}={v}" for k, v in env.items()), "sbatch",
-                    "--parsable", f"--account={team}", f"--gres=gpu:{gpus}", "--output=/dev/null",
-                    "--wrap", "sleep 3600"]  # fmt: skip
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=120)
-            if res.returncode:
-                raise RuntimeError(f"sbatch as {MEMBERS[team]}: {res.stderr.strip()}")
-            return int(res.stdout.strip().split(";")[0])
+            return sbatch_as_member(team, env, [f"--gres=gpu:{gpus}", "--output=/dev/null", "--wrap", "sleep 3600"])
 
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(lambda t: submit(t, 7), owners))
-        t0 = time.monotonic()
-        while len(run(["squeue", "-h", "-t", "R", "-o", "%i"], env).split()) < len(owners):
-            if time.monotonic() - t0 > 600:
-                raise RuntimeError("the whole-node jobs did not all start within 600 s")
-            time.sleep(5)
+
+        def all_running() -> bool:
+            return len(run(["squeue", "-h", "-t", "R", "-o", "%i"], env).split()) >= len(owners)
+
+        if not poll(all_running, 600, interval_s=5):
+            raise RuntimeError("the 7-GPU jobs did not all start within 600 s")
         with ThreadPoolExecutor(max_workers=4) as pool:
             list(pool.map(lambda i: submit(teams[i % len(teams)], 2), range(args.jobs)))
         pending = len(run(["squeue", "-h", "-t", "PD", "-o", "%i"], env).split())

@@ -168,12 +168,8 @@ def wait_accounted(cluster: LiveCluster, job_id: int | str, state: str = "RUNNIN
 
     What accounting refuses or allows (``sacctmgr delete`` of an association with a job in flight) is decided on that
     table, which slurmctld's dbd agent fills seconds behind its own view on a loaded box."""
-    argv = ["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "State"]
-    wait_until(
-        lambda: (done := cluster.run(argv, check=False)).returncode == 0 and done.stdout.split() == [state],
-        timeout_s,
-        f"accounting to hold job {job_id} as {state}",
-    )
+    _wait_sacct(cluster, ["-j", str(job_id), "-o", "State"], [state], f"accounting to hold job {job_id} as {state}",
+                timeout_s)  # fmt: skip
 
 
 def wait_accounting_ended(cluster: LiveCluster, users: tuple[str, ...], timeout_s: float = 60) -> None:
@@ -183,12 +179,15 @@ def wait_accounting_ended(cluster: LiveCluster, users: tuple[str, ...], timeout_
     end time in the job table (``time_end=0 && state<JOB_COMPLETE``); slurmctld sends the end through its dbd agent
     queue, which lags the controller's own view by up to a few seconds on a loaded box.
     """
-    argv = ["sacct", "-X", "-n", "-P", "-u", ",".join(users), "-s", "PD,R,S", "-o", "JobID"]
-    wait_until(
-        lambda: (done := cluster.run(argv, check=False)).returncode == 0 and not done.stdout.strip(),
-        timeout_s,
-        f"accounting to record the end of the jobs of {', '.join(users)}",
-    )
+    _wait_sacct(cluster, ["-u", ",".join(users), "-s", "PD,R,S", "-o", "JobID"], [],
+                f"accounting to record the end of the jobs of {', '.join(users)}", timeout_s)  # fmt: skip
+
+
+def _wait_sacct(cluster: LiveCluster, query: list[str], expect: list[str], what: str, timeout_s: float) -> None:
+    """Wait until ``sacct -X -n -P <query>`` answers and prints exactly the words ``expect``."""
+    argv = ["sacct", "-X", "-n", "-P", *query]
+    wait_until(lambda: (done := cluster.run(argv, check=False)).returncode == 0 and done.stdout.split() == expect,
+               timeout_s, what)  # fmt: skip
 
 
 def ensure_test_users(cluster: LiveCluster) -> None:

@@ -236,7 +236,7 @@ class PolicyBuilder:
                 lend_limit_gpus=lend,
                 fairshare=shares,
                 lend_buffer_gpus=buffer,
-            )  # fmt: skip
+            )
         )
         return self
 
