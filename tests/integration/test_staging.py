@@ -263,8 +263,10 @@ from nuro.devcluster.layout import PortPlan
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 ck = Checkpointer(team="vision", run=run, store=s3.dev_store(PortPlan(s3_port)), staging_dir=node / "staging" / job,
                   upload="agent", interval_s=3600, snapshot_interval_s=0.001)
+import time
 for step in (2, 3, 4):
     state = {"shared": torch.full((64, 64), float(step)), f"own{rank}": torch.full((8,), float(step + rank))}
+    time.sleep(0.05)  # the snapshot interval (1 ms) has passed on rank 0's clock: a fast box saves in less
     assert ck.maybe_save(lambda: state, step) is False  # a snapshot, not a persistent save
 ck.close()
 print("held", ck.parts_expected, sorted(ck.snapshot_timings)[-1], flush=True)
