@@ -53,7 +53,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from nuro.console import ExitCode, say
+from nuro.console import ExitCode, quiet_on_closed_pipe, say
 from nuro.jobspec.codepin import CodePin, CodePinError, pin_code
 from nuro.jobspec.fields import AbsPath, FieldError, Flag, RelPath
 from nuro.jobspec.options import OPTIONS_BY_NAME, SPEC_OPTIONS, Opt
@@ -398,6 +398,7 @@ def _wants_help(words: Sequence[Word]) -> bool:
     return any(w.name == "help" for w in words)
 
 
+@quiet_on_closed_pipe
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit code (see the module docstring)."""
     args = list(sys.argv[1:] if argv is None else argv)

@@ -8,11 +8,16 @@ instead, carrying ``exit_code`` and the messages, so a script never has to parse
 
 from __future__ import annotations
 
+import functools
 import json
+import os
+import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from enum import IntEnum
-from typing import Any, NoReturn
+from typing import Any, NoReturn, ParamSpec
+
+_P = ParamSpec("_P")
 
 #: The standard keys of a JSON failure object, in order (``say``'s ``keys``).
 JSON_KEYS = ("exit_code", "error", "errors")
@@ -60,4 +65,21 @@ def fail(code: int, *lines: str, **options: Any) -> NoReturn:
     sys.exit(say(code, *lines, **options))
 
 
-__all__ = ["JSON_KEYS", "ExitCode", "fail", "say"]
+def quiet_on_closed_pipe(main: Callable[_P, int]) -> Callable[_P, int]:
+    """Wrap a CLI's ``main`` so that a reader that stops early (``nuro-sbatch --help | head``) ends it quietly with
+    the status a command killed by SIGPIPE has (141, as sbatch's own help then exits), not a traceback. click
+    commands get the same from click itself."""
+
+    @functools.wraps(main)
+    def wrapped(*args: _P.args, **kwargs: _P.kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except BrokenPipeError:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())  # the interpreter's last flush at exit must not fail again
+            return 128 + signal.SIGPIPE
+
+    return wrapped
+
+
+__all__ = ["JSON_KEYS", "ExitCode", "fail", "quiet_on_closed_pipe", "say"]

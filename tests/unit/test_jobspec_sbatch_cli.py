@@ -234,6 +234,23 @@ def test_help_without_a_slurm_configuration_still_shows_nuros_part(tmp_path: Pat
     assert "--team TEAM" in out.stdout and "sbatch --help exited" in out.stdout
 
 
+def test_help_into_a_reader_that_stops_early_ends_quietly(tmp_path: Path) -> None:
+    """``nuro-sbatch --help | head -1``: the reader is gone before sbatch's part ends; nuro-sbatch stops as a command
+    killed by SIGPIPE does (141), with no traceback. The stand-in sbatch waits until the reader has closed."""
+    go, bin_dir = tmp_path / "go", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"#!/bin/sh\nfor i in $(seq 200); do [ -e {go} ] && exit 1; sleep 0.05; done\n")
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "nuro.login.sbatch_cli", "--help"], cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    assert proc.stdout is not None and proc.stdout.readline().startswith(b"usage: nuro-sbatch")
+    proc.stdout.close()
+    go.touch()
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 141 and b"Traceback" not in err, err.decode()
+
+
 def test_spare_nodes_add_the_spares_and_no_kill_after_the_users_words(repo: Path) -> None:
     out = nuro_sbatch("--team", "perception", f"--dataset=imagenet@{DIGEST}", "--code", str(repo),
                       "--run-root=/runs", "--spare-nodes", "1", "--dry-run", "--policy",
