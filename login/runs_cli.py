@@ -149,14 +149,64 @@ def status(job_id: int, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(row, indent=2))
         return
-    for key, value in row.items():
-        if key not in ("nuro", "spares", "waiting") and value not in (None, [], {}):
-            out.print(f"[bold]{key:>16}[/]  {value}", highlight=False)
+    for key, text in status_lines(row):
+        out.print(f"[bold]{key:>16}[/]  ", end="", highlight=False)
+        out.print(text, highlight=False, markup=False)  # a job's name and record are its user's: never markup
     for line in waiting_lines(row.get("waiting") or {}):
         out.print(f"[bold]{'waiting':>16}[/]  {line}", highlight=False)
     if spares is not None:
         for i, line in enumerate(spare_lines(spares)):
             out.print(f"[bold]{'spares' if i == 0 else '':>16}[/]  {line}", highlight=False)
+
+
+#: ``status``'s rows that have views of their own below the plain ones.
+_OWN_VIEWS = ("nuro", "spares", "waiting")
+
+
+def plain(value: object) -> str:
+    """A record's value as people read it: a dataset as NAME@DIGEST, a commit as REPO@COMMIT, other objects as
+    ``key=value`` pairs (nested ones dotted), lists joined by spaces; never a Python repr."""
+    if isinstance(value, dict):
+        if set(value) == {"name", "digest"}:
+            return f"{value['name']}@{value['digest']}"
+        if {"repo", "commit"} <= set(value):
+            rest = {k: v for k, v in value.items() if k not in ("repo", "commit")}
+            return f"{value['repo']}@{value['commit']}" + (f" {plain(rest)}" if rest else "")
+        return " ".join(_pairs(value))
+    if isinstance(value, list | tuple):
+        return " ".join(plain(v) for v in value)
+    return str(value)
+
+
+def _pairs(obj: dict, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k, v in obj.items():
+        if isinstance(v, dict) and v and set(v) != {"name", "digest"} and not {"repo", "commit"} <= set(v):
+            out += _pairs(v, f"{prefix}{k}.")
+        else:
+            out.append(f"{prefix}{k}={plain(v)}")
+    return out
+
+
+def status_lines(row: dict) -> list[tuple[str, str]]:
+    """``status``'s plain rows as (label, text): one line per field; the run record one line per key (those not
+    shown above it), root's note one line per note."""
+    lines: list[tuple[str, str]] = []
+    for key, value in row.items():
+        if key in _OWN_VIEWS or value in (None, [], {}, ""):
+            continue
+        if key == "nodes":
+            lines.append((key, ",".join(value)))
+        elif key == "record":
+            shown = {"team", "name", "dataset", "code"}
+            rest = [(k, v) for k, v in (value.get("nuro") or {}).items() if k not in shown]
+            rest += [(k, v) for k, v in value.items() if k != "nuro"]  # another key a newer writer added
+            lines += [("record" if i == 0 else "", f"{k}: {plain(v)}") for i, (k, v) in enumerate(rest)]
+        elif key == "note":
+            lines += [("note" if i == 0 else "", f"{k}: {plain(v)}") for i, (k, v) in enumerate(value.items())]
+        else:
+            lines.append((key, plain(value)))
+    return lines
 
 
 def _mlflow_run(job: JobInfo) -> tuple[MlflowClient, str | None, dict | None]:

@@ -62,6 +62,16 @@ class RunRef:
         return self.job.is_finished
 
 
+def no_run_note(job_id: int, meta: Mapping[str, Any]) -> str:
+    """Why a job has no run to look up in S3, in the words every command uses: no nuro record at all, or a record
+    that names no run (nuro-sbatch records the team and the pins; the script's own ``NURO_RUN_NAME`` never reaches
+    Slurm), so ``status`` showing a record and ``events`` finding no run never contradict each other."""
+    if not meta:
+        return f"job {job_id} carries no nuro run record"
+    via = f" (written by {meta['via']}, which records no run name)" if meta.get("via") else ""
+    return f"job {job_id}'s nuro run record names no run{via}"
+
+
 def _meta(comment: str) -> dict:
     return jobcomment.parse(comment).record
 
@@ -277,7 +287,7 @@ def gather_artifacts(ref: RunRef, store: Any) -> dict:
     """Checkpoints (committed and not) and the other objects under the run's prefixes. Raises ObjectStoreError."""
     if not ref.team or not ref.run:
         return {"job_id": ref.job_id, "team": None, "run": None, "checkpoints": [], "uncommitted": [], "objects": [],
-                "notes": [f"job {ref.job_id} carries no nuro run record: it has no run prefixes in S3"]}  # fmt: skip
+                "notes": [f"{no_run_note(ref.job_id, ref.meta)}: it has no run prefixes in S3"]}  # fmt: skip
     objects = []
     sizes: dict[str, int] = {}  # the checkpoints' own files, for the manifests' size check
     skip_events: list[str] = []
@@ -456,7 +466,7 @@ def render_compare(a: Mapping[str, Any], b: Mapping[str, Any], rows: Sequence[di
 
 
 __all__ = [
-    "DEFAULT_HISTORY", "GPU_RECENT_S", "INPUT_SECTIONS", "RunRef", "artifact_kind", "compare_rows",
+    "DEFAULT_HISTORY", "GPU_RECENT_S", "INPUT_SECTIONS", "RunRef", "artifact_kind", "compare_rows", "no_run_note",
     "count_checkpoints", "final_metrics", "gather_artifacts", "gpu_latest", "history", "latest_per_rank",
     "open_sink", "plot_series", "plot_text", "read_rows", "render_artifacts", "render_compare", "render_metrics",
     "resolve_run", "run_summary", "summarize", "train_query",

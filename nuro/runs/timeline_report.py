@@ -20,6 +20,7 @@ from nuro.lifecycle.platform_events import read_events
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.protocol import jobcomment
 from nuro.runs.checkpoints import run_checkpoints
+from nuro.runs.report import no_run_note
 from nuro.slurm import CliBackend
 
 #: Where the report prints: never wrapped, and 160 columns when piped (rich's default 80 would fold the tables).
@@ -67,7 +68,7 @@ def gather(job_id: int, backend: CliBackend, event_log: Path | None, store: Obje
     ckpts: list[timeline.CommittedCheckpoint] = []
     team, run = meta.get("team"), meta.get("name")
     if not team or not run:
-        notes.append(f"job {job_id} carries no nuro run record: only Slurm and controller events are shown")
+        notes.append(f"{no_run_note(job_id, meta)}: only Slurm and controller events are shown")
     else:
         try:
             store = store or ObjectStore.from_env()

@@ -176,3 +176,14 @@ def test_lineage_checkpoint_lines() -> None:
     assert "step      8  parent step 4" in lines[2] and "job 7.1" in lines[2]
     assert checkpoint_lines(None)[0].startswith("checkpoints in S3: not known")
     assert checkpoint_lines([]) == ["checkpoints in S3: none committed by this job"]
+
+
+def test_a_record_without_a_run_name_is_said_so_not_called_missing() -> None:
+    """nuro-train status shows a nuro-sbatch job's record; events and artifacts must not then say it has none."""
+    sbatch_meta = {"v": 1, "via": "nuro-sbatch", "team": "vision", "dataset": META["dataset"], "code": META["code"]}
+    got = M.gather_artifacts(ref(7, sbatch_meta), store=None)
+    assert got["notes"] == [
+        "job 7's nuro run record names no run (written by nuro-sbatch, which records no run name): it has no run "
+        "prefixes in S3"
+    ]
+    assert M.no_run_note(8, {}) == "job 8 carries no nuro run record"
