@@ -29,6 +29,20 @@ CLUSTER_NAME = "nuro"
 DB_USER = "slurm"
 DB_PASSWORD = "nuro-devcluster"  # local loopback-only MariaDB of a throwaway cluster
 DB_NAME = "slurm_acct_db"  # ClusterDescription.db_name's default: what slurmdbd.conf names
+#: The Slurm version whose accounting database keeps the plain ``DB_NAME`` (the host's, which state dirs made
+#: before per-version state used): every other version has its own (``db_name``).
+PLAIN_DB_VERSION = "22.05"
+
+
+def db_name(slurm_version: str) -> str:
+    """The accounting database of ``slurm_version`` in the dev cluster's MariaDB: one per version, because a
+    slurmdbd refuses another major version's schema ("Database schema is too old ... to upgrade") and an older one
+    cannot read a newer one's."""
+    if slurm_version == PLAIN_DB_VERSION:
+        return DB_NAME
+    return f"{DB_NAME}_{slurm_version.replace('.', '_')}"
+
+
 # The dev cluster's S3 (SeaweedFS) identity: a loopback-only throwaway store, like the MariaDB password above.
 S3_ACCESS_KEY = "nuro-dev"
 S3_SECRET_KEY = "nuro-devcluster-s3"
@@ -275,6 +289,18 @@ class Layout:
         return self.root / "slurmctld"
 
     @property
+    def ctld_state_owner(self) -> Path:
+        """Which Slurm version's state ``ctld_state`` and ``slurmd_spool`` hold (``manager.own_slurm_state``)."""
+        return self.root / "slurmctld.version"
+
+    def parked_ctld_state(self, slurm_version: str) -> Path:
+        """Where ``slurm_version``'s slurmctld state waits while another version runs in this state dir."""
+        return self.root / f"slurmctld-{slurm_version}"
+
+    def parked_slurmd_spool(self, slurm_version: str) -> Path:
+        return self.sockets / f"slurmd-{slurm_version}"
+
+    @property
     def slurmd_spool(self) -> Path:
         """SlurmdSpoolDir (``%n`` appended per node): slurmstepd puts each step's socket here."""
         return self.sockets / "slurmd"
@@ -465,6 +491,7 @@ def describe(
         slurm_user="root",
         db_user=DB_USER,
         db_password=DB_PASSWORD,
+        db_name=db_name(slurm_version),
         slurm_version=slurm_version,
         topology=topology,
     )

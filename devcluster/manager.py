@@ -226,6 +226,43 @@ def check_port_plan(plan: PortPlan, n_nodes: int) -> None:
         )
 
 
+def own_slurm_state(layout: Layout, slurm: str) -> str | None:
+    """Give ``slurm`` its own Slurm state in this state dir before it starts; returns the version whose state was
+    put aside, or None.
+
+    Why: slurmctld's StateSaveLocation and slurmd's spool are one version's (22.05 reading 26.05's stops on
+    "CLUSTER NAME MISMATCH"; 26.05 will not upgrade 22.05's accounting), so ``up --slurm 26.05`` followed by
+    ``make demo`` (22.05) used to fail until ``down --purge``. Each version keeps its own: the other's state is
+    parked beside (``slurmctld-<version>``), a parked one of ``slurm`` comes back, and each has its own accounting
+    database (``layout.db_name``); S3, metrics, MLflow and the munge key are shared. Only a stopped cluster gets
+    here (``up`` refuses to switch a running one)."""
+    owner_file = layout.ctld_state_owner
+    if owner_file.exists():
+        owner: str | None = owner_file.read_text().strip() or None
+    else:  # a state dir from before the marker: its state is the version ``up`` last recorded
+        owner = recorded_slurm(layout) if layout.ctld_state.exists() else None
+    if owner == slurm:
+        owner_file.write_text(slurm + "\n")  # a state dir from before the marker gets one
+        return None
+    pairs = ((layout.ctld_state, layout.parked_ctld_state), (layout.slurmd_spool, layout.parked_slurmd_spool))
+    if owner is not None:
+        for live, parked in pairs:
+            if live.exists():
+                if parked(owner).exists():
+                    raise DevClusterError(
+                        f"cannot put Slurm {owner}'s state aside: {parked(owner)} exists already. Remove one of "
+                        f"{live} and {parked(owner)} (or run 'nuro-admin devcluster down --purge --state-dir "
+                        f"{layout.root}', which deletes every version's jobs and accounting)."
+                    )
+                live.rename(parked(owner))
+    for live, parked in pairs:
+        if parked(slurm).exists() and not live.exists():
+            parked(slurm).rename(live)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    owner_file.write_text(slurm + "\n")
+    return owner
+
+
 def _check_previous(layout: Layout, n_nodes: int) -> RunRecord | None:
     """Returns the record of a healthy running cluster of the same size, None if the dir is free; else refuses."""
     record = read_record(layout.record)
@@ -456,6 +493,10 @@ def up(
         install = slurmroot.resolve(slurm)
     except (slurmroot.SlurmRootError, rootfs.RootfsError) as exc:
         raise DevClusterError(f"cannot provide Slurm {slurm}: {exc}") from exc
+    parked = own_slurm_state(layout, slurm)
+    if parked is not None:
+        log.warning("Slurm %s's state in %s is kept aside for its next up; Slurm %s starts on its own", parked,
+                    layout.root, slurm)  # fmt: skip
     _prepare(layout, n_nodes, port_base, install, topology)
     layout.record.unlink(missing_ok=True)
     t_daemons = time.monotonic()

@@ -59,6 +59,7 @@ from nuro.devcluster.layout import (
     Layout,
     PortPlan,
     bin_dir,
+    db_name,
     metrics_url,
     node_names,
 )
@@ -98,7 +99,7 @@ def _quiet(
     return subprocess.run(argv, env=env, input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
-def db_setup_command(socket: Path) -> tuple[list[str], str]:
+def db_setup_command(socket: Path, database: str = DB_NAME) -> tuple[list[str], str]:
     """The ``mariadb`` client's argv and the SQL for its stdin that make slurmdbd's user and database.
 
     Why stdin: the SQL holds the user's password, and a process's argv is visible to every user in ``ps``; the
@@ -109,7 +110,7 @@ def db_setup_command(socket: Path) -> tuple[list[str], str]:
     )
     # The database first: slurmdbd 24.11+ (MariaDB Connector/C 3.4) fails every query on the handle it reuses
     # after its own "Unknown database" reconnect (docs/slurm-versions.md); made here, it never reconnects.
-    sql += f"CREATE DATABASE IF NOT EXISTS {DB_NAME};"
+    sql += f"CREATE DATABASE IF NOT EXISTS {database};"
     return ["mariadb", "--no-defaults", f"--socket={socket}", "-uroot"], sql
 
 
@@ -158,6 +159,7 @@ def _miss_limit(raw: str | None) -> int | None:
 class Supervisor:
     def __init__(self, layout: Layout, n_nodes: int, port_base: int, slurm: str = slurmroot.HOST_VERSION) -> None:
         self.layout = layout
+        self.slurm = slurm
         self.ports = PortPlan(port_base)
         self.nodes = node_names(n_nodes)
         install = slurmroot.resolve(slurm, build=False)  # built by `up` before it started us
@@ -333,7 +335,7 @@ class Supervisor:
         proc = self._spawn("mariadbd", argv, "mariadbd.out")
         ping = ["mariadb-admin", "--no-defaults", f"--socket={lay.mysql_socket}", "-uroot", "ping"]
         self._ready("mariadbd", proc, lambda: _quiet(ping, self.env, 5).returncode == 0, 60, "mariadbd.log")
-        argv, sql = db_setup_command(lay.mysql_socket)
+        argv, sql = db_setup_command(lay.mysql_socket, db_name(self.slurm))
         res = _quiet(argv, self.env, stdin=sql)
         if res.returncode != 0:
             raise StartError(f"creating the slurmdbd database user failed: {res.stderr.strip()}")

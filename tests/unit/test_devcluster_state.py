@@ -152,3 +152,41 @@ def test_down_purge_removes_the_sockets_dir(tmp_path: Path) -> None:
     (layout.sockets / "slurmd").mkdir()
     assert manager.down(layout, purge=True) == []
     assert not layout.sockets.exists() and not layout.root.exists()
+
+
+def test_each_slurm_version_gets_its_own_state_and_the_others_wait_beside(tmp_path: Path) -> None:
+    """``up --slurm 26.05`` after 22.05 ran in the same state dir (and back): slurmctld's state and slurmd's spool
+    of the version that ran are parked, the starting version's come back, and each has its own accounting
+    database (22.05 reading 26.05's state stopped on "CLUSTER NAME MISMATCH" before)."""
+    from nuro.devcluster.layout import DB_NAME, db_name, describe
+
+    lay = Layout(tmp_path / "state")
+    lay.ctld_state.mkdir(parents=True)
+    (lay.ctld_state / "clustername").write_text("nuro")  # a 22.05 state dir from before the version marker
+    lay.ports_file.parent.mkdir(parents=True)
+    lay.ports_file.write_text(json.dumps({"port_base": 16800, "slurm": "22.05"}))
+    lay.slurmd_spool.mkdir(parents=True)
+    (lay.slurmd_spool / "cred_state").write_text("22.05")
+    assert manager.own_slurm_state(lay, "22.05") is None and lay.ctld_state_owner.read_text() == "22.05\n"
+    assert manager.own_slurm_state(lay, "26.05") == "22.05"
+    assert not lay.ctld_state.exists() and not lay.slurmd_spool.exists()
+    assert (lay.parked_ctld_state("22.05") / "clustername").read_text() == "nuro"
+    assert (lay.parked_slurmd_spool("22.05") / "cred_state").read_text() == "22.05"
+    lay.ctld_state.mkdir()
+    (lay.ctld_state / "clustername").write_text("nuro|307")  # what 26.05 writes
+    assert manager.own_slurm_state(lay, "22.05") == "26.05"
+    assert (lay.ctld_state / "clustername").read_text() == "nuro"
+    assert (lay.slurmd_spool / "cred_state").read_text() == "22.05"
+    assert (lay.parked_ctld_state("26.05") / "clustername").read_text() == "nuro|307"
+    assert db_name("22.05") == DB_NAME and db_name("26.05") == f"{DB_NAME}_26_05" != db_name("24.11")
+    assert describe(lay, 1, 16800, slurm_version="24.11").db_name == f"{DB_NAME}_24_11"
+
+
+def test_a_parked_state_in_the_way_is_refused_with_what_to_remove(tmp_path: Path) -> None:
+    lay = Layout(tmp_path / "state")
+    lay.ctld_state.mkdir(parents=True)
+    lay.ctld_state_owner.write_text("22.05\n")
+    lay.parked_ctld_state("22.05").mkdir()
+    with pytest.raises(manager.DevClusterError, match="exists already. Remove one of"):
+        manager.own_slurm_state(lay, "26.05")
+    assert lay.ctld_state.is_dir() and lay.ctld_state_owner.read_text() == "22.05\n", "nothing moved"
