@@ -69,7 +69,7 @@ def apply_access(client: MlflowClient, teams: Iterable[str], creds_dir: Path, pe
     done, by team (``{"experiment_id", "user", "created"}``). ``client`` must be the server's admin."""
     done = {}
     for team in sorted(set(teams)):
-        exp = client.experiment_id(mirror.experiment_name(team), tags={"nuro.team": team})
+        exp = client.experiment_id(mirror.experiment_name(team), tags=mirror.experiment_tags(team))
         assert exp is not None
         user = team_user(team)
         created = client.ensure_user(user, team_credentials(creds_dir, team))

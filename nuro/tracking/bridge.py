@@ -206,7 +206,7 @@ class Bridge:
     # -- pieces --------------------------------------------------------------------------------------------------
     def _experiment(self, team: str) -> str:
         if team not in self._experiments:
-            exp = self.client.experiment_id(mirror.experiment_name(team), tags={"nuro.team": team})
+            exp = self.client.experiment_id(mirror.experiment_name(team), tags=mirror.experiment_tags(team))
             assert exp is not None
             self._experiments[team] = exp
         return self._experiments[team]

@@ -46,6 +46,17 @@ def experiment_name(team: str) -> str:
     return f"{EXPERIMENT_PREFIX}{team}"
 
 
+#: MLflow 3's experiment-kind tag: the UI opens an experiment of kind ``custom_model_development`` in its
+#: model-training view (runs, metrics charts); untagged ones may open in the GenAI view (traces, judges, prompts).
+TAG_EXPERIMENT_KIND = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
+def experiment_tags(team: str) -> dict[str, str]:
+    """The tags of a team's experiment: whose it is, and that it holds training runs (``TAG_EXPERIMENT_KIND``)."""
+    return {"nuro.team": team, TAG_EXPERIMENT_KIND: EXPERIMENT_KIND}
+
+
 def mlflow_status(phase: str) -> str:
     """Slurm's job phase (``JobPhase`` name) → MLflow's run status."""
     return {

@@ -128,10 +128,17 @@ class MlflowClient:
 
     # -- experiments -------------------------------------------------------------------------------------------
     def experiment_id(self, name: str, *, create: bool = True, tags: Mapping[str, str] | None = None) -> str | None:
-        """The id of experiment ``name`` (created when missing and ``create``); None when missing."""
+        """The id of experiment ``name`` (created when missing and ``create``); None when missing. With ``create``,
+        ``tags`` are set on an experiment that exists with other values (one made before a tag was added)."""
         try:
             got = self._call("GET", "experiments/get-by-name", fields={"experiment_name": name})
-            return str(got["experiment"]["experiment_id"])
+            exp_id = str(got["experiment"]["experiment_id"])
+            have = {t.get("key"): t.get("value") for t in got["experiment"].get("tags") or []}
+            for key, value in (tags or {}).items() if create else ():
+                if have.get(key) != value:
+                    self._call("POST", "experiments/set-experiment-tag",
+                               {"experiment_id": exp_id, "key": key, "value": value})  # fmt: skip
+            return exp_id
         except MlflowRejected as exc:
             if "RESOURCE_DOES_NOT_EXIST" not in str(exc):
                 raise
@@ -274,9 +281,16 @@ def run_tags(run: Mapping[str, Any] | None) -> dict[str, str]:
     return {t["key"]: t["value"] for t in ((run or {}).get("data") or {}).get("tags") or [] if "key" in t}
 
 
-def run_url(base_url: str, experiment_id: str, run_id: str) -> str:
-    """The run's page in the MLflow UI."""
-    return f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+#: The MLflow UI's query that opens its model-training view (runs, model metrics, model registry). MLflow 3.x opens
+#: an experiment in its GenAI view (traces, judges, prompts) unless the URL or the browser's last choice says
+#: otherwise; older 3.x releases read the experiment's kind tag instead (``mirror.experiment_tags`` sets both).
+TRAINING_VIEW = "workflowType=machine_learning"
+
+
+def run_url(base_url: str, experiment_id: str, run_id: str, tab: str = "") -> str:
+    """The run's page in the MLflow UI's training view; ``tab``: one of its tabs (e.g. ``model-metrics``)."""
+    page = f"{base_url.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"{page}/{tab}?{TRAINING_VIEW}" if tab else f"{page}?{TRAINING_VIEW}"
 
 
 def filter_value(value: str) -> str:

@@ -31,7 +31,7 @@ from nuro.slurm import CliBackend
 from nuro.slurm_plugins.mlflow_bridge import controller_marks
 from nuro.tracking import mirror
 from nuro.tracking.bridge import Bridge, job_timeline, sink_gpu_rows, sink_rows, store_checkpoints
-from nuro.tracking.mlflow import MlflowClient
+from nuro.tracking.mlflow import MlflowClient, run_url
 from tests.integration.conftest import REPO, LiveCluster, cancel_jobs_of
 
 pytestmark = pytest.mark.slurm
@@ -122,7 +122,7 @@ def test_a_run_is_mirrored_into_mlflow_exactly_and_survives_an_mlflow_outage(clu
             url = subprocess.run([str(BIN / "nuro-train"), "open", str(run.job_id)], capture_output=True, text=True,
                                  env={**env, "MLFLOW_TRACKING_URI": server.url}, timeout=60)  # fmt: skip
             assert url.returncode == 0, url.stderr
-            assert url.stdout.strip() == f"{server.url}/#/experiments/{st.experiment_id}/runs/{st.run_id}"
+            assert url.stdout.strip() == run_url(server.url, st.experiment_id, st.run_id)
             print(f"\nMLflow run {st.run_id}: {len(want)} steps per rank; bridge {vars(bridge.stats)}")
     finally:
         cancel_jobs_of(cluster, ("alice",))
@@ -138,7 +138,6 @@ def test_the_ui_shows_the_run_its_metrics_chart_and_its_parent(cluster: LiveClus
     UI as a person would and finds the child run, its parent and its metrics charts. Screenshots are kept in
     test-artifacts/mlflow/."""
     from nuro.devcluster.browser import page_text, screenshot
-    from nuro.tracking.mlflow import run_url
 
     work = Path(tempfile.mkdtemp(prefix="nuro-mlflow-ui-", dir="/tmp"))
     work.chmod(0o755)
@@ -175,10 +174,16 @@ def test_the_ui_shows_the_run_its_metrics_chart_and_its_parent(cluster: LiveClus
             text = page_text(page)
             assert c.run_id in text and f"Parent run {parent.name}" in text, text[:3000]  # the run, its parent
             assert "loss" in text and "samples_per_s" in text and "demo-synth" in text, text[:3000]
-            charts = page_text(page + "/model-metrics")
+            # MLflow's model-training view (its sidebar lists the model registry), not its GenAI view (judges)
+            assert "Model registry" in text and "Judges" not in text, text[:3000]
+            exp_tags = client._call("GET", "experiments/get", fields={"experiment_id": c.experiment_id})
+            assert {"key": "mlflow.experimentKind", "value": "custom_model_development"} in exp_tags["experiment"][
+                "tags"
+            ], exp_tags
+            metrics_page = run_url(server.url, c.experiment_id, c.run_id, "model-metrics")
+            charts = page_text(metrics_page)
             assert "loss" in charts and "Step" in charts, charts[:3000]  # the metrics charts are drawn
-            shots = [screenshot(page, ARTIFACTS / "run.png"), screenshot(page + "/model-metrics",
-                                                                         ARTIFACTS / "metrics.png")]  # fmt: skip
+            shots = [screenshot(page, ARTIFACTS / "run.png"), screenshot(metrics_page, ARTIFACTS / "metrics.png")]
             assert all(s.stat().st_size > 20_000 for s in shots), [s.stat().st_size for s in shots]
             print(f"\nscreenshots: {', '.join(map(str, shots))}")
     finally:

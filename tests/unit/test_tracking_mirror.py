@@ -75,7 +75,12 @@ def test_filter_values_and_urls() -> None:
     assert filter_value("42") == "'42'"
     with pytest.raises(ValueError):
         filter_value("x' OR '1'='1")
-    assert run_url("http://h:5000/", "3", "abc") == "http://h:5000/#/experiments/3/runs/abc"
+    assert (
+        run_url("http://h:5000/", "3", "abc") == "http://h:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
+    )
+    assert run_url("http://h:5000", "3", "abc", "model-metrics") == (
+        "http://h:5000/#/experiments/3/runs/abc/model-metrics?workflowType=machine_learning"
+    )
 
 
 def test_gpu_telemetry_becomes_mlflow_system_metrics() -> None:
