@@ -23,10 +23,11 @@ import json
 import math
 import time
 from pathlib import Path
+from statistics import mean
 
 from bench.common import REPO, save
 from bench.sim import metrics
-from bench.sim.bound import goodput_bound
+from bench.sim.bound import TeamLimits, goodput_bound, policy_bound
 from bench.sim.replay import Variant, run_replay
 from bench.sim.slurm import PLACEMENTS, SchedParams
 from bench.sim.synth import SynthParams, synthesise
@@ -154,7 +155,11 @@ def replay_seed(seed: int, args: argparse.Namespace, tasks: list, nodes: list, p
         out[variant.value] = metrics.compute(log, quotas, measure_from, args.window_s, min_run_by_qos(policy))
     if args.bound:
         horizon = max(j.submit_s for j in jobs)
-        out["bound"] = dataclasses.asdict(goodput_bound(jobs, nodes, measure_from, horizon))
+        plain = goodput_bound(jobs, nodes, measure_from, horizon)
+        out["bound"] = dataclasses.asdict(plain)
+        limits = {t.name: TeamLimits(t.quota_gpus, t.borrow_limit_gpus, t.lend_limit_gpus) for t in policy.teams}
+        kept = policy_bound(jobs, nodes, limits, {t.name for t in policy.tiers}, measure_from, horizon)
+        out["policy_bound"] = dataclasses.asdict(min(plain, kept, key=lambda b: b.gpu_s))
     return out
 
 
@@ -289,9 +294,10 @@ def goodput_ratio(row: dict, variant: str) -> float:
     return row[variant]["goodput"] / row["baseline"]["goodput"]
 
 
-def headroom_used(row: dict) -> float:
-    """Share of the room between the baseline's goodput and the bound that nuro took: (nuro − base) / (bound − base)."""
-    base, bound = row["baseline"]["goodput"], row["bound"]["fraction"]
+def headroom_used(row: dict, bound_key: str = "bound") -> float:
+    """Share of the room between the baseline's goodput and the bound that nuro took: (nuro − base) / (bound − base);
+    ``bound_key`` "policy_bound": the room the policy's own limits leave (``bench/sim/bound.py`` ``policy_bound``)."""
+    base, bound = row["baseline"]["goodput"], row[bound_key]["fraction"]
     return (row["nuro"]["goodput"] - base) / (bound - base) if bound - base > 1e-6 else math.nan
 
 
@@ -338,7 +344,8 @@ def share_table(rows: list[dict], slack_s: float, quotas: dict[str, dict[str, in
     policy's targets, met or not."""
     head = (
         f"{'policy':<10} {'seed':>4} {'goodput base/scav/nuro/bound':>30} {'scav/b':>7} {'nuro/b':>7} {'bound/b':>7} "
-        f"{'headroom':>8} {'lost GPU-h scav→nuro':>21} {'preempt/1000 s→n':>17} {'viol':>4}  sharing incentive"
+        f"{'headroom':>8} {'pol.b/b':>7} {'pol.hr':>7} {'lost GPU-h scav→nuro':>21} {'preempt/1000 s→n':>17} "
+        f"{'viol':>4}  sharing incentive"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -351,6 +358,7 @@ def share_table(rows: list[dict], slack_s: float, quotas: dict[str, dict[str, in
             f"{r['policy']:<10} {r['seed']:>4} {b['goodput']:>7.4f}/{sc['goodput']:.4f}/{n['goodput']:.4f}/"
             f"{r['bound']['fraction']:.4f} {goodput_ratio(r, 'scavenger'):>7.3f} {goodput_ratio(r, 'nuro'):>7.3f} "
             f"{r['bound']['fraction'] / b['goodput']:>7.3f} {100 * headroom_used(r):>7.1f}% "
+            f"{r['policy_bound']['fraction'] / b['goodput']:>7.3f} {100 * headroom_used(r, 'policy_bound'):>6.1f}% "
             f"{lost_gpu_h(sc):>9.2f} → {lost_gpu_h(n):<9.2f} {sc['preemptions_per_1000_jobs']:>7.1f} → "
             f"{n['preemptions_per_1000_jobs']:<7.1f} {viol:>4}  {'; '.join(miss) or 'every team'}"
             + (f" [longer p95 wait: {'; '.join(worse)}]" if worse else "")
@@ -372,14 +380,21 @@ def share_table(rows: list[dict], slack_s: float, quotas: dict[str, dict[str, in
         )
         scav = [goodput_ratio(r, "scavenger") for r in mine]
         bound = [r["bound"]["fraction"] / r["baseline"]["goodput"] for r in mine]
+        pbound = [r["policy_bound"]["fraction"] / r["baseline"]["goodput"] for r in mine]
+        pused = [headroom_used(r, "policy_bound") for r in mine]
         longer = [w for r in mine for w in longer_waits(r, slack_s)]
+        gangs = {v: mean(r[v]["goodput_gangs"] for r in mine) for v in ("baseline", "scavenger", "nuro")}
+        gangs["bound"] = mean(r["bound"]["gang_fraction"] for r in mine)
         lines.append(
             f"{name}: goodput ratio mean {sum(ratio) / len(ratio):.3f} (min {min(ratio):.3f}), scavenger QOS "
             f"{sum(scav) / len(scav):.3f}, bound {sum(bound) / len(bound):.3f}, headroom used "
-            f"{100 * sum(used) / len(used):.0f} %; "
+            f"{100 * sum(used) / len(used):.0f} % (of what the policy's limits allow: bound "
+            f"{sum(pbound) / len(pbound):.3f}, headroom used {100 * sum(pused) / len(pused):.0f} %); "
             + "; ".join(f"{t}: {'met' if ok else 'NOT met'}" for t, ok in zip(SHARE_TARGETS, checks, strict=True))
             + f"; team-seeds with a longer p95 wait than under hard quotas: {len(longer)} of "
-            f"{len(mine) * len(quotas[name])}, {sum(1 for w in longer if w[3] > slack_s)} of them lending's"
+            f"{len(mine) * len(quotas[name])}, {sum(1 for w in longer if w[3] > slack_s)} of them lending's; "
+            f"multi-node jobs' goodput (share of capacity, mean): bound {gangs['bound']:.3f}"
+            f", hard quotas {gangs['baseline']:.3f}, scavenger QOS {gangs['scavenger']:.3f}, nuro {gangs['nuro']:.3f}"
         )
     return "\n".join(lines)
 
@@ -466,7 +481,7 @@ def main(argv: list[str] | None = None) -> dict:
             print(json.dumps(setup, indent=1), flush=True)
         base, nuro = main_run["baseline"], main_run["nuro"]
         print(f"== {name} seed {seeds[0]}: baseline {base['wall_s']} s, nuro {nuro['wall_s']} s", flush=True)
-        kept = [v.value for v in args.variants] + (["bound"] if args.bound else [])
+        kept = [v.value for v in args.variants] + (["bound", "policy_bound"] if args.bound else [])
         spread = [{"policy": name, "seed": seeds[0], **{k: main_run[k] for k in kept}}]
         for seed in seeds[1:]:
             r = replay_seed(seed, args, tasks, nodes, policy)
@@ -479,7 +494,8 @@ def main(argv: list[str] | None = None) -> dict:
             for _, key, _, meaningful in ROWS
             if meaningful and base[key] and not math.isnan(base[key]) and not math.isnan(nuro[key])
         }
-        keys = ("utilisation", "idle_while_waiting", "idle_while_waiting_single_node", "goodput", "alloc_idle_pct",
+        keys = ("utilisation", "idle_while_waiting", "idle_while_waiting_single_node", "goodput", "goodput_gangs",
+                "alloc_idle_pct",
                 "jain_mean", "jain_p10", "jain_shortfall_mean",
                 "preemptions",
                 "preemptions_per_1000_jobs", "requeued_within_min_run", "most_preemptions_of_one_job",
@@ -530,6 +546,7 @@ def _seed_record(row: dict, args: argparse.Namespace, keys: tuple[str, ...]) -> 
         out[f"{v.value}.idle_while_waiting_by_cause"] = m["idle_while_waiting_by_cause"]
     if args.bound:
         out["bound"] = row["bound"]
+        out["policy_bound"] = row["policy_bound"]
     return out
 
 

@@ -229,7 +229,7 @@ def compute(
     span = max(1e-9, t1 - t0)
     cap_gpu_s = log.capacity * span
     teams = list(quotas)
-    alloc = idle = good = borrowed = 0.0
+    alloc = idle = good = good_gang = borrowed = 0.0
     lost = restart = 0.0
     team_alloc = {t: 0.0 for t in teams}
     team_good = {t: 0.0 for t in teams}  # kept progress of each team's non-tier jobs (sharing incentive)
@@ -254,6 +254,8 @@ def compute(
         trained = max(0.0, r.end_s - r.train_start_s)
         in_window = _overlap(r.train_start_s, r.end_s, t0, t1) / trained if trained > 0 else 0.0
         good += r.kept_gpu_s * in_window  # kept progress, spread evenly over the run's training phase
+        if r.node_count > 1:
+            good_gang += r.kept_gpu_s * in_window
         if r.job_id not in tier_job:
             team_good[r.team] += r.kept_gpu_s * in_window
         if t0 <= r.end_s <= t1:
@@ -321,6 +323,7 @@ def compute(
         "idle_while_waiting_single_node": round(idle_waiting_single / cap_gpu_s, 4),
         "idle_while_waiting_by_cause": {c: round(v / cap_gpu_s, 5) for c, v in by_cause.items()},
         "goodput": round(good / cap_gpu_s, 4),
+        "goodput_gangs": round(good_gang / cap_gpu_s, 4),  # of it, multi-node jobs' (the bound's split: bound.py)
         "alloc_idle_pct": round(100 * idle / alloc, 3) if alloc else 0.0,
         "fractional_rounding_pct": round(100 * rounding / alloc, 2) if alloc else 0.0,
         "borrowed_gpu_share": round(borrowed / alloc, 4) if alloc else 0.0,
