@@ -27,6 +27,7 @@ from nuro.slurm.actions import (
     UpdateJobs,
     UpdateNodeWeight,
     UpdateQos,
+    UpdateQosMinGpus,
     UpdateSiteFactor,
 )
 from nuro.slurm.backend import Backend
@@ -229,6 +230,15 @@ class SimBackend(Backend):
         if isinstance(action, UpdateNodeWeight):
             for name in hostlist.expand(action.node):
                 r.sim.weight[r.sim.index_of(name)] = action.weight
+            r.dirty = True
+            return ""
+        if isinstance(action, UpdateQosMinGpus):
+            if action.qos not in r.sim.qos_limits:
+                raise InvalidState(f"qos {action.qos} does not exist")
+            if action.gpus is None:
+                r.sim.qos_min.pop(action.qos, None)
+            else:
+                r.sim.qos_min[action.qos] = action.gpus
             r.dirty = True
             return ""
         if isinstance(action, Requeue):

@@ -276,7 +276,7 @@ class Replay:
             return
         wanted: Counter = Counter()
         for job in self.sim.pending.values():
-            if job.reason == "QOSGrpGRES":
+            if job.reason in ("QOSGrpGRES", "QOSMinGRES"):
                 wanted["qos_limit"] += job.gpus
             elif job.reason == "BeginTime":
                 wanted["requeue_delay"] += job.gpus

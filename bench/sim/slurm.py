@@ -197,6 +197,8 @@ class SlurmSim:
         self.qos_limits = dict(qos_limits)
         self.qos_priority = dict(qos_priority)
         self.qos_used: dict[str, int] = {q: 0 for q in qos_limits}
+        #: ``MinTRESPerJob`` GPUs per QOS (nuro's gang-first floor, ``UpdateQosMinGpus``): a smaller job waits
+        self.qos_min: dict[str, int] = {}
         self.shares = dict(team_shares)
         self.params = params
         self.grace_s = grace_s
@@ -421,6 +423,9 @@ class SlurmSim:
             limit = self.qos_limits.get(job.qos)
             if limit is not None and self.qos_used[job.qos] + job.gpus > limit:
                 job.reason = "QOSGrpGRES"
+                continue
+            if job.gpus < self.qos_min.get(job.qos, 0):
+                job.reason = "QOSMinGRES"
                 continue
             nodes = None
             if job.spec.gpus_per_node <= max_free:

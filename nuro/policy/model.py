@@ -12,6 +12,7 @@ Mapping onto Slurm (see ARCHITECTURE.md "Teams, quotas, borrowing on Slurm"):
 | borrow_limit_gpus | QOS ``b-<team>`` ``GrpTRES=gres/gpu=<limit>``: the most the team may hold above its quota |
 | lend_limit_gpus | controller only: the most of the team's idle quota others may borrow |
 | lend_buffer_gpus | controller only: of the team's idle quota, this many are never lent (its next jobs start at once) |
+| gang_first | controller only: a gang waiting on the team's quota gets it first (``MinTRESPerJob`` on ``g-<team>``) |
 | tier (e.g. urgent) | QOS ``<tier>`` with ``Priority=<priority>``, usable only by the listed accounts/users |
 | grace_s | how long a preempted job has to commit a checkpoint and acknowledge before it is requeued anyway |
 | min_run_s | no run younger than this is preempted (controller rule; QOS ``PreemptExemptTime``: Slurm's backstop) |
@@ -63,6 +64,10 @@ class Team(_Strict):
     #: GPUs of the team's idle quota kept unlent, so that its next jobs start at once instead of waiting for a reclaim
     #: (the sharing incentive bought with utilisation: docs/trace-replay.md "The sharing incentive").
     lend_buffer_gpus: NonNegInt = 0
+    #: Keep the team's quota for its gang: while one of its multi-node jobs waits on the quota, its smaller jobs wait
+    #: (or borrow) instead of taking the GPUs that free up (slurm_plugins/controller/gangfirst.py). Off by default:
+    #: the team trades its small jobs' waits for its gangs' starts.
+    gang_first: Annotated[bool, Field(strict=True)] = False
     #: Slurm fair-share shares; default: the quota (shares proportional to entitlement).
     fairshare: Annotated[int, Field(ge=1, strict=True)] | None = None
     #: This team's jobs are never preempted before their current run is this old (default: the policy's).

@@ -254,6 +254,21 @@ class UpdateNodeWeight:
 
 
 @dataclass(frozen=True)
+class UpdateQosMinGpus:
+    """``sacctmgr -i modify qos <qos> set MinTRESPerJob=gres/gpu=<n>`` (``None``: ``-1``, no floor): a job of the QOS
+    asking fewer GPUs waits with reason ``QOSMinGRES`` (accepted, never refused; running jobs untouched). The
+    controller's gang-first floor (``nuro.slurm_plugins.controller.gangfirst``); an accounting change, so it lasts
+    across slurmctld restarts until cleared."""
+
+    qos: str
+    gpus: int | None
+
+    def __post_init__(self) -> None:
+        if self.gpus is not None and not 1 <= self.gpus < 2**31:
+            raise ValueError(f"UpdateQosMinGpus({self.qos!r}): {self.gpus} GPUs is not a positive count")
+
+
+@dataclass(frozen=True)
 class ResumeNode:
     """``scontrol update nodename=<node> state=resume``; Slurm refuses it for a node that is not drained/down."""
 
@@ -277,6 +292,7 @@ Action = (
     | DownNode
     | ResumeNode
     | UpdateNodeWeight
+    | UpdateQosMinGpus
 )
 
 
@@ -330,6 +346,9 @@ def render_argv(action: Action | SubmitCommand) -> list[str]:
             return ["scontrol", "update", f"nodename={_check_node(node)}", "state=resume"]
         case UpdateNodeWeight(node=node, weight=weight):
             return ["scontrol", "update", f"nodename={_check_node(node)}", f"weight={int(weight)}"]
+        case UpdateQosMinGpus(qos=qos, gpus=gpus):
+            floor = -1 if gpus is None else int(gpus)
+            return ["sacctmgr", "-i", "modify", "qos", _check_qos(qos), "set", f"MinTRESPerJob=gres/gpu={floor}"]
     raise TypeError(f"render_argv: not a nuro.slurm action: {action!r}")
 
 

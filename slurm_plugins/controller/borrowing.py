@@ -36,6 +36,7 @@ from collections.abc import Mapping
 
 from nuro.policy.classify import QUOTA_REASON, WAITING_REASONS, Kind, TeamUsage, job_gpus, timestamp
 from nuro.slurm.models import JobInfo
+from nuro.slurm_plugins.controller import gangfirst
 from nuro.slurm_plugins.controller.capacity import job_shape
 from nuro.slurm_plugins.controller.cycle import Cycle
 from nuro.slurm_plugins.controller.decisions import Borrow, Code, Return
@@ -67,12 +68,14 @@ def demand_peaks(
 
 
 def return_to_quota(cy: Cycle) -> None:
-    """Phase 5a: pending borrowed jobs that now fit their team's quota go back to the guaranteed QOS."""
+    """Phase 5a: pending borrowed jobs that now fit their team's quota go back to the guaranteed QOS (not while the
+    team's quota is kept for its gang: ``gangfirst``)."""
     jobs = [j for j in cy.view.pending_of(Kind.BORROWED) if j.reason in _RETURNABLE and job_gpus(j) > 0]
     jobs.sort(key=_queue_key)
+    kept = gangfirst.blocked_gangs(cy.policy, cy.view.pending_of(Kind.GUARANTEED))
     for job in jobs:
         team_name = cy.view.cls(job).team
-        if team_name is None:
+        if team_name is None or team_name in kept:
             continue
         team, u, gpus = cy.index.teams[team_name], cy.view.usage[team_name], job_gpus(job)
         demand = u.g_running + u.g_waiting
@@ -97,7 +100,7 @@ def borrow(cy: Cycle) -> None:
     queues: dict[str, list[JobInfo]] = {}
     for j in cy.view.pending_of(Kind.GUARANTEED):
         team = cy.view.cls(j).team
-        if j.reason == QUOTA_REASON and team is not None and job_gpus(j) > 0:
+        if j.reason in (QUOTA_REASON, gangfirst.MIN_REASON) and team is not None and job_gpus(j) > 0:
             queues.setdefault(team, []).append(j)
     if not queues:
         return
@@ -123,7 +126,7 @@ def borrow(cy: Cycle) -> None:
             why = f"team {name}'s borrowed jobs are being preempted; no new borrowing until that ends"
             cy.wait(job.job_id, Code.WAIT_RECLAIMED, why)
             continue
-        if u.g_running + gpus <= team.quota_gpus:
+        if u.g_running + gpus <= team.quota_gpus and job.reason != gangfirst.MIN_REASON:
             cy.wait(
                 job.job_id,
                 Code.WAIT_FITS_QUOTA,

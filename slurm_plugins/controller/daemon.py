@@ -57,12 +57,12 @@ from nuro.metrics.buffer import writer_from_env
 from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.runs.pending import ENV_WAITS, WaitsFile
-from nuro.slurm import Backend, CliBackend, SlurmError, hostlist
+from nuro.slurm import Action, Backend, CliBackend, SlurmError, hostlist
 from nuro.slurm.backend import in_daemon_thread
 from nuro.slurm.errors import SlurmTimeout
-from nuro.slurm.models import ClusterSnapshot, NodeInfo
+from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
-from nuro.slurm_plugins.controller import weights
+from nuro.slurm_plugins.controller import gangfirst, weights
 from nuro.slurm_plugins.controller.apply import ApplyBudget, Outcome, apply_group, groups
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
 from nuro.slurm_plugins.controller.decisions import Preempt, Requeue, SetSiteFactor
@@ -171,6 +171,8 @@ class Controller:
         waits = os.environ.get(ENV_WAITS)
         self.waits_file = WaitsFile(Path(waits)) if waits else None
         self._once = once()  # per-job apply errors: logged when they first appear (or change)
+        #: the gang-first floors set on the teams' guaranteed QOS (``gangfirst``); None: not known (a start)
+        self._floors: dict[str, int] | None = None
         self._cycle_errors = RateLog(60.0, 64)
 
     def _held_site_factors(self) -> dict[int, int]:
@@ -304,6 +306,8 @@ class Controller:
                     self._record(decision)
         if weights_due and not report.error:
             report.weights = self.reweigh(snapshot.nodes, budget)
+        if not report.error:
+            self.refloor(snapshot.jobs, budget)
         self._per_id_s = budget.per_id_s  # the next cycle sizes its first batch by what Slurm answered lately
         if report.deferred:
             log.info("cycle=%d deferred=%d decisions to the next cycle: the cycle's Slurm budget (%.2f s, "
@@ -334,21 +338,58 @@ class Controller:
                 continue
             if budget is not None and not budget.has_room():
                 break
-            limit = budget.deferrable_limit_s() if budget is not None else None
-            t = time.monotonic()
-            try:
-                with contextlib.nullcontext() if limit is None else self.backend.call_timeout(limit):
-                    result = self.backend.apply(update)
-                error = "" if result.ok else result.message
-            except SlurmError as exc:
-                error = str(exc)
-            if budget is not None:
-                budget.spend(time.monotonic() - t, 0)
+            error = self._apply_budgeted(update, budget)
             if not error:
                 done += len(hostlist.expand(update.node))
             elif self._cycle_errors.allow(f"weights: {error}")[0]:
                 log.warning("cycle=%d weight=%d not set on %s: %s", self.cycles, update.weight, update.node, error)
         return done
+
+    def refloor(self, jobs: Iterable[JobInfo], budget: ApplyBudget | None = None, clear: bool = False) -> int:
+        """Set or clear the gang-first floors of the ``gang_first`` teams' guaranteed QOS (``gangfirst.plan``;
+        ``clear``: every floor, as a clean stop does); returns how many QOS were updated. Floors not known to be
+        set (a start, or a refused update) are planned afresh for every opted-in team next time."""
+        if not any(t.gang_first for t in self.policy.teams):
+            return 0
+        jobs = [] if clear else list(jobs)
+        pending = [j for j in jobs if j.phase == JobPhase.PENDING]
+        running = [j for j in jobs if j.phase == JobPhase.RUNNING]
+        wanted = gangfirst.holds(self.policy, pending, running, self.clock())
+        plan = gangfirst.plan(self.policy, wanted, self._floors)
+        done, complete = 0, True
+        for update in plan.updates:
+            if self.dry_run:
+                log.info("cycle=%d dry run: would set %s's gang-first floor to %s GPUs", self.cycles, update.qos,
+                         update.gpus)  # fmt: skip
+                continue
+            if budget is not None and not budget.has_room():
+                complete = False
+                break
+            error = self._apply_budgeted(update, budget)
+            if not error:
+                done += 1
+                log.info("cycle=%d gang-first floor of %s: %s", self.cycles, update.qos,
+                         f"{update.gpus} GPUs" if update.gpus else "cleared")  # fmt: skip
+            else:
+                complete = False
+                if self._cycle_errors.allow(f"floors: {error}")[0]:
+                    log.warning("cycle=%d gang-first floor of %s not set: %s", self.cycles, update.qos, error)
+        self._floors = plan.floors if complete and not self.dry_run else None
+        return done
+
+    def _apply_budgeted(self, action: Action, budget: ApplyBudget | None) -> str:
+        """Apply one update outside the decision groups within ``budget``'s per-call limit; "" or the error."""
+        limit = budget.deferrable_limit_s() if budget is not None else None
+        t = time.monotonic()
+        try:
+            with contextlib.nullcontext() if limit is None else self.backend.call_timeout(limit):
+                result = self.backend.apply(action)
+            error = "" if result.ok else result.message
+        except SlurmError as exc:
+            error = str(exc)
+        if budget is not None:
+            budget.spend(time.monotonic() - t, 0)
+        return error
 
     def _save_ledger(self, state: ControllerState) -> None:
         """Write the in-flight preemptions to the ledger when they changed (dry runs write nothing)."""
@@ -602,6 +643,8 @@ def main(
     policy_thread.join(max(5.0, cfg.interval_s + 1))
     if cfg.node_weights and not cfg.dry_run:
         _neutral_weights(controller)
+    if not cfg.dry_run and controller.refloor((), clear=True):
+        log.info("gang-first floors cleared: the teams' small jobs start in their quota again")
     if detector_thread is not None:
         detector_thread.join(5)
     log.info("nuro-controller stopped after %d cycles", controller.cycles)

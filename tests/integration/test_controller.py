@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 
 from nuro.policy import load_policy
 from nuro.slurm import JobInfo, JobPhase, SlurmError
@@ -304,3 +305,44 @@ def test_borrowing_order_follows_fair_share(
     assert _job(cluster, controls).qos == "b-controls"
     waiting = _job(cluster, perception)
     assert waiting.phase is JobPhase.PENDING and waiting.qos == "g-perception", waiting
+
+
+def _floor(cluster: LiveCluster, qos: str) -> str:
+    """The QOS's ``MinTRESPerJob`` as sacctmgr shows it ("" for none)."""
+    res = cluster.run(["sacctmgr", "-n", "-P", "show", "qos", qos, "format=MinTRESPerJob"])
+    return res.stdout.strip()
+
+
+def test_gang_first_keeps_the_teams_freed_quota_for_its_waiting_gang(
+    cluster: LiveCluster, clean: None, policy_file: Path, sampler: QuotaSampler, tmp_path: Path
+) -> None:
+    """Prediction (quota 16, ``gang_first``) runs one 8-GPU job and waits with a 2-node gang on its quota (others
+    lend only 8 GPUs: the gang cannot borrow). Without gang first its next 8-GPU job would start in the 8 free GPUs
+    of the quota and the gang would wait on. With it the controller puts a floor of 16 GPUs on g-prediction: the
+    small job waits (QOSMinGRES) and borrows the 8 lendable GPUs instead; when the first job ends, the gang starts
+    in the quota and the floor is cleared, also on stop."""
+    raw = yaml.safe_load(policy_file.read_text())
+    raw["teams"]["prediction"]["gang_first"] = True
+    for team, lend in (("perception", 0), ("controls", 0), ("simulation", 8)):  # 8 lendable: the gang cannot borrow
+        raw["teams"][team]["lend_limit_gpus"] = lend
+    gang_policy = tmp_path / "teams.yaml"
+    gang_policy.write_text(yaml.safe_dump(raw))  # controller only: nothing in sacctmgr changes
+    script = JOB.format(bin=BIN)
+    whole = ["--account=prediction", "--output=/dev/null", "--gres=gpu:8", "--exclusive", "--time=10"]
+    try:
+        with controller(cluster, gang_policy, tmp_path / "controller.log"):
+            first = cluster.sbatch_as("priya", whole, script)
+            _running(cluster, first)
+            gang = cluster.sbatch_as("priya", [*whole, "--nodes=2"], script)
+            wait_until(lambda: _floor(cluster, "g-prediction") == "gres/gpu=16", 30, "the floor for the gang")
+            small = cluster.sbatch_as("priya", whole, script)
+            wait_until(lambda: _job(cluster, small).phase is JobPhase.RUNNING, 40, "the small job to borrow")
+            assert _job(cluster, small).qos == "b-prediction", _why(cluster, tmp_path / "controller.log")
+            assert _job(cluster, gang).phase is JobPhase.PENDING
+            cluster.run(["scancel", str(first)])
+            _running(cluster, gang)
+            assert _job(cluster, gang).qos == "g-prediction"
+            wait_until(lambda: _floor(cluster, "g-prediction") == "", 30, "the floor to be cleared once the gang runs")
+        assert _floor(cluster, "g-prediction") == ""
+    finally:
+        cluster.run(["sacctmgr", "-i", "modify", "qos", "g-prediction", "set", "MinTRESPerJob=gres/gpu=-1"])

@@ -227,7 +227,7 @@ class PolicyBuilder:
         self._tiers: list[Tier] = []
 
     def team(self, name: str, quota: int, borrow: int = 0, lend: int = 0, shares: int | None = None,
-             buffer: int = 0) -> PolicyBuilder:  # fmt: skip
+             buffer: int = 0, gang_first: bool = False) -> PolicyBuilder:  # fmt: skip
         self._teams.append(
             Team(
                 name=name,
@@ -236,6 +236,7 @@ class PolicyBuilder:
                 lend_limit_gpus=lend,
                 fairshare=shares,
                 lend_buffer_gpus=buffer,
+                gang_first=gang_first,
             )
         )
         return self
