@@ -3,11 +3,13 @@
 * **Return** (5a): a pending ``b-<team>`` job goes back to ``g-<team>`` when the team's guaranteed demand (running
   plus pending guaranteed jobs that wait for resources) leaves room for it in the quota: it should not run
   preemptible when its own quota can hold it.
-* **Borrow** (5b): a pending ``g-<team>`` job that Slurm holds back on ``QOSGrpGRES`` (team at quota) moves to
-  ``b-<team>`` only when all of these hold, checked in this order (the first that fails is the job's ``Wait``):
+* **Borrow** (5b): a pending ``g-<team>`` job that Slurm holds back on ``QOSGrpGRES`` (team at quota), or on
+  ``QOSMinGRES`` (the quota kept for the team's waiting gang: ``gangfirst``), moves to ``b-<team>`` only when all
+  of these hold, checked in this order (the first that fails is the job's ``Wait``):
 
   1. the team has no borrowed job being preempted (borrowing back what is being reclaimed would thrash);
-  2. it really is over quota: guaranteed GPUs running + the job > quota (Slurm's reason can be a cycle stale);
+  2. it really is over quota: guaranteed GPUs running + the job > quota (Slurm's reason can be a cycle stale), or
+     held by the gang-first floor;
   3. borrow limit: the team's borrowed GPUs (running and pending ``b-`` jobs) + the job ≤ ``borrow_limit_gpus``;
   4. lending pool: all teams' borrowed GPUs + the job ≤ ``lendable(team)`` (below);
   5. capacity: the gang is placeable on idle GPUs now, after the room reserved in phases 3–4 (GPUs being freed
