@@ -41,7 +41,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from nuro.checkpoint.layout import validate_team
-from nuro.checkpoint.staging import write_atomic
 from nuro.devcluster.layout import (
     S3_ACCESS_KEY,
     S3_BUCKET,
@@ -54,6 +53,7 @@ from nuro.devcluster.procs import stop_child
 from nuro.devcluster.users import ensure_unix_users
 from nuro.objectstore import ObjectStore, ObjectStoreError, StoreConfig
 from nuro.policy.model import load_policy
+from nuro.safeio.atomic import write_atomic
 from nuro.safeio.credfile import team_group
 
 IDENTITIES_FILE = "identities.json"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from nuro.names import InvalidName
+
 
 class CheckpointError(RuntimeError):
     """Base of every checkpoint failure; the message says what is wrong and what to do."""
 
 
-class InvalidCheckpointInput(CheckpointError, ValueError):
-    """A team, run, step or path that nuro refuses (fix the input)."""
+class InvalidCheckpointInput(CheckpointError, InvalidName):
+    """A team, run, step or path that nuro refuses (fix the input). An ``InvalidName`` (``nuro.names``): whoever
+    catches a refused name catches it too."""
 
 
 class ManifestError(CheckpointError):

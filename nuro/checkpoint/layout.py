@@ -23,8 +23,10 @@ Steps are zero-padded to 12 digits so keys and directory names sort in step orde
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
+from nuro import names
 from nuro.checkpoint.errors import InvalidCheckpointInput
 
 PREFIX = "checkpoints/"
@@ -35,14 +37,6 @@ HANDOFF_DIR = ".handoff"
 STEP_WIDTH = 12
 MAX_STEP = 10**STEP_WIDTH - 1
 
-#: Team names follow Slurm account / QOS names (``nuro.jobspec.fields.TEAM_PATTERN``).
-_TEAM = re.compile(r"[a-z][a-z0-9_]{0,30}", re.ASCII)
-#: Run names follow the job spec's ``name`` option.
-_RUN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", re.ASCII)
-_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", re.ASCII)
-_JOB = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
-#: Slurm node names (slurm.conf ``NodeName``: a host name; '_' allowed for emulated nodes).
-_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 _STEP_DIR = re.compile(r"step-([0-9]{12})")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -57,38 +51,32 @@ def node_staging_root(raw: str, node: str | None) -> Path:
     return Path(raw)
 
 
+def _checked(check: Callable[[object], str], value: object) -> str:
+    """``nuro.names``'s check, refusing as every checkpoint input is refused (``InvalidCheckpointInput``)."""
+    try:
+        return check(value)
+    except names.InvalidName as exc:
+        raise InvalidCheckpointInput(str(exc)) from None
+
+
 def validate_team(team: object) -> str:
-    if not isinstance(team, str) or not _TEAM.fullmatch(team):
-        raise InvalidCheckpointInput(
-            f"bad team {team!r}: use 1-31 lower-case letters, digits or '_', starting with a letter (the Slurm account)"
-        )
-    return team
+    return _checked(names.validate_team, team)
 
 
 def validate_run(run: object) -> str:
-    if not isinstance(run, str) or not _RUN.fullmatch(run):
-        raise InvalidCheckpointInput(
-            f"bad run name {run!r}: use 1-63 letters, digits, '.', '_' or '-', starting with a letter or digit"
-        )
-    return run
+    return _checked(names.validate_run, run)
 
 
 def validate_tag(tag: object) -> str:
-    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
-        raise InvalidCheckpointInput(f"bad tag {tag!r}: use 1-128 letters, digits, '.', '_' or '-'")
-    return tag
+    return _checked(names.validate_tag, tag)
 
 
 def validate_job_id(job_id: object) -> str:
-    if not isinstance(job_id, str) or not _JOB.fullmatch(job_id):
-        raise InvalidCheckpointInput(f"bad job id {job_id!r}: expected letters, digits, '.', '_' or '-' (e.g. 1234)")
-    return job_id
+    return _checked(names.validate_job_id, job_id)
 
 
 def validate_node(node: object) -> str:
-    if not isinstance(node, str) or not _NODE.fullmatch(node):
-        raise InvalidCheckpointInput(f"bad node name {node!r}: expected a Slurm node name (letters, digits, '._-')")
-    return node
+    return _checked(names.validate_node, node)
 
 
 def validate_step(step: object) -> int:

@@ -32,7 +32,6 @@ import fcntl
 import json
 import os
 import stat
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +49,7 @@ from nuro.checkpoint.layout import (
 )
 from nuro.checkpoint.manifest import UploadRequest, dumps, parse_request
 from nuro.safeio import safefs
+from nuro.safeio.atomic import write_atomic
 from nuro.safeio.safefs import UnsafePath
 
 #: An upload request lists one node's files of one step (~150 bytes each): 16 MiB is ~100k files, far above DCP.
@@ -57,34 +57,6 @@ MAX_REQUEST_BYTES = 16 << 20
 #: Markers are tiny; the state file lists the files already stored (like a request).
 MAX_MARKER_BYTES = 64 << 10
 MAX_STATE_BYTES = MAX_REQUEST_BYTES
-
-
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` so readers see the old state or the whole new file, even across a crash."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
-    # O_EXCL|O_NOFOLLOW: root (epilog, agent) writes markers into a directory the job's user owns, where a planted
-    # symlink at the temp name must not redirect the write; rename then replaces a symlink at ``path`` itself.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        fd = os.open(tmp, flags, mode)
-    except FileExistsError:
-        os.unlink(tmp)
-        fd = os.open(tmp, flags, mode)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def write_request(step_dir: Path, req: UploadRequest) -> Path:

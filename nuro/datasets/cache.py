@@ -44,6 +44,7 @@ from pathlib import Path
 
 from nuro.datasets.errors import IntegrityError, InvalidInput
 from nuro.datasets.manifest import validate_digest
+from nuro.names import validate_team
 from nuro.safeio import safefs
 from nuro.safeio.credfile import team_group
 
@@ -301,8 +302,6 @@ class ShardCache:
 
 def cache_root(base: str | Path, team: str) -> Path:
     """A team's directory in the node's cache (``<base>/<team>``)."""
-    from nuro.checkpoint.layout import validate_team  # the Slurm account's syntax, the one rule for team names
-
     return Path(base) / validate_team(team)
 
 

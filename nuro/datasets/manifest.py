@@ -47,6 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nuro import names
 from nuro.datasets.errors import IntegrityError, InvalidInput
 from nuro.datasets.samples import compile_pattern, group_samples
 
@@ -57,17 +58,14 @@ MAX_PATH_BYTES = 4096
 PREFIX = "datasets/"
 TEAM_PREFIX = "team-datasets/"
 
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")
-#: A team-owned name's owner: the Slurm account's syntax (``nuro.checkpoint.layout.validate_team``).
-_OWNER = re.compile(r"([a-z][a-z0-9_]{0,30})\.")
-_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+#: A team-owned name's owner: a team (``nuro.names.TEAM``) before the first '.'.
+_OWNER = re.compile(rf"({names.TEAM})\.")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 # -- names, references, keys ----------------------------------------------------------------------------------
 def validate_name(name: str) -> str:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not isinstance(name, str) or not names.is_dataset(name):
         raise InvalidInput(
             f"bad dataset name {name!r}: use 1-63 lower-case letters, digits, '.', '_' or '-', starting with a "
             "letter or digit (e.g. imagenet-1k)"
@@ -76,7 +74,7 @@ def validate_name(name: str) -> str:
 
 
 def validate_tag(tag: str) -> str:
-    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+    if not isinstance(tag, str) or not names.is_tag(tag):
         raise InvalidInput(
             f"bad tag {tag!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit "
             "(e.g. latest, v2)"
@@ -85,7 +83,7 @@ def validate_tag(tag: str) -> str:
 
 
 def validate_digest(digest: str) -> str:
-    if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+    if not isinstance(digest, str) or not names.is_digest(digest):
         raise InvalidInput(f"bad digest {digest!r}: expected 'sha256:' followed by 64 lower-case hex digits")
     return digest
 

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-#: Team / tier names: the same pattern as ``nuro.policy.model.NAME`` (Slurm account/QOS names). Copied rather than
-#: imported so the job spec does not pull pydantic into nuro-sbatch's start-up; tests/unit/test_jobspec.py checks
-#: the two stay equal.
-TEAM_PATTERN = r"^[a-z][a-z0-9_]{0,30}$"
+from nuro import names
+
+#: Team / tier names: Slurm account/QOS names (``nuro.names.TEAM``, as ``nuro.policy.model.NAME``), anchored.
+TEAM_PATTERN = rf"^{names.TEAM}$"
 
 _SAFE_CHAR = re.compile(r"[A-Za-z0-9._-]")
 SHOW_MAX = 40

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nuro.checkpoint.layout import validate_team
 from nuro.jobspec.codepin import CodePin
 from nuro.jobspec.fields import is_digest_ref
+from nuro.names import validate_team
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from nuro.checkpoint.layout import validate_run, validate_team
+from nuro.names import validate_run, validate_team
 from nuro.objectstore import RUN_EVENT_MAX_BYTES, ObjectExists, ObjectStore, ObjectStoreError, ObjectTooLarge
 
 log = logging.getLogger(__name__)

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
+from nuro import names
 from nuro.policy.luatable import DEFAULT_SWITCH_WAIT_S, policy_table
 from nuro.policy.model import Policy
 from nuro.protocol import jobcomment
@@ -162,10 +163,7 @@ class Admission:
 
 # --- the nuro record in the comment (mirror of read_comment in job_submit.lua) ------------------------------------
 
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # = nuro.datasets.manifest._DIGEST
-_DATASET_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,62}")  # = nuro.datasets.manifest._NAME
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-_TEAM = re.compile(r"[a-z][a-z0-9_]{0,30}")  # = nuro.policy.model.NAME
 
 
 @dataclass(frozen=True)
@@ -215,13 +213,13 @@ def _pins(nuro: Any) -> NuroRecord:
     team = _str(nuro.get("team"))
     if digest is None or name is None:
         bad: str | None = "nuro.dataset"
-    elif not _DIGEST.fullmatch(digest):
+    elif not names.is_digest(digest):
         bad = "nuro.dataset.digest"
-    elif not _DATASET_NAME.fullmatch(name):
+    elif not names.is_dataset(name):
         bad = "nuro.dataset.name"
     elif commit is None or not _COMMIT.fullmatch(commit):
         bad = "nuro.code.commit"
-    elif team is None or not _TEAM.fullmatch(team):
+    elif team is None or not names.is_team(team):
         bad = "nuro.team"
     else:
         bad = None

@@ -32,8 +32,10 @@ from typing import Annotated
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-NAME = r"^[a-z][a-z0-9_]{0,30}$"  # Slurm account/QOS names: lower case, no dashes (the QOS prefix adds one)
-USER = r"^[a-z_][a-z0-9_.-]{0,31}$"  # POSIX user names as useradd accepts them
+from nuro import names
+
+NAME = rf"^{names.TEAM}$"  # Slurm account/QOS names: lower case, no dashes (the QOS prefix adds one)
+USER = rf"^{names.USER}$"  # POSIX user names as useradd accepts them
 
 NonNegInt = Annotated[int, Field(ge=0, strict=True)]
 #: Seconds of a run (minimum run time); a day at most: a longer exemption is a reservation, not a preemption rule.

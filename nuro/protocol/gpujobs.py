@@ -22,10 +22,10 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
-from nuro.checkpoint.layout import validate_job_id
-from nuro.checkpoint.staging import write_atomic
+from nuro.names import validate_job_id
 from nuro.protocol.heartbeat import is_node_name
 from nuro.protocol.jobrecord import JobRecord
+from nuro.safeio.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 

@@ -47,6 +47,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from nuro import names
+
 FORMAT = 2
 MAX_DATAGRAM = 1400  # stays inside one Ethernet frame: no IP fragmentation
 #: A beat every 0.25 s, a node lost after 4 silent intervals: detection in about 1 s (the platform's aim; the brief
@@ -74,8 +76,7 @@ MAX_COMMITS = 8
 MAX_ACKS = 4
 #: How long an agent repeats an ack in its beats (the controller needs one; UDP may drop some).
 ACK_TTL_S = 30.0
-_NODE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-NODE_BYTES = re.compile(rb"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+NODE_BYTES = re.compile(names.NODE.encode())
 MAC_LEN = 64
 _KEY_LABEL = b"nuro-heartbeat-key/v1\0"
 MAX_KEY_FILE = 4096  # a key file is 65 bytes; a bigger one is not ours (and is never read whole)
@@ -86,7 +87,7 @@ KeyLookup = Callable[[str], bytes | None]
 
 def is_node_name(name: str) -> bool:
     """A Slurm node name nuro accepts (also a safe path component: no '/', no leading '.')."""
-    return bool(_NODE.fullmatch(name))
+    return names.is_node(name)
 
 
 class BadHeartbeat(ValueError):

@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from nuro.checkpoint.errors import InvalidCheckpointInput
-from nuro.checkpoint.layout import validate_job_id, validate_run, validate_team
+from nuro.names import InvalidName, validate_job_id, validate_run, validate_team
 from nuro.protocol import jobcomment
 from nuro.safeio import safefs
 
@@ -101,7 +100,7 @@ def _check(rec: JobRecord) -> None:
             validate_run(rec.run)
             if rec.team is None:
                 problems.append("run without a team")
-    except InvalidCheckpointInput as exc:
+    except InvalidName as exc:
         problems.append(str(exc))
     if rec.keep is not None and not (_is_int(rec.keep, 1) and rec.keep <= _MAX_KEEP):
         problems.append(f"keep={rec.keep!r} is not an integer in 1..{_MAX_KEEP}")
@@ -145,7 +144,7 @@ def from_prolog_env(environ: Mapping[str, str]) -> JobRecord:
     team: str | None
     try:
         team = validate_team(account)
-    except InvalidCheckpointInput:
+    except InvalidName:
         team = None
         if account:
             log.warning("job=%d account %r is not a team name: no checkpoint work as root", job_id, account)
@@ -159,7 +158,7 @@ def from_prolog_env(environ: Mapping[str, str]) -> JobRecord:
             try:
                 run = validate_run(meta.get("name"))
                 keep = _keep_of(meta)
-            except InvalidCheckpointInput as exc:
+            except InvalidName as exc:
                 log.warning("job=%d nuro record ignored: %s", job_id, exc)
     return JobRecord(job_id, uid, gid, user, account, team, run, restart, node, keep)
 

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from nuro.checkpoint.layout import validate_team
+from nuro.names import validate_team
 
 MAX_BYTES = 64 * 1024
 SUFFIX = ".env"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro.datasets import manifest
+from nuro import names
 from nuro.policy import load_policy, parse_policy
 from nuro.policy.admission import JobRequest, Reason, decide, gpu_count, parse_sbatch_args, read_nuro
 from nuro.policy.luatable import (
@@ -290,11 +290,11 @@ _GOOD = (
 
 def test_pin_patterns_agree_with_the_manifest_and_the_policy_model() -> None:
     digest, name = "sha256:" + "0a" * 32, "imagenet-mini_v2.1"
-    assert manifest._DIGEST.fullmatch(digest) and manifest._NAME.fullmatch(name)
+    assert names.is_digest(digest) and names.is_dataset(name)
     rec = read_nuro(_GOOD.replace(_D, digest).replace('"ds"', f'"{name}"'))
     assert rec is not None and rec.bad is None and (rec.digest, rec.name) == (digest, name)
     for bad in ("A" + name, "-x", "a" * 64, "a/b", ""):
-        assert manifest._NAME.fullmatch(bad) is None
+        assert not names.is_dataset(bad)
         assert read_nuro(_GOOD.replace('"ds"', f'"{bad}"')).bad == "nuro.dataset.name"
     assert re.fullmatch(NAME, "a" * 31) and not re.fullmatch(NAME, "a" * 32)
     assert read_nuro(_GOOD.replace('"perception"', '"' + "a" * 32 + '"')).bad == "nuro.team"

@@ -11,8 +11,9 @@ import pytest
 
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.manifest import FileEntry, UploadRequest
-from nuro.checkpoint.staging import StagedStep, claimed, job_steps, mark, read_request, write_atomic, write_request
+from nuro.checkpoint.staging import StagedStep, claimed, job_steps, mark, read_request, write_request
 from nuro.checkpoint.verify import open_beneath, scan_dir, verify_local
+from nuro.safeio.atomic import write_atomic
 
 
 def _tree(root: Path) -> tuple[FileEntry, ...]:

@@ -13,6 +13,9 @@ function-local alike) and names each forbidden edge as ``file:line: rule: what``
   fails later); ``if TYPE_CHECKING:`` imports do not, they never run.
 - **contract**: ``nuro/protocol/contract.py`` imports only the standard library (the SDK imports it inside the
   training process, the renderer on login nodes).
+- **floors**: the bottom floors of the core import nothing above them: ``nuro.names`` (the names nuro accepts) only
+  the standard library; ``nuro.safeio`` besides itself only ``nuro.names``; ``nuro.protocol`` besides itself only
+  ``nuro.safeio`` and ``nuro.names``. (Floors above these are still to be drawn: issue 33.)
 - **lazy**: an import inside a function has a comment on its line or the line above saying why it must be lazy (a
   heavy import off a CLI's start-up path, an optional dependency); otherwise it belongs at the top. One comment above
   a block of consecutive imports covers the block; a bare linter pragma (``# noqa: PLC0415``) is no reason.
@@ -43,6 +46,13 @@ CONTRACT = "nuro.protocol.contract"
 #: The click entry points that mount other CLIs' command groups (and the only product file that mounts the dev wing).
 MOUNTING_ENTRY_POINTS = {"nuro.login.train_cli", "nuro.admin.admin_cli"}
 DEVCLUSTER_MOUNT = "nuro.admin.admin_cli"
+#: The core's bottom floors, lowest first: each may import (besides the standard library, third-party packages and
+#: itself) only the floors listed for it. ``nuro.names`` is stdlib only.
+FLOORS: dict[str, tuple[str, ...]] = {
+    "nuro.names": (),
+    "nuro.safeio": ("nuro.names",),
+    "nuro.protocol": ("nuro.names", "nuro.safeio"),
+}
 #: What a comment may hold that is no reason: linter pragmas and rule codes (a bare suppression says nothing of why).
 PRAGMA = re.compile(
     r"(?i:noqa|type:\s*ignore(\[[^\]]*\])?|pragma:\s*no\s*cover|pylint:\s*\S+|fmt:\s*\S+)|\b[A-Z]+[0-9]+\b"
@@ -221,6 +231,17 @@ def _edge_text(mod: Module, edge: Edge) -> str:
     return f"{mod.rel}:{edge.line}: {mod.name} {where}imports {edge.target}"
 
 
+def floor_breach(source: str, target: str) -> bool:
+    """Whether ``source`` sits on a floor (``FLOORS``) and ``target`` is a nuro module above it."""
+    floor = next((f for f in FLOORS if _in(source, f)), None)
+    if floor is None:
+        return False
+    if floor == "nuro.names":
+        return target.partition(".")[0] not in sys.stdlib_module_names
+    allowed = (floor, *FLOORS[floor])
+    return _in(target, CORE) and not any(_in(target, a) for a in allowed)
+
+
 def violations(rule: str) -> list[str]:
     found = []
     mods = modules()
@@ -251,6 +272,8 @@ def violations(rule: str) -> list[str]:
                 top = target.partition(".")[0]
                 bad = mod.name == CONTRACT and top not in sys.stdlib_module_names
                 why = "the job<->platform contract stays dependency-free (stdlib only)"
+            elif rule == "floors":
+                bad, why = floor_breach(mod.name, target), "a bottom floor of the core imports a package above it"
             elif rule == "missing":
                 bad = _in(edge.written, CORE) and edge.written not in mods
                 why = "no such module (left behind by a move?)"
@@ -335,13 +358,25 @@ def cycles() -> list[str]:
     return found
 
 
-RULES = ["devcluster", "core-up", "cli", "contract", "lazy", "missing"]
+RULES = ["devcluster", "core-up", "cli", "contract", "floors", "lazy", "missing"]
 
 
 @pytest.mark.parametrize("rule", RULES)
 def test_import_rule(rule: str) -> None:
     found = violations(rule)
     assert not found, f"{len(found)} import(s) break rule {rule!r}:\n" + "\n".join(found)
+
+
+def test_a_planted_upward_import_breaks_the_floors() -> None:
+    """The floor rule itself: an upward import from a floor is caught, a downward one and stdlib ones are not."""
+    assert floor_breach("nuro.protocol.jobrecord", "nuro.checkpoint.layout")
+    assert floor_breach("nuro.safeio.credfile", "nuro.protocol.contract")
+    assert floor_breach("nuro.names", "nuro.safeio")
+    assert floor_breach("nuro.names", "yaml"), "stdlib only"
+    assert not floor_breach("nuro.protocol.jobrecord", "nuro.safeio.safefs")
+    assert not floor_breach("nuro.protocol.jobrecord", "nuro.names")
+    assert not floor_breach("nuro.safeio.credfile", "os")
+    assert not floor_breach("nuro.checkpoint.layout", "nuro.runs.report"), "floors above these are not drawn yet"
 
 
 def test_no_import_cycles() -> None:

@@ -1,0 +1,43 @@
+"""One home for the names nuro accepts (nuro/names.py): every Python check uses it, and the Lua bridge agrees."""
+
+from __future__ import annotations
+
+import pytest
+
+from nuro import names
+from nuro.checkpoint import layout
+from nuro.checkpoint.errors import InvalidCheckpointInput
+from tests import luabridge
+from tests.unit.test_comment_bridge import STRICT, _disagreements
+
+C = "0123456789abcdef0123456789abcdef01234567"
+DIGEST = "sha256:" + "3f" * 32
+TEAMS = ["perception", "a", "a" * 31, "a" * 32, "A", "1a", "a-b", "a_b", "a.b", "", "é"]
+DATASETS = ["ds", "imagenet-mini_v2.1", "0x", "a" * 63, "a" * 64, "Ds", "-x", ".x", "a/b", "a b", ""]
+DIGESTS = [DIGEST, "sha256:" + "3F" * 32, "sha256:" + "3f" * 31, "sha256:" + "3f" * 33, "md5:" + "3f" * 16]
+
+
+def record(team: str = "perception", name: str = "ds", digest: str = DIGEST) -> str:
+    return (f'{{"nuro":{{"code":{{"commit":"{C}","repo":"/r"}},"dataset":{{"digest":"{digest}","name":"{name}"}},'
+            f'"team":"{team}","v":1}}}}')  # fmt: skip
+
+
+def test_the_patterns_say_what_the_validators_say() -> None:
+    assert [names.is_team(t) for t in TEAMS] == [True, True, True, False, False, False, False, True, False, False,
+                                                  False]  # fmt: skip
+    assert names.is_dataset("imagenet-mini_v2.1") and not names.is_dataset("a" * 64)
+    assert names.is_digest(DIGEST) and not names.is_digest(DIGESTS[1])
+    with pytest.raises(names.InvalidName, match="bad team 'A'"):
+        names.validate_team("A")
+    with pytest.raises(InvalidCheckpointInput, match="bad run name"):  # the checkpoint layer's type, same words
+        layout.validate_run("-x")
+    assert issubclass(InvalidCheckpointInput, names.InvalidName), "whoever catches a refused name catches both"
+
+
+@pytest.mark.skipif(luabridge.LUA is None, reason="lua5.1 not installed (apt-get install lua5.1)")
+def test_the_lua_bridge_accepts_and_refuses_the_same_names() -> None:
+    """Team, dataset name and digest at and past every edge, through the real job_submit.lua and the Python
+    admission (both with pinning required): the same verdicts and messages."""
+    comments = [record(team=t) for t in TEAMS if '"' not in t] + [record(name=n) for n in DATASETS]
+    comments += [record(digest=d) for d in DIGESTS]
+    assert _disagreements(comments, STRICT) == []
