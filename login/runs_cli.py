@@ -1,6 +1,6 @@
 """``nuro-train ls | status | cancel | logs | quota``: follow runs from a login node.
 
-Slurm is the system of record (ARCHITECTURE principle 1): every view is read from one adapter snapshot (jobs with
+Slurm is the system of record (architecture principle 1): every view is read from one adapter snapshot (jobs with
 their nuro record in the comment) or, for finished jobs, accounting. Rich tables for people, ``--json`` for scripts.
 A run's checkpoints and lineage are ``nuro.runs.checkpoints``'s (``artifacts`` and ``events`` read them too).
 

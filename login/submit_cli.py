@@ -1,6 +1,6 @@
 """``nuro-train submit [SPEC.yaml] [flag overrides] [--dry-run] [--json]``: plan, preview, then submit a run.
 
-The shape is plan → apply (STYLE T1, ``nuro.jobspec.submission``): ``plan_submission`` checks the spec, resolves the
+The shape is plan → apply (``nuro.jobspec.submission``): ``plan_submission`` checks the spec, resolves the
 dataset to a digest, pins the code and renders the ``SbatchRequest`` (nothing is written anywhere);
 ``apply_submission`` creates the output directory, stores the code patch when a store is configured and submits the
 request unchanged through the Slurm adapter. ``--dry-run`` stops after the plan and prints the script, the sbatch

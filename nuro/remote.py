@@ -2,7 +2,7 @@
 
 Why a thin adapter: ``nuro-admin nodes`` fans out to many hosts and must tell an admin, per host, *what kind* of
 failure happened (the fix differs: a dead node, a missing key, a reinstalled node with a new host key, a hung
-command), and every remote call takes an explicit timeout (STYLE S5) so one bad node cannot stall a fan-out.
+command), and every remote call takes an explicit timeout so one bad node cannot stall a fan-out.
 
 Host-key checking is ON by default: keys are checked against the host's ``known_hosts`` file only (never
 ``~/.ssh``), and an unknown key is refused (paramiko's ``RejectPolicy`` semantics), a changed key is refused with

@@ -12,7 +12,7 @@ Exit statuses (node mode and step mode alike): 0 = finished; 75 (``EXIT_REQUEUE`
 requeues within ``NURO_MAX_REQUEUES``); anything else = the user's code failed with that status (not requeued).
 How an end is classified and why the step folds verdicts instead of trusting srun's maximum: ``launch_outcome``.
 
-Signals (STYLE S5; chosen once, documented in docs/launch.md):
+Signals (chosen once, documented in docs/launch.md):
 
 | signal to nuro-launch | forwarded to | meaning |
 |---|---|---|

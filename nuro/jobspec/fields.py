@@ -3,7 +3,7 @@
 Why allow-lists and not escaping: job spec values end up in an sbatch script, in ``#SBATCH`` lines (which sbatch
 parses with its own quote rules), in the job comment that the prolog and the controller parse as root, in paths on
 shared file systems and in environment variables. Proving one escaping scheme right for all of those is harder than
-refusing everything that is not plainly a name, a number or a path (ARCHITECTURE principle 4). The renderer still
+refusing everything that is not plainly a name, a number or a path (architecture principle 4). The renderer still
 ``shlex.quote``s, as a second line of defence.
 
 Each kind turns a raw value (from YAML or a command-line flag, so strings are accepted for numbers too) into a

@@ -1,4 +1,4 @@
-"""The job spec's one declaration table: every option once, with its kind, default, unit and help (STYLE S4/T3).
+"""The job spec's one declaration table: every option once, with its kind, default, unit and help.
 
 ``SPEC_OPTIONS`` generates the YAML schema (nested groups ``code``, ``entrypoint``, ``checkpoint``), the validation
 (``nuro.jobspec.spec.build_spec``), the ``nuro-train submit`` click options (``click_options``), the platform flags of
@@ -194,7 +194,7 @@ def default_text(opt: Opt) -> str:
 
 
 def valid_keys_text() -> str:
-    """Every valid key with its default: what an unknown-key error lists (STYLE S4)."""
+    """Every valid key with its default: what an unknown-key error lists."""
     return ", ".join(f"{o.name} (default: {default_text(o)})" for o in SPEC_OPTIONS)
 
 

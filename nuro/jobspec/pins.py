@@ -1,6 +1,6 @@
 """Resolve what a spec refers to into immutable pins, at submit: dataset tag → digest, and the code patch's storage.
 
-A job records only digests (ARCHITECTURE "Checkpoints and data": tags resolve to a digest at submit). Resolving a tag
+A job records only digests (docs/datasets.md: tags resolve to a digest at submit). Resolving a tag
 needs the snapshot store (``nuro.datasets`` over ``nuro.objectstore``, configured by ``NURO_S3_ENDPOINT``). Without a
 store, only ``name@sha256:<64 hex>`` is accepted: it is already immutable, and nothing else could say which snapshot
 a tag means *now*. With a store, a digest reference is also checked to exist, so a typo fails at the keyboard.

@@ -3,7 +3,7 @@
 The bridge reads ``nuro_policy.lua`` beside slurm.conf. That file is Lua; the preview instead builds the same table
 from the teams.yaml it was generated from (``--policy PATH`` or ``NURO_POLICY``) with
 ``nuro.policy.luatable.policy_table`` and runs ``nuro.policy.admission.decide`` on it: one rule set, one data file
-(ARCHITECTURE principle 5). When the Lua table beside ``$SLURM_CONF`` is readable, the preview takes the cluster
+(architecture principle 5). When the Lua table beside ``$SLURM_CONF`` is readable, the preview takes the cluster
 facts ``policy apply`` read from Slurm (leaf size, GPUs per node, the topology hint: ``CLUSTER_FACTS``) from it, and
 its ``digest`` line is compared with the preview's, so a stale teams.yaml is reported instead of silently previewing
 another policy.

@@ -1,4 +1,4 @@
-"""Render a checked job spec into the exact sbatch submission: a pure function, golden-tested (STYLE T1/T2/S3).
+"""Render a checked job spec into the exact sbatch submission: a pure function, golden-tested.
 
 ``render_submission(spec, pins, facts) -> SbatchRequest`` reads nothing from the cluster or the disk: the dataset
 digest and the code commit come in as ``Pins`` (resolved and pinned by the caller), the topology hint's leaf size and
@@ -48,7 +48,7 @@ from nuro.protocol.contract import (
     TIME_LIMIT_SIGNAL,
 )
 
-#: Seconds a stuck ``scontrol requeue`` may take inside the job before the job gives up (STYLE S5).
+#: Seconds a stuck ``scontrol requeue`` may take inside the job before the job gives up.
 REQUEUE_TIMEOUT_S = 60
 
 

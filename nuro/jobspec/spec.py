@@ -1,7 +1,7 @@
 """The validated job spec: ``JobSpec`` built from a YAML file and/or flags, with every problem reported at once.
 
 Precedence: option defaults < the YAML file < command-line flags. Unknown keys are errors that list every valid key
-with its default (STYLE S4; torchx's "unknown configs are ignored" is the habit we avoid). A value is checked by its
+with its default (torchx's "unknown configs are ignored" is the habit we avoid). A value is checked by its
 option's kind (``nuro.jobspec.fields``); cross-field rules (a stop warning shorter than the time limit, allow_dirty
 only for HEAD) are checked after. Example spec::
 

@@ -1,4 +1,4 @@
-"""A ``nuro-train`` submission as plan → apply (STYLE T1): the steps ``submit`` and ``resume`` share.
+"""A ``nuro-train`` submission as plan → apply: the steps ``submit`` and ``resume`` share.
 
 ``plan_submission`` checks the spec, resolves the dataset to a digest, pins the code and renders the ``SbatchRequest``
 (nothing is written anywhere); ``apply_submission`` creates the output directory, stores the code patch when a store

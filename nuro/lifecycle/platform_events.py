@@ -1,6 +1,6 @@
 """nuro's event log: an append-only JSON Lines file of what the platform did and why (node lost, jobs requeued, …).
 
-Why a file and not a database (ARCHITECTURE principle 1): Slurm stays the record of jobs; this is a journal for
+Why a file and not a database (architecture principle 1): Slurm stays the record of jobs; this is a journal for
 humans and tools (``nuro-train events RUN``) that explains the gaps Slurm's own records leave ("why did my job
 restart at 08:12?"). Losing it loses explanations, never state.
 

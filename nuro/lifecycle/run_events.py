@@ -1,7 +1,7 @@
 """What a run itself saw, recorded next to its checkpoints in S3: started, resumed at step N, first step, progress,
 preempted, finished, checkpoints a restore skipped.
 
-Why S3 and not a new database: S3 is already the system of record for a run's checkpoints (ARCHITECTURE principle
+Why S3 and not a new database: S3 is already the system of record for a run's checkpoints (architecture principle
 1), the job has its credentials, and each event is one small immutable object written with ``If-None-Match: *`` — so
 ``nuro-train events`` can assemble a run's history from Slurm accounting, the controller's event log and these
 objects, with nothing extra to run or back up. Only rank 0 records, a few objects per attempt (progress at most

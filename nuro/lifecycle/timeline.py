@@ -1,6 +1,6 @@
 """A run's lifecycle assembled from the systems of record — pure: the caller reads, this only orders and explains.
 
-Sources (ARCHITECTURE principle 1, nothing of our own to keep in sync):
+Sources (architecture principle 1, nothing of our own to keep in sync):
 - Slurm accounting: every attempt of the job (``sacct -D``): submitted, started on which nodes, ended how
   (REQUEUED, COMPLETED, FAILED, NODE_FAIL, ...);
 - the controller's event log: node lost (with its last heartbeat), set down, drained, resumed, jobs requeued;

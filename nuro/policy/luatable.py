@@ -2,7 +2,7 @@
 
 ``policy_table(policy)`` builds the table as plain data (dicts, str, int, bool); ``render_lua_table(policy)`` writes
 the same data as a Lua 5.1 chunk (``return { ... }``) that ``slurm_plugins/job_submit.lua`` reads with ``dofile``
-on every submission, and ``nuro.policy.admission.decide`` reads the dict directly (ARCHITECTURE principle 5: one
+on every submission, and ``nuro.policy.admission.decide`` reads the dict directly (architecture principle 5: one
 implementation per rule, two languages, one data file, shared test vectors).
 
 The user-facing rejection messages and their ``ESLURM_*`` codes live here too, in ``RULES``, so the Lua bridge and the

@@ -3,7 +3,7 @@
 Admins describe teams once; everything downstream is derived from this one value: the sacctmgr state
 (``nuro-admin policy apply``), the job_submit.lua policy table, the controller's borrowing and reclaim decisions.
 
-Mapping onto Slurm (see ARCHITECTURE.md "Teams, quotas, borrowing on Slurm"):
+Mapping onto Slurm (docs/policy.md has the whole mapping):
 
 | policy | Slurm |
 |---|---|

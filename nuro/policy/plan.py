@@ -1,6 +1,6 @@
 """Policy → sacctmgr: the desired accounting state, and the ordered, frozen list of commands that reaches it.
 
-Pure (STYLE T1, ARCHITECTURE "pure core"): ``build_plan(policy, current, prune)`` takes the state read from slurmdbd
+Pure (architecture principle 3): ``build_plan(policy, current, prune)`` takes the state read from slurmdbd
 as a value and returns a ``Plan``; nothing here runs a command, so it is golden-tested from captured sacctmgr output.
 
 What nuro writes (a pure function of the policy, ``desired_state``):

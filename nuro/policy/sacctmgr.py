@@ -1,6 +1,6 @@
 """Apply a policy ``Plan``: run its sacctmgr commands one by one, verify, and install the job_submit policy table.
 
-The edge of the pure planner (STYLE T1): ``nuro.policy.plan.build_plan`` decides, this module executes. Commands run
+The edge of the pure planner: ``nuro.policy.plan.build_plan`` decides, this module executes. Commands run
 through ``CliBackend.run`` (argument lists, never a shell, an explicit timeout, typed errors) and in plan order; the
 first failure stops the run, because later commands depend on earlier ones (an association names a QOS added before
 it). Nothing is retried: a half-applied plan is safe to re-plan, since the next ``build_plan`` starts from what

@@ -1,6 +1,6 @@
 """nuro's run record in the Slurm job comment: canonical JSON, immutable from submit on, within Slurm's 1,024 bytes.
 
-Slurm is the system of record for jobs (ARCHITECTURE principle 1), so the run's metadata (team, dataset digest, code
+Slurm is the system of record for jobs (architecture principle 1), so the run's metadata (team, dataset digest, code
 commit, checkpoint policy, …) travels with the job itself, readable by one ``squeue --json``:
 
 | key | written by | meaning |

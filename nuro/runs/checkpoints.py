@@ -2,7 +2,7 @@
 show them.
 
 No extra database: the S3 listing and the checkpoint manifests are the record of what was committed, Slurm's comment
-and accounting the record of which run resumed which (ARCHITECTURE principle 1).
+and accounting the record of which run resumed which (architecture principle 1).
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def run_checkpoints(
     listing of the run's prefix, key → bytes) each also gets ``damaged``: its files that are missing or resized
     (``damaged_files``). Not committed = a step prefix without one: ``{"step", "status": "incomplete" | "torn",
     "bytes"}`` (given up by its upload, or still uploading / torn). No extra database: the listing and the manifests
-    are the record (ARCHITECTURE principle 1). Raises ObjectStoreError when the store cannot be listed; ValueError
+    are the record (architecture principle 1). Raises ObjectStoreError when the store cannot be listed; ValueError
     for a team/run name S3 keys cannot hold.
     """
     committed: list[dict] = []

@@ -1,7 +1,7 @@
 """What a run logged, what it stored, and how two runs differ: the views of ``nuro-train metrics | artifacts |
 compare``, also read by the dev wing's scenarios and the demo.
 
-Every view is assembled from the systems of record (ARCHITECTURE principle 1), never from a nuro database:
+Every view is assembled from the systems of record (architecture principle 1), never from a nuro database:
 
 | view | Slurm (comment, accounting) | metrics sink | S3 |
 |---|---|---|---|

@@ -1,6 +1,6 @@
 """State-changing Slurm operations as frozen values, and the pure function that renders each to an exact argv.
 
-Why (STYLE T1): what will reach Slurm is a value you can print, diff and test before anything runs; rendering never
+Why: what will reach Slurm is a value you can print, diff and test before anything runs; rendering never
 touches the cluster, and executing (``Backend.apply``) builds a fresh argv each time, so a retry can never
 accumulate arguments. Every argv is a list for ``subprocess`` without a shell: values such as a drain reason with
 spaces travel as one argument, never re-split or interpreted.

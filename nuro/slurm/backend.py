@@ -1,10 +1,10 @@
 """The Slurm adapter: an abstract ``Backend`` (read a snapshot, apply an action) and the default ``CliBackend``.
 
-Why this shape (STYLE S1): the abstract surface is small: ``read_snapshot`` and ``apply``, plus the two reads that
+Why this shape: the abstract surface is small: ``read_snapshot`` and ``apply``, plus the two reads that
 do not fit a snapshot (``finished_jobs`` from accounting, ``version``). Parsing and rendering are shared pure
 functions (``nuro.slurm.parse``, ``nuro.slurm.actions``), so a backend is a short class.
 
-Fallbacks of ``CliBackend`` (STYLE T5), each logged when taken:
+Fallbacks of ``CliBackend``, each logged when taken:
 
 * jobs: ``squeue --json`` (Slurm ≥ 21.08; 22.05 here); from 24.11 ``squeue --json=<newest data_parser>+complex``
   (``jobs_json_option``): plain numbers instead of ``{set, infinite, number}`` objects, half the bytes, 0.37 s
@@ -15,7 +15,7 @@ Fallbacks of ``CliBackend`` (STYLE T5), each logged when taken:
   restart; ``refresh_topology()`` forgets it). If it fails for a reason other than an unreachable controller or
   a timeout (e.g. topology/none), nodes get ``switch=None`` and one warning is logged.
 * partitions: ``scontrol show -o partition`` (22.05's ``sinfo --json`` has none); on failure, derived from nodes.
-* finished jobs: ``sacct --json -j a,b,...`` (one call for many jobs, STYLE S2), plus one text ``sacct`` call
+* finished jobs: ``sacct --json -j a,b,...`` (one call for many jobs), plus one text ``sacct`` call
   for exit codes when 22.05's JSON lost them.
 
 Job reads never parse ``scontrol show job`` text (issue 11: a job name with `` Comment=...`` or a newline added

@@ -1,6 +1,6 @@
 """Frozen value types for what Slurm reports: nodes, jobs, partitions, a whole-cluster snapshot, the version.
 
-Why frozen: the controller's decision step is a pure function of a snapshot (STYLE K2); nothing may edit a snapshot
+Why frozen: the controller's decision step is a pure function of a snapshot; nothing may edit a snapshot
 behind its back, and what-if views are built with ``without_jobs`` instead of mutation.
 
 Conventions: times are timezone-aware UTC ``datetime`` or None (Slurm's 0 / "Unknown" / "None"); counts are ints;

@@ -1,4 +1,4 @@
-"""Slurm job states → nuro's ``JobPhase``, from one table (STYLE T4).
+"""Slurm job states → nuro's ``JobPhase``, from one table.
 
 Why one table: cross-system semantics get reviewed in one place, and torchx's habit of mapping PREEMPTED to FAILED
 (and raising KeyError on states it did not know) is what we avoid. Rules:

@@ -1,4 +1,4 @@
-"""Where a gang could start: per-node free and being-freed GPUs, as a scratch copy for one cycle (STYLE K2).
+"""Where a gang could start: per-node free and being-freed GPUs, as a scratch copy for one cycle.
 
 Placement is Slurm's all-or-nothing gang rule for a GPU job: ``node_count`` schedulable nodes, each with at least
 ``gpus_per_node`` free GPUs. Topology (leaf switches, ``NodeInfo.switch``): job_submit.lua gives every gang of 2 to

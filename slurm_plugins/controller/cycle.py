@@ -3,7 +3,7 @@
 ``ControllerState`` is all the daemon keeps between cycles: its in-flight preemptions are also in the controller's
 own ledger (``ledger.py``; never in a job's comment, whose 1,024 bytes its user may fill), jobs' progress comes from
 the node agents (``progress.py``), and site factors are re-derived each cycle. ``Cycle`` is
-the what-if copy one ``decide`` call works on (STYLE K2): the snapshot is frozen, everything that changes as
+the what-if copy one ``decide`` call works on: the snapshot is frozen, everything that changes as
 decisions are taken (free GPUs, team usage, chosen victims) lives here and is thrown away afterwards.
 """
 

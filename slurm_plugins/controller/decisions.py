@@ -1,4 +1,4 @@
-"""What one controller cycle decided: frozen values, each with a human ``reason`` and a machine ``code`` (STYLE K4).
+"""What one controller cycle decided: frozen values, each with a human ``reason`` and a machine ``code``.
 
 The engine only computes these; the daemon applies them (``apply.py``) in the order ``decide`` returns them:
 
@@ -136,7 +136,7 @@ APPLY_ORDER: tuple[type, ...] = (Requeue, Preempt, Return, Borrow, SetSiteFactor
 @dataclass(frozen=True)
 class CycleStats:
     """Per-phase durations (seconds, in pipeline order) and counts, for one ``cycle=… phase=… duration_s=…`` line
-    each (STYLE K1)."""
+    each."""
 
     phase_s: tuple[tuple[str, float], ...] = ()
     counts: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))

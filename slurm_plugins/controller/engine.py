@@ -3,7 +3,7 @@
 No I/O, no clock, no randomness: the same inputs give the same decisions (the order of jobs and nodes in the
 snapshot does not matter either). The daemon reads a snapshot, calls ``decide`` and applies the result.
 
-The cycle is a numbered pipeline (STYLE K1); each phase is one small function and is timed:
+The cycle is a numbered pipeline; each phase is one small function and is timed:
 
 1. **classify** jobs by QOS and account (``classify.py``); sum each team's GPUs by kind; bring each team's decayed
    usage up to now and derive its fair-share load (``fairshare.py``).

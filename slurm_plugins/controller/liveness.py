@@ -1,6 +1,6 @@
 """The heartbeat failure detector, as a pure function: ``assess(state, beats, slurm_nodes, now, cfg)``.
 
-Why pure (ARCHITECTURE principle 3): every rule below is a few lines of arithmetic on times, and each one is
+Why pure (architecture principle 3): every rule below is a few lines of arithmetic on times, and each one is
 unit-tested with a fake clock; the runtime (``detection.py``) only receives datagrams, polls Slurm's node list,
 applies the returned actions and writes the event log.
 
@@ -90,7 +90,7 @@ class Cause(StrEnum):
 
 @dataclass(frozen=True)
 class LivenessConfig:
-    """Detector settings (seconds). ``__post_init__`` checks that they relate sensibly (STYLE N1)."""
+    """Detector settings (seconds). ``__post_init__`` checks that they relate sensibly."""
 
     interval_s: float = DEFAULT_INTERVAL_S
     miss_limit: int = DEFAULT_MISS_LIMIT

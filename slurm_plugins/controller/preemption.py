@@ -1,7 +1,7 @@
 """Phases 2–4: finish in-flight preemptions, make room for tier jobs, reclaim quota from borrowers.
 
-Checkpoint-confirmed preemption (ARCHITECTURE): the controller signals a victim (``Preempt``) and records it in its
-own ledger (``ledger.py``), the job commits a checkpoint and acknowledges through its node agent (``progress.py``;
+Checkpoint-confirmed preemption (docs/controller.md): the controller signals a victim (``Preempt``) and records it in
+its own ledger (``ledger.py``), the job commits a checkpoint and acknowledges through its node agent (``progress.py``;
 a commit learnt after the signal counts as the acknowledgement too), and the controller requeues it at once on the
 ack, or at grace end without one (``Requeue``). Nothing on this path is written into or read from the job's comment,
 whose 1,024 bytes its user may fill. Slurm's own GraceTime stays the backstop when the controller is down.

@@ -1,4 +1,4 @@
-"""Victim choice: the one comparator (STYLE K3) and the search for a small, cheap set of victims that frees a
+"""Victim choice: the one comparator and the search for a small, cheap set of victims that frees a
 placeable block for a pending gang.
 
 The search is node-first because placement is per node: a 2-node × 8-GPU job needs two nodes with 8 GPUs each, and

@@ -1,4 +1,4 @@
-"""Fluent builders for engine tests (STYLE K5), plus a few tests that the builders build what they say.
+"""Fluent builders for engine tests, plus a few tests that the builders build what they say.
 
 a_job(7).team("perception").borrowed().gpus(8).running_on("n01").ckpt_age_s(600).build()
 a_cluster().nodes(4, gpus=8).jobs(j1, j2).build()        # node allocations derived from the running jobs

@@ -1,4 +1,4 @@
-"""Table tests of the decision engine, one scenario per rule (STYLE K5): borrow, lending, fair share, reclaim,
+"""Table tests of the decision engine, one scenario per rule: borrow, lending, fair share, reclaim,
 placeable victims, tiers, requeue on ack or at grace end."""
 
 from __future__ import annotations

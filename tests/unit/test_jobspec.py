@@ -1,4 +1,4 @@
-"""The job spec: one option table → YAML schema, validation, click options, docs (STYLE S4/T3)."""
+"""The job spec: one option table → YAML schema, validation, click options, docs."""
 
 from __future__ import annotations
 

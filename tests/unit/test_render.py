@@ -1,4 +1,4 @@
-"""render_submission: whole-script golden tests (STYLE S3/T2), the run record, purity, and the bridge preview."""
+"""render_submission: whole-script golden tests, the run record, purity, and the bridge preview."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """``Checkpointer``: async DCP checkpoints that a node-level worker commits to S3, and restore of the newest valid one.
 
-Path of one save (STYLE N5)::
+Path of one save::
 
     save(state, step)                         # training thread: blocks only while DCP copies the state to memory
       └ dcp.async_save → $NURO_STAGING_DIR/ckpt/step-N/      (background thread, separate gloo group)

@@ -1,4 +1,4 @@
-"""PreemptionGuard: every rank stops at the same step, checkpoints, acknowledges, exits "restart me" (STYLE D1–D3).
+"""PreemptionGuard: every rank stops at the same step, checkpoints, acknowledges, exits "restart me".
 
 Why this shape:
 

@@ -1,4 +1,4 @@
-"""What a training process knows about its run, read once from the environment (STYLE D6).
+"""What a training process knows about its run, read once from the environment.
 
 Three layers set the variables, and this module is the one place that reads them:
 
