@@ -21,6 +21,7 @@ from nuro.healthcheck.run import Outcome
 from nuro.lifecycle.platform_events import EventLog
 from nuro.protocol import adminnote
 from nuro.protocol.contract import NOTE_REFUSED
+from nuro.protocol.envnames import NURO_EVENT_LOG
 from nuro.slurm import Action, Cancel, CliBackend, DrainNode, ResumeNode, parse_scontrol_show_oneliner
 
 log = logging.getLogger("nuro.healthcheck")
@@ -95,7 +96,7 @@ def fail_disk_jobs(outcome: Outcome, backend: CliBackend, dry_run: bool = False)
             backend.update_admin_comment(use.job_id, note)
         except Exception as exc:  # noqa: BLE001 - the cancel matters more than the note
             log.warning("job=%s reason not written to its admin comment: %s", use.job_id, exc)
-        events = os.environ.get("NURO_EVENT_LOG", "").strip()
+        events = os.environ.get(NURO_EVENT_LOG, "").strip()
         if events:
             try:
                 EventLog(events, source="nuro-health").append(

@@ -66,6 +66,7 @@ from nuro.metrics.buffer import writer_from_env
 from nuro.metrics.model import GPU, Point
 from nuro.protocol import heartbeat as hb
 from nuro.protocol import jobrecord, peerloss
+from nuro.protocol.envnames import NURO_AGENT_SOCKET_DIR, NURO_ENV_FILE
 from nuro.protocol.gpujobs import gpu_tags
 from nuro.protocol.nodeenv import load_node_env
 
@@ -863,7 +864,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     try:
         if args.env_file:
-            os.environ["NURO_ENV_FILE"] = args.env_file
+            os.environ[NURO_ENV_FILE] = args.env_file
         load_node_env()
         os.environ.setdefault("PATH", DEFAULT_PATH)
         settings = HealthSettings.from_env()
@@ -883,7 +884,7 @@ def main(argv: list[str] | None = None) -> int:
             health=settings,
             probe_timeout_s=args.probe_timeout_s,
             stop_grace_s=args.stop_grace_s,
-            socket_dir=os.environ.get("NURO_AGENT_SOCKET_DIR") or None,
+            socket_dir=os.environ.get(NURO_AGENT_SOCKET_DIR) or None,
         )
         hb.Heartbeat(config.node, 0, 0, 0.0)  # validates the node name now, not at the first beat
         probe = make_probe(settings.probe, timeout_s=args.probe_timeout_s)

@@ -33,6 +33,7 @@ from nuro.healthcheck.checks import (
 from nuro.healthcheck.diskuse import running_job_usage
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport, NoGpuProbe
 from nuro.healthcheck.statusfile import read_status
+from nuro.protocol.envnames import NURO_AGENT_STATUS_DIR, NURO_STAGING_ROOT
 from nuro.protocol.nodeenv import env_number
 
 log = logging.getLogger("nuro.healthcheck")
@@ -85,9 +86,9 @@ class HealthSettings:
         return cls(
             expected_gpus=number("NURO_EXPECT_GPUS", int, None),  # type: ignore[arg-type]
             probe=env.get("NURO_HEALTH_PROBE", "").strip() or "auto",
-            staging_root=env.get("NURO_STAGING_ROOT", "").strip() or DEFAULT_STAGING_ROOT,
+            staging_root=env.get(NURO_STAGING_ROOT, "").strip() or DEFAULT_STAGING_ROOT,
             staging_min_free_bytes=int(float(min_free_gb) * (1 << 30)),  # type: ignore[arg-type]
-            agent_status_dir=env.get("NURO_AGENT_STATUS_DIR", "").strip() or None,
+            agent_status_dir=env.get(NURO_AGENT_STATUS_DIR, "").strip() or None,
             limits=limits,
         )
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from nuro.console import ExitCode, fail
+from nuro.protocol.envnames import NURO_EVENT_LOG
 from nuro.runs.timeline_report import gather, show
 from nuro.slurm import CliBackend, SlurmError
 
@@ -27,7 +28,7 @@ from nuro.slurm import CliBackend, SlurmError
 @click.option(
     "--event-log",
     type=click.Path(dir_okay=False, path_type=Path),
-    envvar="NURO_EVENT_LOG",
+    envvar=NURO_EVENT_LOG,
     help="The controller's event log (JSONL) [default: $NURO_EVENT_LOG].",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output on stdout.")

@@ -28,6 +28,7 @@ from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.policy import PolicyError, load_policy
 from nuro.policy.classify import build_view
 from nuro.protocol import adminnote, jobcomment
+from nuro.protocol.envnames import NURO_POLICY
 from nuro.runs.checkpoints import checkpoint_lines, find_job, lineage_of
 from nuro.runs.pending import ENV_WAITS, pending_view, read_progress, read_waits
 from nuro.runs.spares import spare_lines, spare_summary
@@ -360,7 +361,7 @@ def quota_rows(jobs: Iterable[JobInfo], policy) -> list[dict]:
 
 @click.command()
 @click.option(
-    "--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path), envvar="NURO_POLICY",
+    "--policy", "policy_path", type=click.Path(dir_okay=False, path_type=Path), envvar=NURO_POLICY,
     required=True, help="The teams.yaml in force [env NURO_POLICY].",
 )  # fmt: skip
 @click.option("--json", "as_json", is_flag=True)

@@ -48,6 +48,7 @@ from botocore.exceptions import (
     ReadTimeoutError as BotoReadTimeout,
 )
 
+from nuro.protocol.envnames import NURO_S3_BUCKET, NURO_S3_CREDENTIALS, NURO_S3_ENDPOINT, NURO_S3_REGION, NURO_TEAM
 from nuro.safeio import credfile
 
 log = logging.getLogger(__name__)
@@ -132,7 +133,7 @@ _UNAVAILABLE_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "Reques
 _NETWORK_ERRORS = (EndpointConnectionError, BotoConnectTimeout, BotoReadTimeout, ConnectionClosedError)
 
 
-ENV_CREDENTIALS = "NURO_S3_CREDENTIALS"
+ENV_CREDENTIALS = NURO_S3_CREDENTIALS
 
 
 class CredentialsError(AccessDenied):
@@ -192,14 +193,14 @@ class StoreConfig:
         env = os.environ if env is None else env
         access, secret, team = env.get("AWS_ACCESS_KEY_ID") or None, env.get("AWS_SECRET_ACCESS_KEY") or None, None
         if access is None and env.get(ENV_CREDENTIALS):
-            path, team = pick_credentials_file(env[ENV_CREDENTIALS], env.get("NURO_TEAM") or None)
+            path, team = pick_credentials_file(env[ENV_CREDENTIALS], env.get(NURO_TEAM) or None)
             access, secret = read_credentials_file(path)
         cfg = cls(
-            endpoint_url=env.get("NURO_S3_ENDPOINT") or None,
-            bucket=env.get("NURO_S3_BUCKET") or DEFAULT_BUCKET,
+            endpoint_url=env.get(NURO_S3_ENDPOINT) or None,
+            bucket=env.get(NURO_S3_BUCKET) or DEFAULT_BUCKET,
             access_key=access,
             secret_key=secret,
-            region=env.get("NURO_S3_REGION") or env.get("AWS_DEFAULT_REGION") or "us-east-1",
+            region=env.get(NURO_S3_REGION) or env.get("AWS_DEFAULT_REGION") or "us-east-1",
             team=team,
             max_upload_bytes_per_s=_mib_per_s(env, "NURO_S3_MAX_UPLOAD_MIBPS"),
             max_concurrency=_positive_int(env, "NURO_S3_UPLOAD_CONCURRENCY", cls.max_concurrency),

@@ -56,6 +56,14 @@ from nuro.prolog_epilog import hooklog
 from nuro.prolog_epilog.health import node_is_healthy
 from nuro.protocol import adminnote, jobcomment, jobrecord
 from nuro.protocol.contract import COMMENT_RUN, NOTE_REFUSED
+from nuro.protocol.envnames import (
+    NURO_DATA_CACHE_DIR,
+    NURO_DATA_CACHE_GB,
+    NURO_S3_BUCKET,
+    NURO_S3_CREDENTIALS,
+    NURO_S3_ENDPOINT,
+    NURO_S3_REGION,
+)
 from nuro.protocol.gpujobs import claim, parse_gpu_ids
 from nuro.protocol.heartbeat import is_node_name
 from nuro.protocol.jobrecord import JobRecord
@@ -299,7 +307,7 @@ def record_gpus(rec: JobRecord) -> None:
 def prepare_data_cache(rec: JobRecord) -> None:
     """The team's shard cache dir on this node (``NURO_DATA_CACHE_DIR``/<account>, root:nuro-<team> 2770), so
     every job of the team shares one copy of each shard and no other team can read it (nuro.datasets.cache)."""
-    base = os.environ.get("NURO_DATA_CACHE_DIR")
+    base = os.environ.get(NURO_DATA_CACHE_DIR)
     if not base or rec.team is None:
         return
     from nuro.datasets.cache import ensure_team_dir  # lazy: the TaskProlog must start fast
@@ -309,8 +317,8 @@ def prepare_data_cache(rec: JobRecord) -> None:
 
 
 #: What the prefetch process may see of the prolog's environment: where S3 and the cache are, never a key.
-PREFETCH_ENV = ("NURO_S3_ENDPOINT", "NURO_S3_BUCKET", "NURO_S3_REGION", "NURO_S3_CREDENTIALS", "NURO_DATA_CACHE_DIR",
-                "NURO_DATA_CACHE_GB", "LANG", "LC_ALL", "TZ")  # fmt: skip
+PREFETCH_ENV = (NURO_S3_ENDPOINT, NURO_S3_BUCKET, NURO_S3_REGION, NURO_S3_CREDENTIALS, NURO_DATA_CACHE_DIR,
+                NURO_DATA_CACHE_GB, "LANG", "LC_ALL", "TZ")  # fmt: skip
 
 
 def _data_seed(meta: dict, max_seed: int) -> int:
@@ -329,7 +337,7 @@ def prefetch_plan(rec: JobRecord, comment: str | None, python: str = sys.executa
     from nuro.datasets.prefetch import DEFAULT_SHARDS, DEFAULT_TIMEOUT_S, MAX_SEED, prefetch_command
 
     count = _env_number("NURO_DATA_PREFETCH_SHARDS", DEFAULT_SHARDS)
-    if not os.environ.get("NURO_DATA_CACHE_DIR") or rec.team is None or count < 1 or rec.restart > 0:
+    if not os.environ.get(NURO_DATA_CACHE_DIR) or rec.team is None or count < 1 or rec.restart > 0:
         return None
     meta = jobcomment.parse(comment).raw.get(COMMENT_RUN)
     ref = _dataset_ref(meta) if isinstance(meta, dict) else None
@@ -382,7 +390,7 @@ def task_env() -> str:
     if not job.isdigit():
         return ""
     lines = [f"export NURO_STAGING_DIR={staging_root() / job}"]
-    lines += [f"export {k}={os.environ[k]}" for k in ("NURO_DATA_CACHE_DIR", "NURO_DATA_CACHE_GB") if os.environ.get(k)]
+    lines += [f"export {k}={os.environ[k]}" for k in (NURO_DATA_CACHE_DIR, NURO_DATA_CACHE_GB) if os.environ.get(k)]
     return "\n".join(lines)
 
 

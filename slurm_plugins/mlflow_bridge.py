@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from nuro.objectstore import ObjectStore
+from nuro.protocol.envnames import NURO_EVENT_LOG, NURO_S3_BUCKET
 from nuro.runs.report import open_sink
 from nuro.slurm import CliBackend
 from nuro.slurm_plugins.controller.config import DEFAULT_STATE_DIR, ENV_STATE_DIR
@@ -58,9 +59,9 @@ def build(uri: str | None = None) -> Bridge:
         raise SystemExit(f"nuro-mlflow-bridge: {exc}") from None
     store = ObjectStore.from_env()
     return Bridge(client, backend.jobs, backend.finished_jobs, sink_rows(open_sink),
-                  bucket=os.environ.get("NURO_S3_BUCKET", "nuro"), gpu_rows=sink_gpu_rows(open_sink),
+                  bucket=os.environ.get(NURO_S3_BUCKET, "nuro"), gpu_rows=sink_gpu_rows(open_sink),
                   checkpoints=store_checkpoints(store),
-                  timeline=job_timeline(backend, os.environ.get("NURO_EVENT_LOG"), store),
+                  timeline=job_timeline(backend, os.environ.get(NURO_EVENT_LOG), store),
                   marks=controller_marks(os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR))  # fmt: skip
 
 

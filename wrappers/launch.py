@@ -59,6 +59,13 @@ from nuro.protocol.contract import (
     TIME_LIMIT_SIGNAL,
     rdzv_port,
 )
+from nuro.protocol.envnames import (
+    NURO_JOB_DIR,
+    NURO_LAUNCH_STOP_DIR,
+    NURO_PG_TIMEOUT_S,
+    NURO_STAGING_DIR,
+    NURO_STAGING_ROOT,
+)
 from nuro.slurm import CliBackend, HostlistError, SlurmError, expand_hostlist, parse_node_addr
 from nuro.wrappers import spares
 from nuro.wrappers.direct import Workers, plan_workers
@@ -183,13 +190,13 @@ def plan_torchrun(
     )  # fmt: skip
     extra = {
         "TORCHELASTIC_ERROR_FILE": error_file,
-        "NURO_PG_TIMEOUT_S": str(pg_timeout_s),
+        NURO_PG_TIMEOUT_S: str(pg_timeout_s),
         # NCCL's watchdog; gloo has no variable: the SDK passes RunEnv.pg_timeout to init_process_group
         "TORCH_NCCL_TIMEOUT": str(pg_timeout_s),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "NURO_RDZV_ADDR": addr,
         "NURO_RDZV_PORT": str(port),
-        **({"NURO_LAUNCH_STOP_DIR": stop_dir} if stop_dir else {}),
+        **({NURO_LAUNCH_STOP_DIR: stop_dir} if stop_dir else {}),
     }
     return TorchrunPlan(argv=argv, env=extra, node_id=node_id, num_nodes=num_nodes)
 
@@ -359,8 +366,8 @@ def verdict_base(env: Mapping[str, str], given: str | None) -> Path | None:
         return Path(given)
     if env.get("NURO_LAUNCH_DIR"):
         return Path(env["NURO_LAUNCH_DIR"])
-    if env.get("NURO_JOB_DIR"):
-        return Path(env["NURO_JOB_DIR"]) / "launch"
+    if env.get(NURO_JOB_DIR):
+        return Path(env[NURO_JOB_DIR]) / "launch"
     return None
 
 
@@ -407,11 +414,11 @@ def settle(directory: Path, num_nodes: int, timeout_s: float) -> None:
 def with_node_staging_dir(env: Mapping[str, str]) -> Mapping[str, str]:
     """``env`` with this node's ``NURO_STAGING_DIR`` when the batch script could not set it: a ``NURO_STAGING_ROOT``
     naming ``{node}`` (one root per node on one shared disk, as the dev cluster has) resolves only on the node."""
-    root, job = env.get("NURO_STAGING_ROOT", ""), env.get("SLURM_JOB_ID", "")
-    if env.get("NURO_STAGING_DIR") or not root or not job:
+    root, job = env.get(NURO_STAGING_ROOT, ""), env.get("SLURM_JOB_ID", "")
+    if env.get(NURO_STAGING_DIR) or not root or not job:
         return env
     try:
-        return {**env, "NURO_STAGING_DIR": str(node_staging_root(root, env.get("SLURMD_NODENAME")) / job)}
+        return {**env, NURO_STAGING_DIR: str(node_staging_root(root, env.get("SLURMD_NODENAME")) / job)}
     except ValueError as exc:
         log.warning("no staging dir for this node (%s): checkpoints stage where the SDK's default says", exc)
         return env
@@ -425,7 +432,7 @@ def prolog_missing(env: Mapping[str, str]) -> str | None:
     a host back from a crash whose slurmd reloaded its old job state, ``nuro.healthcheck.slurmdspool``). Such an
     attempt has no staging dir and no root record of itself, so nothing it saves could ever commit. Judged only
     where nuro's prolog runs (the node's job records dir exists)."""
-    root, job, node = env.get("NURO_STAGING_ROOT", ""), env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME")
+    root, job, node = env.get(NURO_STAGING_ROOT, ""), env.get("SLURM_JOB_ID", ""), env.get("SLURMD_NODENAME")
     if not root or not job.isdigit():
         return None
     try:
@@ -462,7 +469,7 @@ def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
     # node-local scratch for torchrun's error files and stderr copies; in the job's staging dir when the prolog made
     # one (the epilog cleans it even when Slurm SIGKILLs this launcher before its own clean-up runs)
     work = Path(tempfile.mkdtemp(prefix=f"nuro-launch-{env.get('SLURM_JOB_ID', 'x')}-",
-                                 dir=env.get("NURO_STAGING_DIR") or None))  # fmt: skip
+                                 dir=env.get(NURO_STAGING_DIR) or None))  # fmt: skip
     try:
         name = env.get("SLURMD_NODENAME") or socket.gethostname()
         # direct workers never advertise this node's address (rank 0 serves the store at NURO_RDZV_ADDR): no scontrol
@@ -808,7 +815,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    "torchrun's variables (no agent: ~2 s less to a restarted job's first step). nuro-train renders "
                    "direct.")  # fmt: skip
     p.add_argument("--local-addr", default=None, help="This node's address (default: its Slurm NodeAddr).")
-    p.add_argument("--pg-timeout-s", type=int, default=int(os.environ.get("NURO_PG_TIMEOUT_S") or PG_TIMEOUT_S),
+    p.add_argument("--pg-timeout-s", type=int, default=int(os.environ.get(NURO_PG_TIMEOUT_S) or PG_TIMEOUT_S),
                    help="Collective timeout given to the training (NURO_PG_TIMEOUT_S; default 60).")  # fmt: skip
     p.add_argument("--settle-s", type=float, default=DEFAULT_SETTLE_S,
                    help="Seconds a node that only lost a peer waits for other nodes' verdicts.")  # fmt: skip

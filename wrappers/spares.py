@@ -20,9 +20,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from nuro.protocol.contract import MAX_SPARE_NODES
+from nuro.protocol.envnames import NURO_SPARE_NODES
 
 #: The job's hot spares, exported by the batch script from the run record (``nuro-train submit --spare-nodes``).
-ENV_SPARE_NODES = "NURO_SPARE_NODES"
+ENV_SPARE_NODES = NURO_SPARE_NODES
 #: Which incarnation of the step this is within one attempt (0 first, 1 after the first swap, ...): the nodes write
 #: their verdicts to a directory of their own per swap, so a late verdict of a lost step never counts in the next.
 ENV_LAUNCH_SWAP = "NURO_LAUNCH_SWAP"

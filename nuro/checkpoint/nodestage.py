@@ -47,6 +47,7 @@ from nuro.checkpoint.restore import restore_latest
 from nuro.checkpoint.upload import FlushResult, UploadWorker
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.protocol import jobrecord
+from nuro.protocol.envnames import NURO_STAGING_ROOT
 from nuro.protocol.jobrecord import JobRecord
 from nuro.safeio import safefs
 from nuro.safeio.safefs import Dir, UnsafePath
@@ -62,7 +63,7 @@ def staging_root(env: Mapping[str, str] | None = None) -> Path:
     """``NURO_STAGING_ROOT`` (default ``/var/tmp/nuro-staging``). A ``{node}`` in it becomes ``SLURMD_NODENAME``:
     emulated nodes that share one file system (the dev cluster) each need their own root."""
     e = os.environ if env is None else env
-    return L.node_staging_root(e.get("NURO_STAGING_ROOT") or L.DEFAULT_STAGING_ROOT, e.get("SLURMD_NODENAME"))
+    return L.node_staging_root(e.get(NURO_STAGING_ROOT) or L.DEFAULT_STAGING_ROOT, e.get("SLURMD_NODENAME"))
 
 
 @contextlib.contextmanager

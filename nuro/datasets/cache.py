@@ -45,6 +45,7 @@ from pathlib import Path
 from nuro.datasets.errors import IntegrityError, InvalidInput
 from nuro.datasets.manifest import validate_digest
 from nuro.names import validate_team
+from nuro.protocol.envnames import NURO_DATA_CACHE_DIR, NURO_DATA_CACHE_GB
 from nuro.safeio import safefs
 from nuro.safeio.credfile import team_group
 
@@ -309,10 +310,10 @@ def cache_from_env(team: str | None) -> ShardCache | None:
     """The node cache of ``NURO_DATA_CACHE_DIR`` for ``team`` (no team: a dir private to this user), with the budget
     of ``NURO_DATA_CACHE_GB``; None without a cache dir. The one reader of these settings (the SDK's dataset, the
     prolog's prefetch)."""
-    base = os.environ.get("NURO_DATA_CACHE_DIR")
+    base = os.environ.get(NURO_DATA_CACHE_DIR)
     if not base:
         return None
-    raw = os.environ.get("NURO_DATA_CACHE_GB")
+    raw = os.environ.get(NURO_DATA_CACHE_GB)
     try:
         budget = int(float(raw) * GiB) if raw else DEFAULT_BUDGET_BYTES
     except ValueError:

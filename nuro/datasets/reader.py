@@ -18,11 +18,12 @@ from nuro.datasets.errors import DatasetNotFound, IntegrityError
 from nuro.datasets.manifest import FileEntry, Manifest, shard_key
 from nuro.datasets.refs import load_manifest
 from nuro.objectstore import ObjectStore
+from nuro.protocol.envnames import NURO_DATASET, NURO_DATASET_DIGEST
 
 
 def pin_from_env() -> tuple[str, str]:
     """The job's pinned snapshot (``NURO_DATASET``, ``NURO_DATASET_DIGEST``, set by the rendered script)."""
-    name, digest = os.environ.get("NURO_DATASET"), os.environ.get("NURO_DATASET_DIGEST")
+    name, digest = os.environ.get(NURO_DATASET), os.environ.get(NURO_DATASET_DIGEST)
     if not name or not digest:
         raise DatasetNotFound(
             "NURO_DATASET / NURO_DATASET_DIGEST are not set: run under nuro-train submit or nuro-sbatch --dataset"

@@ -17,6 +17,7 @@ from typing import Any
 from nuro.jobspec.codepin import CodePin
 from nuro.jobspec.fields import is_digest_ref
 from nuro.names import validate_team
+from nuro.protocol.envnames import NURO_S3_ENDPOINT
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,7 @@ class DatasetPin:
 
 def store_configured(env: Mapping[str, str] | None = None) -> bool:
     """True when a snapshot/artifact store is configured for this process (``NURO_S3_ENDPOINT``)."""
-    return bool((env if env is not None else os.environ).get("NURO_S3_ENDPOINT"))
+    return bool((env if env is not None else os.environ).get(NURO_S3_ENDPOINT))
 
 
 _STORES: dict[Any, Any] = {}

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from nuro.jobspec.sbatch_args import Word, admission_args
+from nuro.protocol.envnames import NURO_POLICY
 
 _LUA_DIGEST = re.compile(r'^\s*digest = "(sha256:[0-9a-f]{64})",\s*$', re.MULTILINE)
 #: The table's top-level cluster facts → ``nuro.policy.luatable.policy_table``'s keyword for each; the table is
@@ -85,7 +86,7 @@ def load_policy_source(path: str | None, env: Mapping[str, str] | None = None) -
         PreviewError: the file is missing or invalid.
     """
     env = env if env is not None else os.environ
-    chosen = path or env.get("NURO_POLICY")
+    chosen = path or env.get(NURO_POLICY)
     if not chosen:
         return None
     # lazy: nuro.policy loads pydantic (~0.25 s); nuro-sbatch without a policy (its plain path) must start fast

@@ -21,6 +21,21 @@ from nuro.jobspec.codepin import CodePin
 from nuro.jobspec.pins import DatasetPin
 from nuro.protocol import jobcomment
 from nuro.protocol.contract import PREEMPT_SIGNAL
+from nuro.protocol.envnames import (
+    NURO_CKPT_INTERVAL_S,
+    NURO_CKPT_KEEP,
+    NURO_DATA_SEED,
+    NURO_DATASET,
+    NURO_DATASET_DIGEST,
+    NURO_DEEPSPEED_CONFIG,
+    NURO_MAX_REQUEUES,
+    NURO_PREEMPT_SIGNAL,
+    NURO_RESUME_FROM,
+    NURO_RUN_NAME,
+    NURO_SNAPSHOT_INTERVAL_S,
+    NURO_SPARE_NODES,
+    NURO_TEAM,
+)
 
 #: Version of the ``nuro`` record in the job comment.
 META_FORMAT = 1
@@ -81,25 +96,25 @@ def job_env(meta: Mapping[str, Any]) -> dict[str, str]:
     """The ``NURO_*`` variables of a job with run record ``meta``, in the order the rendered script exports them."""
     env: dict[str, str] = {}
     if "name" in meta:
-        env["NURO_RUN_NAME"] = str(meta["name"])
-    env["NURO_TEAM"] = str(meta["team"])
+        env[NURO_RUN_NAME] = str(meta["name"])
+    env[NURO_TEAM] = str(meta["team"])
     if "dataset" in meta:
-        env.update(NURO_DATASET=str(meta["dataset"]["name"]), NURO_DATASET_DIGEST=str(meta["dataset"]["digest"]))
+        env[NURO_DATASET], env[NURO_DATASET_DIGEST] = str(meta["dataset"]["name"]), str(meta["dataset"]["digest"])
     if "data" in meta:
-        env["NURO_DATA_SEED"] = str(meta["data"]["seed"])
-    env["NURO_CKPT_INTERVAL_S"] = str(meta["ckpt_policy"]["interval_s"])
-    env["NURO_CKPT_KEEP"] = str(meta["ckpt_policy"]["keep"])
+        env[NURO_DATA_SEED] = str(meta["data"]["seed"])
+    env[NURO_CKPT_INTERVAL_S] = str(meta["ckpt_policy"]["interval_s"])
+    env[NURO_CKPT_KEEP] = str(meta["ckpt_policy"]["keep"])
     if meta["ckpt_policy"].get("snapshot_s"):
-        env["NURO_SNAPSHOT_INTERVAL_S"] = str(meta["ckpt_policy"]["snapshot_s"])
+        env[NURO_SNAPSHOT_INTERVAL_S] = str(meta["ckpt_policy"]["snapshot_s"])
     if "resume_from" in meta:
-        env["NURO_RESUME_FROM"] = str(meta["resume_from"])
-    env["NURO_MAX_REQUEUES"] = str(meta["requeue"]["max"])
-    env["NURO_PREEMPT_SIGNAL"] = PREEMPT_SIGNAL
+        env[NURO_RESUME_FROM] = str(meta["resume_from"])
+    env[NURO_MAX_REQUEUES] = str(meta["requeue"]["max"])
+    env[NURO_PREEMPT_SIGNAL] = PREEMPT_SIGNAL
     if "spares" in meta:
-        env["NURO_SPARE_NODES"] = str(meta["spares"]["nodes"])
+        env[NURO_SPARE_NODES] = str(meta["spares"]["nodes"])
     entry = meta.get("entry") or {}
     if entry.get("deepspeed_config"):  # the script passes it to deepspeed.initialize (config=...)
-        env["NURO_DEEPSPEED_CONFIG"] = str(entry["deepspeed_config"])
+        env[NURO_DEEPSPEED_CONFIG] = str(entry["deepspeed_config"])
     return env
 
 

@@ -47,6 +47,21 @@ from nuro.protocol.contract import (
     RDZV_PORT_SPAN,
     TIME_LIMIT_SIGNAL,
 )
+from nuro.protocol.envnames import (
+    NURO_CKPT_INTERVAL_S,
+    NURO_CKPT_KEEP,
+    NURO_DATA_SEED,
+    NURO_DATASET,
+    NURO_DATASET_DIGEST,
+    NURO_DEEPSPEED_CONFIG,
+    NURO_MAX_REQUEUES,
+    NURO_PREEMPT_SIGNAL,
+    NURO_RESUME_FROM,
+    NURO_RUN_NAME,
+    NURO_SNAPSHOT_INTERVAL_S,
+    NURO_SPARE_NODES,
+    NURO_TEAM,
+)
 
 #: Seconds a stuck ``scontrol requeue`` may take inside the job before the job gives up.
 REQUEUE_TIMEOUT_S = 60
@@ -344,9 +359,9 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         "set -uo pipefail",
         "",
         "# 1. run metadata for the training processes and the SDK",
-        *export_lines(env, ("NURO_RUN_NAME", "NURO_TEAM", "NURO_DATASET", "NURO_DATASET_DIGEST", "NURO_DATA_SEED")),
+        *export_lines(env, (NURO_RUN_NAME, NURO_TEAM, NURO_DATASET, NURO_DATASET_DIGEST, NURO_DATA_SEED)),
         *code_exports(pins.code, _q(run_dir)),
-        *export_lines(env, ("NURO_CKPT_INTERVAL_S", "NURO_CKPT_KEEP", "NURO_SNAPSHOT_INTERVAL_S")),
+        *export_lines(env, (NURO_CKPT_INTERVAL_S, NURO_CKPT_KEEP, NURO_SNAPSHOT_INTERVAL_S)),
         "# the node agent uploads the checkpoints (this job's record names its team and run): the job ends once its",
         "# last save is on local disk and its epilog hands the upload over (NURO_UPLOAD=inline at submit: job uploads)",
         'export NURO_UPLOAD="${NURO_UPLOAD:-agent}"',
@@ -356,8 +371,8 @@ def render_submission(spec: JobSpec, pins: Pins, facts: ClusterFacts | None = No
         'case "${NURO_STAGING_ROOT:-}" in *"{node}"*) ;; *)',
         '  export NURO_STAGING_DIR="${NURO_STAGING_DIR:-${NURO_STAGING_ROOT:-/var/tmp/nuro-staging}/$SLURM_JOB_ID}" ;;',
         "esac",
-        *export_lines(env, ("NURO_RESUME_FROM", "NURO_MAX_REQUEUES", "NURO_PREEMPT_SIGNAL", "NURO_SPARE_NODES")),
-        *export_lines(env, ("NURO_DEEPSPEED_CONFIG",)),
+        *export_lines(env, (NURO_RESUME_FROM, NURO_MAX_REQUEUES, NURO_PREEMPT_SIGNAL, NURO_SPARE_NODES)),
+        *export_lines(env, (NURO_DEEPSPEED_CONFIG,)),
         f"export NURO_STOP_SIGNAL={TIME_LIMIT_SIGNAL}",
         f"export NURO_EXIT_REQUEUE={EXIT_REQUEUE}",
         *HELPER_LINES,

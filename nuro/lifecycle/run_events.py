@@ -25,6 +25,7 @@ from typing import Any
 
 from nuro.names import validate_run, validate_team
 from nuro.objectstore import RUN_EVENT_MAX_BYTES, ObjectExists, ObjectStore, ObjectStoreError, ObjectTooLarge
+from nuro.protocol.envnames import NURO_RUN_NAME, NURO_TEAM
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def record(kind: str, *, store: ObjectStore | None = None, env: dict[str, str] |
         raise ValueError(f"unknown run event kind {kind!r}; one of {', '.join(KINDS)}")
     if env.get("RANK", "0") != "0":
         return False
-    team, run, job = env.get("NURO_TEAM"), env.get("NURO_RUN_NAME"), env.get("SLURM_JOB_ID", "")
+    team, run, job = env.get(NURO_TEAM), env.get(NURO_RUN_NAME), env.get("SLURM_JOB_ID", "")
     if not team or not run or not job.isdigit():
         return False
     event = RunEvent(

@@ -29,6 +29,7 @@ import urllib3
 
 from nuro.metrics.base import ENV_TOKEN, ENV_URL, MetricsConfigError
 from nuro.metrics.influx import InfluxV1Sink, basic_auth, quote_ident, quote_str
+from nuro.protocol.envnames import NURO_TEAM
 from nuro.safeio import credfile
 from nuro.safeio.credfile import team_group
 
@@ -201,7 +202,7 @@ def resolve(env: Mapping[str, str]) -> Mapping[str, str]:
     if not spec or env.get(ENV_TOKEN):
         return env
     try:
-        path, _team = credfile.pick_team_file(spec, env.get("NURO_TEAM") or None, "metrics credentials")
+        path, _team = credfile.pick_team_file(spec, env.get(NURO_TEAM) or None, "metrics credentials")
     except credfile.CredentialFileError as exc:
         raise MetricsCredentialsError(f"{ENV_CREDENTIALS}={spec}: {exc}") from None
     return {**env, **_read_env_file(path)}

@@ -11,6 +11,8 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from nuro.protocol.envnames import NURO_ENV_FILE
+
 _KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
@@ -29,7 +31,7 @@ def read_env_file(path: str | Path) -> dict[str, str]:
 
 def load_node_env() -> dict[str, str]:
     """Apply ``$NURO_ENV_FILE`` to os.environ (existing variables win) and return what it set."""
-    path = os.environ.get("NURO_ENV_FILE")
+    path = os.environ.get(NURO_ENV_FILE)
     if not path:
         return {}
     settings = read_env_file(path)

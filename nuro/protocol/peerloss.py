@@ -40,6 +40,7 @@ import socket
 from collections.abc import Mapping
 from pathlib import Path
 
+from nuro.protocol.envnames import NURO_AGENT_SOCKET_DIR, NURO_AGENT_STATUS_DIR
 from nuro.protocol.heartbeat import is_node_name
 
 PREFIX = b"nuro-peerloss/1 "
@@ -62,7 +63,7 @@ PEER_DEATH_RE = re.compile(
 def socket_dir(env: Mapping[str, str]) -> Path:
     """Where the agents' report sockets are: ``NURO_AGENT_SOCKET_DIR``, else ``NURO_AGENT_STATUS_DIR``, else the
     packaged status dir (the same rule for the agent and the launcher)."""
-    return Path(env.get("NURO_AGENT_SOCKET_DIR") or env.get("NURO_AGENT_STATUS_DIR") or DEFAULT_STATUS_DIR)
+    return Path(env.get(NURO_AGENT_SOCKET_DIR) or env.get(NURO_AGENT_STATUS_DIR) or DEFAULT_STATUS_DIR)
 
 
 def socket_path(directory: str | Path, node: str) -> Path:

@@ -34,6 +34,7 @@ from nuro.metrics.model import GPU, TRAIN, Query, Row
 from nuro.metrics.sink import sink_from_env
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.protocol import jobcomment
+from nuro.protocol.envnames import NURO_TEAM
 from nuro.runs.checkpoints import run_checkpoints
 from nuro.slurm import CliBackend, JobInfo
 
@@ -130,7 +131,7 @@ def open_sink(team: str | None = None) -> Any:
 
     Raises the sink's SinkError and MetricsConfigError.
     """
-    env = {**os.environ, "NURO_TEAM": team} if team else None
+    env = {**os.environ, NURO_TEAM: team} if team else None
     return sink_from_env(env)
 
 

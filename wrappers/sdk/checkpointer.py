@@ -65,6 +65,7 @@ from nuro.checkpoint.upload import FlushResult, UploadWorker
 from nuro.checkpoint.verify import scan_dir
 from nuro.lifecycle import run_events
 from nuro.objectstore import ObjectStore, ObjectStoreError
+from nuro.protocol.envnames import NURO_CKPT_INTERVAL_S, NURO_CKPT_KEEP, NURO_RUN_NAME, NURO_TEAM
 from nuro.wrappers.jobchannel import record_checkpoint
 from nuro.wrappers.sdk import snapshots
 from nuro.wrappers.sdk.runenv import RunEnv, env_seconds
@@ -147,12 +148,12 @@ class Checkpointer:
             )
         self.team, self.run = L.validate_team(team), L.validate_run(run)
         self.store = store or ObjectStore.from_env()
-        self.keep = keep if keep is not None else _env_int("NURO_CKPT_KEEP")
+        self.keep = keep if keep is not None else _env_int(NURO_CKPT_KEEP)
         if self.keep is not None and self.keep < 1:
             raise InvalidCheckpointInput(f"keep must be at least 1 (NURO_CKPT_KEEP), got {self.keep}")
         self.interval_s = (
             interval_s
-            or env_seconds(os.environ, "NURO_CKPT_INTERVAL_S", error=InvalidCheckpointInput)
+            or env_seconds(os.environ, NURO_CKPT_INTERVAL_S, error=InvalidCheckpointInput)
             or DEFAULT_INTERVAL_S
         )
         self.async_save = async_save
@@ -758,8 +759,8 @@ class Checkpointer:
     def _event_env(self) -> dict[str, str]:
         """The run events' identity: this Checkpointer's run, also where no Slurm variables are set."""
         return {
-            "NURO_TEAM": self.team,
-            "NURO_RUN_NAME": self.run,
+            NURO_TEAM: self.team,
+            NURO_RUN_NAME: self.run,
             "SLURM_JOB_ID": self.job_id,
             "RANK": "0",
             "SLURM_RESTART_COUNT": str(self.env.restart_count),

@@ -39,6 +39,7 @@ from nuro.datasets.order import DEFAULT_WINDOW, LoaderState, epoch_order, rank_p
 from nuro.datasets.reader import check_file, file_ok, pin_from_env, read_range
 from nuro.datasets.refs import load_manifest
 from nuro.objectstore import ObjectStore
+from nuro.protocol.envnames import NURO_DATA_SEED
 from nuro.wrappers.sdk.runenv import RunEnv
 
 #: Shards one process keeps open (and shared-locked against eviction) at a time.
@@ -154,7 +155,7 @@ class SnapshotDataset:
 
 def data_seed(env: Mapping[str, str] | None = None) -> int:
     """The run's data-order seed: ``NURO_DATA_SEED`` (the run record's, exported by the job), else 0."""
-    raw = (os.environ if env is None else env).get("NURO_DATA_SEED", "").strip()
+    raw = (os.environ if env is None else env).get(NURO_DATA_SEED, "").strip()
     if not raw:
         return 0
     if not raw.isdigit():

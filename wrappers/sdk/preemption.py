@@ -41,6 +41,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
+from nuro.protocol.envnames import NURO_LAUNCH_STOP_DIR
 from nuro.wrappers.sdk.runenv import RunEnv
 from nuro.wrappers.sdk.stragglers import timed_collective
 
@@ -315,7 +316,7 @@ def _mark_stopped(rank: int) -> None:
 def _write_marker(name: str, text: str, what: str) -> None:
     """``<NURO_LAUNCH_STOP_DIR>/<name>`` holding ``text``, whole or not at all (no stop dir outside nuro-launch: no
     marker). Never raises: a marker that cannot be written is logged, the stop goes on."""
-    stop_dir = os.environ.get("NURO_LAUNCH_STOP_DIR")
+    stop_dir = os.environ.get(NURO_LAUNCH_STOP_DIR)
     if not stop_dir:
         return
     try:

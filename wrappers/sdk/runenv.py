@@ -22,6 +22,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from nuro.protocol import contract
+from nuro.protocol.envnames import (
+    NURO_JOB_DIR,
+    NURO_PG_TIMEOUT_S,
+    NURO_PREEMPT_SIGNAL,
+    NURO_RUN_NAME,
+    NURO_STAGING_DIR,
+    NURO_TEAM,
+)
 
 #: "Stopped on purpose, restart me" (EX_TEMPFAIL) when ``NURO_EXIT_REQUEUE`` is unset; the batch script requeues on it.
 DEFAULT_EXIT_REQUEUE = contract.EXIT_REQUEUE
@@ -111,8 +119,8 @@ class RunEnv:
         if not 0 <= rank < world:
             raise RunEnvError(f"RANK={rank} is outside WORLD_SIZE={world}")
         return cls(
-            team=e.get("NURO_TEAM") or None,
-            run_name=e.get("NURO_RUN_NAME") or None,
+            team=e.get(NURO_TEAM) or None,
+            run_name=e.get(NURO_RUN_NAME) or None,
             job_id=_int(e, "SLURM_JOB_ID", None),
             restart_count=_int(e, "SLURM_RESTART_COUNT", 0) or 0,
             rank=rank,
@@ -122,12 +130,12 @@ class RunEnv:
             node_rank=_int(e, "GROUP_RANK", slurm_node) or 0,
             node_name=e.get("SLURMD_NODENAME") or None,
             num_nodes=_int(e, "SLURM_JOB_NUM_NODES", 1) or 1,
-            job_dir=e.get("NURO_JOB_DIR") or None,
-            staging_dir=e.get("NURO_STAGING_DIR") or None,
+            job_dir=e.get(NURO_JOB_DIR) or None,
+            staging_dir=e.get(NURO_STAGING_DIR) or None,
             exit_requeue=_int(e, "NURO_EXIT_REQUEUE", DEFAULT_EXIT_REQUEUE) or DEFAULT_EXIT_REQUEUE,
-            preempt_signal=(e.get("NURO_PREEMPT_SIGNAL") or contract.PREEMPT_SIGNAL).removeprefix("SIG"),
+            preempt_signal=(e.get(NURO_PREEMPT_SIGNAL) or contract.PREEMPT_SIGNAL).removeprefix("SIG"),
             stop_signal=(e.get("NURO_STOP_SIGNAL") or contract.TIME_LIMIT_SIGNAL).removeprefix("SIG"),
-            pg_timeout_s=env_seconds(e, "NURO_PG_TIMEOUT_S") or DEFAULT_PG_TIMEOUT_S,
+            pg_timeout_s=env_seconds(e, NURO_PG_TIMEOUT_S) or DEFAULT_PG_TIMEOUT_S,
         )
 
     @property

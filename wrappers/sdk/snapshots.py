@@ -30,9 +30,10 @@ from typing import Any
 
 from nuro.checkpoint.errors import InvalidCheckpointInput, ManifestError
 from nuro.checkpoint.manifest import FileEntry, parse_files
+from nuro.protocol.envnames import NURO_SNAPSHOT_INTERVAL_S
 from nuro.wrappers.sdk.runenv import env_seconds
 
-ENV_INTERVAL = "NURO_SNAPSHOT_INTERVAL_S"
+ENV_INTERVAL = NURO_SNAPSHOT_INTERVAL_S
 ENV_MAX_BYTES = "NURO_SNAPSHOT_MAX_BYTES"
 ENV_DIR = "NURO_SNAPSHOT_DIR"
 DEFAULT_MAX_BYTES = 8 << 30  # per node: two snapshots of its share and its neighbour's
