@@ -66,6 +66,7 @@ from nuro.protocol.envnames import (
     NURO_STAGING_DIR,
     NURO_STAGING_ROOT,
 )
+from nuro.protocol.stopmarkers import move_request, stopped_ranks
 from nuro.slurm import CliBackend, HostlistError, SlurmError, expand_hostlist, parse_node_addr
 from nuro.wrappers import spares
 from nuro.wrappers.direct import Workers, plan_workers
@@ -83,7 +84,6 @@ from nuro.wrappers.launch_outcome import (
     merge_failures,
 )
 from nuro.wrappers.proctree import Leftovers, descendants, forward
-from nuro.wrappers.sdk.preemption import MOVE_MARKER
 
 log = logging.getLogger("nuro.launch")
 
@@ -300,21 +300,6 @@ class _Signals:
         if signum in _STOP_SIGNALS and self.first_stop is None:
             self.first_stop = name  # USR1/USR2 alone are no stop: the guard's 75 (or a clean 0) says what happened
         return name
-
-
-def stopped_ranks(stop_dir: Path | None) -> frozenset[int]:
-    """The ranks whose PreemptionGuard left its ``rank-<N>`` marker in ``stop_dir`` (decided to exit 75)."""
-    names = (p.name.removeprefix("rank-") for p in (stop_dir.glob("rank-*") if stop_dir else ()))
-    return frozenset(int(n) for n in names if n.isdigit())
-
-
-def move_request(stop_dir: Path) -> str | None:
-    """The node a MOVE stop leaves (rank 0's ``PreemptionGuard.request_move`` marker), if well-formed."""
-    try:
-        node = (stop_dir / MOVE_MARKER).read_text(errors="replace").strip()
-    except OSError:
-        return None
-    return node if peerloss.is_node_name(node) else None
 
 
 # --- node mode ---------------------------------------------------------------------------------------------------

@@ -199,13 +199,13 @@ def test_a_worker_that_checkpointed_and_then_aborted_at_teardown_is_restart_me(t
 
 
 def test_the_guard_leaves_its_marker_where_the_launcher_looks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from nuro.wrappers.sdk.preemption import _mark_stopped
+    from nuro.protocol.stopmarkers import mark_stopped
 
     monkeypatch.setenv("NURO_LAUNCH_STOP_DIR", str(tmp_path / "stops"))
-    _mark_stopped(3)
+    mark_stopped(3)
     assert (tmp_path / "stops" / "rank-3").read_text() == "committed\n"
     monkeypatch.delenv("NURO_LAUNCH_STOP_DIR")
-    _mark_stopped(4)  # outside nuro-launch: nothing to tell, nothing written
+    mark_stopped(4)  # outside nuro-launch: nothing to tell, nothing written
     assert not (tmp_path / "stops" / "rank-4").exists()
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from nuro.protocol import stopmarkers
 from nuro.wrappers import launch, spares
 from nuro.wrappers.launch_outcome import Kind, Outcome
 from tests.clocks import SleepClock
@@ -123,9 +124,9 @@ def test_a_lost_node_with_no_spare_left_is_reported_lost_for_the_requeue_path() 
 
 def test_a_move_stop_names_the_node_the_step_leaves(tmp_path: Path) -> None:
     (tmp_path / "move").write_text("gpu002\n")
-    assert launch.move_request(tmp_path) == "gpu002"
+    assert stopmarkers.move_request(tmp_path) == "gpu002"
     (tmp_path / "move").write_text("../etc\n")
-    assert launch.move_request(tmp_path) is None and launch.move_request(tmp_path / "none") is None
+    assert stopmarkers.move_request(tmp_path) is None and stopmarkers.move_request(tmp_path / "none") is None
     state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
     stopped = [Outcome(Kind.STOPPED, 75, "stop", node=0, at=1.0, details={"move_from": "gpu002"}),
                Outcome(Kind.STOPPED, 75, "stop", node=1, at=1.0)]  # fmt: skip

@@ -31,17 +31,15 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn
 
-from nuro.protocol.envnames import NURO_LAUNCH_STOP_DIR
+from nuro.protocol import stopmarkers
 from nuro.wrappers.sdk.runenv import RunEnv
 from nuro.wrappers.sdk.stragglers import timed_collective
 
@@ -262,7 +260,9 @@ class PreemptionGuard:
                 ok = False
         save_s = time.monotonic() - t0
         if reason == StopReason.MOVE and self.env.is_rank0 and self._move_from:
-            _mark_move(self._move_from)  # before the teardown: the launcher reads it once the workers are gone
+            stopmarkers.mark_move(
+                self._move_from
+            )  # before the teardown: the launcher reads it once the workers are gone
         if self.env.is_rank0 and reason != StopReason.MOVE:  # a move is the job's own: no controller awaits an ack
             if ok:
                 try:
@@ -278,7 +278,7 @@ class PreemptionGuard:
             from nuro.lifecycle import run_events  # lazy: it pulls in the object store client; only rank 0 at a stop
 
             run_events.record("preempted", step=step, why=reason.label, acked=ok, save_s=round(save_s, 3))
-        _mark_stopped(self.env.rank)  # exiting 75 by the guard's decision, committed or not
+        stopmarkers.mark_stopped(self.env.rank)  # exiting 75 by the guard's decision, committed or not
         if dist is not None and ok:
             # every rank passed the agreement above, so tearing the group down cannot strand a peer; exiting with a
             # live gloo group aborts the interpreter ("terminate called without an active exception", status -6).
@@ -295,37 +295,6 @@ class PreemptionGuard:
                 log.warning("rank %d: destroy_process_group failed (%s); exiting anyway", self.env.rank, exc)
         self._exit_fn(self.env.exit_requeue)
         raise SystemExit(self.env.exit_requeue)  # exit_fn returned (a test double): still never fall through
-
-
-#: The file in ``NURO_LAUNCH_STOP_DIR`` naming the node a MOVE stop leaves (``nuro.wrappers.launch`` reads it).
-MOVE_MARKER = "move"
-
-
-def _mark_move(node: str) -> None:
-    """Tell nuro-launch which node the job is leaving (a straggler's). Never raises."""
-    _write_marker(MOVE_MARKER, node, "move")
-
-
-def _mark_stopped(rank: int) -> None:
-    """Tell nuro-launch (``NURO_LAUNCH_STOP_DIR``) that this rank is leaving by the guard's decision (exit 75):
-    however the process ends from here on (gloo's teardown can abort it), its node's verdict is "restart me".
-    Never raises."""
-    _write_marker(f"rank-{rank}", "committed", f"rank {rank}: stop")
-
-
-def _write_marker(name: str, text: str, what: str) -> None:
-    """``<NURO_LAUNCH_STOP_DIR>/<name>`` holding ``text``, whole or not at all (no stop dir outside nuro-launch: no
-    marker). Never raises: a marker that cannot be written is logged, the stop goes on."""
-    stop_dir = os.environ.get(NURO_LAUNCH_STOP_DIR)
-    if not stop_dir:
-        return
-    try:
-        os.makedirs(stop_dir, exist_ok=True)
-        tmp = Path(stop_dir, f".{name}.tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, Path(stop_dir, name))
-    except OSError as exc:
-        log.warning("%s marker not written to %s (%s)", what, stop_dir, exc)
 
 
 __all__ = ["AckFn", "GuardNotStartedError", "PreemptionGuard", "StopReason"]
