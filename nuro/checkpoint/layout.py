@@ -188,12 +188,17 @@ def is_control_file(relpath: str) -> bool:
     return "/" not in relpath and relpath.lstrip(".").startswith(("upload", "verified"))
 
 
+#: A job's staging folders (``<root>/<job_id>/<name>``): what DCP writes, what the prolog staged for a restore.
+CKPT_DIR = "ckpt"
+RESTORE_DIR = "restore"
+
+
 def job_ckpt_dir(job_dir: Path) -> Path:
-    return job_dir / "ckpt"
+    return job_dir / CKPT_DIR
 
 
 def job_restore_dir(job_dir: Path) -> Path:
-    return job_dir / "restore"
+    return job_dir / RESTORE_DIR
 
 
 def cache_dir(staging_root: Path, team: str, run: str) -> Path:

@@ -149,7 +149,7 @@ def prepare_job_dir(root: Path, job_id: str, uid: int, gid: int) -> Path:
         job = r.mkdir(name, 0o700, (uid, gid))
         try:
             os.fchmod(job.fd, 0o700)
-            for sub in ("ckpt", "restore"):
+            for sub in (L.CKPT_DIR, L.RESTORE_DIR):
                 _fresh_subdir(job, sub, uid, gid)
         finally:
             job.close()

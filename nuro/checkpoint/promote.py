@@ -123,7 +123,7 @@ def promote(
 def holds_complete(job_dir: Path) -> bool:
     """Whether this node holds a complete snapshot of the job (a step dir with an upload request): cheap, local."""
     try:
-        steps = [p for p in (job_dir / "ckpt").iterdir() if L.parse_step_name(p.name) is not None]
+        steps = [p for p in L.job_ckpt_dir(job_dir).iterdir() if L.parse_step_name(p.name) is not None]
     except OSError:
         return False
     return any(n.startswith(".upload-") and n.endswith(".json") for p in steps for n in _names(p))

@@ -40,6 +40,7 @@ from typing import Any
 from nuro.checkpoint.errors import ManifestError
 from nuro.checkpoint.layout import (
     ABANDONED_FILE,
+    CKPT_DIR,
     DONE_FILE,
     job_ckpt_dir,
     lock_file,
@@ -356,7 +357,7 @@ class JobDir:
     @classmethod
     def _from_fd(cls, job_id: str, where: str, job_fd: int) -> JobDir:
         try:
-            ckpt_fd: int | None = safefs.open_dir("ckpt", dir_fd=job_fd)
+            ckpt_fd: int | None = safefs.open_dir(CKPT_DIR, dir_fd=job_fd)
         except FileNotFoundError:
             ckpt_fd = None
         except BaseException:

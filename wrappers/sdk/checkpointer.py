@@ -167,7 +167,7 @@ class Checkpointer:
         self.job_id = str(self.env.job_id) if self.env.job_id is not None else self.staging_dir.name
         L.validate_job_id(self.job_id)
         try:
-            (self.staging_dir / "ckpt").mkdir(parents=True, exist_ok=True)
+            L.job_ckpt_dir(self.staging_dir).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CheckpointError(
                 f"cannot create the checkpoint staging dir {self.staging_dir}: {exc}. Under nuro the prolog creates "
@@ -335,7 +335,7 @@ class Checkpointer:
         return statistics.median(done) if done else 0.0
 
     def step_dir(self, step: int) -> Path:
-        return self.staging_dir / "ckpt" / L.step_name(step)
+        return L.job_ckpt_dir(self.staging_dir) / L.step_name(step)
 
     def save(self, state_dict: dict[str, Any], step: int, *, sync: bool = False) -> None:
         """Checkpoint ``state_dict`` as ``step`` (every rank, in step). Returns once the state is staged in memory
@@ -367,7 +367,7 @@ class Checkpointer:
         if any(s is not None and step <= s for s in (self._last_snapshot_step, self._last_saved_step)):
             return
         self._wait_inflight()
-        path = self.snapshot_dir / "ckpt" / L.step_name(step)
+        path = L.job_ckpt_dir(self.snapshot_dir) / L.step_name(step)
         self._prepare_dir(path)
         t0 = time.monotonic()
         timing = self.snapshot_timings.setdefault(step, {})
@@ -506,7 +506,7 @@ class Checkpointer:
                 part=part, parts_expected=self.parts_expected, world_size=self.world_size, files=files,
                 created_at=utc_now(), keep=self.keep, tier=TIER_MEMORY,
             ))  # fmt: skip
-        for old in (self.snapshot_dir / "ckpt").iterdir():
+        for old in L.job_ckpt_dir(self.snapshot_dir).iterdir():
             old_step = L.parse_step_name(old.name)
             if old_step is not None and old_step < step:
                 shutil.rmtree(old, ignore_errors=True)
@@ -624,11 +624,11 @@ class Checkpointer:
         """Where a valid local copy may already be: the prolog's restore dir, this job's saves, the node cache,
         other jobs' saves on this node (newest job dirs first)."""
         roots = [
-            self.staging_dir / "restore",
-            self.staging_dir / "ckpt",
+            L.job_restore_dir(self.staging_dir),
+            L.job_ckpt_dir(self.staging_dir),
             L.cache_dir(self.staging_root, self.team, self.run),
         ]
-        others = [d / "ckpt" for d in reversed(job_dirs(self.staging_root)) if d != self.staging_dir]
+        others = [L.job_ckpt_dir(d) for d in reversed(job_dirs(self.staging_root)) if d != self.staging_dir]
         return roots + others
 
     def restore(self, state_dict: dict[str, Any]) -> int | None:
@@ -696,7 +696,7 @@ class Checkpointer:
         if self.rank == 0:
             try:
                 found = restore_latest(
-                    self.store, self.team, self.run, local_roots=self.local_roots(), dest=self.staging_dir / "restore",
+                    self.store, self.team, self.run, local_roots=self.local_roots(), dest=L.job_restore_dir(self.staging_dir),
                     max_step=max_step, need=self._need(),
                 )  # fmt: skip
                 if found is not None:
@@ -778,7 +778,7 @@ class Checkpointer:
                     self.store,
                     manifest,
                     local_roots=self.local_roots(),
-                    dest=self.staging_dir / "restore",
+                    dest=L.job_restore_dir(self.staging_dir),
                     need=self._need(),
                 ).path
             except (CheckpointError, ObjectStoreError, OSError) as exc:
