@@ -696,8 +696,8 @@ class Checkpointer:
         if self.rank == 0:
             try:
                 found = restore_latest(
-                    self.store, self.team, self.run, local_roots=self.local_roots(), dest=L.job_restore_dir(self.staging_dir),
-                    max_step=max_step, need=self._need(),
+                    self.store, self.team, self.run, local_roots=self.local_roots(),
+                    dest=L.job_restore_dir(self.staging_dir), max_step=max_step, need=self._need(),
                 )  # fmt: skip
                 if found is not None:
                     path, step = found.path, found.step
