@@ -41,6 +41,7 @@ the same argv when there are no platform flags), and exits 0.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pwd
 import shlex
@@ -141,7 +142,7 @@ def split_argv(argv: Sequence[str]) -> Parsed:
     return p
 
 
-def _values(p: Parsed) -> tuple[dict[str, Any], list[str]]:
+def platform_values(p: Parsed) -> tuple[dict[str, Any], list[str]]:
     """Check the platform values with the job spec's own kinds; returns (values by option name, problems)."""
     values: dict[str, Any] = {}
     problems: list[str] = []
@@ -295,7 +296,7 @@ def _workdir_rel(words: list[Word], repo: str) -> str | None:
         return None
 
 
-def _conflicts(values: dict[str, Any], words: list[Word], team: str | None) -> list[str]:
+def conflicts(values: dict[str, Any], words: list[Word], team: str | None) -> list[str]:
     problems = []
     for w in words:
         if w.name == "account" and team and w.value != team:
@@ -358,7 +359,10 @@ def platform_help() -> str:
             text += f" Default: {opt.default_doc}."
         rows.append((head, text))
     rows += [
-        ("--dry-run", "Print the sbatch argv (and the preamble with --code) and the bridge's verdict; submit nothing."),
+        (
+            "--dry-run",
+            "Print the sbatch argv, the script as submitted (with --code) and the bridge's verdict; submit nothing.",
+        ),
         ("--policy PATH", "teams.yaml for --dry-run's preview (default: $NURO_POLICY)."),
     ]
     width = max(len(head) for head, _ in rows) + 2
@@ -398,55 +402,107 @@ def _wants_help(words: Sequence[Word]) -> bool:
     return any(w.name == "help" for w in words)
 
 
-@quiet_on_closed_pipe
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit code (see the module docstring)."""
-    args = list(sys.argv[1:] if argv is None else argv)
+@dataclass(frozen=True)
+class RunSbatch:
+    """Nothing of nuro's to do (rule 5, or a usage error sbatch reports itself): sbatch runs with this argv."""
+
+    argv: list[str]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Exit ``code`` with ``message`` before anything ran."""
+
+    code: int
+    message: str
+
+
+@dataclass(frozen=True)
+class ShowHelp:
+    """nuro's flags, then sbatch's own help (``sbatch_argv``)."""
+
+    sbatch_argv: list[str]
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What one nuro-sbatch call submits, decided before anything is submitted (``plan``), rendered to sbatch's argv
+    (``render``), run once (``execute``) or shown (``--dry-run``: the argv, the script as submitted, the preview).
+
+    ``new_script``: the user's script with nuro's preamble, submitted as a private copy named ``script_name`` (Slurm's
+    default job name stays plain sbatch's); None: the script goes to sbatch as the user gave it."""
+
+    front: tuple[str, ...]  # nuro's words first: --account, --qos, --requeue=expedite, --comment
+    words: tuple[str, ...]  # the user's sbatch options, untouched, in order
+    tail: tuple[str, ...]  # after the user's words: the spares' --nodes and --no-kill
+    lead: tuple[str, ...]  # ("--",) when the user wrote it before the script
+    script: str | None
+    script_args: tuple[str, ...]
+    script_name: str
+    new_script: str | None
+    preamble: str | None
+    stdin_bytes: bytes | None
+    preview_words: tuple[Word, ...]
+    user: str
+    source: Any
+    env: dict[str, str]
+    dry_run: bool
+
+
+def render(sub: Submission, script_path: str | None = None) -> list[str]:
+    """sbatch's argv for ``sub``; ``script_path``: where the rewritten script was written (dry run: its name). Pure."""
+    given = [sub.script] if sub.script else []
+    script = [script_path or sub.script_name] if sub.new_script is not None else given
+    return ["sbatch", *sub.front, *sub.words, *sub.tail, *sub.lead, *script, *sub.script_args]
+
+
+def plan(args: list[str]) -> Submission | RunSbatch | Refused | ShowHelp:
+    """Decide what this command line submits (rules 1-8): every check, pin and record before anything is
+    submitted. Reads the script, the policy, git and (for a dataset tag) S3; runs nothing of Slurm's but the
+    version query for ``--requeue=expedite``."""
     try:
         parsed = split_argv(args)
     except UsageError as exc:
-        return say(ExitCode.USAGE, str(exc), prog=PROG)
+        return Refused(ExitCode.USAGE, str(exc))
     except SbatchArgError as exc:
         if not any(a.partition("=")[0] in ALL_FLAGS for a in args):
-            os.execvp("sbatch", ["sbatch", *args])  # rule 5: sbatch reports its own usage errors
-        return say(ExitCode.USAGE, str(exc), prog=PROG)
+            return RunSbatch(["sbatch", *args])  # rule 5: sbatch reports its own usage errors
+        return Refused(ExitCode.USAGE, str(exc))
     if _wants_help(parsed.words):  # sbatch's help after nuro's; its argv untouched unless nuro flags are in it
-        return _help(["sbatch", *args] if not parsed.platform else ["sbatch", "--help"])
+        return ShowHelp(["sbatch", *args] if not parsed.platform else ["sbatch", "--help"])
     if not parsed.platform:
-        os.execvp("sbatch", ["sbatch", *args])
+        return RunSbatch(["sbatch", *args])
     dry_run = bool(parsed.platform.get("--dry-run"))
     has_platform = any(flag in PLATFORM for flag in parsed.platform)
-    lead = ["--"] if parsed.double_dash else []
-    tokens = [t for w in parsed.words for t in w.tokens]
-    plain = ["sbatch", *tokens, *lead, *filter(None, [parsed.script]), *parsed.script_args]
+    lead = ("--",) if parsed.double_dash else ()
+    tokens = tuple(t for w in parsed.words for t in w.tokens)
+    plain = Submission((), tokens, (), lead, parsed.script, tuple(parsed.script_args), "", None, None, None, (), "",
+                       None, {}, dry_run)  # fmt: skip
     if not has_platform and not dry_run:  # only --policy: plain sbatch (before stdin is read: sbatch reads it)
-        os.execvp("sbatch", plain)
-    values, problems = _values(parsed)
+        return RunSbatch(render(plain))
+    values, problems = platform_values(parsed)
     if problems:
-        return say(ExitCode.INVALID, "invalid platform flags:\n" + "\n".join(f"  - {p}" for p in problems), prog=PROG)
+        return Refused(ExitCode.INVALID, "invalid platform flags:\n" + "\n".join(f"  - {p}" for p in problems))
     wrap = next((w for w in parsed.words if w.name == "wrap"), None)
     try:
         script_text, stdin_bytes = _read_script(parsed, wrap)
         directives = parse_options(script_directives(script_text))
         source = load_policy_source(parsed.platform.get("--policy"))
     except (UsageError, SbatchArgError, PreviewError) as exc:
-        return say(ExitCode.USAGE, str(exc), prog=PROG)
+        return Refused(ExitCode.USAGE, str(exc))
     words = directives + parsed.words
     user = _user()
     if not has_platform:  # --dry-run of a plain sbatch command line
-        print("sbatch argv:", shlex.join(plain))
-        return _preview(words, user, source)
+        return dataclasses.replace(plain, preview_words=tuple(words), user=user, source=source)
     team = values.get("team") or next((w.value for w in reversed(words) if w.name == "account"), None)
     team = team or user_team(source, user)
     if team is None:
-        return say(
-            ExitCode.USAGE,
-            "--team is required (or --account, or --policy/NURO_POLICY listing you in a team)",
-            prog=PROG,
+        return Refused(
+            ExitCode.USAGE, "--team is required (or --account, or --policy/NURO_POLICY listing you in a team)"
         )
-    problems = _conflicts(values, words, values.get("team"))
+    problems = conflicts(values, words, values.get("team"))
     if problems:
-        return say(ExitCode.USAGE, "\n".join(problems), prog=PROG)
+        return Refused(ExitCode.USAGE, "\n".join(problems))
     try:
         team = OPTIONS_BY_NAME["team"].parse(team)
         dataset = resolve_dataset(values["dataset"]) if "dataset" in values else None
@@ -464,54 +520,59 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{PROG}: note: {note}", file=sys.stderr)
         run_root = values.get("run_root") or AbsPath().parse(os.path.expanduser(DEFAULT_RUN_ROOT))
     except (FieldError, PinError, CodePinError) as exc:
-        return say(ExitCode.INVALID, str(exc), prog=PROG)
+        return Refused(ExitCode.INVALID, str(exc))
     except InvalidSubmission as exc:
-        return say(ExitCode.INVALID, "\n".join(exc.problems), prog=PROG)
+        return Refused(ExitCode.INVALID, "\n".join(exc.problems))
     meta = platform_metadata(values, team, dataset, code)
-    backend = CliBackend(env=job_env(meta))
+    env = job_env(meta)
     front = [f"--account={team}", *([f"--qos={values['tier']}"] if values.get("tier") else [])]
-    front += _expedited_requeue(backend)
+    front += expedited_requeue(CliBackend(env=env))
     if dataset is not None and code is not None:  # a record only with both pins (rule 7)
         try:
             front.append(f"--comment={comment_json(meta)}")
         except ValueError as exc:  # over Slurm's 1,024 bytes: refused before sbatch, with what to shorten
-            return say(ExitCode.INVALID, f"the run record does not fit the job comment: {exc}", prog=PROG)
+            return Refused(ExitCode.INVALID, f"the run record does not fit the job comment: {exc}")
     try:
         tail = spare_args(values.get("spare_nodes", 0), words)
     except UsageError as exc:
-        return say(ExitCode.USAGE, str(exc), prog=PROG)
+        return Refused(ExitCode.USAGE, str(exc))
     new_script = preamble = None
     if code is not None:
-        tokens = [t for w in parsed.words if w is not wrap for t in w.tokens]
+        tokens = tuple(t for w in parsed.words if w is not wrap for t in w.tokens)
         try:
             preamble = render_preamble(meta, code, run_root, _workdir_rel(words, code.repo))
             new_script = insert_preamble(script_text, preamble)
         except UsageError as exc:
-            return say(ExitCode.USAGE, str(exc), prog=PROG)
-    if dry_run:
-        shown = ["<script with the nuro-sbatch preamble>"] if new_script is not None else (
-            [parsed.script] if parsed.script else []
-        )  # fmt: skip
-        print("sbatch argv:", shlex.join(["sbatch", *front, *tokens, *tail, *lead, *shown, *parsed.script_args]))
-        if preamble is not None:
-            print("preamble inserted after the script's #SBATCH header:\n" + preamble, end="")
-        return _preview([*directives, *parse_options(front), *parsed.words, *parse_options(tail)], user, source)
+            return Refused(ExitCode.USAGE, str(exc))
+        stdin_bytes = None  # the rewritten script goes as a file
+    # Same file name as the user's script: Slurm's default job name (the script's base name; "wrap" for --wrap,
+    # "sbatch" for stdin) stays what plain sbatch would give.
+    name = "wrap" if wrap is not None else os.path.basename(parsed.script or "") or "sbatch"
+    preview = (*directives, *parse_options(front), *parsed.words, *parse_options(tail))
+    return Submission(tuple(front), tokens, tuple(tail), lead, parsed.script, tuple(parsed.script_args), name,
+                      new_script, preamble, stdin_bytes, preview, user, source, env, dry_run)  # fmt: skip
+
+
+def show(sub: Submission) -> int:
+    """``--dry-run``: the argv sbatch would get, the script as it would be submitted, the bridge's verdict."""
+    print("sbatch argv:", shlex.join(render(sub)))
+    if sub.new_script is not None:
+        print(f"script {sub.script_name} as submitted (nuro's preamble after the #SBATCH header):")
+        print(sub.new_script, end="" if sub.new_script.endswith("\n") else "\n")
+    return _preview(list(sub.preview_words), sub.user, sub.source)
+
+
+def execute(sub: Submission, backend: CliBackend) -> int:
+    """Submit ``sub`` once through the adapter; sbatch's own status and output are the user's."""
     tmp_dir = None
     try:
-        if new_script is not None:
-            # Same file name as the user's script in a private temp dir: Slurm's default job name (the script's
-            # base name; "wrap" for --wrap, "sbatch" for stdin) stays what plain sbatch would give.
+        path = None
+        if sub.new_script is not None:
             tmp_dir = tempfile.mkdtemp(prefix="nuro-sbatch-")
-            base = "wrap" if wrap is not None else os.path.basename(parsed.script or "") or "sbatch"
-            tmp_path = os.path.join(tmp_dir, base)
-            with open(tmp_path, "w", encoding="utf-8", errors="surrogateescape") as fh:
-                fh.write(new_script)
-            script_part = [*lead, tmp_path, *parsed.script_args]
-            stdin_bytes = None
-        else:
-            script_part = [*lead, *([parsed.script] if parsed.script else []), *parsed.script_args]
-        command = SubmitCommand((*front, *tokens, *tail, *script_part), stdin_bytes)
-        return backend.submit_command(command)  # sbatch's own status (and output)
+            path = os.path.join(tmp_dir, sub.script_name)
+            with open(path, "w", encoding="utf-8", errors="surrogateescape") as fh:
+                fh.write(sub.new_script)
+        return backend.submit_command(SubmitCommand(tuple(render(sub, path)[1:]), sub.stdin_bytes))
     except SlurmCommandNotFound:
         return say(ExitCode.FAILED, "sbatch not found on PATH", prog=PROG)
     finally:
@@ -519,7 +580,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
-def _expedited_requeue(backend: CliBackend) -> list[str]:
+@quiet_on_closed_pipe
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point: plan, then run sbatch as is, refuse, show help, show the dry run or submit; returns the exit
+    code (see the module docstring)."""
+    decided = plan(list(sys.argv[1:] if argv is None else argv))
+    if isinstance(decided, RunSbatch):
+        os.execvp("sbatch", decided.argv)
+    if isinstance(decided, Refused):
+        return say(decided.code, decided.message, prog=PROG)
+    if isinstance(decided, ShowHelp):
+        return _help(decided.sbatch_argv)
+    if decided.dry_run:
+        return show(decided)
+    return execute(decided, CliBackend(env=decided.env))
+
+
+def expedited_requeue(backend: CliBackend) -> list[str]:
     """``--requeue=expedite`` before the user's own words where the cluster has it (25.11+): a training job hit by
     a node failure restarts at once. The user's own ``--requeue``/``--no-requeue`` comes later and wins (the bridge
     forces requeue on team jobs either way). No Slurm to ask (a dry run on a laptop): nothing added."""

@@ -11,7 +11,7 @@ import pytest
 
 from nuro.jobspec import SpecError, build_spec
 from nuro.jobspec.fields import SHOW_MAX
-from nuro.login.sbatch_cli import _values, split_argv
+from nuro.login.sbatch_cli import platform_values, split_argv
 
 DIGEST = "sha256:" + "ab" * 32
 BASE = {
@@ -130,6 +130,6 @@ def test_nuro_sbatch_platform_flags_refuse_hostile_values(flag: str, hostile: st
         value = "../x"
     parsed = split_argv([f"{flag}={value}", "--code=/shared/vision", "job.sh"] if flag == "--commit" else
                         [f"{flag}={value}", "job.sh"])  # fmt: skip
-    _values_, problems = _values(parsed)
+    _values_, problems = platform_values(parsed)
     assert any(p.startswith(flag) for p in problems), problems
     assert all(p.isascii() and p.isprintable() for p in problems)

@@ -17,7 +17,7 @@ from nuro.jobspec.sbatch_args import (
     parse_options,
     script_directives,
 )
-from nuro.login.sbatch_cli import UsageError, _conflicts, _values, insert_preamble, spare_args, split_argv
+from nuro.login.sbatch_cli import UsageError, conflicts, insert_preamble, platform_values, spare_args, split_argv
 from tests.unit.test_codepin import git
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,33 +103,33 @@ def test_heterogeneous_jobs_pass_through_only_without_platform_flags() -> None:
 def test_values_are_checked_by_the_spec_kinds() -> None:
     argv = ["--team=perception", "--code=/r/vision@abcdef1", "--ckpt-interval=600", f"--dataset=imagenet@{DIGEST}",
             "job.sh"]  # fmt: skip
-    values, problems = _values(split_argv(argv))
+    values, problems = platform_values(split_argv(argv))
     assert problems == []
     assert values == {"team": "perception", "code.repo": "/r/vision", "code.commit": "abcdef1",
                       "checkpoint.interval_s": 600, "dataset": f"imagenet@{DIGEST}"}  # fmt: skip
-    _, problems = _values(split_argv(["--commit=abcdef1", "--allow-dirty", "job.sh"]))
+    _, problems = platform_values(split_argv(["--commit=abcdef1", "--allow-dirty", "job.sh"]))
     assert "code.commit: needs --code REPO" in problems and "code.allow_dirty: needs --code REPO" in problems
 
 
 def test_dataset_and_code_go_together() -> None:
-    _, problems = _values(split_argv(["--team=perception", "--code=/r/vision", "job.sh"]))
+    _, problems = platform_values(split_argv(["--team=perception", "--code=/r/vision", "job.sh"]))
     assert problems == [
         "--code: needs --dataset too: a run record pins both the dataset and the code (the job_submit bridge "
         "refuses a record without either); give neither for a job without a record"
     ]
-    _, problems = _values(split_argv(["--team=perception", "--tier=urgent", "job.sh"]))
+    _, problems = platform_values(split_argv(["--team=perception", "--tier=urgent", "job.sh"]))
     assert problems == []
 
 
 def test_conflicts_with_plain_sbatch_options_are_refused() -> None:
     words = parse_options(["-A", "prediction", "--qos=g-perception", "--comment=hello"])
-    problems = _conflicts({"team": "perception", "tier": "urgent"}, words, "perception")
+    problems = conflicts({"team": "perception", "tier": "urgent"}, words, "perception")
     assert problems == [
         "--team perception conflicts with --account=prediction: give one of them",
         "--tier urgent conflicts with --qos=g-perception: give one of them",
         "--comment cannot be combined with platform flags: the job comment is nuro's run record",
     ]
-    assert _conflicts({"team": "perception"}, parse_options(["--account=perception"]), "perception") == []
+    assert conflicts({"team": "perception"}, parse_options(["--account=perception"]), "perception") == []
 
 
 def test_preamble_needs_a_shell_script() -> None:
@@ -176,7 +176,11 @@ def test_dry_run_prints_the_argv_the_preamble_and_the_bridge_decision(repo: Path
     head = git(repo, "rev-parse", "HEAD").strip()
     assert out.stdout.startswith('sbatch argv: sbatch --account=perception \'--comment={"nuro":')
     assert f'"commit":"{head}"' in out.stdout and f'"digest":"{DIGEST}"' in out.stdout
-    assert "--hold '<script with the nuro-sbatch preamble>' x\n" in out.stdout
+    assert "--hold job.sh x\n" in out.stdout  # the private copy keeps the script's name (Slurm's job name)
+    # the whole script as submitted: the user's header, nuro's preamble, the user's lines (issue 33: no placeholder)
+    script = out.stdout.split("script job.sh as submitted (nuro's preamble after the #SBATCH header):\n", 1)[1]
+    assert script.startswith("#!/bin/bash\n#SBATCH -N 2\n#SBATCH --gpus-per-node=8\n"), script
+    assert "\npython train.py\n" in script and script.index("nuro_fail") < script.index("python train.py")
     assert 'cd "$NURO_CODE_DIR"/src || nuro_fail' in out.stdout  # submitted from src/: run in src/ of the checkout
     assert "bridge preview (policy" in out.stdout
 
@@ -256,7 +260,7 @@ def test_spare_nodes_add_the_spares_and_no_kill_after_the_users_words(repo: Path
                       "--run-root=/runs", "--spare-nodes", "1", "--dry-run", "--policy",
                       str(REPO / "examples/policy/teams.yaml"), "../job.sh", cwd=repo / "src")  # fmt: skip
     assert out.returncode == 0, out.stderr
-    assert " --nodes=3 --no-kill '<script with the nuro-sbatch preamble>'" in out.stdout  # job.sh has -N 2
+    assert " --nodes=3 --no-kill job.sh\n" in out.stdout  # job.sh has -N 2
     assert "export NURO_SPARE_NODES=1" in out.stdout and '"spares":{"nodes":1}' in out.stdout
     # the bridge's preview (as a team member: root is let through unjudged) counts the spare's GPUs
     source = load_policy_source(str(REPO / "examples/policy/teams.yaml"))

@@ -13,7 +13,7 @@ from nuro.cluster.slurmconf import TOPOLOGY_NAME, render_slurm_conf, render_topo
 from nuro.devcluster.layout import Layout, describe
 from nuro.jobspec.sbatch_args import SbatchArgError, parse_options
 from nuro.jobspec.submission import requeue_args
-from nuro.login.sbatch_cli import _expedited_requeue
+from nuro.login.sbatch_cli import expedited_requeue
 from nuro.policy.admission import parse_sbatch_args
 from nuro.slurm import SlurmCommandNotFound
 from nuro.slurm.models import SlurmVersion
@@ -90,8 +90,8 @@ def test_nuro_sbatch_asks_slurm_and_adds_nothing_without_it() -> None:
         def version(self) -> SlurmVersion:
             raise SlurmCommandNotFound("'sinfo' not found", argv=["sinfo"])
 
-    assert _expedited_requeue(_NoSlurm()) == []  # type: ignore[arg-type]
-    assert _expedited_requeue(_Versioned(SlurmVersion(26, 5, 5))) == ["--requeue=expedite"]  # type: ignore[arg-type]
+    assert expedited_requeue(_NoSlurm()) == []  # type: ignore[arg-type]
+    assert expedited_requeue(_Versioned(SlurmVersion(26, 5, 5))) == ["--requeue=expedite"]  # type: ignore[arg-type]
 
 
 # ---- topology: tree or block, topology.conf before 25.05 and topology.yaml from it ------------------------------
