@@ -23,18 +23,19 @@ Requeue stay one job at a time: each is its own job's, and there are few. Nothin
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from nuro.protocol import adminnote
 from nuro.protocol.contract import NOTE_PREEMPT, PREEMPT_SIGNAL
-from nuro.slurm import Backend, SlurmError, SlurmUnavailable
+from nuro.slurm import Backend, SlurmError, SlurmTimeout, SlurmUnavailable
 from nuro.slurm.backend import CALL_TIMEOUT_MIN_S
 from nuro.slurm_plugins.controller.decisions import Borrow, Decision, Preempt, Requeue, Return, SetSiteFactor
-from nuro.slurm_plugins.controller.ratelog import once
+from nuro.slurm_plugins.controller.ratelog import RateLog, once
 
 log = logging.getLogger(__name__)
 
@@ -259,14 +260,105 @@ class ApplyBudget:
             self.per_id_s = 0.5 * self.per_id_s + 0.5 * (seconds / jobs)
 
 
+@dataclass
+class Applied:
+    """What one cycle's apply did: an outcome per decision sent, the jobs whose decision did not take effect (refused,
+    failed or deferred: the state forgets them and they are decided again), how many were deferred by the budget, and
+    the error that stopped the rest (Slurm gone mid-cycle), if any."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    failed: set[int] = field(default_factory=set)
+    deferred: int = 0
+    error: str = ""
+
+
+def apply_within_budget(
+    backend: Backend,
+    decisions: Sequence[Decision],
+    budget: ApplyBudget,
+    now: float,
+    *,
+    dry_run: bool = False,
+    cycle: int = 0,
+    after_always: Callable[[], None] = lambda: None,
+    errors: RateLog | None = None,
+) -> Applied:
+    """Send ``decisions`` in apply order (``groups``: requeues and signals first, SiteFactors last) within
+    ``budget``: a group the budget cannot hold is deferred, one slurmctld does not answer within the budget's call
+    limit is deferred with everything after it (requeues and signals still go), Slurm gone stops the rest, and a bug
+    applying one group costs only its jobs. ``after_always`` runs once, after the requeues and signals (the packing
+    weights go there: a few calls that steer every start, worth more than any QOS move when the budget is short).
+    ``errors``: the controller's once-limiter (``ratelog.once``), so a job's apply error is logged when it first
+    appears or changes, across cycles."""
+    done = Applied()
+    errors = errors or once()
+    pending = groups(decisions)
+    always_done = False
+    while pending:
+        if not always_done and not isinstance(pending[0][0], ApplyBudget.ALWAYS):
+            after_always()
+            always_done = True
+        group = pending.pop(0)
+        if not budget.allows(group):
+            done.deferred += len(group)
+            done.failed.update(d.job_id for d in group)
+            continue
+        group, *rest = budget.chunk(group)
+        pending[:0] = rest
+        t_group = time.monotonic()
+        limit = budget.call_limit_s(group)
+        try:
+            with contextlib.nullcontext() if limit is None else backend.call_timeout(limit):
+                outcomes = apply_group(backend, group, now, dry_run)
+        except SlurmError as exc:
+            if limit is not None and isinstance(exc, SlurmTimeout):
+                # the budget is spent waiting on slurmctld: this group and the rest are decided again next cycle
+                budget.spend(time.monotonic() - t_group, len(group))
+                later = [d for g in [group, *pending] for d in g if not isinstance(d, ApplyBudget.ALWAYS)]
+                done.deferred += len(later)
+                done.failed.update(d.job_id for d in later)
+                pending = [g for g in pending if isinstance(g[0], ApplyBudget.ALWAYS)]
+                log.info("cycle=%d slurmctld did not answer an update within %.1f s: %d decisions to the next "
+                         "cycle", cycle, limit, len(later))  # fmt: skip
+                continue
+            done.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
+            log.warning("cycle=%d %s", cycle, done.error)
+            done.failed.update(d.job_id for g in [group, *pending] for d in g)
+            break
+        except Exception as exc:  # noqa: BLE001 - a bug applying one job's decision costs only that job
+            done.failed.update(d.job_id for d in group)
+            text = f"{type(exc).__name__}: {exc}"[:300]
+            for decision in group:
+                if errors.allow((decision.job_id, type(decision).__name__, text))[0]:
+                    log.error("cycle=%d decision=%s job=%d not applied (logged once): %s", cycle,
+                              type(decision).__name__, decision.job_id, text)  # fmt: skip
+            continue
+        budget.spend(time.monotonic() - t_group, len(group))
+        for outcome in outcomes:
+            decision = outcome.decision
+            done.outcomes.append(outcome)
+            log.info(
+                "cycle=%d decision=%s job=%d applied=%s code=%s reason=%r result=%r",
+                cycle, type(decision).__name__, decision.job_id, outcome.applied, decision.code,
+                decision.reason, outcome.message,
+            )  # fmt: skip
+            if not outcome.applied:
+                done.failed.add(decision.job_id)
+    if not always_done and not done.error:
+        after_always()
+    return done
+
+
 __all__ = [
     "APPLY_SHARE_MIN",
     "BATCH_MAX",
     "CALL_CUT_S",
     "CALL_MIN_S",
+    "Applied",
     "ApplyBudget",
     "Outcome",
     "apply_decision",
     "apply_group",
+    "apply_within_budget",
     "groups",
 ]

@@ -59,13 +59,12 @@ from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.runs.pending import ENV_WAITS, WaitsFile
 from nuro.slurm import Action, Backend, CliBackend, SlurmError, hostlist
 from nuro.slurm.backend import in_daemon_thread
-from nuro.slurm.errors import SlurmTimeout
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller import gangfirst, weights
-from nuro.slurm_plugins.controller.apply import ApplyBudget, Outcome, apply_group, groups
+from nuro.slurm_plugins.controller.apply import ApplyBudget, Outcome, apply_within_budget
 from nuro.slurm_plugins.controller.config import ConfigError, ControllerConfig, LogFormat, load_config
-from nuro.slurm_plugins.controller.decisions import Preempt, Requeue, SetSiteFactor
+from nuro.slurm_plugins.controller.decisions import Decisions, Preempt, Requeue, SetSiteFactor
 from nuro.slurm_plugins.controller.detection import FailureDetector
 from nuro.slurm_plugins.controller.engine import ControllerState, decide, rebuild_state
 from nuro.slurm_plugins.controller.heartbeats import HeartbeatReceiver
@@ -199,6 +198,12 @@ class Controller:
         return replace(state, site_factors=MappingProxyType(dict(sorted(known.items()))))
 
     def cycle(self) -> CycleReport:
+        """One pass, in numbered phases: (1) snapshot (with the SiteFactors Slurm holds, after a start); (2) decide
+        (pure, ``engine.decide``; a job that breaks it is isolated); (3) publish why each pending job waits;
+        (4) ledger the victims about to be signalled; (5) apply within the cycle's Slurm budget (``apply.py``: the
+        decisions, the packing weights after the requeues and signals, the gang-first floors last); (6) remember
+        the state the applied decisions leave. A snapshot or decide that fails skips the cycle (Slurm's own limits
+        hold meanwhile)."""
         self.cycles += 1
         report = CycleReport(cycle=self.cycles)
         t0 = time.monotonic()
@@ -233,79 +238,26 @@ class Controller:
                 log.error("cycle=%d %s (logged once a minute)", self.cycles, report.error)
             return report
         decisions = result
-        if self.waits_file is not None:
-            try:  # best effort: a reader without it shows Slurm's reason only
-                running = {j.job_id for j in snapshot.jobs if j.phase == JobPhase.RUNNING}
-                heard = {j: (p.commit_step, p.commit_at) for j, p in progress.items() if j in running}
-                self.waits_file.publish(now, decisions.waiting, heard)
-            except OSError as exc:
-                if self._cycle_errors.allow(f"waits: {exc}")[0]:
-                    log.warning("cycle=%d reasons not written to %s: %s", self.cycles, self.waits_file.path, exc)
+        self._publish_waits(snapshot, decisions, progress, now)  # (3)
         t2 = time.monotonic()
-        failed: set[int] = set()
         applicable = self.isolator.filter(decisions)
         # the victims about to be signalled are in the ledger before any signal goes (a crash in between must not
         # leave a signalled victim the restarted controller knows nothing of)
         self._for_job.update((d.job_id, d.for_job_id) for d in applicable if isinstance(d, Preempt))
         self._save_ledger(decisions.next_state)
         budget = ApplyBudget.for_cycle(self.apply_budget_s, report.snapshot_s, self._per_id_s)
-        pending = groups(applicable)  # apply order: requeues and signals first, SiteFactors last (deferred first)
-        # packing weights go right after the requeues and signals: a few calls that steer every start, worth more than
-        # any one QOS move or SiteFactor when the budget is short
-        weights_due = self.node_weights
-        while pending:
-            if weights_due and not isinstance(pending[0][0], ApplyBudget.ALWAYS):
-                report.weights, weights_due = self.reweigh(snapshot.nodes, budget), False
-            group = pending.pop(0)
-            if not budget.allows(group):
-                report.deferred += len(group)
-                failed.update(d.job_id for d in group)
-                continue
-            group, *rest = budget.chunk(group)
-            pending[:0] = rest
-            t_group = time.monotonic()
-            limit = budget.call_limit_s(group)
-            try:
-                with contextlib.nullcontext() if limit is None else self.backend.call_timeout(limit):
-                    outcomes = apply_group(self.backend, group, now, self.dry_run)
-            except SlurmError as exc:
-                if limit is not None and isinstance(exc, SlurmTimeout):
-                    # the budget is spent waiting on slurmctld: this group and the rest are decided again next cycle
-                    budget.spend(time.monotonic() - t_group, len(group))
-                    rest = [d for g in [group, *pending] for d in g if not isinstance(d, ApplyBudget.ALWAYS)]
-                    report.deferred += len(rest)
-                    failed.update(d.job_id for d in rest)
-                    pending = [g for g in pending if isinstance(g[0], ApplyBudget.ALWAYS)]
-                    log.info("cycle=%d slurmctld did not answer an update within %.1f s: %d decisions to the next "
-                             "cycle", self.cycles, limit, len(rest))  # fmt: skip
-                    continue
-                report.error = f"Slurm unavailable mid-cycle, rest skipped: {exc}"
-                log.warning("cycle=%d %s", self.cycles, report.error)
-                failed.update(d.job_id for g in [group, *pending] for d in g)
-                break
-            except Exception as exc:  # noqa: BLE001 - a bug applying one job's decision costs only that job
-                failed.update(d.job_id for d in group)
-                text = f"{type(exc).__name__}: {exc}"[:300]
-                for decision in group:
-                    if self._once.allow((decision.job_id, type(decision).__name__, text))[0]:
-                        log.error("cycle=%d decision=%s job=%d not applied (logged once): %s", self.cycles,
-                                  type(decision).__name__, decision.job_id, text)  # fmt: skip
-                continue
-            budget.spend(time.monotonic() - t_group, len(group))
-            for outcome in outcomes:
-                decision = outcome.decision
-                report.outcomes.append(outcome)
-                log.info(
-                    "cycle=%d decision=%s job=%d applied=%s code=%s reason=%r result=%r",
-                    self.cycles, type(decision).__name__, decision.job_id, outcome.applied, decision.code,
-                    decision.reason, outcome.message,
-                )  # fmt: skip
-                if not outcome.applied:
-                    failed.add(decision.job_id)
-                else:
-                    self._record(decision)
-        if weights_due and not report.error:
-            report.weights = self.reweigh(snapshot.nodes, budget)
+
+        def weigh() -> None:
+            if self.node_weights:
+                report.weights = self.reweigh(snapshot.nodes, budget)
+
+        applied = apply_within_budget(self.backend, applicable, budget, now, dry_run=self.dry_run, cycle=self.cycles,
+                                      after_always=weigh, errors=self._once)  # fmt: skip
+        report.outcomes, report.deferred, report.error = applied.outcomes, applied.deferred, applied.error
+        failed = applied.failed
+        for outcome in applied.outcomes:
+            if outcome.applied:
+                self._record(outcome.decision)
         if not report.error:
             self.refloor(snapshot.jobs, budget)
         self._per_id_s = budget.per_id_s  # the next cycle sizes its first batch by what Slurm answered lately
@@ -323,6 +275,21 @@ class Controller:
             decisions.cycle_stats.log_fields(),
         )  # fmt: skip
         return report
+
+    def _publish_waits(
+        self, snapshot: ClusterSnapshot, decisions: Decisions, progress: Mapping[int, Progress], now: float
+    ) -> None:
+        """Why each pending job waits, and the commits heard, for ``nuro-train status`` (best effort: a reader
+        without the file shows Slurm's reason only)."""
+        if self.waits_file is None:
+            return
+        try:
+            running = {j.job_id for j in snapshot.jobs if j.phase == JobPhase.RUNNING}
+            heard = {j: (p.commit_step, p.commit_at) for j, p in progress.items() if j in running}
+            self.waits_file.publish(now, decisions.waiting, heard)
+        except OSError as exc:
+            if self._cycle_errors.allow(f"waits: {exc}")[0]:
+                log.warning("cycle=%d reasons not written to %s: %s", self.cycles, self.waits_file.path, exc)
 
     def reweigh(
         self, nodes: Iterable[NodeInfo], budget: ApplyBudget | None = None,
