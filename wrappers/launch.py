@@ -75,7 +75,6 @@ from nuro.wrappers.launch_outcome import (
     Kind,
     Outcome,
     WorkerFailure,
-    awaits_node_loss,
     classify,
     failure_from_error_file,
     failures_from_summary,
@@ -668,30 +667,27 @@ def run_step(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         print(f"nuro: step ended: srun exit {rc}, launch verdict {status} ({why})", flush=True)
         # TERM/INT relayed: Slurm is already ending the job (scancel, a node it set DOWN): nothing to wait for; a
         # stop signal (preemption, time limit) means leave, not swap
-        stopping = any(sig in _STOP_SIGNALS for sig in seen)
-        lost_one = not stopping and awaits_node_loss(status, found, num_nodes) and bool(env.get("SLURM_JOB_ID"))
-        moving = _move_from(found, state) if state is not None and status == EXIT_REQUEUE and not seen else None
-        first = state.active[0] if state is not None else ""
-        if moving is not None:
-            swap = state.replace([moving], _allocation(env["SLURM_JOB_ID"], [*state.active, *state.spares]))
+        decided = spares.after_step(
+            status, found, num_nodes, state=state, signalled=bool(seen), stopping=any(s in _STOP_SIGNALS for s in seen),
+            in_job=bool(env.get("SLURM_JOB_ID")), wait_s=wait_s,
+        )  # fmt: skip
+        if decided.next is spares.Next.MOVE and state is not None and decided.node is not None:
+            first = state.active[0]
+            swap = state.replace([decided.node], _allocation(env["SLURM_JOB_ID"], [*state.active, *state.spares]))
             if swap is not None:
-                _announce(swap, env, "straggler", f"the training left straggler {moving}")
+                _announce(swap, env, "straggler", f"the training left straggler {decided.node}")
                 env = _rendezvous_on(env, swap.nodes[0]) if swap.nodes[0] != first else env
                 continue
-            print(f"nuro: no spare left to replace straggler {moving}: the requeue path follows", flush=True)
-            return status
-        if state is not None and not seen and _may_have_lost_a_node(status, found, num_nodes, env):
+            print(f"nuro: no spare left to replace straggler {decided.node}: the requeue path follows", flush=True)
+        elif decided.next is spares.Next.FIND_LOST and state is not None:
             lost, swap = _swap_for_lost(state, env["SLURM_JOB_ID"], found, wait_s)
             if swap is not None:
                 _announce(swap, env, "node_lost", f"node(s) {','.join(swap.lost)} lost")
                 continue
             if lost:
-                # Slurm keeps a --no-kill job running without the node and will not requeue it: this script must
-                # (the training's own status is the lost node's SIGKILL, not its failure)
                 print(f"nuro: node(s) {','.join(lost)} lost and no spare left: the requeue path follows", flush=True)
-                return EXIT_REQUEUE
-            return status
-        if wait_s > 0 and lost_one and state is None:
+            return spares.after_lost(status, lost)
+        elif decided.next is spares.Next.AWAIT_LOSS:
             print(f"nuro: a node never reported; waiting up to {wait_s:g} s for Slurm's node verdict", flush=True)
             taken = await_node_loss(env["SLURM_JOB_ID"], wait_s)
             print(
@@ -710,12 +706,6 @@ def _announce(swap: spares.Swap, env: Mapping[str, str], why: str, what: str) ->
     run_events.record_later("spare_swap", env=dict(env), why=why, **swap.fields())
 
 
-def _move_from(found: Sequence[Outcome], state: spares.SpareState) -> str | None:
-    """The training node a stop asked to leave (a straggler), if it is one of the step's nodes."""
-    wanted = {v.details.get("move_from") for v in found if v.kind in (Kind.REQUEUE, Kind.STOPPED)}
-    return next((n for n in state.active if n in wanted), None)
-
-
 def _rendezvous_on(env: Mapping[str, str], first: str) -> dict[str, str]:
     """The step's environment with the rendezvous on ``first``, the new step's node 0 where rank 0 serves the
     store: a straggling batch host can be swapped out of the step (a lost one ends the job with it)."""
@@ -729,16 +719,6 @@ def _allocation(job_id: str, fallback: list[str]) -> list[str]:
     except SlurmError as exc:
         log.warning("job %s nodes unreadable (%s)", job_id, exc)
         return fallback
-
-
-def _may_have_lost_a_node(status: int, found: Sequence[Outcome], num_nodes: int, env: Mapping[str, str]) -> bool:
-    """Whether a job with spares looks for a lost training node after its step ended: a restart verdict with a
-    node that never reported, or no verdict at all from a step srun ended itself (on a node failure srun kills the
-    step's other tasks, which can beat the survivors' verdicts). A node's own failure verdict is the training's
-    failure, never swapped away; the allocation (``_swap_for_lost``) says whether a node was really lost."""
-    if status == 0 or not env.get("SLURM_JOB_ID") or any(v.kind == Kind.FAILURE for v in found):
-        return False
-    return awaits_node_loss(status, found, num_nodes) or not found
 
 
 def _spare_state(env: Mapping[str, str]) -> spares.SpareState | None:

@@ -11,16 +11,20 @@ Only Slurm decides which node is lost: a node counts as lost once it has left th
 and is still allocated is not replaced; the requeue path handles it.
 
 Pure functions over node lists (allocation order, which is Slurm's node order: a step's SLURM_NODEID 0 is the first
-of its nodes, the batch host, where rank 0 serves the rendezvous). ``nuro.wrappers.launch.run_step`` does the I/O.
+of its nodes, the batch host, where rank 0 serves the rendezvous), and the decision after each step (``after_step``,
+``after_lost``: done, swap a straggler, find a lost node, wait for Slurm's node verdict, requeue), as ``fold`` and
+``assess`` decide the verdicts. ``nuro.wrappers.launch.run_step`` is the thin runner that does the I/O.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
-from nuro.protocol.contract import MAX_SPARE_NODES
+from nuro.protocol.contract import EXIT_REQUEUE, MAX_SPARE_NODES
 from nuro.protocol.envnames import NURO_SPARE_NODES
+from nuro.wrappers.launch_outcome import Kind, Outcome, awaits_node_loss
 
 #: The job's hot spares, exported by the batch script from the run record (``nuro-train submit --spare-nodes``).
 ENV_SPARE_NODES = NURO_SPARE_NODES
@@ -149,14 +153,85 @@ class Swap:
                 "spares_left": self.spares_left, "nodes": list(self.nodes)}  # fmt: skip
 
 
+class Next(StrEnum):
+    """What the batch step does once a step has ended (``after_step``)."""
+
+    DONE = "done"  # the step's status is the script's
+    MOVE = "move"  # the training left a straggler: swap that node for a spare if one is still allocated
+    FIND_LOST = "find_lost"  # with spares: ask Slurm which training node left the allocation, swap it for a spare
+    AWAIT_LOSS = "await_loss"  # no spares: wait for Slurm's verdict on a node that never reported
+
+
+@dataclass(frozen=True)
+class AfterStep:
+    next: Next
+    node: str | None = None  # MOVE: the node the training asked to leave
+
+
+def move_from(found: Sequence[Outcome], state: SpareState) -> str | None:
+    """The training node a stop asked to leave (a straggler), if it is one of the step's nodes."""
+    wanted = {v.details.get("move_from") for v in found if v.kind in (Kind.REQUEUE, Kind.STOPPED)}
+    return next((n for n in state.active if n in wanted), None)
+
+
+def may_have_lost_a_node(status: int, found: Sequence[Outcome], num_nodes: int, in_job: bool) -> bool:
+    """Whether a job with spares looks for a lost training node after its step ended: a restart verdict with a
+    node that never reported, or no verdict at all from a step srun ended itself (on a node failure srun kills the
+    step's other tasks, which can beat the survivors' verdicts). A node's own failure verdict is the training's
+    failure, never swapped away; the allocation says whether a node was really lost."""
+    if status == 0 or not in_job or any(v.kind == Kind.FAILURE for v in found):
+        return False
+    return awaits_node_loss(status, found, num_nodes) or not found
+
+
+def after_step(
+    status: int,
+    found: Sequence[Outcome],
+    num_nodes: int,
+    *,
+    state: SpareState | None,
+    signalled: bool,
+    stopping: bool,
+    in_job: bool,
+    wait_s: float,
+) -> AfterStep:
+    """The decision once a step ended with ``status`` (the folded verdicts ``found`` of ``num_nodes`` nodes).
+    ``signalled``: the batch step relayed a signal (Slurm or the user is ending the job, or a preemption or time
+    limit: leave, never swap); ``stopping``: one of them was TERM/INT; ``in_job``: Slurm can be asked about the job.
+    Pure: the runner reads the allocation and Slurm's node verdicts."""
+    if state is not None and status == EXIT_REQUEUE and not signalled:
+        moving = move_from(found, state)
+        if moving is not None:
+            return AfterStep(Next.MOVE, moving)
+    if state is not None and not signalled and may_have_lost_a_node(status, found, num_nodes, in_job):
+        return AfterStep(Next.FIND_LOST)
+    lost_one = not stopping and awaits_node_loss(status, found, num_nodes) and in_job
+    if wait_s > 0 and lost_one and state is None:
+        return AfterStep(Next.AWAIT_LOSS)
+    return AfterStep(Next.DONE)
+
+
+def after_lost(status: int, lost: Sequence[str]) -> int:
+    """The script's status when no spare replaced what ``FIND_LOST`` found: a lost node with no spare left is the
+    requeue path (Slurm keeps a ``--no-kill`` job running without the node and never requeues it, and the
+    training's own status is the lost node's SIGKILL, not its failure); nothing lost: the step's own status."""
+    return EXIT_REQUEUE if lost else status
+
+
 __all__ = [
     "ENV_LAUNCH_SWAP",
     "ENV_SPARES_LEFT",
     "ENV_SPARE_NODES",
     "MAX_SPARE_NODES",
     "SpareError",
+    "AfterStep",
+    "Next",
     "SpareState",
     "Swap",
+    "after_lost",
+    "after_step",
+    "may_have_lost_a_node",
+    "move_from",
     "spare_count",
     "swap_index",
     "training_nodes",

@@ -130,7 +130,37 @@ def test_a_move_stop_names_the_node_the_step_leaves(tmp_path: Path) -> None:
     state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1)
     stopped = [Outcome(Kind.STOPPED, 75, "stop", node=0, at=1.0, details={"move_from": "gpu002"}),
                Outcome(Kind.STOPPED, 75, "stop", node=1, at=1.0)]  # fmt: skip
-    assert launch._move_from(stopped, state) == "gpu002"
+    assert spares.move_from(stopped, state) == "gpu002"
     # only a node of the step, only from a restart verdict (the guard's stop), never a failure
-    assert launch._move_from([Outcome(Kind.STOPPED, 75, "s", node=0, details={"move_from": "gpu003"})], state) is None
-    assert launch._move_from([Outcome(Kind.FAILURE, 1, "s", node=0, details={"move_from": "gpu002"})], state) is None
+    assert spares.move_from([Outcome(Kind.STOPPED, 75, "s", node=0, details={"move_from": "gpu003"})], state) is None
+    assert spares.move_from([Outcome(Kind.FAILURE, 1, "s", node=0, details={"move_from": "gpu002"})], state) is None
+
+
+def _v(kind: Kind, node: int, **details: str) -> Outcome:
+    return Outcome(kind, 75 if kind is not Kind.FAILURE else 1, "x", node=node, at=1.0, details=details)
+
+
+@pytest.mark.parametrize(
+    ("status", "found", "signalled", "with_spares", "want"),
+    [
+        (0, [_v(Kind.DONE, 0), _v(Kind.DONE, 1)], False, True, spares.Next.DONE),  # trained to the end
+        (75, [_v(Kind.STOPPED, 0, move_from="gpu002")], False, True, spares.Next.MOVE),  # a straggler stop
+        (75, [_v(Kind.STOPPED, 0, move_from="gpu002")], True, True, spares.Next.DONE),  # preempted: leave, never swap
+        (75, [_v(Kind.REQUEUE, 0)], False, True, spares.Next.FIND_LOST),  # node 1 never reported
+        (137, [], False, True, spares.Next.FIND_LOST),  # srun ended the step before any verdict
+        (1, [_v(Kind.FAILURE, 0), _v(Kind.REQUEUE, 1)], False, True, spares.Next.DONE),  # the training's own failure
+        (75, [_v(Kind.REQUEUE, 0)], False, False, spares.Next.AWAIT_LOSS),  # no spares: Slurm's verdict decides
+    ],
+)
+def test_after_a_step_the_decision_is_pure(status: int, found: list, signalled: bool, with_spares: bool,
+                                           want: spares.Next) -> None:  # fmt: skip
+    """run_step's choices as one pure decision (issue 33): done, swap a straggler, find a lost node, await Slurm."""
+    state = spares.SpareState.start(["gpu001", "gpu002", "gpu003"], 1) if with_spares else None
+    got = spares.after_step(status, found, 2, state=state, signalled=signalled, stopping=False, in_job=True,
+                            wait_s=5.0)  # fmt: skip
+    assert got.next is want, got
+    assert (got.node == "gpu002") is (want is spares.Next.MOVE)
+
+
+def test_a_loss_no_spare_covers_is_the_requeue_path() -> None:
+    assert spares.after_lost(137, ["gpu002"]) == 75 and spares.after_lost(137, []) == 137
