@@ -802,8 +802,8 @@ def _upload_workers(staging_root: str) -> list[Worker]:
     try:
         # lazy: an install may lack the upload worker or boto3 (the agent then runs without uploads), and boto3
         # costs ~0.3 s that an agent without --staging-root never needs
+        from nuro.healthcheck.uploads import node_handoff_worker
         from nuro.objectstore import ObjectStore
-        from nuro.prolog_epilog.epilog import node_handoff_worker
     except ImportError as exc:
         log.warning(
             "--staging-root %s given but the checkpoint upload worker is not importable (%s): "

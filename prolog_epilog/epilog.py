@@ -34,13 +34,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 from nuro.checkpoint import handoff, lostwriters, promote
-from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, staging_root
+from nuro.checkpoint.nodestage import finish_job, staging_root
 from nuro.checkpoint.upload import UploadWorker
-from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
-from nuro.healthcheck.run import HealthSettings
+from nuro.healthcheck.uploads import cache_keep_free_bytes, cache_runs
 from nuro.objectstore import ObjectStore
 from nuro.prolog_epilog import hooklog, prefetchguard
 from nuro.prolog_epilog.health import node_is_healthy
@@ -50,17 +48,6 @@ from nuro.protocol.nodeenv import load_node_env
 from nuro.safeio import safefs
 
 log = logging.getLogger("nuro.epilog")
-
-
-def cache_keep_free_bytes(env: Mapping[str, str]) -> int:
-    """``NURO_STAGING_CACHE_KEEP_FREE_GB``, default twice the health check's ``NURO_STAGING_MIN_FREE_GB`` (20 GiB
-    → 40 GiB): the node cache gives way well before the staging disk is full enough to drain the node."""
-    raw = env.get("NURO_STAGING_CACHE_KEEP_FREE_GB", "").strip()
-    try:
-        return int(max(float(raw), 0.0) * (1 << 30)) if raw else 2 * HealthSettings.from_env(env).staging_min_free_bytes
-    except ValueError as exc:  # the node's settings are broken; the health check reports the same error
-        log.warning("cache free-space floor unreadable (%s): the cache keeps 40 GiB free", exc)
-        return int(2 * DEFAULT_STAGING_MIN_FREE_GB * (1 << 30))
 
 
 DEFAULT_FLUSH_TIMEOUT_S = 120.0
@@ -152,19 +139,6 @@ def promote_snapshot(job: str) -> None:
                  got.committed[-1], got.newest_before)  # fmt: skip
     else:
         log.info("job=%s no in-memory snapshot promoted: %s", job, got.why)
-
-
-def cache_runs(env: Mapping[str, str]) -> int:
-    return int(env.get("NURO_STAGING_CACHE_RUNS") or DEFAULT_CACHE_RUNS)
-
-
-def node_handoff_worker(store: ObjectStore, root: Path, env: Mapping[str, str]) -> handoff.HandoffWorker:
-    """The node agent's upload worker, finishing hand-offs with the epilog's own cache settings (so a job's newest
-    checkpoint is cached alike whichever of the two finishes it)."""
-    return handoff.HandoffWorker(
-        store, root, timeout_s=handoff.timeout_s(env), cache_runs=cache_runs(env),
-        cache_keep_free_bytes=cache_keep_free_bytes(env),
-    )  # fmt: skip
 
 
 def _slurm_restarts(job: str) -> tuple[int | None, str | None]:

@@ -29,8 +29,8 @@ from nuro.checkpoint.restore import load_manifest, restore_latest
 from nuro.checkpoint.staging import read_request, write_request
 from nuro.devcluster import s3
 from nuro.devcluster.layout import PortPlan
+from nuro.healthcheck.uploads import node_handoff_worker
 from nuro.objectstore import ObjectStore
-from nuro.prolog_epilog.epilog import node_handoff_worker
 from nuro.protocol import jobcomment, jobrecord
 from nuro.wrappers.sdk.checkpointer import Checkpointer
 from nuro.wrappers.sdk.runenv import RunEnv

@@ -16,6 +16,8 @@ function-local alike) and names each forbidden edge as ``file:line: rule: what``
 - **floors**: the bottom floors of the core import nothing above them: ``nuro.names`` (the names nuro accepts) only
   the standard library; ``nuro.safeio`` besides itself only ``nuro.names``; ``nuro.protocol`` besides itself only
   ``nuro.safeio`` and ``nuro.names``. (Floors above these are still to be drawn: issue 33.)
+- **one-way**: runtime folders that depend on each other do so one way only: the hooks (``nuro.prolog_epilog``)
+  run the health check's library, so ``nuro.healthcheck`` never imports ``nuro.prolog_epilog``.
 - **lazy**: an import inside a function has a comment on its line or the line above saying why it must be lazy (a
   heavy import off a CLI's start-up path, an optional dependency); otherwise it belongs at the top. One comment above
   a block of consecutive imports covers the block; a bare linter pragma (``# noqa: PLC0415``) is no reason.
@@ -53,6 +55,8 @@ FLOORS: dict[str, tuple[str, ...]] = {
     "nuro.safeio": ("nuro.names",),
     "nuro.protocol": ("nuro.names", "nuro.safeio"),
 }
+#: (lower, upper): the lower runtime folder never imports the upper one.
+ONE_WAY = (("nuro.healthcheck", "nuro.prolog_epilog"),)
 #: What a comment may hold that is no reason: linter pragmas and rule codes (a bare suppression says nothing of why).
 PRAGMA = re.compile(
     r"(?i:noqa|type:\s*ignore(\[[^\]]*\])?|pragma:\s*no\s*cover|pylint:\s*\S+|fmt:\s*\S+)|\b[A-Z]+[0-9]+\b"
@@ -274,6 +278,9 @@ def violations(rule: str) -> list[str]:
                 why = "the job<->platform contract stays dependency-free (stdlib only)"
             elif rule == "floors":
                 bad, why = floor_breach(mod.name, target), "a bottom floor of the core imports a package above it"
+            elif rule == "one-way":
+                bad = any(_in(mod.name, lower) and _in(target, upper) for lower, upper in ONE_WAY)
+                why = "the hooks depend on the health check's library, never the other way"
             elif rule == "missing":
                 bad = _in(edge.written, CORE) and edge.written not in mods
                 why = "no such module (left behind by a move?)"
@@ -358,7 +365,7 @@ def cycles() -> list[str]:
     return found
 
 
-RULES = ["devcluster", "core-up", "cli", "contract", "floors", "lazy", "missing"]
+RULES = ["devcluster", "core-up", "cli", "contract", "floors", "one-way", "lazy", "missing"]
 
 
 @pytest.mark.parametrize("rule", RULES)

@@ -12,7 +12,7 @@ import pytest
 
 from nuro.checkpoint import layout as L
 from nuro.checkpoint.nodestage import _evict, prepare_job_dir
-from nuro.prolog_epilog.epilog import cache_keep_free_bytes
+from nuro.healthcheck.uploads import cache_keep_free_bytes
 
 GIB = 1 << 30
 
