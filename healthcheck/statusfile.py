@@ -8,9 +8,10 @@ check's measurements; with the format here neither imports the other's entry poi
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from nuro.safeio.atomic import write_atomic
 
 STATUS_FORMAT = 1
 MAX_STATUS_BYTES = 1 << 20  # a status file is a few KB (the GPU report included); a bigger one is not ours
@@ -26,10 +27,8 @@ def write_status(status_dir: str | Path, node: str, status: dict[str, Any]) -> N
     No fsync: the file is soft state rewritten every second, and after a crash a stale or missing file is exactly
     what "agent silent" must report.
     """
-    path = status_path(status_dir, node)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(status, separators=(",", ":"), ensure_ascii=False))
-    os.replace(tmp, path)
+    write_atomic(status_path(status_dir, node), json.dumps(status, separators=(",", ":"), ensure_ascii=False),
+                 durable=False)  # fmt: skip
 
 
 def read_status(status_dir: str | Path, node: str) -> dict[str, Any] | None:

@@ -67,6 +67,7 @@ from nuro.protocol.envnames import (
     NURO_STAGING_ROOT,
 )
 from nuro.protocol.stopmarkers import move_request, stopped_ranks
+from nuro.safeio.atomic import write_atomic
 from nuro.slurm import CliBackend, HostlistError, SlurmError, expand_hostlist, parse_node_addr
 from nuro.wrappers import spares
 from nuro.wrappers.direct import Workers, plan_workers
@@ -359,9 +360,7 @@ def write_verdict(directory: Path, outcome: Outcome) -> Path:
     """Write ``node-<id>.json`` atomically (a half-written verdict must never be folded)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"node-{outcome.node}.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(outcome.to_json())
-    os.replace(tmp, path)
+    write_atomic(path, outcome.to_json(), durable=False)  # read by the step on this same run, never after a crash
     return path
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import grp
 import json
-import os
 import secrets
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -31,6 +30,7 @@ from nuro.metrics.base import ENV_TOKEN, ENV_URL, MetricsConfigError
 from nuro.metrics.influx import InfluxV1Sink, basic_auth, quote_ident, quote_str
 from nuro.protocol.envnames import NURO_TEAM
 from nuro.safeio import credfile
+from nuro.safeio.atomic import write_atomic
 from nuro.safeio.credfile import team_group
 
 ENV_CREDENTIALS = "NURO_METRICS_CREDENTIALS"
@@ -79,11 +79,7 @@ def ensure_identities(influx_dir: Path, teams: Iterable[str]) -> dict:
     users = {n: old.get(n) or secrets.token_urlsafe(24) for n in names}
     data = {"users": users, "teams": teams}
     influx_dir.mkdir(parents=True, exist_ok=True)
-    tmp = influx_dir / f".{USERS_FILE}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=1)
-    os.replace(tmp, influx_dir / USERS_FILE)
+    write_atomic(influx_dir / USERS_FILE, json.dumps(data, indent=1), 0o600)
     return data
 
 
@@ -109,14 +105,7 @@ def write_team_files(identities: Mapping, creds_dir: Path, base_url_of_db) -> No
         body = (
             f"{ENV_URL}={base_url_of_db(team_db(team))}\n{ENV_USER}={user}\n{ENV_TOKEN}={identities['users'][user]}\n"
         )
-        target = creds_dir / f"{team}.env"
-        tmp = creds_dir / f".{team}.env.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(body)
-            os.fchown(fh.fileno(), 0, grp.getgrnam(team_group(team)).gr_gid)
-            os.fchmod(fh.fileno(), 0o640)
-        os.replace(tmp, target)
+        write_atomic(creds_dir / f"{team}.env", body, 0o640, owner=(0, grp.getgrnam(team_group(team)).gr_gid))
     for stale in creds_dir.glob("*.env"):
         if stale.name.removesuffix(".env") not in teams:
             stale.unlink()

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 from nuro.policy.model import Policy
 from nuro.policy.plan import Change, Plan, build_plan
 from nuro.policy.slurm_state import read_state
+from nuro.safeio import atomic
 from nuro.slurm import CliBackend
 from nuro.slurm.errors import SlurmError
 
@@ -110,17 +110,7 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
     ``os.replace`` (atomic on one filesystem) and an fsync of the directory (so the rename survives a crash).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fchmod(fh.fileno(), mode)
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic.write_atomic(path, text, mode)
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -42,12 +42,12 @@ import hmac
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from nuro import names
+from nuro.safeio.atomic import write_atomic
 
 FORMAT = 2
 MAX_DATAGRAM = 1400  # stays inside one Ethernet frame: no IP fragmentation
@@ -202,15 +202,7 @@ def write_node_key(path: str | Path, master: bytes, node: str) -> bytes:
     path = Path(path)
     key = node_key(master, node)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(key + b"\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, key + b"\n", 0o600)
     return key
 
 

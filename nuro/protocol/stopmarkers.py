@@ -18,6 +18,7 @@ from pathlib import Path
 
 from nuro.names import is_node
 from nuro.protocol.envnames import NURO_LAUNCH_STOP_DIR
+from nuro.safeio.atomic import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +36,7 @@ def write(name: str, text: str, what: str) -> None:
         return
     try:
         os.makedirs(stop_dir, exist_ok=True)
-        tmp = Path(stop_dir, f".{name}.tmp")
-        tmp.write_text(text + "\n")
-        os.replace(tmp, Path(stop_dir, name))
+        write_atomic(Path(stop_dir, name), text + "\n", durable=False)  # read by this step's launcher only
     except OSError as exc:
         log.warning("%s marker not written to %s (%s)", what, stop_dir, exc)
 

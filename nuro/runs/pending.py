@@ -21,12 +21,11 @@ submission), the order the main scheduler considers them in.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from nuro.safeio.atomic import write_atomic
 from nuro.slurm import JobInfo, JobPhase
 
 ENV_WAITS = "NURO_CONTROLLER_WAITS"
@@ -77,15 +76,8 @@ class WaitsFile:
 def _write(path: Path, at: float, jobs: Mapping[str, Mapping[str, str]], progress: Mapping[str, Any]) -> None:
     body = {"format": FORMAT, "at": at, "jobs": jobs, "progress": progress}
     path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)  # /run/nuro after a reboot
-    fd, tmp = tempfile.mkstemp(prefix=".waits-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(body, fh)
-        os.chmod(tmp, 0o644)  # readable by members: reasons name teams and counts, never data
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # readable by members (reasons name teams and counts, never data); soft state rewritten every cycle: not durable
+    write_atomic(path, json.dumps(body), 0o644, durable=False)
 
 
 def _read(path: Path | str | None, now: float) -> dict[str, Any]:

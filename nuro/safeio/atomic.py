@@ -1,7 +1,18 @@
 """Whole-file replacement a crash cannot tear: readers see the old file or the new one, never part of either.
 
-The writer that root (epilog, node agent, upload worker) and jobs share for small state files: markers, upload
-requests, job records. Bottom floor (``nuro.safeio``): standard library only.
+The one writer of small state files for every part of nuro: markers, upload requests, job records, the bridge's
+policy table, node keys, credential files, status and reasons files, launch verdicts. Its options are named for the
+guarantee a caller needs:
+
+* ``mode`` and ``owner``: set on the temp file before the rename, so the file never exists with other permissions
+  (a team's credential file is root:``nuro-<team>`` 0640 from its first byte on disk);
+* ``durable``: fsync the file and its directory (a crash after the call keeps the new file); off for soft state
+  rewritten every second, where a stale or missing file after a crash is exactly what readers must handle;
+* always: the temp file is created ``O_EXCL|O_NOFOLLOW`` beside the target (root writing into a directory the job's
+  user owns: a planted symlink at the temp name must not redirect the write; the rename replaces a symlink at the
+  target itself), and removed when the write fails.
+
+Bottom floor (``nuro.safeio``): standard library only.
 """
 
 from __future__ import annotations
@@ -12,32 +23,45 @@ import threading
 from pathlib import Path
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write ``data`` to ``path`` so readers see the old state or the whole new file, even across a crash."""
+def write_atomic(
+    path: Path | str,
+    data: bytes | str,
+    mode: int = 0o644,
+    *,
+    owner: tuple[int, int] | None = None,
+    durable: bool = True,
+) -> None:
+    """Replace ``path`` with ``data`` (str: UTF-8) whole; see the module docstring for ``mode``, ``owner`` (uid,
+    gid) and ``durable``. The directory must exist."""
+    path = Path(path)
+    body = data.encode() if isinstance(data, str) else data
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}.{threading.get_ident()}")
-    # O_EXCL|O_NOFOLLOW: root (epilog, agent) writes markers into a directory the job's user owns, where a planted
-    # symlink at the temp name must not redirect the write; rename then replaces a symlink at ``path`` itself.
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(tmp, flags, mode)
-    except FileExistsError:
+        fd = os.open(tmp, flags, 0o600)
+    except FileExistsError:  # left by a writer of this pid and thread that died mid-write
         os.unlink(tmp)
-        fd = os.open(tmp, flags, mode)
+        fd = os.open(tmp, flags, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            if owner is not None:
+                os.fchown(fh.fileno(), *owner)
+            os.fchmod(fh.fileno(), mode)
+            fh.write(body)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    if durable:
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
 
 
 __all__ = ["write_atomic"]

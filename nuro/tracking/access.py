@@ -18,6 +18,7 @@ import secrets
 from collections.abc import Iterable
 from pathlib import Path
 
+from nuro.safeio.atomic import write_atomic
 from nuro.tracking import mirror
 from nuro.tracking.mlflow import MlflowClient
 
@@ -49,18 +50,13 @@ def team_credentials(creds_dir: Path, team: str) -> str:
         return password
     password = secrets.token_urlsafe(24)
     creds_dir.mkdir(mode=0o755, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(f"MLFLOW_TRACKING_USERNAME={team_user(team)}\nMLFLOW_TRACKING_PASSWORD={password}\n")
     try:
         gid = grp.getgrnam(f"{TEAM_GROUP_PREFIX}{team}").gr_gid
     except KeyError:
         gid = None
-    if gid is not None and os.geteuid() == 0:
-        os.chown(tmp, 0, gid)
-        os.chmod(tmp, 0o640)
-    os.replace(tmp, path)
+    shared = gid is not None and os.geteuid() == 0
+    body = f"MLFLOW_TRACKING_USERNAME={team_user(team)}\nMLFLOW_TRACKING_PASSWORD={password}\n"
+    write_atomic(path, body, 0o640 if shared else 0o600, owner=(0, gid) if shared and gid is not None else None)
     return password
 
 

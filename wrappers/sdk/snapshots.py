@@ -31,6 +31,7 @@ from typing import Any
 from nuro.checkpoint.errors import InvalidCheckpointInput, ManifestError
 from nuro.checkpoint.manifest import FileEntry, parse_files
 from nuro.protocol.envnames import NURO_SNAPSHOT_INTERVAL_S
+from nuro.safeio.atomic import write_atomic
 from nuro.wrappers.sdk.runenv import env_seconds
 
 ENV_INTERVAL = NURO_SNAPSHOT_INTERVAL_S
@@ -125,9 +126,7 @@ def write_share(step_dir: Path, files: Sequence[tuple[FileEntry, bytes]]) -> Non
     for entry, data in files:
         dest = step_dir / entry.path
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.part")
-        tmp.write_bytes(data)
-        os.replace(tmp, dest)
+        write_atomic(dest, data, durable=False)  # node memory (tmpfs): nothing to make durable
 
 
 def held_bytes(snapshot_dir: Path) -> int:
