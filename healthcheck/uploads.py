@@ -17,6 +17,7 @@ from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS
 from nuro.healthcheck.checks import DEFAULT_STAGING_MIN_FREE_GB
 from nuro.healthcheck.run import HealthSettings
 from nuro.objectstore import ObjectStore
+from nuro.protocol.nodeenv import setting
 
 log = logging.getLogger(__name__)
 
@@ -24,16 +25,18 @@ log = logging.getLogger(__name__)
 def cache_keep_free_bytes(env: Mapping[str, str]) -> int:
     """``NURO_STAGING_CACHE_KEEP_FREE_GB``, default twice the health check's ``NURO_STAGING_MIN_FREE_GB`` (20 GiB
     → 40 GiB): the node cache gives way well before the staging disk is full enough to drain the node."""
-    raw = env.get("NURO_STAGING_CACHE_KEEP_FREE_GB", "").strip()
+    gib = setting(env, "NURO_STAGING_CACHE_KEEP_FREE_GB", float, -1.0)
+    if gib >= 0:
+        return int(gib * (1 << 30))
     try:
-        return int(max(float(raw), 0.0) * (1 << 30)) if raw else 2 * HealthSettings.from_env(env).staging_min_free_bytes
+        return 2 * HealthSettings.from_env(env).staging_min_free_bytes
     except ValueError as exc:  # the node's settings are broken; the health check reports the same error
         log.warning("cache free-space floor unreadable (%s): the cache keeps 40 GiB free", exc)
         return int(2 * DEFAULT_STAGING_MIN_FREE_GB * (1 << 30))
 
 
 def cache_runs(env: Mapping[str, str]) -> int:
-    return int(env.get("NURO_STAGING_CACHE_RUNS") or DEFAULT_CACHE_RUNS)
+    return int(setting(env, "NURO_STAGING_CACHE_RUNS", int, DEFAULT_CACHE_RUNS))
 
 
 def node_handoff_worker(store: ObjectStore, root: Path, env: Mapping[str, str]) -> handoff.HandoffWorker:

@@ -44,7 +44,7 @@ from nuro.prolog_epilog import hooklog, prefetchguard
 from nuro.prolog_epilog.health import node_is_healthy
 from nuro.protocol import jobrecord
 from nuro.protocol.gpujobs import forget
-from nuro.protocol.nodeenv import load_node_env
+from nuro.protocol.nodeenv import load_node_env, setting
 from nuro.safeio import safefs
 
 log = logging.getLogger("nuro.epilog")
@@ -55,13 +55,7 @@ DEADLINE_MARGIN_S = 30.0  # caching the newest copy and removing the job dir aft
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    try:
-        value = float(raw) if raw else default
-    except ValueError:
-        log.warning("%s=%r is not a number of seconds: using %.0f", name, raw, default)
-        return default
-    return value if value > 0 else default
+    return float(setting(env, name, float, default, positive=True))
 
 
 def flush_timeout_s(env: Mapping[str, str]) -> float:

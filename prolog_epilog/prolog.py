@@ -67,7 +67,7 @@ from nuro.protocol.envnames import (
 from nuro.protocol.gpujobs import claim, parse_gpu_ids
 from nuro.protocol.heartbeat import is_node_name
 from nuro.protocol.jobrecord import JobRecord
-from nuro.protocol.nodeenv import load_node_env
+from nuro.protocol.nodeenv import load_node_env, setting
 from nuro.slurm import hostlist
 
 log = logging.getLogger("nuro.prolog")
@@ -237,7 +237,7 @@ def stage(rec: JobRecord, deadline: Deadline | None = None) -> None:
         promote.prepare(promote.snapshot_root(), rec)
     except (OSError, ValueError) as exc:
         log.warning("job=%d no snapshot dir on this node (%s): in-memory snapshots are off for it", rec.job_id, exc)
-    timeout_s = float(os.environ.get("NURO_PROLOG_STAGE_TIMEOUT_S") or 120)
+    timeout_s = _env_number("NURO_PROLOG_STAGE_TIMEOUT_S", 120.0)
     if deadline is not None:
         timeout_s = min(timeout_s, deadline.left())
     job, team, run = rec.job_id, rec.team, rec.run
@@ -357,13 +357,8 @@ def prefetch_plan(rec: JobRecord, comment: str | None, python: str = sys.executa
 
 
 def _env_number(name: str, default: float) -> float:
-    """A number from the node env; a value that is no number is said once in the hook log and ``default`` used."""
-    raw = os.environ.get(name, "").strip()
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        log.warning("%s=%r is not a number: using %g", name, raw, default)
-        return default
+    """A number from the node env (``nodeenv.setting``: a bad value is said in the hook log, ``default`` used)."""
+    return float(setting(os.environ, name, float, default))
 
 
 def start_prefetch(rec: JobRecord, cmd: list[str]) -> int:

@@ -30,6 +30,7 @@ from nuro.checkpoint.nodestage import DEFAULT_CACHE_RUNS, finish_job, open_root
 from nuro.checkpoint.upload import UploadWorker
 from nuro.objectstore import ObjectStore
 from nuro.protocol import jobrecord
+from nuro.protocol.nodeenv import setting
 from nuro.safeio import safefs
 
 log = logging.getLogger(__name__)
@@ -48,15 +49,7 @@ def enabled(env: Mapping[str, str]) -> bool:
 
 def timeout_s(env: Mapping[str, str]) -> float:
     """``NURO_HANDOFF_TIMEOUT_S`` (default 1 h); a malformed or non-positive value keeps the default, loudly."""
-    raw = env.get(ENV_TIMEOUT, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        log.warning("%s=%r is not a positive number of seconds: using %.0f", ENV_TIMEOUT, raw, DEFAULT_TIMEOUT_S)
-        return DEFAULT_TIMEOUT_S
-    return value
+    return float(setting(env, ENV_TIMEOUT, float, DEFAULT_TIMEOUT_S, positive=True))
 
 
 def wants_flush(restarts_at_start: int, restarts_now: int | None, state: str | None) -> bool:

@@ -38,7 +38,7 @@ from nuro.checkpoint.upload import UploadWorker
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.protocol import jobrecord
 from nuro.protocol.jobrecord import JobRecord
-from nuro.protocol.nodeenv import env_number
+from nuro.protocol.nodeenv import setting
 from nuro.safeio import safefs
 
 log = logging.getLogger(__name__)
@@ -57,12 +57,7 @@ def snapshot_root(env: Mapping[str, str] | None = None) -> Path:
 
 def promote_timeout_s(env: Mapping[str, str]) -> float:
     """``NURO_SNAPSHOT_PROMOTE_TIMEOUT_S`` (default 20 s); a malformed or zero value keeps the default, loudly."""
-    try:
-        value = env_number(env, ENV_PROMOTE_TIMEOUT, float, DEFAULT_PROMOTE_TIMEOUT_S)
-    except ValueError as exc:
-        log.warning("%s: using %.0f s", exc, DEFAULT_PROMOTE_TIMEOUT_S)
-        return DEFAULT_PROMOTE_TIMEOUT_S
-    return float(value) if value else DEFAULT_PROMOTE_TIMEOUT_S
+    return float(setting(env, ENV_PROMOTE_TIMEOUT, float, DEFAULT_PROMOTE_TIMEOUT_S, positive=True))
 
 
 def prepare(root: Path, rec: JobRecord) -> Path:

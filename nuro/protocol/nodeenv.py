@@ -6,6 +6,7 @@ settings travel in a root-only KEY=VALUE file named by a small wrapper (``nuro.c
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -13,6 +14,7 @@ from pathlib import Path
 
 from nuro.protocol.envnames import NURO_ENV_FILE
 
+log = logging.getLogger(__name__)
 _KEY = re.compile(r"[A-Z_][A-Z0-9_]*")
 
 
@@ -54,4 +56,23 @@ def env_number(env: Mapping[str, str], name: str, kind: type, default: float | i
         raise ValueError(f"{name}={raw!r} is not a {kind.__name__}") from None
     if not value >= 0:  # also refuses NaN
         raise ValueError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+def setting(
+    env: Mapping[str, str], name: str, kind: type, default: float | int, *, positive: bool = False
+) -> float | int:
+    """Node setting ``name`` for a hook or daemon that must run on whatever an admin wrote: ``env_number``'s value,
+    or ``default`` when unset. The one error policy of node-side settings: a malformed or negative value (or, with
+    ``positive``, a zero) keeps ``default`` and says so in the log; it never stops the hook."""
+    try:
+        value = env_number(env, name, kind, None)
+    except ValueError as exc:
+        log.warning("%s: using %s", exc, default)
+        return default
+    if value is None:
+        return default
+    if positive and not value > 0:
+        log.warning("%s=%r is not positive: using %s", name, env.get(name), default)
+        return default
     return value

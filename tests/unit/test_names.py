@@ -41,3 +41,21 @@ def test_the_lua_bridge_accepts_and_refuses_the_same_names() -> None:
     comments = [record(team=t) for t in TEAMS if '"' not in t] + [record(name=n) for n in DATASETS]
     comments += [record(digest=d) for d in DIGESTS]
     assert _disagreements(comments, STRICT) == []
+
+
+def test_node_settings_have_one_error_policy(caplog: pytest.LogCaptureFixture) -> None:
+    """``nodeenv.setting``: unset gives the default; a malformed, negative or (positive) zero value keeps the
+    default and says so; a hook never stops on what an admin wrote. The readers of the hooks and the agent use it."""
+    from nuro.checkpoint import handoff, promote
+    from nuro.healthcheck.uploads import cache_runs
+    from nuro.protocol.nodeenv import setting
+
+    assert setting({}, "NURO_X_S", float, 5.0) == 5.0 and setting({"NURO_X_S": " 7.5 "}, "NURO_X_S", float, 5.0) == 7.5
+    for bad in ("seven", "-1", "nan"):
+        assert setting({"NURO_X_S": bad}, "NURO_X_S", float, 5.0) == 5.0
+    assert setting({"NURO_X_S": "0"}, "NURO_X_S", float, 5.0) == 0.0
+    assert setting({"NURO_X_S": "0"}, "NURO_X_S", float, 5.0, positive=True) == 5.0
+    assert "NURO_X_S='seven' is not a float: using 5.0" in caplog.text
+    assert handoff.timeout_s({"NURO_HANDOFF_TIMEOUT_S": "0"}) == handoff.DEFAULT_TIMEOUT_S
+    assert promote.promote_timeout_s({"NURO_SNAPSHOT_PROMOTE_TIMEOUT_S": "x"}) == promote.DEFAULT_PROMOTE_TIMEOUT_S
+    assert cache_runs({"NURO_STAGING_CACHE_RUNS": "two"}) == cache_runs({}), "the epilog no longer stops on it"
