@@ -9,11 +9,11 @@ Command line (the dev cluster starts it exactly like this)::
 
 Threads, and why each is separate:
 
-* **beat loop** (main work, ``Agent.run``): every ``interval_s`` it sends one heartbeat (``nuro.protocol.heartbeat``:
-  HMAC-signed UDP with this node's own key, ``boot`` = agent start in ms, ``seq`` + 1 each beat) with
-  ``healthy``/``problems`` from the latest probe evaluation, and rewrites ``<status-dir>/<node>.json``
-  atomically. UDP on a non-blocking socket: a restarting controller or a full socket buffer costs one lost
-  datagram, never a stalled agent.
+* **beat loop** (main work, ``Agent.run``; the beat's content: ``nuro.healthcheck.beats``): every ``interval_s`` it
+  sends one heartbeat (``nuro.protocol.heartbeat``: HMAC-signed UDP with this node's own key, ``boot`` = agent start
+  in ms, ``seq`` + 1 each beat) with ``healthy``/``problems`` from the latest probe evaluation, and rewrites
+  ``<status-dir>/<node>.json`` atomically. UDP on a non-blocking socket: a restarting controller or a full socket
+  buffer costs one lost datagram, never a stalled agent.
 * **probe loop**: reads the GPUs (bounded, see ``NvmlProbe``), the staging disk, and evaluates the pure checks
   every ``probe_interval_s`` (1 s: a beat is cheap, an NVML read is not, so beats go 4× as often). A hung NVML call
   therefore never delays a heartbeat; if the probe loop itself produces nothing for ``stale_after_s``, the
@@ -23,13 +23,13 @@ Threads, and why each is separate:
   never blocks, so a slow or dead TSDB costs dropped points (counted in its ``nuro_metrics`` self-report,
   ``source=agent``), never a probe or a heartbeat. With ``--probe none`` (the dev cluster) there are no GPUs and
   nothing is written.
-* **report socket** (``nuro.protocol.peerloss``): a Unix datagram socket a job's launcher writes to when a worker
-  saw a peer die. The sender's uid comes from the kernel (``SO_PASSCRED``); a report for a job whose root-written
-  record names this node and that user makes the next beat go at once, carrying ``suspect_jobs`` for
-  ``SUSPECT_TTL_S``, so the controller judges the job's other nodes on a shorter silence.
-  The same socket takes a job's **progress** (``nuro-progress/1``: ``ckpt`` after a commit, ``ack`` after the
-  checkpoint a stop signal asked for), accepted on the same terms; the agent also learns every commit its own upload
-  worker makes (as root: the job cannot forge those). Both travel in the beats (``commits``: the newest per job still
+* **report socket** (``nuro.healthcheck.reports``; protocol ``nuro.protocol.peerloss``): a Unix datagram socket a
+  job's launcher writes to when a worker saw a peer die. The sender's uid comes from the kernel (``SO_PASSCRED``); a
+  report for a job whose root-written record names this node and that user makes the next beat go at once, carrying
+  ``suspect_jobs`` for ``SUSPECT_TTL_S``, so the controller judges the job's other nodes on a shorter silence. The
+  same socket takes a job's **progress** (``nuro-progress/1``: ``ckpt`` after a commit, ``ack`` after the checkpoint
+  a stop signal asked for), accepted on the same terms; the agent also learns every commit its own upload worker
+  makes (as root: the job cannot forge those). Both travel in the beats (``commits``: the newest per job still
   running here; ``acks`` for ``ACK_TTL_S``), timed by this agent's clock. Every report is rate-limited per job and
   per sender uid (``peerloss.REPORT_RATE``); a refused one is counted and logged at most once a minute, and reports
   make the agent beat early at most once per ``KICK_EVERY_S`` in all (a flood costs at most one extra beat's work).
@@ -42,30 +42,28 @@ SIGTERM/SIGINT stop everything cleanly (exit 0). Logs: one line per state change
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import signal
 import socket
-import stat
-import struct
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from nuro.console import ExitCode
+from nuro.healthcheck.beats import build_heartbeat, gpu_points, next_boot, parse_controller, throttled_gpus
 from nuro.healthcheck.checks import evaluate
 from nuro.healthcheck.probes import GpuProbe, NodeGpuReport
+from nuro.healthcheck.reports import InBandReports
 from nuro.healthcheck.run import DEFAULT_PATH, HealthSettings, disk_free_bytes, disk_state, make_probe
-from nuro.healthcheck.statusfile import STATUS_FORMAT, read_status, write_status
+from nuro.healthcheck.statusfile import STATUS_FORMAT, write_status
 from nuro.metrics.buffer import writer_from_env
-from nuro.metrics.model import GPU, Point
+from nuro.metrics.model import Point
 from nuro.protocol import heartbeat as hb
-from nuro.protocol import jobrecord, peerloss
 from nuro.protocol.envnames import NURO_AGENT_SOCKET_DIR, NURO_ENV_FILE
 from nuro.protocol.gpujobs import gpu_tags
 from nuro.protocol.nodeenv import load_node_env
@@ -73,11 +71,7 @@ from nuro.protocol.nodeenv import load_node_env
 log = logging.getLogger("nuro.nodeagent")
 
 WORKER_RESTART_S = 5.0
-#: A refused in-band report is logged at most this often (with the count so far).
-REFUSAL_LOG_EVERY_S = 60.0
 METRICS_CLOSE_S = 2.0
-#: How often the agent checks that a job whose commit it carries still has its record here (a stat per job).
-ALIVE_CHECK_S = 5.0
 
 
 class Worker(Protocol):
@@ -87,167 +81,12 @@ class Worker(Protocol):
     def run(self, stop: threading.Event) -> None: ...
 
 
-# -- pure helpers ---------------------------------------------------------------------------------------------------
-def fit_problems(problems: Sequence[str], make: Callable[[tuple[str, ...]], bytes]) -> tuple[str, ...]:
-    """The longest prefix of ``problems`` (plus a "+N more" note) whose encoded heartbeat fits one datagram."""
-    problems = tuple(problems)
-    for keep in range(len(problems), -1, -1):
-        cut = problems[:keep] + ((f"+{len(problems) - keep} more",) if keep < len(problems) else ())
-        try:
-            make(cut)
-            return cut
-        except hb.BadHeartbeat:
-            continue
-    return ()
-
-
-def build_heartbeat(
-    node: str,
-    boot_ms: int,
-    seq: int,
-    sent: float,
-    problems: Sequence[str],
-    key: bytes,
-    stopping_s: float = 0.0,
-    suspect_jobs: tuple[int, ...] = (),
-    throttled: tuple[str, ...] = (),
-    stragglers: tuple[tuple[int, str, float], ...] = (),
-    commits: tuple[tuple[int, int, int], ...] = (),
-    acks: tuple[tuple[int, int, int], ...] = (),
-) -> tuple[hb.Heartbeat, bytes]:
-    """The heartbeat for one beat and its signed datagram; problems are shortened to fit ``hb.MAX_DATAGRAM``.
-    ``stopping_s`` > 0 only in the last beat of a clean stop (``heartbeat.DEFAULT_STOP_GRACE_S``); ``suspect_jobs``
-    and ``stragglers`` only while a report of this node's jobs is fresh (``nuro.protocol.peerloss``); ``throttled``:
-    this node's GPUs a slowing clock reason holds down now (``throttled_gpus``); ``commits``/``acks``: its jobs'
-    progress (``Agent._fresh_progress``).
-
-    Every field is bounded, but all of them at their bounds exceed one datagram: then the oldest commits go first
-    (each is repeated every beat), then throttle texts, so a beat always goes out and always carries the acks and
-    the node's health."""
-    full = {"stopping_s": stopping_s, "suspect_jobs": suspect_jobs, "throttled": throttled[: hb.MAX_THROTTLED],
-            "stragglers": stragglers[: hb.MAX_STRAGGLERS], "commits": commits[-hb.MAX_COMMITS :],
-            "acks": acks[-hb.MAX_ACKS :]}  # fmt: skip
-    trims = ({}, {"commits": full["commits"][-2:]}, {"commits": (), "throttled": full["throttled"][:2]},
-             {"commits": (), "throttled": (), "stragglers": ()})  # fmt: skip
-    for trim in trims:
-        extra = {**full, **trim}
-        try:
-            hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, (), **extra), key)
-            break
-        except hb.BadHeartbeat:
-            continue
-
-    def make(cut: tuple[str, ...]) -> bytes:
-        return hb.encode(hb.Heartbeat(node, boot_ms, seq, sent, not problems, cut, **extra), key)
-
-    cut = fit_problems(problems, make)
-    beat = hb.Heartbeat(node, boot_ms, seq, sent, healthy=not problems, problems=cut, **extra)
-    return beat, hb.encode(beat, key)
-
-
-#: Clock event reasons that make a GPU slower than its peers (not idle, application clocks, sync boost or display).
-SLOWING_REASONS = frozenset(
-    {"SW power cap", "HW slowdown", "SW thermal slowdown", "HW thermal slowdown", "HW power brake slowdown"}
-)
-
-
-def throttled_gpus(report: NodeGpuReport | None) -> tuple[str, ...]:
-    """This node's GPUs a slowing clock reason holds down, as short texts for the heartbeat's ``throttled``
-    ("gpu2: SM 900 MHz (SW thermal slowdown)"): the NVML half of a straggler's attribution."""
-    out = []
-    for g in report.gpus if report is not None else ():
-        slowing = [r for r in g.throttle_reasons if r in SLOWING_REASONS]
-        if slowing:
-            clock = f"SM {g.sm_clock_mhz} MHz " if g.sm_clock_mhz is not None else ""
-            out.append(f"gpu{g.index}: {clock}({', '.join(slowing)})"[: hb.MAX_THROTTLED_TEXT])
-    return tuple(out[: hb.MAX_THROTTLED])
-
-
-def _next_boot(now_ms: int, status_dir: str | None, node: str) -> int:
-    """This start's ``boot``: the wall clock in ms, but above the previous run's (from its status file).
-
-    Why: the controller accepts a node's beats only with a newer ``(boot, seq)`` than the last it saw, so an agent
-    restarted after the node's clock stepped back would be refused as a replay until the clock caught up; the node
-    would look dead for that long.
-    """
-    prev = read_status(status_dir, node) if status_dir else None
-    prev_boot = prev.get("boot") if isinstance(prev, dict) else None
-    if isinstance(prev_boot, int) and not isinstance(prev_boot, bool) and prev_boot >= now_ms:
-        return prev_boot + 1
-    return now_ms
-
-
-def parse_controller(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[v6addr]:PORT`` too). Raises ValueError with the expected shape."""
-    host, sep, port = text.rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"--controller {text!r}: expected HOST:PORT, e.g. 127.0.0.1:16850")
-    return host, int(port)
-
-
-#: ``gpu`` measurement field <- ``GpuStatus`` attribute (nuro.metrics.model). All written as floats, so a field never
-#: changes type between points (InfluxDB refuses a point whose field type differs from the shard's).
-GPU_FIELDS = (
-    ("util_pct", "utilization_pct"),
-    ("mem_used_bytes", "memory_used_bytes"),
-    ("mem_total_bytes", "memory_total_bytes"),
-    ("temp_c", "temperature_c"),
-    ("sm_clock_mhz", "sm_clock_mhz"),
-    ("power_w", "power_w"),
-)
-
-
-def gpu_points(
-    report: NodeGpuReport, node: str, ts_ns: int | None = None, jobs: Mapping[int, Mapping[str, str]] | None = None
-) -> list[Point]:
-    """One ``gpu`` point per GPU the report read (tags node, gpu, uuid, model, and job/team/run for a GPU a job
-    holds: ``jobs`` is ``nuro.protocol.gpujobs.gpu_tags``). Pure.
-
-    A GPU with no readable value (lost, or the whole probe failed) gives no point: a gap in the series is the
-    honest record, and its problem is already in the heartbeat. Unknown uuid/model tags are left out (tag values
-    may not be empty). ``ts_ns`` defaults to the report's ``taken_at``.
-    """
-    ts = ts_ns if ts_ns is not None else int(report.taken_at * 1e9)
-    points = []
-    for g in report.gpus:
-        fields = {name: float(v) for name, attr in GPU_FIELDS if (v := getattr(g, attr)) is not None}
-        if not fields:
-            continue
-        tags = {**(jobs or {}).get(g.index, {}), "node": node, "gpu": str(g.index), "uuid": g.uuid, "model": g.name}
-        points.append(Point(GPU, {k: v for k, v in tags.items() if v}, fields, ts))
-    return points
-
-
 class MetricsWriter(Protocol):
     """``nuro.metrics.buffer.BufferedWriter`` as the agent uses it: ``add`` never blocks."""
 
     def add(self, point: Point) -> bool: ...
 
     def close(self, timeout_s: float) -> Any: ...
-
-
-class RateLimit:
-    """Token buckets by key (a job id, a uid): ``allow(key)`` takes one token or says no. Bounded memory: at most
-    ``max_keys`` buckets (when full, the fullest ones, i.e. the idle keys, are dropped first)."""
-
-    def __init__(self, rate: float, burst: float, clock: Callable[[], float], max_keys: int = 4096) -> None:
-        self.rate, self.burst, self.clock, self.max_keys = rate, burst, clock, max_keys
-        self._buckets: dict[object, tuple[float, float]] = {}  # key -> (tokens, at)
-
-    def allow(self, key: object) -> bool:
-        now = self.clock()
-        tokens, at = self._buckets.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - at) * self.rate)
-        if len(self._buckets) >= self.max_keys and key not in self._buckets:
-            full = [k for k, (t, a) in self._buckets.items() if t + (now - a) * self.rate >= self.burst]
-            for k in full or list(self._buckets)[: self.max_keys // 2]:
-                del self._buckets[k]
-        if tokens < 1.0:
-            self._buckets[key] = (tokens, now)
-            return False
-        self._buckets[key] = (tokens - 1.0, now)
-        return True
 
 
 @dataclass
@@ -296,7 +135,7 @@ class AgentConfig:
             self.stale_after_s = 5 * self.probe_interval_s + self.probe_timeout_s
 
 
-class Agent:
+class Agent(InBandReports):
     """The node agent; see the module docstring. ``run(stop)`` blocks until ``stop`` is set.
 
     Time comes from ``clock`` (wall, for ``sent`` and the status file) and ``monotonic`` (scheduling, staleness),
@@ -322,7 +161,7 @@ class Agent:
         self.clock = clock
         self.monotonic = monotonic
         self.disk_free = disk_free
-        self.boot_ms = _next_boot(int(clock() * 1000), config.status_dir, config.node)
+        self.boot_ms = next_boot(int(clock() * 1000), config.status_dir, config.node)
         self.seq = 0
         self._sock = sock or socket.socket(
             socket.AF_INET6 if ":" in config.controller[0] else socket.AF_INET, socket.SOCK_DGRAM
@@ -343,238 +182,11 @@ class Agent:
         self._status_async = False
         self.sent_ok = 0
         self._kick = threading.Event()  # a report came in: beat now, not at the next interval
-        self._suspects: dict[int, float] = {}  # job id -> until (monotonic)
-        self._stragglers: dict[tuple[int, str], tuple[float, float]] = {}  # (job, node) -> (until, slowdown)
-        self._kicked: dict[int, float] = {}  # job id -> when its last report kicked a beat (monotonic)
-        self._last_kick = float("-inf")  # any report's early beat, at most one per KICK_EVERY_S (monotonic)
-        self._commits: dict[int, tuple[int, int]] = {}  # job id -> (newest committed step, wall s it was learnt)
-        self._acks: dict[int, tuple[int, int, float]] = {}  # job id -> (step, wall s, until monotonic)
-        self._alive_checked: dict[int, float] = {}  # job id -> when its record was last seen here (monotonic)
-        self._per_job = RateLimit(*peerloss.REPORT_RATE["job"], clock=self.monotonic)
-        self._per_uid = RateLimit(*peerloss.REPORT_RATE["uid"], clock=self.monotonic)
-        self.reports_limited = 0
-        self.reports_accepted = 0
-        self.reports_refused = 0
-        self._refusal_logged = float("-inf")
+        self._init_reports()  # the in-band report room's state (nuro.healthcheck.reports)
 
     def wake(self) -> None:
         """End the beat loop's wait now (a stop: ``run`` notices ``stop`` at once)."""
         self._kick.set()
-
-    # -- in-band reports (nuro.protocol.peerloss) -----------------------------------------------------------------
-    def _record_of(self, job_id: int) -> jobrecord.JobRecord | None:
-        """The job's root-written record on this node, or None (no job of this node)."""
-        root = self.config.health.for_node(self.config.node).staging_root
-        try:
-            return jobrecord.read(Path(root), str(job_id))
-        except (OSError, ValueError):  # not a record root wrote: no job of this node
-            return None
-
-    def _within_rate(self, job_id: int, sender_uid: int) -> bool:
-        """Whether a report of ``job_id`` from ``sender_uid`` is within both rates (``peerloss.REPORT_RATE``)."""
-        if self._per_uid.allow(sender_uid) and self._per_job.allow(job_id):
-            return True
-        self.reports_limited += 1
-        now = self.monotonic()
-        if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:
-            self._refusal_logged = now
-            log.warning("report rate-limited job=%d uid=%d (%d limited so far)", job_id, sender_uid,
-                        self.reports_limited)  # fmt: skip
-        return False
-
-    def _kick_once(self) -> bool:
-        """Beat now, unless a report made the agent beat early within ``KICK_EVERY_S`` (any job's)."""
-        now = self.monotonic()
-        with self._lock:
-            if now - self._last_kick < peerloss.KICK_EVERY_S:
-                return False
-            self._last_kick = now
-        self._kick.set()
-        return True
-
-    def _accepts(self, job_id: int, sender_uid: int, kind: str) -> bool:
-        """Whether an in-band report of ``job_id`` from ``sender_uid`` is heard (``peerloss.accept`` against the job's
-        root-written record on this node); refusals are counted and logged at most once a minute."""
-        rec = self._record_of(job_id)
-        uid, node = (rec.uid, rec.node) if rec is not None else (None, None)
-        if peerloss.accept(job_id, sender_uid, uid, node, self.config.node):
-            return True
-        self.reports_refused += 1
-        now = self.monotonic()
-        if now - self._refusal_logged >= REFUSAL_LOG_EVERY_S:  # a user flooding the socket must not flood the log
-            self._refusal_logged = now
-            log.warning("%s report refused job=%d uid=%d (no record of that job and user here; %d refused so far)",
-                        kind, job_id, sender_uid, self.reports_refused)  # fmt: skip
-        return False
-
-    def report(self, job_id: int, sender_uid: int) -> bool:
-        """A job's process on this node saw a peer die: accepted when the job's root-written record names this node
-        and ``sender_uid`` (the kernel's word) is its user or root; the next beat then goes at once."""
-        if not self._accepts(job_id, sender_uid, "peer-loss"):
-            return False
-        now = self.monotonic()
-        with self._lock:
-            self._suspects[job_id] = now + peerloss.SUSPECT_TTL_S
-            kick = now - self._kicked.get(job_id, float("-inf")) >= peerloss.KICK_EVERY_S
-            if kick:
-                self._kicked[job_id] = now
-        self.reports_accepted += 1
-        if kick and self._kick_once():
-            log.warning("node=%s job=%d reports a lost peer: beating now", self.config.node, job_id)
-        return True
-
-    def report_straggler(self, job_id: int, node: str, slowdown: float, sender_uid: int) -> bool:
-        """A job of this node flagged a rank on ``node`` as slow: carried in the beats for ``STRAGGLER_TTL_S`` when
-        the job's record names this node and that user (as ``report``). The controller decides what it is worth."""
-        if not self._accepts(job_id, sender_uid, "straggler"):
-            return False
-        with self._lock:
-            self._stragglers[(job_id, node)] = (self.monotonic() + peerloss.STRAGGLER_TTL_S, slowdown)
-        self.reports_accepted += 1
-        log.warning("node=%s job=%d reports a straggler on %s (%.2fx)", self.config.node, job_id, node, slowdown)
-        self._kick_once()
-        return True
-
-    def note_commit(self, job_id: int, step: int, at: float | None = None) -> None:
-        """Step ``step`` of ``job_id`` is committed (this agent's upload worker, or the job's accepted report): the
-        beats carry the newest one per job while the job runs here. ``at``: when the checkpoint was taken (its
-        request's creation, never later than now); default now."""
-        now = self.clock()
-        at = round(min(now, at) if at is not None else now)
-        with self._lock:
-            old = self._commits.get(job_id)
-            if old is None or step > old[0]:
-                self._commits[job_id] = (step, at)
-                self._alive_checked.setdefault(job_id, self.monotonic())
-            if len(self._commits) > 4 * hb.MAX_COMMITS:  # bounded: the oldest learnt go first
-                for j in sorted(self._commits, key=lambda j: self._commits[j][1])[: -4 * hb.MAX_COMMITS]:
-                    self._commits.pop(j, None)
-
-    def on_upload_commit(self, req: Any) -> None:
-        """``UploadWorker.on_commit``: root committed a step (the request's job id is the root-written record's:
-        a root worker abandons a request that names another job). Its time is when the job made the checkpoint
-        (the request's ``created_at``), so that a save already under way when a preemption signal came is never
-        taken for the checkpoint the signal asked for (``progress.Progress.acked_since``); the job writes that time,
-        so a false one only hurries its own requeue."""
-        from nuro.checkpoint.manifest import utc_seconds  # the upload worker's own module: loaded already
-
-        try:
-            made = utc_seconds(str(req.created_at))
-        except (AttributeError, ValueError):
-            made = None
-        try:
-            self.note_commit(int(req.job_id), int(req.step), made)
-        except (TypeError, ValueError):
-            log.warning("upload commit with job id %r not noted", getattr(req, "job_id", None))
-
-    def report_progress(self, kind: str, job_id: int, step: int, why: str, sender_uid: int) -> bool:
-        """A job's rank 0 says step ``step`` is committed (``ckpt``) or acknowledges its stop (``ack``): accepted on
-        ``report``'s terms; an ack beats at once (at most once per ``KICK_EVERY_S``) and is repeated in the beats
-        for ``ACK_TTL_S``."""
-        if not self._accepts(job_id, sender_uid, f"progress {kind}"):
-            return False
-        self.reports_accepted += 1
-        if kind == peerloss.KIND_CKPT:  # ``why`` of a ckpt report: when its state was taken (the job's word)
-            self.note_commit(job_id, step, float(why) if why else None)
-            return True
-        with self._lock:
-            self._acks[job_id] = (step, round(self.clock()), self.monotonic() + hb.ACK_TTL_S)
-            while len(self._acks) > hb.MAX_ACKS:
-                self._acks.pop(min(self._acks, key=lambda j: self._acks[j][2]))
-        log.info("node=%s job=%d acknowledged its stop at step %d (%s)", self.config.node, job_id, step, why or "-")
-        self._kick_once()
-        return True
-
-    def _fresh_progress(self) -> tuple[tuple[tuple[int, int, int], ...], tuple[tuple[int, int, int], ...]]:
-        """(commits, acks) for the next beat: acks within their TTL; commits of jobs whose record is still here
-        (looked at once per ``ALIVE_CHECK_S`` per job), the newest ``MAX_COMMITS``."""
-        now = self.monotonic()
-        with self._lock:
-            for job in [j for j, (_, _, until) in self._acks.items() if until <= now]:
-                del self._acks[job]
-            due = [j for j in self._commits if now - self._alive_checked.get(j, now) >= ALIVE_CHECK_S]
-        gone = [j for j in due if self._record_of(j) is None]
-        with self._lock:
-            for job in due:
-                self._alive_checked[job] = now
-            for job in gone:
-                self._commits.pop(job, None)
-                self._alive_checked.pop(job, None)
-            commits = sorted(((j, s, at) for j, (s, at) in self._commits.items()), key=lambda r: (r[2], r[0]))
-            acks = tuple(sorted((j, s, at) for j, (s, at, _) in self._acks.items()))
-        return tuple(commits[-hb.MAX_COMMITS :]), acks
-
-    def _fresh_stragglers(self) -> tuple[tuple[int, str, float], ...]:
-        now = self.monotonic()
-        with self._lock:
-            for key in [k for k, (until, _) in self._stragglers.items() if until <= now]:
-                del self._stragglers[key]
-            return tuple((job, node, s) for (job, node), (_, s) in sorted(self._stragglers.items()))[
-                : hb.MAX_STRAGGLERS
-            ]
-
-    def _suspect_jobs(self) -> tuple[int, ...]:
-        now = self.monotonic()
-        with self._lock:
-            for job in [j for j, until in self._suspects.items() if until <= now]:
-                del self._suspects[job]
-                self._kicked.pop(job, None)
-            return tuple(sorted(self._suspects))[: hb.MAX_SUSPECT_JOBS]
-
-    def _report_loop(self, sock: socket.socket, stop: threading.Event) -> None:
-        """Receive reports until ``stop``; each one's sender uid from its SCM_CREDENTIALS."""
-        creds = struct.Struct("iII")  # struct ucred: pid, uid, gid
-        while not stop.is_set():
-            try:
-                data, ancdata, _flags, _addr = sock.recvmsg(peerloss.MAX_DATAGRAM, socket.CMSG_SPACE(creds.size))
-            except TimeoutError:
-                continue
-            except OSError as exc:
-                if stop.is_set():
-                    return
-                log.warning("report socket failed: %s", exc)
-                stop.wait(1.0)
-                continue
-            uid = next((creds.unpack(d[: creds.size])[1] for lvl, typ, d in ancdata
-                        if lvl == socket.SOL_SOCKET and typ == socket.SCM_CREDENTIALS and len(d) >= creds.size),
-                       None)  # fmt: skip
-            if uid is None:
-                continue
-            job = peerloss.parse(data)
-            straggler = peerloss.parse_straggler(data) if job is None else None
-            progress = peerloss.parse_progress(data) if job is None and straggler is None else None
-            about = job or (straggler[0] if straggler else None) or (progress[1] if progress else None)
-            if about is None or not self._within_rate(about, uid):
-                continue
-            if job is not None:
-                self.report(job, uid)
-            elif straggler is not None:
-                self.report_straggler(*straggler, uid)
-            elif progress is not None:
-                self.report_progress(*progress, uid)
-
-    def _open_report_socket(self) -> socket.socket | None:
-        """The report socket, world-writable (who sent a datagram is the kernel's word), or None when it cannot be
-        made (the agent works on without in-band reports)."""
-        directory = self.config.socket_dir or self.config.status_dir
-        if not directory:
-            return None
-        path = peerloss.socket_path(directory, self.config.node)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISSOCK(os.lstat(path).st_mode):
-                    os.unlink(path)  # a crashed agent's socket
-            sock.bind(str(path))
-            os.chmod(path, 0o666)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
-            sock.settimeout(0.5)
-        except OSError as exc:
-            sock.close()
-            log.warning("no in-band report socket at %s: %s", path, exc)
-            return None
-        return sock
 
     # -- probing ---------------------------------------------------------------------------------------------------
     def probe_once(self) -> Health:
@@ -914,18 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     return ExitCode.OK
 
 
-__all__ = [
-    "Agent",
-    "RateLimit",
-    "AgentConfig",
-    "Health",
-    "Worker",
-    "build_heartbeat",
-    "fit_problems",
-    "gpu_points",
-    "main",
-    "parse_controller",
-]
+__all__ = ["Agent", "AgentConfig", "Health", "Worker", "main"]
 
 if __name__ == "__main__":
     sys.exit(main())

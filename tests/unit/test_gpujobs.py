@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nuro.healthcheck.agent import gpu_points
+from nuro.healthcheck.beats import gpu_points
 from nuro.healthcheck.probes import FakeProbe, NodeGpuReport
 from nuro.protocol.gpujobs import DIR, forget, gpu_tags, parse_gpu_ids, record
 from tests.unit.test_metrics_sdk_nodeagent import MemoryWriter, _agent

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from nuro.healthcheck.agent import Agent, AgentConfig, gpu_points
+from nuro.healthcheck.agent import Agent, AgentConfig
+from nuro.healthcheck.beats import gpu_points
 from nuro.healthcheck.probes import FakeProbe, GpuStatus, NodeGpuReport
 from nuro.healthcheck.run import HealthSettings
 from nuro.metrics.model import GPU, Point

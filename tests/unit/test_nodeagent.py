@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nuro.healthcheck.agent import Agent, AgentConfig, build_heartbeat, parse_controller
+from nuro.healthcheck.agent import Agent, AgentConfig
+from nuro.healthcheck.beats import build_heartbeat, parse_controller
 from nuro.healthcheck.probes import FakeProbe
 from nuro.healthcheck.run import HealthSettings
 from nuro.healthcheck.statusfile import read_status

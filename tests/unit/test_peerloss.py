@@ -181,7 +181,7 @@ def test_heartbeats_carry_throttled_gpus_and_straggler_reports_only_when_there_a
 
 
 def test_the_agent_names_only_gpus_a_slowing_reason_holds_down() -> None:
-    from nuro.healthcheck.agent import throttled_gpus
+    from nuro.healthcheck.beats import throttled_gpus
     from nuro.healthcheck.probes import GpuStatus, NodeGpuReport
 
     report = NodeGpuReport("fake", gpus=(
@@ -322,7 +322,7 @@ def test_reports_are_rate_limited_per_job_and_uid_and_kick_at_most_one_beat(tmp_
 
 
 def test_the_limiter_forgets_idle_keys_before_it_grows_past_its_bound() -> None:
-    from nuro.healthcheck.agent import RateLimit
+    from nuro.healthcheck.reports import RateLimit
 
     now = [0.0]
     lim = RateLimit(1.0, 2.0, clock=lambda: now[0], max_keys=8)
@@ -344,7 +344,7 @@ def test_progress_in_beats_round_trips_and_bad_entries_are_refused() -> None:
 
 
 def test_a_beat_with_every_field_at_its_bound_still_fits_one_datagram() -> None:
-    from nuro.healthcheck.agent import build_heartbeat
+    from nuro.healthcheck.beats import build_heartbeat
 
     beat, data = build_heartbeat(
         "gpu001", 1, 1, 1.0, ("x" * 200,) * 5, KEY, suspect_jobs=tuple(range(4_000_000_000, 4_000_000_008)),
