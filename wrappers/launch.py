@@ -58,6 +58,8 @@ from nuro.protocol.contract import (
 from nuro.protocol.envnames import (
     NURO_JOB_DIR,
     NURO_PG_TIMEOUT_S,
+    NURO_RDZV_ADDR,
+    NURO_RDZV_PORT,
     NURO_STAGING_DIR,
     NURO_STAGING_ROOT,
 )
@@ -330,7 +332,7 @@ def run_node(args: argparse.Namespace, env: Mapping[str, str]) -> int:
         name = env.get("SLURMD_NODENAME") or socket.gethostname()
         # direct workers never advertise this node's address (rank 0 serves the store at NURO_RDZV_ADDR): no scontrol
         local = "" if args.launcher == "direct" else args.local_addr or env.get("NURO_LOCAL_ADDR") or node_addr(name)
-        rdzv = None if env.get("NURO_RDZV_ADDR") else node_addr(first_node(env) or name)
+        rdzv = None if env.get(NURO_RDZV_ADDR) else node_addr(first_node(env) or name)
         plan = plan_torchrun(env, args.script, nproc_per_node=args.nproc_per_node, python=args.python,
                              local_addr=local, rdzv_addr=rdzv, error_file=str(work / "agent-error.json"),
                              log_dir=str(work / "logs"), pg_timeout_s=args.pg_timeout_s,
@@ -411,7 +413,7 @@ def _run_direct(
 ) -> tuple[int, _Signals, Evidence]:
     """Start this node's workers without torchrun's agent (``wrappers.direct``), forward signals like the torchrun
     path (USR1/USR2 to the workers, TERM/INT too), and kill what they leave behind once they are gone."""
-    addr, port = plan.env["NURO_RDZV_ADDR"], int(plan.env["NURO_RDZV_PORT"])
+    addr, port = plan.env[NURO_RDZV_ADDR], int(plan.env[NURO_RDZV_PORT])
     specs = plan_workers(
         args.script, python=args.python, node_id=plan.node_id, num_nodes=plan.num_nodes,
         nproc_per_node=args.nproc_per_node, master_addr=addr, master_port=port,
@@ -581,7 +583,7 @@ def _announce(swap: spares.Swap, env: Mapping[str, str], why: str, what: str) ->
 def _rendezvous_on(env: Mapping[str, str], first: str) -> dict[str, str]:
     """The step's environment with the rendezvous on ``first``, the new step's node 0 where rank 0 serves the
     store: a straggling batch host can be swapped out of the step (a lost one ends the job with it)."""
-    return {**env, "NURO_RDZV_ADDR": node_addr(first)}
+    return {**env, NURO_RDZV_ADDR: node_addr(first)}
 
 
 def _allocation(job_id: str, fallback: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ from nuro.protocol.contract import (
     RDZV_PORT_SPAN,
     rdzv_port,
 )
-from nuro.protocol.envnames import NURO_LAUNCH_STOP_DIR, NURO_PG_TIMEOUT_S
+from nuro.protocol.envnames import NURO_LAUNCH_STOP_DIR, NURO_PG_TIMEOUT_S, NURO_RDZV_ADDR, NURO_RDZV_PORT
 from nuro.slurm import CliBackend, HostlistError, SlurmError, expand_hostlist, parse_node_addr
 
 log = logging.getLogger("nuro.launch")
@@ -84,11 +84,11 @@ def plan_torchrun(
     # the step's nodes, not the job's: a job with hot spares holds more nodes than its step trains on
     num_nodes = int(env.get("SLURM_STEP_NUM_NODES") or _need(env, "SLURM_JOB_NUM_NODES"))
     node_id = int(_need(env, "SLURM_NODEID"))
-    addr = env.get("NURO_RDZV_ADDR") or rdzv_addr
+    addr = env.get(NURO_RDZV_ADDR) or rdzv_addr
     if not addr:
         raise LaunchError("no rendezvous address: export NURO_RDZV_ADDR (the first node's NodeAddr)")
     port = int(
-        env.get("NURO_RDZV_PORT")
+        env.get(NURO_RDZV_PORT)
         or rdzv_port(
             job_id,
             int(env.get(ENV_RDZV_PORT_BASE) or RDZV_PORT_BASE),
@@ -111,8 +111,8 @@ def plan_torchrun(
         # NCCL's watchdog; gloo has no variable: the SDK passes RunEnv.pg_timeout to init_process_group
         "TORCH_NCCL_TIMEOUT": str(pg_timeout_s),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        "NURO_RDZV_ADDR": addr,
-        "NURO_RDZV_PORT": str(port),
+        NURO_RDZV_ADDR: addr,
+        NURO_RDZV_PORT: str(port),
         **({NURO_LAUNCH_STOP_DIR: stop_dir} if stop_dir else {}),
     }
     return TorchrunPlan(argv=argv, env=extra, node_id=node_id, num_nodes=num_nodes)

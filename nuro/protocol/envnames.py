@@ -29,6 +29,8 @@ NURO_JOB_DIR = "NURO_JOB_DIR"  # the job's run directory on shared storage
 NURO_STAGING_DIR = "NURO_STAGING_DIR"  # this job's checkpoint staging directory on the node
 NURO_LAUNCH_STOP_DIR = "NURO_LAUNCH_STOP_DIR"  # where the launcher and the ranks leave their stop markers
 NURO_PG_TIMEOUT_S = "NURO_PG_TIMEOUT_S"  # torch.distributed's process-group timeout in the job
+NURO_RDZV_ADDR = "NURO_RDZV_ADDR"  # the rendezvous host: the first training node's address
+NURO_RDZV_PORT = "NURO_RDZV_PORT"  # the rendezvous port (contract.rdzv_port)
 
 # -- the node (root's hooks, the node agent, the health check; the node's environment file) -------------------------
 NURO_STAGING_ROOT = "NURO_STAGING_ROOT"  # checkpoint staging root on the node ({node} for emulated nodes)

@@ -308,9 +308,12 @@ def test_borrowing_order_follows_fair_share(
 
 
 def _floor(cluster: LiveCluster, qos: str) -> str:
-    """The QOS's ``MinTRESPerJob`` as sacctmgr shows it ("" for none)."""
-    res = cluster.run(["sacctmgr", "-n", "-P", "show", "qos", qos, "format=MinTRESPerJob"])
-    return res.stdout.strip()
+    """The QOS's ``MinTRESPerJob`` as slurmctld holds it (``MinTRESPJ`` of ``scontrol show assoc_mgr``; "" for none):
+    what jobs are judged by. sacctmgr shows slurmdbd's copy, which slurmctld receives a moment later (a job
+    submitted in between is judged without the floor)."""
+    res = cluster.run(["scontrol", "show", "assoc_mgr", "flags=qos", f"qos={qos}"])
+    line = next((w for w in res.stdout.split() if w.startswith("MinTRESPJ=")), "MinTRESPJ=")
+    return line.partition("=")[2]
 
 
 def test_gang_first_keeps_the_teams_freed_quota_for_its_waiting_gang(

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -154,13 +156,23 @@ def test_down_purge_removes_the_sockets_dir(tmp_path: Path) -> None:
     assert not layout.sockets.exists() and not layout.root.exists()
 
 
-def test_each_slurm_version_gets_its_own_state_and_the_others_wait_beside(tmp_path: Path) -> None:
+@pytest.fixture
+def fresh_layout(tmp_path: Path) -> Iterator[Layout]:
+    """A state dir whose runtime dir (``/run/nuro-dc-<hash of the path>``) starts and ends empty: a rerun with the
+    same ``--basetemp`` maps to the same runtime dir, and what a previous run parked there must not be found."""
+    lay = Layout(tmp_path / "state")
+    shutil.rmtree(lay.sockets, ignore_errors=True)
+    yield lay
+    shutil.rmtree(lay.sockets, ignore_errors=True)
+
+
+def test_each_slurm_version_gets_its_own_state_and_the_others_wait_beside(fresh_layout: Layout) -> None:
     """``up --slurm 26.05`` after 22.05 ran in the same state dir (and back): slurmctld's state and slurmd's spool
     of the version that ran are parked, the starting version's come back, and each has its own accounting
     database (22.05 reading 26.05's state stopped on "CLUSTER NAME MISMATCH" before)."""
     from nuro.devcluster.layout import DB_NAME, db_name, describe
 
-    lay = Layout(tmp_path / "state")
+    lay = fresh_layout
     lay.ctld_state.mkdir(parents=True)
     (lay.ctld_state / "clustername").write_text("nuro")  # a 22.05 state dir from before the version marker
     lay.ports_file.parent.mkdir(parents=True)
@@ -182,8 +194,8 @@ def test_each_slurm_version_gets_its_own_state_and_the_others_wait_beside(tmp_pa
     assert describe(lay, 1, 16800, slurm_version="24.11").db_name == f"{DB_NAME}_24_11"
 
 
-def test_a_parked_state_in_the_way_is_refused_with_what_to_remove(tmp_path: Path) -> None:
-    lay = Layout(tmp_path / "state")
+def test_a_parked_state_in_the_way_is_refused_with_what_to_remove(fresh_layout: Layout) -> None:
+    lay = fresh_layout
     lay.ctld_state.mkdir(parents=True)
     lay.ctld_state_owner.write_text("22.05\n")
     lay.parked_ctld_state("22.05").mkdir()
