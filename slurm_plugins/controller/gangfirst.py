@@ -26,7 +26,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from nuro.policy.classify import QUOTA_REASON, job_gpus, timestamp
+from nuro.policy.classify import QUOTA_REASON, WAITING_REASONS, job_gpus, timestamp
 from nuro.policy.model import Policy
 from nuro.slurm.actions import UpdateQosMinGpus
 from nuro.slurm.models import JobInfo
@@ -40,14 +40,21 @@ def _order(job: JobInfo) -> tuple[int, float, int]:
     return (-job.priority, timestamp(job.submit_time), job.job_id)
 
 
+#: The reasons of a gang that still waits to start (on the quota, on nodes, or not yet judged): Slurm rewrites a
+#: pending job's reason on every pass (``QOSGrpGRES`` in one, ``Priority`` or ``Resources`` in the next), so the
+#: floor follows the gang being pending, not one reason string (a floor cleared on a passing reason let the team's
+#: next small job take the quota: seen live).
+WAITING = frozenset({QUOTA_REASON, MIN_REASON, *WAITING_REASONS})
+
+
 def blocked_gangs(policy: Policy, pending: Iterable[JobInfo]) -> dict[str, JobInfo]:
-    """Per ``gang_first`` team, the first (Slurm's order) pending multi-node job in its guaranteed QOS that waits on
-    the quota (``QOSGrpGRES``, or the floor a previous cycle set) and fits the quota at all."""
+    """Per ``gang_first`` team, the first (Slurm's order) pending multi-node job in its guaranteed QOS that waits
+    to start (``WAITING``) and fits the quota at all."""
     teams = {t.guaranteed_qos: t for t in policy.teams if t.gang_first}
     out: dict[str, JobInfo] = {}
     for job in pending:
         team = teams.get(job.qos)
-        if team is None or job.reason not in (QUOTA_REASON, MIN_REASON) or max(1, job.node_count) <= 1:
+        if team is None or job.reason not in WAITING or max(1, job.node_count) <= 1:
             continue
         if job_gpus(job) > team.quota_gpus:
             continue

@@ -28,6 +28,14 @@ def test_a_gang_waiting_on_its_teams_quota_gets_a_floor_of_its_size_when_the_quo
     assert gangfirst.holds(POLICY, theirs, (), NOW) == {}, "team b did not opt in"
     too_wide = jobs_of(a_job(12).gpus(8, nodes=3).over_quota())
     assert gangfirst.holds(POLICY, too_wide, (), NOW) == {}, "a gang wider than the quota never fits it"
+    # Slurm rewrites a pending job's reason each pass: the floor follows the gang waiting, not one reason (live: a
+    # floor cleared on a passing "Priority" let the team's next small job take the quota)
+    for reason in ("Priority", "Resources", gangfirst.MIN_REASON):
+        assert gangfirst.holds(POLICY, jobs_of(a_job(10).gpus(8, nodes=2).pending(reason)), running, NOW) == {
+            "g-a": 16
+        }, reason
+    held = jobs_of(a_job(10).gpus(8, nodes=2).pending("Dependency"))
+    assert gangfirst.holds(POLICY, held, running, NOW) == {}, "a gang that may not start yet keeps no floor"
 
 
 def test_the_floor_is_rendered_as_sacctmgr_and_planned_only_when_it_changes() -> None:
