@@ -13,6 +13,7 @@ Each pattern is the bare regular expression (no anchors): ``re.fullmatch`` it, o
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 #: A team: a Slurm account (and the ``g-``/``b-`` QOS names built from it): lower case, digits and '_', no dashes.
 TEAM = r"[a-z][a-z0-9_]{0,30}"
@@ -45,36 +46,21 @@ class InvalidName(ValueError):
     """A name nuro refuses; the message says what a valid one looks like."""
 
 
-def is_team(value: object) -> bool:
-    return isinstance(value, str) and _TEAM.fullmatch(value) is not None
+def _matcher(rx: re.Pattern[str]) -> Callable[[object], bool]:
+    def matches(value: object) -> bool:
+        return isinstance(value, str) and rx.fullmatch(value) is not None
+
+    return matches
 
 
-def is_user(value: object) -> bool:
-    return isinstance(value, str) and _USER.fullmatch(value) is not None
-
-
-def is_run(value: object) -> bool:
-    return isinstance(value, str) and _RUN.fullmatch(value) is not None
-
-
-def is_tag(value: object) -> bool:
-    return isinstance(value, str) and _TAG.fullmatch(value) is not None
-
-
-def is_job_id(value: object) -> bool:
-    return isinstance(value, str) and _JOB_ID.fullmatch(value) is not None
-
-
-def is_node(value: object) -> bool:
-    return isinstance(value, str) and _NODE.fullmatch(value) is not None
-
-
-def is_dataset(value: object) -> bool:
-    return isinstance(value, str) and _DATASET.fullmatch(value) is not None
-
-
-def is_digest(value: object) -> bool:
-    return isinstance(value, str) and _DIGEST.fullmatch(value) is not None
+is_team = _matcher(_TEAM)
+is_user = _matcher(_USER)
+is_run = _matcher(_RUN)
+is_tag = _matcher(_TAG)
+is_job_id = _matcher(_JOB_ID)
+is_node = _matcher(_NODE)
+is_dataset = _matcher(_DATASET)
+is_digest = _matcher(_DIGEST)
 
 
 def validate_team(team: object) -> str:
