@@ -32,7 +32,7 @@ from nuro.protocol.envnames import NURO_POLICY
 from nuro.runs.checkpoints import checkpoint_lines, find_job, lineage_of
 from nuro.runs.pending import ENV_WAITS, pending_view, read_progress, read_waits
 from nuro.runs.spares import spare_lines, spare_summary
-from nuro.slurm import CliBackend, InvalidJobId, JobInfo, JobPhase, SlurmError
+from nuro.slurm import Backend, CliBackend, InvalidJobId, JobInfo, JobPhase, SlurmError
 
 if TYPE_CHECKING:
     from nuro.tracking.mlflow import MlflowClient
@@ -77,14 +77,14 @@ def _heard() -> dict[int, dict[str, int]]:
     return read_progress(os.environ.get(ENV_WAITS), time.time())
 
 
-def _jobs(backend: CliBackend) -> list[JobInfo]:
+def _jobs(backend: Backend) -> list[JobInfo]:
     try:
         return backend.jobs()
     except SlurmError as exc:
         fail(ExitCode.FAILED, f"could not read the queue: {exc}")
 
 
-def _find(backend: CliBackend, job_id: int) -> JobInfo:
+def _find(backend: Backend, job_id: int) -> JobInfo:
     try:
         return find_job(backend, job_id)
     except LookupError as exc:
@@ -287,7 +287,7 @@ def cancel(job_ids: tuple[int, ...]) -> None:
         click.echo(f"cancelled {job_id}")
 
 
-def _follow(path: Path, backend: CliBackend, job_id: int, poll_s: float = 0.5) -> None:
+def _follow(path: Path, backend: Backend, job_id: int, poll_s: float = 0.5) -> None:
     """Print new output as it is written, until the job ends (then print the rest)."""
     pos = 0
     while True:

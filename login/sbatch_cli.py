@@ -74,7 +74,7 @@ from nuro.jobspec.sbatch_args import (
 from nuro.jobspec.spec import SpecError, split_code_flag
 from nuro.jobspec.submission import DEFAULT_RUN_ROOT, InvalidSubmission, deepspeed_notes, requeue_args
 from nuro.policy.admission import parse_sbatch_args
-from nuro.slurm import CliBackend, SlurmCommandNotFound, SlurmError, SubmitCommand
+from nuro.slurm import Backend, CliBackend, CliWrites, SlurmCommandNotFound, SlurmError, SubmitCommand
 
 PROG = "nuro-sbatch"
 PLATFORM: dict[str, Opt] = {o.flag: o for o in SPEC_OPTIONS if o.sbatch}
@@ -562,7 +562,7 @@ def show(sub: Submission) -> int:
     return _preview(list(sub.preview_words), sub.user, sub.source)
 
 
-def execute(sub: Submission, backend: CliBackend) -> int:
+def execute(sub: Submission, backend: CliWrites) -> int:
     """Submit ``sub`` once through the adapter; sbatch's own status and output are the user's."""
     tmp_dir = None
     try:
@@ -596,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return execute(decided, CliBackend(env=decided.env))
 
 
-def expedited_requeue(backend: CliBackend) -> list[str]:
+def expedited_requeue(backend: Backend) -> list[str]:
     """``--requeue=expedite`` before the user's own words where the cluster has it (25.11+): a training job hit by
     a node failure restarts at once. The user's own ``--requeue``/``--no-requeue`` comes later and wins (the bridge
     forces requeue on team jobs either way). No Slurm to ask (a dry run on a laptop): nothing added."""

@@ -1,7 +1,7 @@
 """Apply a policy ``Plan``: run its sacctmgr commands one by one, verify, and install the job_submit policy table.
 
 The edge of the pure planner: ``nuro.policy.plan.build_plan`` decides, this module executes. Commands run
-through ``CliBackend.run`` (argument lists, never a shell, an explicit timeout, typed errors) and in plan order; the
+through ``CliRunner.run`` (argument lists, never a shell, an explicit timeout, typed errors) and in plan order; the
 first failure stops the run, because later commands depend on earlier ones (an association names a QOS added before
 it). Nothing is retried: a half-applied plan is safe to re-plan, since the next ``build_plan`` starts from what
 slurmdbd then holds.
@@ -28,7 +28,7 @@ from nuro.policy.model import Policy
 from nuro.policy.plan import Change, Plan, build_plan
 from nuro.policy.slurm_state import read_state
 from nuro.safeio import atomic
-from nuro.slurm import CliBackend
+from nuro.slurm import CliRunner
 from nuro.slurm.errors import SlurmError
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ class ApplyResult:
         return out
 
 
-def apply_plan(plan: Plan, backend: CliBackend) -> ApplyResult:
+def apply_plan(plan: Plan, backend: CliRunner) -> ApplyResult:
     """Run the plan's commands in order; stop at the first failure (see the module docstring for what counts).
 
     Each command gets the backend's ``timeout_s``. Never raises for a Slurm failure: the result carries it.
@@ -84,7 +84,7 @@ def apply_plan(plan: Plan, backend: CliBackend) -> ApplyResult:
     return ApplyResult(tuple(applied), duration_s=time.monotonic() - start)
 
 
-def verify(policy: Policy, backend: CliBackend, prune: bool) -> Plan:
+def verify(policy: Policy, backend: CliRunner, prune: bool) -> Plan:
     """Re-read slurmdbd and re-plan: the returned plan is empty when Slurm now matches the policy."""
     return build_plan(policy, read_state(backend), prune=prune)
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nuro.policy.luatable import cluster_facts
-from nuro.slurm import CliBackend
+from nuro.slurm import CliReads
 from nuro.slurm._fields import tres_to_dict
 from nuro.slurm.parse_text import parse_sacctmgr_parsable, parse_slurm_duration_s
 
@@ -202,7 +202,7 @@ def parse_state(qos_text: str, account_text: str, assoc_text: str, user_text: st
     return SlurmState(qos=qos, accounts=accounts, assocs=assocs, users=users)
 
 
-def read_state(backend: CliBackend) -> SlurmState:
+def read_state(backend: CliReads) -> SlurmState:
     """Read the current state from slurmdbd: four ``sacctmgr -P -n show`` calls (raises ``SlurmError``)."""
     texts = {what: backend.run(list(argv)).stdout for what, argv in READ_ARGVS.items()}
     state = parse_state(texts["qos"], texts["account"], texts["assoc"], texts["user"])
@@ -216,7 +216,7 @@ def read_state(backend: CliBackend) -> SlurmState:
     return state
 
 
-def read_cluster_facts(backend: CliBackend) -> dict:
+def read_cluster_facts(backend: CliReads) -> dict:
     """The policy table's cluster facts (``luatable.cluster_facts``: leaf size, GPUs per node, topology hint) as Slurm
     has them now. Why read, not assume: the bridge's switch or segment hint must fit this cluster's leaves and
     topology plugin, and a table rendered for 4-node leaves on a cluster of 16-node leaves hints the wrong gangs."""

@@ -17,10 +17,10 @@ from nuro.checkpoint.restore import load_manifest, step_numbers
 from nuro.objectstore import NotFound, ObjectStore, ObjectStoreError
 from nuro.protocol import jobcomment
 from nuro.runs.pending import ENV_WAITS, read_progress
-from nuro.slurm import CliBackend, JobInfo, SlurmError
+from nuro.slurm import Backend, JobInfo, SlurmError
 
 
-def find_job(backend: CliBackend, job_id: int) -> JobInfo:
+def find_job(backend: Backend, job_id: int) -> JobInfo:
     """The job from slurmctld, else accounting. Raises LookupError (unknown to both) and SlurmError."""
     job = backend.find_job(job_id)
     if job is None:
@@ -111,7 +111,7 @@ def _attach_checkpoints(chain: list[dict], store: ObjectStore | None) -> list[st
 
 
 def lineage_of(
-    backend: CliBackend,
+    backend: Backend,
     job_id: int,
     max_depth: int = 20,
     store=None,  # noqa: ANN001
@@ -166,7 +166,7 @@ def lineage_of(
     return chain
 
 
-def _find_or_none(backend: CliBackend, job_id: int) -> JobInfo | None:
+def _find_or_none(backend: Backend, job_id: int) -> JobInfo | None:
     try:
         return backend.find_job(job_id)
     except SlurmError:

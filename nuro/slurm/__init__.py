@@ -6,8 +6,9 @@ Layers (each its own module):
 * ``hostlist``, ``parse``: pure parsing of everything Slurm prints;
 * ``actions``: frozen actions and their rendering to an exact argv (render is separate from execute);
 * ``errors``: exceptions classified from Slurm's own stderr;
-* ``backend`` (``CliBackend``, the default) and ``pyslurm_backend`` (optional, version-guarded) with
-  ``make_backend``.
+* ``cli_runner`` (running a command), ``cli_reads`` and ``cli_writes``: the CLI backend's three rooms;
+* ``backend`` (``Backend``, and ``CliBackend``, the default, made of those rooms) and ``pyslurm_backend``
+  (optional, version-guarded) with ``make_backend``.
 
 Example::
 
@@ -42,6 +43,9 @@ from nuro.slurm.actions import (
     render_stdin,
 )
 from nuro.slurm.backend import Backend, CliBackend
+from nuro.slurm.cli_reads import CliReads
+from nuro.slurm.cli_runner import CliRunner
+from nuro.slurm.cli_writes import CliWrites
 from nuro.slurm.errors import (
     InvalidJobId,
     InvalidNodeName,
@@ -89,6 +93,9 @@ __all__ = [
     "BackendPreference",
     "Cancel",
     "CliBackend",
+    "CliReads",
+    "CliRunner",
+    "CliWrites",
     "ClusterSnapshot",
     "DownNode",
     "DrainNode",

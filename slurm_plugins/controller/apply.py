@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from nuro.protocol import adminnote
 from nuro.protocol.contract import NOTE_PREEMPT, PREEMPT_SIGNAL
 from nuro.slurm import Backend, SlurmError, SlurmTimeout, SlurmUnavailable
-from nuro.slurm.backend import CALL_TIMEOUT_MIN_S
+from nuro.slurm.cli_runner import CALL_TIMEOUT_MIN_S
 from nuro.slurm_plugins.controller.decisions import Borrow, Decision, Preempt, Requeue, Return, SetSiteFactor
 from nuro.slurm_plugins.controller.ratelog import RateLog, once
 

@@ -58,7 +58,7 @@ from nuro.policy import Policy, PolicyError, load_policy
 from nuro.protocol.heartbeat import BadHeartbeat, load_key
 from nuro.runs.pending import ENV_WAITS, WaitsFile
 from nuro.slurm import Action, Backend, CliBackend, SlurmError, hostlist
-from nuro.slurm.backend import in_daemon_thread
+from nuro.slurm.cli_runner import in_daemon_thread
 from nuro.slurm.models import ClusterSnapshot, JobInfo, NodeInfo
 from nuro.slurm.states import JobPhase
 from nuro.slurm_plugins.controller import gangfirst, weights

@@ -105,7 +105,7 @@ def fake(tmp_path: Path) -> FakeSlurm:
 
 def test_snapshot_from_real_outputs(fake: FakeSlurm, caplog: pytest.LogCaptureFixture) -> None:
     backend = fake.backend()
-    with caplog.at_level(logging.DEBUG, logger="nuro.slurm.backend"):
+    with caplog.at_level(logging.DEBUG, logger="nuro.slurm.cli_runner"):
         snap = backend.read_snapshot()
         backend.read_snapshot()
     gang = max((j for j in snap.jobs if j.name == "nuro-gang"), key=lambda j: j.job_id)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nuro.slurm import JobPhase, NodeInfo, SlurmParseError, SlurmVersion
-from nuro.slurm.backend import _RECORD_FIXED
+from nuro.slurm.cli_reads import RECORD_FIXED
 from nuro.slurm.parse import (
     attach_switches,
     parse_sacct_exitcodes,
@@ -178,7 +178,7 @@ def test_one_field_squeue_read_gives_the_true_value(truth: dict) -> None:
     assert parse_squeue_one_field(reads["WorkDir"], job_id) == truth["work_dir"]
     assert parse_squeue_one_field(reads["STDOUT"], job_id) == truth["work_dir"] + "/o JobId=1 %j|%x.out"
     assert parse_squeue_one_field(reads["State"], job_id) in ("PENDING", "FAILED")
-    fixed = parse_squeue_fixed_fields(reads["*fixed*"], job_id, [f for _, f in _RECORD_FIXED])
+    fixed = parse_squeue_fixed_fields(reads["*fixed*"], job_id, [f for _, f in RECORD_FIXED])
     assert fixed is not None
     assert (fixed["UserName"], fixed["Account"], fixed["QOS"]) == (HOSTILE["user"], HOSTILE["account"], "normal")
 
