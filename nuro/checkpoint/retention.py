@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from nuro.checkpoint.layout import manifest_key, parse_step_name, run_prefix, step_prefix, tag_key, tags_prefix
 from nuro.checkpoint.manifest import dumps, utc_now
 from nuro.objectstore import TAG_MAX_BYTES, ObjectStore, ObjectTooLarge
+from nuro.protocol.contract import DEFAULT_CKPT_KEEP
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +41,9 @@ class StepState:
 
 
 def default_keep() -> int:
-    """The platform's retention when a job's record names none: the job spec's ``checkpoint.keep`` default (3),
-    what every nuro-train job gets unless it asks otherwise."""
-    # lazy: the job spec package (~50 ms of option tables and patterns) belongs to the login side; the SDK imports
-    # this module in every training rank and needs the default only for a record that names no keep
-    from nuro.jobspec.options import OPTIONS_BY_NAME
-
-    return int(OPTIONS_BY_NAME["checkpoint.keep"].default)
+    """The platform's retention when a job's record names none: ``DEFAULT_CKPT_KEEP`` (3), the job spec's
+    ``checkpoint.keep`` default, what every nuro-train job gets unless it asks otherwise."""
+    return DEFAULT_CKPT_KEEP
 
 
 def effective_keep(record_keep: int | None) -> int:

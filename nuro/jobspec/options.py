@@ -28,7 +28,7 @@ from nuro.jobspec.fields import (
     Text,
     TimeLimit,
 )
-from nuro.protocol.contract import MAX_SPARE_NODES
+from nuro.protocol.contract import DEFAULT_CKPT_KEEP, MAX_SPARE_NODES
 
 
 class _Required:
@@ -157,8 +157,8 @@ SPEC_OPTIONS: tuple[Opt, ...] = (
         "env", multiple=True),
     Opt("checkpoint.interval_s", Int(minimum=1, maximum=7 * 86400), 1800, "s", "Checkpoint every this many "
         "seconds (NURO_CKPT_INTERVAL_S for the SDK).", "--ckpt-interval", "ckpt_interval_s", sbatch=True),
-    Opt("checkpoint.keep", Int(minimum=1, maximum=1000), 3, "checkpoints", "Keep the newest this many checkpoints "
-        "(plus tagged ones).", "--ckpt-keep", "ckpt_keep", sbatch=True),
+    Opt("checkpoint.keep", Int(minimum=1, maximum=1000), DEFAULT_CKPT_KEEP, "checkpoints", "Keep the newest this "
+        "many checkpoints (plus tagged ones).", "--ckpt-keep", "ckpt_keep", sbatch=True),
     Opt("checkpoint.snapshot_interval_s", Int(minimum=0, maximum=3600), 0, "s", "Also take an in-memory snapshot "
         "this often, each node's share sent to the next node (0 = off; NURO_SNAPSHOT_INTERVAL_S for the SDK): a node "
         "loss then costs seconds of training, not half a checkpoint interval.", "--snapshot-interval",

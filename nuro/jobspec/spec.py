@@ -32,6 +32,7 @@ from typing import Any
 
 from nuro.jobspec.fields import FieldError, show
 from nuro.jobspec.options import GROUPS, OPTIONS_BY_NAME, SPEC_OPTIONS, valid_keys_text
+from nuro.protocol.contract import DEFAULT_CKPT_KEEP
 
 #: A spec file larger than this is refused before YAML parsing (YAML aliases can expand small files a lot).
 MAX_SPEC_BYTES = 64 * 1024
@@ -74,7 +75,7 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     ckpt_interval_s: int = 1800
     snapshot_interval_s: int = 0
-    ckpt_keep: int = 3
+    ckpt_keep: int = DEFAULT_CKPT_KEEP
     resume_from: str | None = None
     max_requeues: int = 3
     data_seed: int = 0

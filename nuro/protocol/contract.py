@@ -12,6 +12,7 @@ training process and the renderer on login nodes, neither should pull anything e
 | ``TIME_LIMIT_SIGNAL`` | ``USR2`` | Slurm sends it before the limit (``--signal=B:USR2@N``); the script relays it |
 | ``PG_TIMEOUT_S`` | 60 | torch.distributed process-group timeout: how long a survivor waits for a lost peer |
 | ``RDZV_PORT_BASE``/``SPAN`` | 29500 / 1000 | torchrun's rendezvous port: base + job id mod span |
+| ``DEFAULT_CKPT_KEEP`` | 3 | the job spec's ``checkpoint.keep`` default; root's retention when a record names none |
 | ``COMMENT_RUN`` | the job comment's one key | submit writes the run record (``nuro.protocol.jobcomment``) |
 | ``NOTE_*`` | the admin comment's keys | root's notes to the job's owner (``nuro.protocol.adminnote``) |
 """
@@ -45,6 +46,10 @@ ENV_RDZV_PORT_SPAN = "NURO_RDZV_PORT_SPAN"
 #: The most hot spare nodes one job may hold: submit refuses more (``--spare-nodes``) and so does the job's launcher
 #: when it reads ``NURO_SPARE_NODES`` (``nuro.wrappers.spares``).
 MAX_SPARE_NODES = 64
+
+#: The committed checkpoints a run keeps when its record names no ``keep``: the job spec's ``checkpoint.keep``
+#: default, and what root's retention (the upload worker, ``nuro.checkpoint.retention``) applies without one.
+DEFAULT_CKPT_KEEP = 3
 
 #: The job comment's one key (canonical JSON, ``nuro.protocol.jobcomment``): the run record, written at submit.
 COMMENT_RUN = "nuro"

@@ -13,9 +13,12 @@ function-local alike) and names each forbidden edge as ``file:line: rule: what``
   fails later); ``if TYPE_CHECKING:`` imports do not, they never run.
 - **contract**: ``nuro/protocol/contract.py`` imports only the standard library (the SDK imports it inside the
   training process, the renderer on login nodes).
-- **floors**: the bottom floors of the core import nothing above them: ``nuro.names`` (the names nuro accepts) only
-  the standard library; ``nuro.safeio`` besides itself only ``nuro.names``; ``nuro.protocol`` besides itself only
-  ``nuro.safeio`` and ``nuro.names``. (Floors above these are still to be drawn: issue 33.)
+- **floors**: the core (``nuro/``) is built in floors (``FLOORS``, docs/architecture.md): names → safeio → protocol
+  → adapters (slurm, objectstore, remote, metrics, console) → domains (checkpoint, datasets, policy, cluster,
+  lifecycle) → jobspec → runs → tracking. A package imports itself and the floors below its own, never a package
+  above, nor another package of its own floor (so no two packages can import each other). ``nuro.names`` imports the
+  standard library only. Every package of the core sits on a floor (``test_every_core_package_sits_on_a_floor``),
+  so a new one is drawn the day it is added.
 - **one-way**: runtime folders that depend on each other do so one way only: the hooks (``nuro.prolog_epilog``)
   run the health check's library, so ``nuro.healthcheck`` never imports ``nuro.prolog_epilog``.
 - **lazy**: an import inside a function has a comment on its line or the line above saying why it must be lazy (a
@@ -48,13 +51,20 @@ CONTRACT = "nuro.protocol.contract"
 #: The click entry points that mount other CLIs' command groups (and the only product file that mounts the dev wing).
 MOUNTING_ENTRY_POINTS = {"nuro.login.train_cli", "nuro.admin.admin_cli"}
 DEVCLUSTER_MOUNT = "nuro.admin.admin_cli"
-#: The core's bottom floors, lowest first: each may import (besides the standard library, third-party packages and
-#: itself) only the floors listed for it. ``nuro.names`` is stdlib only.
-FLOORS: dict[str, tuple[str, ...]] = {
-    "nuro.names": (),
-    "nuro.safeio": ("nuro.names",),
-    "nuro.protocol": ("nuro.names", "nuro.safeio"),
-}
+#: The core's floors, lowest first: (floor, its packages). A package may import (besides the standard library,
+#: third-party packages and itself) only packages of the floors below its own. ``nuro.names`` is stdlib only.
+FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("names", ("nuro.names",)),
+    ("safeio", ("nuro.safeio",)),
+    ("protocol", ("nuro.protocol",)),
+    ("adapters", ("nuro.slurm", "nuro.objectstore", "nuro.remote", "nuro.metrics", "nuro.console")),
+    ("domains", ("nuro.checkpoint", "nuro.datasets", "nuro.policy", "nuro.cluster", "nuro.lifecycle")),
+    # runevents: the old name of nuro.lifecycle.run_events (training code pinned to old commits imports it)
+    ("jobspec", ("nuro.jobspec", "nuro.runevents")),
+    ("runs", ("nuro.runs",)),
+    ("tracking", ("nuro.tracking",)),
+)
+STDLIB_ONLY = "nuro.names"
 #: (lower, upper): the lower runtime folder never imports the upper one.
 ONE_WAY = (("nuro.healthcheck", "nuro.prolog_epilog"),)
 #: What a comment may hold that is no reason: linter pragmas and rule codes (a bare suppression says nothing of why).
@@ -87,7 +97,7 @@ class Module:
 
     @property
     def rel(self) -> str:
-        return self.path.relative_to(ROOT).as_posix()
+        return self.path.relative_to(ROOT).as_posix() if self.path.is_relative_to(ROOT) else str(self.path)
 
     @property
     def is_package(self) -> bool:
@@ -170,9 +180,10 @@ def _target(written: str, known: set[str]) -> str:
     return written
 
 
-def _read(path: Path, known: set[str]) -> Module:
+def _read(path: Path, known: set[str], name: str | None = None) -> Module:
+    """One file's imports; ``name``: its import name when it lies outside the tree (a planted copy)."""
     text = path.read_text()
-    mod = Module(module_name(path), path, text.splitlines())
+    mod = Module(name or module_name(path), path, text.splitlines())
     tree = ast.parse(text, filename=str(path))
     package = mod.name if mod.is_package else mod.name.rpartition(".")[0]
     # import statement ending on line N, per function, so a block of lazy imports under one comment is justified once
@@ -235,20 +246,32 @@ def _edge_text(mod: Module, edge: Edge) -> str:
     return f"{mod.rel}:{edge.line}: {mod.name} {where}imports {edge.target}"
 
 
+def floor_of(name: str) -> tuple[int, str] | None:
+    """(floor number, package) of a core module, None for one on no floor (a runtime folder, or an undrawn one)."""
+    for level, (_, packages) in enumerate(FLOORS):
+        for package in packages:
+            if _in(name, package):
+                return level, package
+    return None
+
+
 def floor_breach(source: str, target: str) -> bool:
-    """Whether ``source`` sits on a floor (``FLOORS``) and ``target`` is a nuro module above it."""
-    floor = next((f for f in FLOORS if _in(source, f)), None)
-    if floor is None:
+    """Whether ``source`` sits on a floor (``FLOORS``) and imports a core package on its own floor or above."""
+    here = floor_of(source)
+    if here is None:
         return False
-    if floor == "nuro.names":
+    if here[1] == STDLIB_ONLY:
         return target.partition(".")[0] not in sys.stdlib_module_names
-    allowed = (floor, *FLOORS[floor])
-    return _in(target, CORE) and not any(_in(target, a) for a in allowed)
+    there = floor_of(target)
+    if there is None:
+        return _in(target, CORE) and target != CORE  # a core module on no floor: above every floor
+    return there[1] != here[1] and there[0] >= here[0]
 
 
-def violations(rule: str) -> list[str]:
+def violations(rule: str, mods: dict[str, Module] | None = None) -> list[str]:
+    """Each import that breaks ``rule``, as ``file:line: [rule] what: why``; ``mods``: the tree read (default)."""
     found = []
-    mods = modules()
+    mods = mods if mods is not None else modules()
     for mod in mods.values():
         if rule == "lazy":
             found += [
@@ -277,7 +300,8 @@ def violations(rule: str) -> list[str]:
                 bad = mod.name == CONTRACT and top not in sys.stdlib_module_names
                 why = "the job<->platform contract stays dependency-free (stdlib only)"
             elif rule == "floors":
-                bad, why = floor_breach(mod.name, target), "a bottom floor of the core imports a package above it"
+                bad = floor_breach(mod.name, target)
+                why = "a floor of the core imports a package on its own floor or above (FLOORS, docs/architecture.md)"
             elif rule == "one-way":
                 bad = any(_in(mod.name, lower) and _in(target, upper) for lower, upper in ONE_WAY)
                 why = "the hooks depend on the health check's library, never the other way"
@@ -383,7 +407,49 @@ def test_a_planted_upward_import_breaks_the_floors() -> None:
     assert not floor_breach("nuro.protocol.jobrecord", "nuro.safeio.safefs")
     assert not floor_breach("nuro.protocol.jobrecord", "nuro.names")
     assert not floor_breach("nuro.safeio.credfile", "os")
-    assert not floor_breach("nuro.checkpoint.layout", "nuro.runs.report"), "floors above these are not drawn yet"
+    # the floors above protocol: a domain never imports jobspec, runs or another domain; runs never tracking
+    assert floor_breach("nuro.checkpoint.retention", "nuro.jobspec.options")
+    assert floor_breach("nuro.checkpoint.layout", "nuro.runs.report")
+    assert floor_breach("nuro.datasets.manifest", "nuro.checkpoint.layout"), "two packages of one floor"
+    assert floor_breach("nuro.slurm.backend", "nuro.objectstore"), "two adapters"
+    assert floor_breach("nuro.runs.report", "nuro.tracking.bridge")
+    assert floor_breach("nuro.metrics.sink", "nuro.newpackage"), "an undrawn package counts as above"
+    assert not floor_breach("nuro.tracking.bridge", "nuro.runs.report")
+    assert not floor_breach("nuro.jobspec.spec", "nuro.datasets.manifest")
+    assert not floor_breach("nuro.checkpoint.retention", "nuro.protocol.contract")
+    assert not floor_breach("nuro.slurm.cli_reads", "nuro.slurm.parse"), "inside one package"
+
+
+@pytest.mark.parametrize(
+    ("module", "planted"),
+    [
+        ("nuro.checkpoint.retention", "from nuro.jobspec.options import OPTIONS_BY_NAME"),  # domain -> jobspec
+        ("nuro.runs.report", "    from nuro.tracking import bridge  # lazy: planted"),  # runs -> tracking, lazily
+        ("nuro.slurm.parse", "from nuro.objectstore import ObjectStore"),  # an adapter -> another adapter
+        ("nuro.protocol.contract", "import nuro.checkpoint.layout"),  # protocol -> a domain
+    ],
+)
+def test_a_planted_upward_import_inside_nuro_fails_the_floors_rule(tmp_path: Path, module: str, planted: str) -> None:
+    """The real tree with one module replaced by a copy holding one more import: the floors rule names it."""
+    mods = dict(modules())
+    assert violations("floors", mods) == []
+    source = folder_of(module).with_suffix(".py")
+    text = source.read_text()
+    if planted.startswith(" "):  # a function-local import: appended inside a new function
+        text += f"\n\ndef _planted() -> None:\n{planted}\n"
+    else:
+        text += f"\n{planted}\n"
+    copy = tmp_path / source.name
+    copy.write_text(text)
+    mods[module] = _read(copy, set(mods), name=module)
+    found = violations("floors", mods)
+    assert len(found) == 1 and f"{copy}:{len(text.splitlines())}: [floors] {module} imports" in found[0], found
+
+
+def test_every_core_package_sits_on_a_floor() -> None:
+    """A package added to nuro/ must be drawn on a floor (else the floors rule could not place it)."""
+    undrawn = sorted({".".join(m.split(".")[:2]) for m in modules() if _core(m) and m != CORE and floor_of(m) is None})
+    assert not undrawn, f"core packages on no floor (add them to FLOORS and docs/architecture.md): {undrawn}"
 
 
 def test_no_import_cycles() -> None:
