@@ -51,6 +51,22 @@ def test_a_node_loss_is_measured_from_the_last_heartbeat_to_the_first_step_after
     assert summary["resume_s"] is not None and summary["resume_s"] > summary["restart_s"] > summary["detect_s"]
 
 
+def test_the_requeue_is_timed_by_the_controller_not_by_accountings_whole_seconds() -> None:
+    """sacct keeps whole seconds: an attempt requeued 0.5 s into a second reads as ended at its start, before the
+    loss was even detected (the demo showed ``requeued -0.1 s`` after ``detected 0.7 s``). The controller's own
+    ``jobs_requeued`` event, written once Slurm had requeued the job, times it; without one, accounting's time."""
+    first, _ = attempts()
+    t_end = first.end_time.timestamp()  # the whole second sacct kept
+    lost = {"ts": t_end + 0.4, "kind": "node_lost", "node": "gpu001", "last_beat": t_end - 0.3, "silent_s": 0.7}
+    requeued = {"ts": t_end + 0.5, "kind": "jobs_requeued", "node": "gpu001", "jobs": [1]}
+    other = {"ts": t_end + 0.45, "kind": "jobs_requeued", "node": "gpu001", "jobs": [2]}  # another job's requeue
+
+    (rec,) = build(1, attempts(), [lost, other, requeued], [], []).recoveries
+    assert rec.to_json()["detect_s"] == 0.7 and rec.to_json()["requeue_s"] == 0.8
+    (rec,) = build(1, attempts(), [lost], [], []).recoveries
+    assert rec.to_json()["requeue_s"] == 0.3  # accounting's time: the best there is
+
+
 def test_without_controller_or_run_records_the_slurm_part_still_shows() -> None:
     tl = build(1, attempts())
     assert [e.kind for e in tl.entries] == ["submitted", "started", "requeued", "eligible", "restarted"]
