@@ -26,7 +26,7 @@ from nuro.policy.model import Policy, PolicyError, load_policy
 from nuro.policy.plan import Plan, PlanConflict, build_plan
 from nuro.policy.sacctmgr import apply_plan, lua_table_path, read_text_or_none, verify, write_atomic
 from nuro.policy.slurm_state import policy_in_force, read_cluster_facts, read_state
-from nuro.slurm import CliBackend, CliRunner
+from nuro.slurm import CliBackend, CliReads
 from nuro.slurm.errors import SlurmError
 
 err = Console(stderr=True, soft_wrap=True, highlight=False)
@@ -117,7 +117,7 @@ def _print_plan(plan: Plan, lua_file: Path, lua_state: str) -> None:
         click.echo(f"{'+' if lua_state == 'new' else '~'} job_submit policy table {lua_file} ({lua_state})")
 
 
-def _apply(pol: Policy, plan: Plan, backend: CliRunner, payload: dict, as_json: bool, prune: bool) -> None:
+def _apply(pol: Policy, plan: Plan, backend: CliReads, payload: dict, as_json: bool, prune: bool) -> None:
     """Run the commands and verify; exits 1 with Slurm's message and what was already applied on failure."""
     result = apply_plan(plan, backend)
     payload["result"] = result.to_dict()

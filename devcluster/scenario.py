@@ -25,7 +25,7 @@ from nuro.jobspec.pins import DatasetPin
 from nuro.jobspec.record import comment_json, run_record
 from nuro.metrics.sink import sink_from_env
 from nuro.runs import report
-from nuro.slurm import CliBackend, CliReads, JobInfo, JobPhase
+from nuro.slurm import CliBackend, JobInfo, JobPhase
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "train_ddp"
@@ -196,7 +196,7 @@ def steps_logged(log: Path) -> list[tuple[float, int]]:
     return found
 
 
-def metrics_view(env: dict[str, str], job_id: int, backend: CliReads, plot: bool = True) -> tuple[dict, str | None]:
+def metrics_view(env: dict[str, str], job_id: int, backend: CliBackend, plot: bool = True) -> tuple[dict, str | None]:
     """What ``nuro-train metrics JOB [--plot]`` shows, read with the cluster's env (its ``NURO_METRICS_URL``).
 
     Returns (the summary, the plot text or None). Raises ``nuro.metrics.sink.SinkError`` when the sink cannot be

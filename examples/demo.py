@@ -28,7 +28,7 @@ from nuro.devcluster import manager, scenario
 from nuro.devcluster.layout import DEFAULT_NODES, DEFAULT_PORT_BASE, Layout, default_state_dir
 from nuro.objectstore import ObjectStore
 from nuro.runs import report, timeline_report
-from nuro.slurm import CliBackend, CliReads, JobPhase
+from nuro.slurm import CliBackend, JobPhase
 
 WORK = Path(os.environ.get("NURO_DEMO_DIR", "/tmp/nuro-demo"))
 # The cluster's ports (``devcluster up --port-base``): another base lets the demo run beside another cluster.
@@ -113,7 +113,7 @@ def _show_mlflow(env: dict[str, str], job_id: int) -> None:
     out.print(f"   {found}", highlight=False)
 
 
-def _show_metrics(env: dict[str, str], job_id: int, backend: CliReads) -> None:
+def _show_metrics(env: dict[str, str], job_id: int, backend: CliBackend) -> None:
     """The metrics view; a sink that cannot be read is a note, not a failed demo (the run itself survived)."""
     try:
         summary, plot = scenario.metrics_view(env, job_id, backend)

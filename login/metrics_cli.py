@@ -42,13 +42,13 @@ from nuro.runs.report import (
     summarize,
     train_query,
 )
-from nuro.slurm import CliBackend, CliReads, SlurmError
+from nuro.slurm import CliBackend, SlurmError
 
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
 err = Console(stderr=True, soft_wrap=True)
 
 
-def _resolve_or_exit(backend: CliReads, job_id: int) -> RunRef:
+def _resolve_or_exit(backend: CliBackend, job_id: int) -> RunRef:
     try:
         return resolve_run(backend, job_id)
     except LookupError as exc:
@@ -69,7 +69,7 @@ def _unreadable_sink(sink: Any, exc: Exception) -> NoReturn:
 
 
 def _snapshot(
-    backend: CliReads, sink: Any, job_id: int, limit: int | None = DEFAULT_HISTORY
+    backend: CliBackend, sink: Any, job_id: int, limit: int | None = DEFAULT_HISTORY
 ) -> tuple[RunRef, list[Row], list[Row]]:
     ref = _resolve_or_exit(backend, job_id)
     try:
@@ -113,7 +113,7 @@ def metrics(job_id: int, follow: bool, plot: bool, as_json: bool, interval_s: fl
         sink.close()
 
 
-def _follow(backend: CliReads, sink: Any, job_id: int, plot: bool, interval_s: float, limit: int) -> None:
+def _follow(backend: CliBackend, sink: Any, job_id: int, plot: bool, interval_s: float, limit: int) -> None:
     def view() -> tuple[Any, bool]:
         ref, train, gpus = _snapshot(backend, sink, job_id, limit)
         group = render_metrics(summarize(ref, train, gpus))

@@ -28,7 +28,7 @@ from nuro.policy.model import Policy
 from nuro.policy.plan import Change, Plan, build_plan
 from nuro.policy.slurm_state import read_state
 from nuro.safeio import atomic
-from nuro.slurm import CliRunner
+from nuro.slurm import CliReads, CliRunner
 from nuro.slurm.errors import SlurmError
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ def apply_plan(plan: Plan, backend: CliRunner) -> ApplyResult:
     return ApplyResult(tuple(applied), duration_s=time.monotonic() - start)
 
 
-def verify(policy: Policy, backend: CliRunner, prune: bool) -> Plan:
+def verify(policy: Policy, backend: CliReads, prune: bool) -> Plan:
     """Re-read slurmdbd and re-plan: the returned plan is empty when Slurm now matches the policy."""
     return build_plan(policy, read_state(backend), prune=prune)
 

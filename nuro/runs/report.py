@@ -36,7 +36,7 @@ from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.protocol import jobcomment
 from nuro.protocol.envnames import NURO_TEAM
 from nuro.runs.checkpoints import run_checkpoints
-from nuro.slurm import CliReads, JobInfo
+from nuro.slurm import CliBackend, JobInfo
 
 #: ``gpu`` rows older than this are not "now" (the agent writes at 1 Hz; a node without telemetry shows none).
 GPU_RECENT_S = 30.0
@@ -77,7 +77,7 @@ def _meta(comment: str) -> dict:
     return jobcomment.parse(comment).record
 
 
-def resolve_run(backend: CliReads, job_id: int) -> RunRef:
+def resolve_run(backend: CliBackend, job_id: int) -> RunRef:
     """The job (slurmctld, else accounting) and its run from the ``nuro`` comment record (any attempt's).
 
     Raises LookupError (no such job) and SlurmError.

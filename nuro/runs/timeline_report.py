@@ -21,7 +21,7 @@ from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.protocol import jobcomment
 from nuro.runs.checkpoints import run_checkpoints
 from nuro.runs.report import no_run_note
-from nuro.slurm import CliReads
+from nuro.slurm import CliBackend
 
 #: Where the report prints: never wrapped, and 160 columns when piped (rich's default 80 would fold the tables).
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
@@ -44,7 +44,7 @@ def committed_checkpoints(store: ObjectStore, team: str, run: str, job_id: int) 
     ]
 
 
-def gather(job_id: int, backend: CliReads, event_log: Path | None, store: ObjectStore | None) -> tuple:
+def gather(job_id: int, backend: CliBackend, event_log: Path | None, store: ObjectStore | None) -> tuple:
     """Read every source; returns (timeline, notes). Raises SlurmError, LookupError (no such job)."""
     attempts = backend.attempts(job_id)
     if not attempts:

@@ -116,6 +116,14 @@ class Backend(abc.ABC):
             raise InvalidJobId(f"no job {job_id}", argv=())
         return job.state
 
+    def job_restarts(self, job_id: int | str) -> tuple[int, str]:
+        """(restart count, state) of one job: the detector's "has Slurm requeued it yet?"; backends override with a
+        cheaper single-job read. Raises ``InvalidJobId`` when no one knows the job."""
+        job = self.find_job(int(job_id))
+        if job is None:
+            raise InvalidJobId(f"no job {job_id}", argv=())
+        return job.restart_count, job.state
+
     def cred_expire_s(self) -> int:
         """slurm.conf's AuthInfo ``cred_expire``: how long a job's launch credential, and slurmd's memory of the job
         (a node that still remembers it runs no prolog for it), outlive its end. Slurm's default where a backend

@@ -1,10 +1,11 @@
-"""Backend.wait_for_job: squeue first, accounting when squeue forgot the job, a timeout that says what it saw."""
+"""Backend's default reads: wait_for_job (squeue first, accounting when squeue forgot the job, a timeout that
+says what it saw) and job_restarts."""
 
 from __future__ import annotations
 
 import pytest
 
-from nuro.slurm import Backend, JobInfo, JobPhase, JobWaitTimeout
+from nuro.slurm import Backend, InvalidJobId, JobInfo, JobPhase, JobWaitTimeout
 
 
 class _Scripted(Backend):
@@ -56,3 +57,11 @@ def test_timeout_names_the_job_and_the_last_state_seen() -> None:
     backend = _Scripted([([_job("PENDING")], [])])
     with pytest.raises(JobWaitTimeout, match=r"job 7 did not reach \['RUNNING'\] within 0 s \(last seen: PENDING"):
         backend.wait_for_job(7, {JobPhase.RUNNING}, timeout_s=0, poll_s=0)
+
+
+def test_job_restarts_reads_the_count_and_state_every_backend_offers() -> None:
+    """The detector asks any ``Backend`` whether Slurm requeued a job yet; the default reads the job record."""
+    requeued = JobInfo(job_id=7, name="j", user="u", state="PENDING", phase=JobPhase.PENDING, restart_count=1)
+    assert _Scripted([([requeued], [])]).job_restarts(7) == (1, "PENDING")
+    with pytest.raises(InvalidJobId):
+        _Scripted([([], [])]).job_restarts("7")
