@@ -36,7 +36,7 @@ CALL_TIMEOUT_MIN_S = 0.1
 def plain_job_id(job_id: int | str) -> int:
     """A plain job id as an int; anything else (a name, "123_4", "1;rm") is refused before Slurm sees it."""
     text = str(job_id).strip()
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise InvalidJobId(f"not a plain Slurm job id: {str(job_id)[:40]!r}", argv=())
     return int(text)
 

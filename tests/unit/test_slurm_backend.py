@@ -322,8 +322,9 @@ def test_reads_of_an_array_record_come_from_json(tmp_path: Path) -> None:
 
 def test_job_ids_are_checked_before_slurm_runs(tmp_path: Path) -> None:
     fake = FakeSlurm(tmp_path)
-    with pytest.raises(InvalidJobId, match="not a plain Slurm job id"):
-        fake.backend().job_comment("1 --all")
+    for bad in ("1 --all", "12_3", "²", "١٢", ""):  # "²" and Arabic-Indic digits pass str.isdigit
+        with pytest.raises(InvalidJobId, match="not a plain Slurm job id"):
+            fake.backend().job_comment(bad)
     assert fake.argvs() == []
 
 
