@@ -84,3 +84,9 @@ class Row:
     ts_ns: int
     tags: Mapping[str, str]
     fields: Mapping[str, FieldValue]
+
+    def tag_index(self, key: str, default: int) -> int:
+        """Tag ``key`` as a non-negative index (a rank, a GPU), ``default`` when absent or not ASCII digits. The
+        job wrote it: ``"²"`` passes ``str.isdigit`` and then fails ``int``, so a plain isdigit check is not enough."""
+        tag = str(self.tags.get(key, ""))
+        return int(tag) if tag.isascii() and tag.isdigit() else default

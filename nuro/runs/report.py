@@ -137,8 +137,7 @@ def open_sink(team: str | None = None) -> Any:
 
 # -- pure views --------------------------------------------------------------------------------------------------
 def _rank(row: Row) -> int:
-    r = row.tags.get("rank", "0")
-    return int(r) if str(r).isdigit() else -1
+    return row.tag_index("rank", -1) if "rank" in row.tags else 0
 
 
 def history(rows: Iterable[Row]) -> list[dict]:
@@ -165,7 +164,7 @@ def gpu_latest(rows: Iterable[Row]) -> list[dict]:
     """The newest ``gpu`` row per (node, gpu), sorted by node and index."""
     latest: dict[tuple[str, int], dict] = {}
     for r in sorted(rows, key=lambda r: r.ts_ns):
-        idx = int(r.tags["gpu"]) if str(r.tags.get("gpu", "")).isdigit() else -1
+        idx = r.tag_index("gpu", -1)
         latest[(r.tags.get("node", "?"), idx)] = {
             "node": r.tags.get("node", "?"), "gpu": idx, "model": r.tags.get("model", ""), "ts_ns": r.ts_ns,
             **dict(r.fields),

@@ -180,7 +180,7 @@ def metrics_of(rows: Iterable[Row]) -> list[Metric]:
     """MLflow metrics of ``train`` rows (every rank, every restart), oldest first."""
     out: list[Metric] = []
     for row in sorted(rows, key=lambda r: r.ts_ns):
-        rank = int(row.tags.get("rank", "0") or 0) if str(row.tags.get("rank", "0")).isdigit() else 0
+        rank = row.tag_index("rank", 0)
         step = row.fields.get("step")
         step_i = int(step) if isinstance(step, int | float) else 0
         ms = row.ts_ns // 1_000_000
