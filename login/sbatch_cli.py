@@ -240,7 +240,7 @@ def spare_args(spares: int, words: Sequence[Word]) -> list[str]:
     if not spares:
         return []
     given = next((w.value for w in reversed(words) if w.name == "nodes"), None)
-    if given is not None and not given.strip().isdigit():
+    if given is not None and not (given.strip().isascii() and given.strip().isdigit()):
         raise UsageError(f"--spare-nodes needs a fixed node count, got --nodes={given}: give -N <count> (the nodes "
                          "that train; the spares come on top)")  # fmt: skip
     nodes = int(given) if given is not None else 1

@@ -269,3 +269,5 @@ def test_spare_nodes_add_the_spares_and_no_kill_after_the_users_words(repo: Path
     out = nuro_sbatch("--team", "perception", "--spare-nodes", "1", "-N", "2-4", "--dry-run", "../job.sh",
                       cwd=repo / "src")  # fmt: skip
     assert out.returncode == 2 and "--spare-nodes needs a fixed node count, got --nodes=2-4" in out.stderr
+    with pytest.raises(UsageError, match="needs a fixed node count, got --nodes=²"):  # isdigit alone passes "²"
+        spare_args(1, parse_options(["-N", "²"]))

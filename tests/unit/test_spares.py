@@ -122,6 +122,12 @@ def test_a_lost_node_with_no_spare_left_is_reported_lost_for_the_requeue_path() 
     assert lost == ["gpu003"] and swap is None
 
 
+def test_stopped_ranks_are_the_rank_markers_with_ascii_numbers(tmp_path: Path) -> None:
+    for name in ("rank-0", "rank-12", "rank-²", "rank-x", "move"):  # "²" passes str.isdigit, then fails int()
+        (tmp_path / name).write_text("")
+    assert stopmarkers.stopped_ranks(tmp_path) == {0, 12} and stopmarkers.stopped_ranks(None) == frozenset()
+
+
 def test_a_move_stop_names_the_node_the_step_leaves(tmp_path: Path) -> None:
     (tmp_path / "move").write_text("gpu002\n")
     assert stopmarkers.move_request(tmp_path) == "gpu002"
