@@ -277,9 +277,16 @@ def _spares(job: JobInfo, meta: dict) -> dict | None:
 @click.command()
 @click.argument("job_ids", type=int, nargs=-1, required=True)
 def cancel(job_ids: tuple[int, ...]) -> None:
-    """Cancel runs (Slurm refuses other users' jobs unless you are an operator)."""
+    """Cancel runs (Slurm refuses other users' jobs unless you are an operator).
+
+    A job no one knows exits 4 and one that already ended is said so: scancel itself is silent and exits 0 for both,
+    which would read as "cancelled"."""
     backend = _backend()
     for job_id in job_ids:
+        job = _find(backend, job_id)
+        if job.phase.is_terminal:
+            click.echo(f"job {job_id} already ended ({job.state}): nothing to cancel")
+            continue
         try:
             backend.cancel(job_id)
         except SlurmError as exc:

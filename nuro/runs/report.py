@@ -35,7 +35,7 @@ from nuro.metrics.sink import sink_from_env
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.protocol import jobcomment
 from nuro.protocol.envnames import NURO_TEAM
-from nuro.runs.checkpoints import run_checkpoints
+from nuro.runs.checkpoints import find_job, run_checkpoints
 from nuro.slurm import CliBackend, JobInfo
 
 #: ``gpu`` rows older than this are not "now" (the agent writes at 1 Hz; a node without telemetry shows none).
@@ -82,9 +82,7 @@ def resolve_run(backend: CliBackend, job_id: int) -> RunRef:
 
     Raises LookupError (no such job) and SlurmError.
     """
-    job = backend.find_job(job_id)
-    if job is None:
-        raise LookupError(f"no job {job_id} (it may have ended more than MinJobAge ago and accounting lacks it)")
+    job = find_job(backend, job_id)
     meta = _meta(job.comment)
     if not meta:  # squeue can lose the comment of a finished job; accounting keeps one per attempt
         for attempt in reversed(backend.attempts(job_id)):

@@ -76,6 +76,10 @@ def test_cancel_and_unknown_jobs(teams: LiveCluster) -> None:
     done = train(teams, "alice", "cancel", str(job_id))
     assert done.returncode == 0 and f"cancelled {job_id}" in done.stdout
     teams.backend.wait_for_job(job_id, {JobPhase.CANCELLED}, timeout_s=20)
+    again = train(teams, "alice", "cancel", str(job_id))  # scancel alone is silent and exits 0 here
+    assert again.returncode == 0 and f"job {job_id} already ended (CANCELLED" in again.stdout, again.stdout
+    unknown = train(teams, "alice", "cancel", "999999")
+    assert unknown.returncode == 4 and "no job 999999" in unknown.stderr and "cancelled" not in unknown.stdout
     missing = train(teams, "alice", "status", "999999")
     assert missing.returncode == 4 and "no job 999999" in missing.stderr
 
