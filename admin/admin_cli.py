@@ -12,14 +12,13 @@ import sys
 from pathlib import Path
 
 import click
-from rich.console import Console
 from rich.table import Table
 
 from nuro.admin.nodes_cli import nodes as nodes_group
 from nuro.admin.policy_cli import policy
 from nuro.admin.tracking_cli import tracking_group
 from nuro.cluster.description import TOPOLOGIES
-from nuro.console import ExitCode, fail
+from nuro.console import ExitCode, fail, stdout_console
 
 # The one product module that imports the dev wing: it mounts `nuro-admin devcluster` (docs/architecture.md).
 from nuro.devcluster import manager, slurmroot
@@ -170,7 +169,7 @@ def rootfs(build: bool, as_json: bool) -> None:
                           str(int(r.get("disk_bytes", 0)) // 1_000_000), r.get("built_at", "?"))  # fmt: skip
         else:
             table.add_row(r["slurm"], r["path"], "[yellow]not built[/] (devcluster rootfs --build)", "", "", "")
-    Console().print(table)
+    stdout_console().print(table)
 
 
 @devcluster.command()
@@ -183,7 +182,7 @@ def status(as_json: bool, state_dir: Path | None) -> None:
     if as_json:
         click.echo(json.dumps(info, indent=2))
         sys.exit(ExitCode.OK if healthy else ExitCode.FAILED)
-    out = Console()
+    out = stdout_console()
     out.print(f"dev cluster [bold]{info['phase']}[/] in {info['state_dir']}", highlight=False)
     if info.get("error"):
         out.print(f"[red]{info['error']}[/]", highlight=False)

@@ -33,7 +33,7 @@ from rich.table import Table
 
 from nuro import remote
 from nuro.cluster.inventory import InventoryError, parse_inventory_text
-from nuro.console import ExitCode
+from nuro.console import ExitCode, stdout_console
 from nuro.remote import Host, RemoteError
 from nuro.slurm import CliBackend, hostlist
 
@@ -291,9 +291,8 @@ def _report_failures(outcomes: list[HostOutcome]) -> None:
 
 
 def _console() -> Console:
-    """stdout; 160 columns when not a terminal (rich's default 80 would wrap host names in logs and pipes)."""
-    probe = Console()
-    return Console(highlight=False, width=None if probe.is_terminal else 160)
+    """stdout (``stdout_console``: rich's default 80 columns would wrap host names in logs and pipes)."""
+    return stdout_console(highlight=False)
 
 
 def _clip(text: str, max_lines: int = 8, max_chars: int = 2000) -> str:

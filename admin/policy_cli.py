@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from nuro.console import ExitCode, fail
+from nuro.console import ExitCode, fail, stdout_console
 from nuro.policy.luatable import render_lua_table
 from nuro.policy.model import Policy, PolicyError, load_policy
 from nuro.policy.plan import Plan, PlanConflict, build_plan
@@ -161,7 +161,7 @@ def show(as_json: bool, timeout_s: float) -> None:
     if as_json:
         click.echo(json.dumps(view, indent=2))
         return
-    out = Console(highlight=False)
+    out = stdout_console(highlight=False)
     if not view["teams"] and not view["tiers"]:
         click.echo("no nuro policy in force (no account with Organization=nuro-policy); run: nuro-admin policy apply")
         return

@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 from rich.table import Table
 
-from nuro.console import ExitCode, fail
+from nuro.console import ExitCode, fail, stdout_console
 from nuro.datasets.errors import DatasetError, DatasetNotFound, InvalidInput
 from nuro.datasets.manifest import parse_ref
 from nuro.datasets.refs import list_datasets, list_snapshots, list_tags, load_manifest, resolve, set_tag
@@ -155,7 +155,7 @@ def ls(as_json: bool) -> None:
         for r in rows:
             tags = ", ".join(f"{t}→{d[7:19]}" for t, d in sorted(r["tags"].items()))
             table.add_row(r["name"], str(r["snapshots"]), (r["newest"] or "")[:19], tags)
-        Console().print(table)
+        stdout_console().print(table)
 
     _emit(as_json, rows, human)
 
@@ -185,7 +185,7 @@ def show(ref: str, show_files: bool, as_json: bool) -> None:
             table = Table("path", "bytes", "mode", "sha256")
             for f in manifest.files:
                 table.add_row(f.path, str(f.length), f"{f.mode:04o}", f.sha256[7:23])
-            Console(highlight=False).print(table)
+            stdout_console(highlight=False).print(table)
 
     _emit(as_json, {**summary, "manifest": manifest.to_json_obj()}, human)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import time
 from typing import Any, NoReturn
 
@@ -20,7 +19,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.text import Text
 
-from nuro.console import ExitCode, fail
+from nuro.console import ExitCode, fail, stdout_console
 from nuro.metrics.model import Row
 from nuro.metrics.sink import MetricsConfigError, SinkError
 from nuro.objectstore import ObjectStore, ObjectStoreError
@@ -44,7 +43,7 @@ from nuro.runs.report import (
 )
 from nuro.slurm import CliBackend, SlurmError
 
-out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+out = stdout_console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 

@@ -22,7 +22,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from nuro.console import ExitCode, fail
+from nuro.console import ExitCode, fail, stdout_console
 from nuro.lifecycle import run_events
 from nuro.objectstore import ObjectStore, ObjectStoreError
 from nuro.policy import PolicyError, load_policy
@@ -37,7 +37,7 @@ from nuro.slurm import Backend, CliBackend, InvalidJobId, JobInfo, JobPhase, Slu
 if TYPE_CHECKING:
     from nuro.tracking.mlflow import MlflowClient
 
-out = Console(soft_wrap=True)
+out = stdout_console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
@@ -121,7 +121,16 @@ def ls_cmd(team: str | None, all_users: bool, states: tuple[str, ...], recent: b
             str(r["job_id"]), r["name"], r["user"], r["team"], r["qos"], r["state"], r["reason"] or "",
             str(r["node_count"]), str(r["gpus"]), str(r["restarts"]), str(r["checkpoint_step"] or ""),
         )  # fmt: skip
-    out.print(table if rows else "no runs")
+    out.print(table if rows else empty_listing(me, team, all_users, bool(states) or recent))
+
+
+def empty_listing(me: str, team: str | None, all_users: bool, with_ended: bool) -> str:
+    """What an empty ``ls`` looked at, and the flags that look further: after ``make demo`` as root, a bare "no
+    runs" hid that the demo's runs are alice's and have ended."""
+    scope = "any user" if all_users else f"team {team}" if team else me
+    hints = [] if with_ended else ["--recent: also those that ended in the last minutes"]
+    hints += [] if all_users or team else ["--team TEAM or --all: other users' runs"]
+    return f"no {'' if with_ended else 'active '}runs of {scope}" + (f" ({'; '.join(hints)})" if hints else "")
 
 
 @click.command()

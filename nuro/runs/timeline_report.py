@@ -8,13 +8,13 @@ and the rest is still shown, because a half-told story of a failure is still wor
 
 from __future__ import annotations
 
-import sys
 from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console, Group
 from rich.table import Table
 
+from nuro.console import stdout_console
 from nuro.lifecycle import run_events, timeline
 from nuro.lifecycle.platform_events import read_events
 from nuro.objectstore import ObjectStore, ObjectStoreError
@@ -24,7 +24,7 @@ from nuro.runs.report import no_run_note
 from nuro.slurm import CliBackend
 
 #: Where the report prints: never wrapped, and 160 columns when piped (rich's default 80 would fold the tables).
-out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 160)
+out = stdout_console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
