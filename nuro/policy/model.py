@@ -242,6 +242,8 @@ def _format_errors(exc: ValidationError, data: dict) -> list[str]:
         where = _where(err["loc"], data)
         if err["type"] == "extra_forbidden":
             problems.append(f"{where}: unknown key; check the spelling (see examples/policy/teams.yaml)")
+        elif err["type"] == "missing":  # its "input" is the mapping that lacks it, reshaped: no help to the reader
+            problems.append(f"{where}: required, and missing (see examples/policy/teams.yaml)")
         elif err["type"] == "value_error":
             msg = str(err["ctx"]["error"]) if "ctx" in err else err["msg"]
             problems.extend(f"{where + ': ' if err['loc'] else ''}{line}" for line in msg.splitlines())

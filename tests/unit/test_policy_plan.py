@@ -263,6 +263,9 @@ def test_invalid_policy_exits_3_and_lists_every_problem(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["policy", "apply", str(bad), "--json"])
     assert result.exit_code == 3, result.output
     assert "teams.a.colour: unknown key" in result.output and "teams.a.quota_gpus" in result.output
+    bad.write_text("teams:\n  a: {quota_gpus: 8}\n")  # a missing key is named, not shown with its whole mapping
+    result = CliRunner().invoke(main, ["policy", "apply", str(bad)])
+    assert "cluster_gpus: required, and missing" in result.output and "got" not in result.output, result.output
 
 
 def test_usage_error_exits_2() -> None:
