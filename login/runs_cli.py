@@ -455,6 +455,9 @@ def open_cmd(job_id: int, browser: bool, as_json: bool) -> None:
         client, exp, run = _mlflow_run(job)
     except MlflowError as exc:
         fail(ExitCode.FAILED, str(exc))
+    if run is None and jobcomment.parse(job.comment).record.get("team") != job.account:
+        fail(ExitCode.NOT_FOUND, f"job {job_id} has no MLflow run: it carries no run record of its team, and "
+             "nuro-mlflow-bridge mirrors runs only (nuro-train submit, nuro-sbatch --dataset/--code)")  # fmt: skip
     if run is None:
         fail(ExitCode.NOT_FOUND, f"job {job_id} has no MLflow run yet (nuro-mlflow-bridge mirrors a run within a "
              "pass of its appearing in the queue; is it running?)")  # fmt: skip

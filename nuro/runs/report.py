@@ -177,6 +177,7 @@ def summarize(ref: RunRef, train: Sequence[Row], gpus: Sequence[Row], notes: Seq
         "team": ref.team,
         "run": ref.run,
         "state": ref.job.state,
+        "finished": ref.finished,
         "nodes": list(ref.nodes),
         "ranks": latest_per_rank(train),
         "gpus": gpu_latest(gpus),
@@ -235,7 +236,10 @@ def render_metrics(summary: Mapping[str, Any]) -> Group:
             str(r["rank"]), str(r.get("restart", 0)), _num(r.get("step"), "d"), _num(r.get("loss"), ".4f"),
             _num(r.get("samples_per_s"), ".1f"), _seconds(r.get("step_time_s")), _seconds(r.get("data_wait_s")),
         )  # fmt: skip
-    parts: list[Any] = [ranks if summary["ranks"] else Text(f"job {summary['job_id']}: no training metrics yet")]
+    ended = summary.get("finished", False)
+    none = f"job {summary['job_id']} ({summary['state']}) recorded no training metrics" if ended else (
+        f"job {summary['job_id']}: no training metrics yet")  # fmt: skip
+    parts: list[Any] = [ranks if summary["ranks"] else Text(none)]
     if summary["gpus"]:
         whose = (f"job {summary['job_id']}" if summary.get("gpus_of") == "job"
                  else f"nodes {', '.join(summary['nodes'])}")  # fmt: skip
@@ -251,7 +255,7 @@ def render_metrics(summary: Mapping[str, Any]) -> Group:
                 _num(g.get("power_w"), ".0f") + " W",
             )  # fmt: skip
         parts.append(gpus)
-    elif summary["nodes"]:
+    elif summary["nodes"] and not ended:  # an ended job's nodes are someone else's now
         parts.append(Text(f"no GPU telemetry from {', '.join(summary['nodes'])} in the last {GPU_RECENT_S:.0f} s"))
     return Group(*parts)
 

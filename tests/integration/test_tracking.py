@@ -123,6 +123,11 @@ def test_a_run_is_mirrored_into_mlflow_exactly_and_survives_an_mlflow_outage(clu
                                  env={**env, "MLFLOW_TRACKING_URI": server.url}, timeout=60)  # fmt: skip
             assert url.returncode == 0, url.stderr
             assert url.stdout.strip() == run_url(server.url, st.experiment_id, st.run_id)
+            plain = int(cluster.run(["sbatch", "--parsable", "--hold", "--output=/dev/null", "--wrap", "true"],
+                                    user="alice").stdout.strip())  # fmt: skip
+            none = subprocess.run([str(BIN / "nuro-train"), "open", str(plain)], capture_output=True, text=True,
+                                  env={**env, "MLFLOW_TRACKING_URI": server.url}, timeout=60)  # fmt: skip
+            assert none.returncode == 4 and "carries no run record of its team" in none.stderr, none.stderr
             print(f"\nMLflow run {st.run_id}: {len(want)} steps per rank; bridge {vars(bridge.stats)}")
     finally:
         cancel_jobs_of(cluster, ("alice",))

@@ -94,6 +94,9 @@ def test_metrics_table_shows_ranks_and_gpus() -> None:
 def test_metrics_view_without_rows_says_so() -> None:
     text = _text(M.render_metrics(M.summarize(ref(), [], [])))
     assert "no training metrics yet" in text and "no GPU telemetry from n1, n2" in text
+    ended = _text(M.render_metrics(M.summarize(ref(state="COMPLETED", phase=JobPhase.COMPLETED), [], [])))
+    assert "job 42 (COMPLETED) recorded no training metrics" in ended and "yet" not in ended
+    assert "telemetry" not in ended  # the nodes of an ended job are not its own any more
 
 
 def test_plot_series_loss_of_lowest_rank_and_summed_throughput() -> None:
