@@ -70,7 +70,13 @@ def resume_flags(job: JobInfo, run_root: str | None, python: str | None, time_li
 @click.argument("run", type=int)
 @click.option("--run-root", type=click.Path(file_okay=False), help="Where the new run writes (default ~/nuro-runs).")
 @click.option("--python", "python", help="Interpreter on the nodes (not in the run record; default python3).")
-@click.option("--time-limit", help="Wall-clock limit per attempt (sbatch forms).")
+@click.option(
+    "--time",
+    "--time-limit",
+    "time_limit",
+    metavar="TIME",
+    help="Wall-clock limit per attempt, as submit's and sbatch's --time (90, 4:00:00, 2-12:00:00).",
+)
 @click.option("--dry-run", is_flag=True, help="Print what would be submitted; submit nothing.")
 @click.option("--hold", is_flag=True, help="Submit held (release with scontrol release).")
 @click.option("--json", "as_json", is_flag=True)

@@ -352,14 +352,16 @@ def test_resume_starts_a_new_run_on_the_same_pins(cluster, teams, repo, shared, 
     parent = json.loads(out.stdout)["job_id"]
     parent_meta = json.loads(json.loads(out.stdout)["comment"])["nuro"]
     code = "from nuro.login.resume_cli import resume; resume()"
-    res = as_user(cluster, "alice", [sys.executable, "-c", code, str(parent), "--json", "--hold", "--python",
-                                     sys.executable, "--run-root", str(shared / "runs")])  # fmt: skip
+    res = as_user(cluster, "alice", [sys.executable, "-c", code, str(parent), "--json", "--hold", "--time", "2:00:00",
+                                     "--python", sys.executable, "--run-root", str(shared / "runs")])  # fmt: skip
     assert res.returncode == 0, res.stderr
     child = json.loads(res.stdout)
     meta = json.loads(child["comment"])["nuro"]
     assert meta["resume_from"] == str(parent)
     assert meta["dataset"] == parent_meta["dataset"] and meta["code"]["commit"] == parent_meta["code"]["commit"]
     assert meta["team"] == "perception" and meta["entry"] == parent_meta["entry"]
+    limit = cluster.run(["squeue", "-h", "-j", str(child["job_id"]), "-o", "%l"]).stdout.strip()
+    assert limit == "2:00:00", limit  # --time, as submit and sbatch spell it (--time-limit still works)
     plain = as_user(cluster, "alice", ["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "true"])
     refused = as_user(cluster, "alice", [sys.executable, "-c", code, plain.stdout.strip()])
     assert refused.returncode == 3 and "no nuro run record" in refused.stderr
