@@ -426,9 +426,12 @@ def lineage(job_id: int, as_json: bool) -> None:
         ds, code = run["dataset"] or {}, run["code"] or {}
         out.print(f"{pad}[bold]job {run['job_id']}[/] {run['name']} ({run['team']}, {run['state']}, "
                   f"{run['restarts']} restarts)", highlight=False)  # fmt: skip
-        out.print(f"{'  ' * depth}   dataset {ds.get('name', '-')}@{ds.get('digest', '-')}", highlight=False)
-        out.print(f"{'  ' * depth}   code    {code.get('repo', '-')}@{code.get('commit', '-')}"
-                  + (f" + diff {code['diff']}" if code.get("diff") else ""), highlight=False)  # fmt: skip
+        if not ds and not code:  # "-@-" said nothing: a plain sbatch job pins nothing
+            out.print(f"{'  ' * depth}   pinned  nothing (no run record: a plain sbatch job)", highlight=False)
+        else:
+            out.print(f"{'  ' * depth}   dataset {ds.get('name', '-')}@{ds.get('digest', '-')}", highlight=False)
+            out.print(f"{'  ' * depth}   code    {code.get('repo', '-')}@{code.get('commit', '-')}"
+                      + (f" + diff {code['diff']}" if code.get("diff") else ""), highlight=False)  # fmt: skip
         ck = run["last_checkpoint"]
         last = f"step {ck['step']}" if ck else "none recorded"
         out.print(f"{'  ' * depth}   last checkpoint: {last}", highlight=False)

@@ -372,7 +372,10 @@ class CliReads(CliRunner):
         )
 
     def finished_jobs(self, job_ids: Iterable[int | str]) -> list[JobInfo]:
-        """One ``sacct --json -j a,b,...``: the latest record per job id, in the order asked for.
+        """One ``sacct --json -D -j a,b,...``: the latest attempt per job id, in the order asked for, with its restart
+        count: the attempts before it (sacct keeps no restart count, so a requeued job that slurmctld had forgotten
+        read as "0 restarts" in ``nuro-train lineage``; ``-D`` lists every attempt, ``merge_resized`` folds a
+        ``--no-kill`` job's resize records into theirs).
 
         Because 22.05's sacct JSON loses non-zero exit codes (see ``parse._exit_of``), records that finished
         without a known exit code get it from one more call, ``sacct -n -P -X -o JobIDRaw,ExitCode,State``.
@@ -380,8 +383,11 @@ class CliReads(CliRunner):
         wanted = list(dict.fromkeys(str(j).strip() for j in job_ids if str(j).strip()))
         if not wanted:
             return []
-        records = parse_sacct_json(self.run(["sacct", "--json", "-j", ",".join(wanted)]).stdout)
-        latest = {str(r.job_id): r for r in records}
+        records = parse_sacct_json(self.run(["sacct", "--json", "-D", "-j", ",".join(wanted)]).stdout)
+        runs: dict[str, list[JobInfo]] = {}
+        for rec in merge_resized(sorted(records, key=lambda r: r.job_id)):  # stable: each job's attempts in order
+            runs.setdefault(str(rec.job_id), []).append(rec)
+        latest = {j: replace(rs[-1], restart_count=max(rs[-1].restart_count, len(rs) - 1)) for j, rs in runs.items()}
         unknown = [j for j, r in latest.items() if r.is_finished and r.exit_code is None and r.exit_signal is None]
         if unknown:
             argv = ["sacct", "-n", "-P", "-X", "-o", "JobIDRaw,ExitCode,State", "-j", ",".join(unknown)]

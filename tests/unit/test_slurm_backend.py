@@ -196,7 +196,7 @@ def test_finished_jobs_fills_exit_codes_lost_by_sacct_json(tmp_path: Path) -> No
     by_name = {j.name: j for j in jobs}
     assert by_name["nuro-fail"].exit_code == 3 and by_name["nuro-ok"].exit_code == 0
     argvs = fake.argvs()
-    assert argvs[0] == ["sacct", "--json", "-j", ",".join(str(i) for i in ids)]
+    assert argvs[0] == ["sacct", "--json", "-D", "-j", ",".join(str(i) for i in ids)]
     assert len(argvs) == 2 and argvs[1][:7] == [
         "sacct",
         "-n",
@@ -207,6 +207,21 @@ def test_finished_jobs_fills_exit_codes_lost_by_sacct_json(tmp_path: Path) -> No
         "-j",
     ]
     assert fake.backend().finished_jobs([]) == []
+
+
+@pytest.mark.parametrize(
+    ("capture", "job_id", "state", "restarts"),
+    [
+        ("sacct_requeued_attempts.json", 1, "RUNNING", 1),  # requeued once: two attempts
+        ("sacct_resized_spare_swap.json", 4, "COMPLETED", 0),  # a hot spare's resize record is no restart
+    ],
+)
+def test_finished_jobs_count_the_attempts_sacct_keeps_no_restart_count_for(
+    tmp_path: Path, capture: str, job_id: int, state: str, restarts: int
+) -> None:
+    """Accounting keeps no restart count: a requeued job slurmctld had forgotten read as "0 restarts" in lineage."""
+    (job,) = FakeSlurm(tmp_path).on("sacct --json", file=capture).backend().finished_jobs([job_id])
+    assert (job.job_id, job.state, job.restart_count) == (job_id, state, restarts)
 
 
 def test_version_is_read_once(fake: FakeSlurm) -> None:
