@@ -1,8 +1,8 @@
 """Checkpoint stall: how long training blocks for a 1 GiB checkpoint, and how long until it is durable and committed.
 
 State: ``--tensors`` (8) float32 tensors of ``--tensor-mib`` (128) MiB = 1 GiB, one process, CPU. Measured in one
-run, same machine, same state (DATAPLANE_FACTS has the same experiment without nuro: clone 1.68 s, dcp.save 4.71 s,
-async_save blocks 1.60 s):
+run, same machine, same state (the same experiment without nuro, measured on this machine: clone 1.68 s, dcp.save
+4.71 s, async_save blocks 1.60 s):
 
 - baseline ``clone_s``: copying the state in memory (``{k: v.clone()}``) — the least any async scheme must block;
 - ``sync_save_s``: plain ``dcp.save`` to local disk (what a synchronous checkpoint blocks);

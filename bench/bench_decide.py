@@ -236,7 +236,7 @@ def main() -> None:
         "decisions_cold": dict(sorted(cold.cycle_stats.counts.items())),
         "decisions_warm": dict(sorted(warm.cycle_stats.counts.items())),
         # what the first cycle after a start costs in Slurm commands: one per decision before batching, one per
-        # group now (apply.groups); scontrol still sends one RPC per id (~1 ms each on 22.05, SLURM_FACTS)
+        # group now (apply.groups); scontrol still sends one RPC per id (~1 ms each on 22.05, measured)
         "slurm_commands_cold": {
             "one_per_decision": len(cold),
             "batched": len(groups(cold)),

@@ -1,6 +1,6 @@
 """Headless Chromium (Debian's ``chromium``) for tests that look at a web UI the way a person would (issue 18).
 
-Flags measured here (../shared/DATAPLANE_FACTS.md): without ``--virtual-time-budget`` Chromium captures MLflow's
+Flags measured on this machine: without ``--virtual-time-budget`` Chromium captures MLflow's
 loading placeholder, without ``--run-all-compositor-stages-before-draw`` the charts are blank. ``--no-sandbox``:
 Chromium refuses to run as root otherwise (the test machine's user). A fresh ``--user-data-dir`` per call: no state
 carries between captures.

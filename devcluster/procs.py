@@ -24,7 +24,8 @@ PR_SET_CHILD_SUBREAPER = 36
 
 def set_child_subreaper() -> None:
     """Adopt our descendants' orphans: slurmd double-forks slurmstepd, and PID 1 on these machines never reaps them
-    (SLURM_FACTS.md). The dev cluster's supervisor and the fixture capture both reap and stop them by PID."""
+    (measured: zombies piled up). The dev cluster's supervisor and the fixture capture both reap and stop them by
+    PID."""
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         err = ctypes.get_errno()

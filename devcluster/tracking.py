@@ -2,7 +2,7 @@
 
 Installed once per machine into its own venv, ``/var/cache/nuro/mlflow-<version>`` (root-owned, ~850 MB: pandas,
 pyarrow, scipy, scikit-learn come with it), never into nuro's: nuro talks to it over REST
-(``nuro.tracking.mlflow``). Measured here (../shared/DATAPLANE_FACTS.md): the default server is ~15 processes and
+(``nuro.tracking.mlflow``). Measured here: the default server is ~15 processes and
 ~3.1 GB; with ``MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false`` and ``--workers 1`` it is 2 processes, ~400 MB, up in ~4 s.
 
 What is pinned and why: SQLite backend store and a local artifact root in the state dir (no extra service);

@@ -1,6 +1,6 @@
 """Local TSDB servers for the dev cluster and tests: InfluxDB 1.6.7 (``influxd``) and victoria-metrics (Debian).
 
-Why these two (DATAPLANE_FACTS): no InfluxDB 2.x/3.x installs here. Debian's ``influxdb`` 1.6.7 speaks the v1 API
+Why these two (measured): no InfluxDB 2.x/3.x installs here. Debian's ``influxdb`` 1.6.7 speaks the v1 API
 (line protocol ``/write``, InfluxQL ``/query``), which is what nuro's ``influx1://`` sink uses and what 2.x/3.x also
 serve. victoria-metrics 1.79 accepts influxdb-client's v2 ``write_api`` on ``/api/v2/write``, so it is the only
 local server that exercises the ``influx2://`` write path (it is read back with PromQL, not InfluxQL).

@@ -92,7 +92,7 @@ class SchedParams:
     weight_age: int = 1_000
     max_age_s: float = 7 * 86400.0
     fs_half_life_s: float = 86400.0
-    requeue_delay_s: float = 11.0  # EligibleTime = requeue + cred_expire (10 s, tuned per SLURM_FACTS) + 1 s
+    requeue_delay_s: float = 11.0  # EligibleTime = requeue + cred_expire (10 s, as the dev cluster sets it) + 1 s
     switch_wait_s: float = 60.0  # the bridge's wait4switch for the one-leaf hint (luatable.DEFAULT_SWITCH_WAIT_S)
     placement: str = "tree"  # one of PLACEMENTS (module docstring); placement_for(version, topology) picks it
 

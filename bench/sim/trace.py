@@ -3,7 +3,7 @@
 Why a module of its own: the trace is the one input that is real (arrival times, run times, GPU counts, node sizes);
 everything the replay invents lives in ``synth.py``, so what is measured and what is made up never mix.
 
-Trace facts that shape the choices here (``/work/shared/traces/README.md``): 8,152 pods, 1,088 without GPUs,
+Trace facts that shape the choices here (from the trace's own README, beside its files): 8,152 pods, 1,088 without GPUs,
 861 never scheduled (``pod_phase=Pending``: no run time exists), ``gpu_milli`` < 1000 on about 45 % of GPU pods
 (GPU sharing, which Slurm's whole-GPU gres cannot express), ``num_gpu`` 1–8 on one node each. The node list has
 1,213 nodes / 6,212 GPUs in 12 (GPUs, model) classes; ``gpu_spec`` is empty for every pod, so GPU models are ignored.

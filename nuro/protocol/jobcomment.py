@@ -8,9 +8,9 @@ commit, checkpoint policy, …) travels with the job itself, readable by one ``s
 | ``nuro`` | submit (nuro-train / nuro-sbatch), never changed afterwards | the run record |
 
 **Nothing else is written into a comment after submit.** slurmctld caps ``comment``, ``admin_comment`` and ``extra``
-at 1,024 bytes for everyone, root included, on submit and on every update (``_test_job_desc_fields``,
-../shared/SLURM_FACTS.md), and the job's user may fill the comment up to that cap. So platform state never depends
-on room in it: the controller keeps the preemptions it has in flight in a file of its own
+at 1,024 bytes for everyone, root included, on submit and on every update (``_test_job_desc_fields`` in
+slurmctld's job_mgr.c, measured on 22.05), and the job's user may fill the comment up to that cap. So platform
+state never depends on room in it: the controller keeps the preemptions it has in flight in a file of its own
 (``slurm_plugins/controller/ledger.py``), a job's committed checkpoints and its acknowledgement reach the controller
 through the node agent (``nuro.protocol.peerloss`` progress reports, the agent's upload worker, heartbeats), and
 root's notes to the job's owner (a preemption, a refusal) go to the ``admin_comment`` that only root and SlurmUser

@@ -107,7 +107,7 @@ class Signal:
     Attributes:
         batch_only: only the batch shell (``--batch``), not the steps.
         full: the batch shell and every step (``--full``); without either flag, Slurm signals the steps only,
-            which is why a batch script without srun does not see it (see SLURM_FACTS, GraceTime).
+            which is why a batch script without srun does not see it (measured on 22.05, with GraceTime).
     """
 
     job_id: int | str
@@ -171,7 +171,7 @@ class UpdateJobs:
     """``scontrol update jobid=<id>,<id>,... qos=<qos> | sitefactor=<value>``: one command for many pending jobs.
 
     Why: a burst of submissions asks for hundreds of moves in one cycle, and a process per job costs ~7 ms where
-    an id in a list costs ~1 ms (scontrol still sends one update RPC per id). Measured on 22.05 (SLURM_FACTS): a job
+    an id in a list costs ~1 ms (scontrol still sends one update RPC per id). Measured on 22.05: a job
     the update does not fit (running, ended, unknown) fails alone, with one ``<message> for job <id>`` line on
     stderr and rc 1; the others are updated (``parse_text.parse_per_job_errors``).
     """

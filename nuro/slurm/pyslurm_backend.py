@@ -1,7 +1,7 @@
 """Optional pyslurm backend and the ``make_backend`` factory that decides between it and the CLI.
 
 Why optional: pyslurm links libslurm and must be built for the running Slurm's major.minor. PyPI has 25.11.x (fails
-to build against 22.05) and ancient 17/18.x; nothing matches Debian's 22.05 (SLURM_FACTS). So the CLI backend is the
+to build against 22.05) and ancient 17/18.x; nothing matches Debian's 22.05 (checked on PyPI). So the CLI backend is the
 default and pyslurm is used only when ``import pyslurm`` works AND its version's major.minor equals the running
 Slurm's. pyslurm is never required: every import of it is guarded.
 

@@ -87,7 +87,7 @@ def test_influx1_rejections_are_counted_not_retried(influx: tsdb.LocalServer) ->
         assert w.stats["errors"] == 2 and w.stats["written"] == 15
     rows = sink.query(Query(GPU, where={"node": "rej"}))
     assert [r.fields["temp_c"] for r in rows] == [40.0 + i for i in range(16) if i != 5]
-    with pytest.raises(SinkRejected, match="404"):  # influxd 1.6.7 has no /api/v2/write (DATAPLANE_FACTS)
+    with pytest.raises(SinkRejected, match="404"):  # influxd 1.6.7 has no /api/v2/write (measured)
         InfluxV2Sink(influx.url, "nuro", "nuro").write([Point(GPU, {"node": "v2"}, {"temp_c": 1.0}, base)])
 
 

@@ -34,7 +34,7 @@ from nuro.protocol.envnames import (
 #: "Stopped on purpose, restart me" (EX_TEMPFAIL) when ``NURO_EXIT_REQUEUE`` is unset; the batch script requeues on it.
 DEFAULT_EXIT_REQUEUE = contract.EXIT_REQUEUE
 #: Collective/process-group timeout when ``NURO_PG_TIMEOUT_S`` is unset. gloo's default is 30 min and NCCL's 10 min:
-#: a frozen peer would hold the whole gang that long (DATAPLANE_FACTS), so nuro always passes an explicit one.
+#: a frozen peer would hold the whole gang that long (measured with gloo), so nuro always passes an explicit one.
 DEFAULT_PG_TIMEOUT_S = float(contract.PG_TIMEOUT_S)
 
 
