@@ -37,7 +37,9 @@ class CliWrites(CliRunner):
             proc = self.run(argv, stdin=render_stdin(action), cwd=cwd)
         except SlurmError as exc:
             duration_s = time.monotonic() - start
-            log.warning(
+            # info, not warning: the caller owns the failure (it gets it in the result and says it in its own terms);
+            # at warning every CLI printed Slurm's refusal twice, once as this log line and once as its error
+            log.info(
                 "slurm action failed action=%s error=%s message=%s",
                 kind,
                 type(exc).__name__,

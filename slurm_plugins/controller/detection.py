@@ -289,7 +289,8 @@ class FailureDetector:
                     result = self.backend.apply(slurm_action)
                 except Exception as exc:  # noqa: BLE001 - one node's action must not cost the others theirs
                     result = ActionResult(slurm_action, ok=False, message=f"{type(exc).__name__}: {exc}"[:300])
-            log.info(
+            log.log(
+                logging.WARNING if result is not None and not result.ok else logging.INFO,
                 "node=%s action=%s cause=%s applied=%s reason=%r silent_s=%.2f last_seq=%d%s",
                 action.node, action.kind, action.cause, result.ok if result else "dry-run", action.reason,
                 action.silent_s, action.last_seq, f" error={result.message!r}" if result and not result.ok else "",
