@@ -78,6 +78,16 @@ def stdout_console(**options: Any) -> Any:
     return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH, **options)
 
 
+def problem_list(source: str, problems: Sequence[str]) -> str:
+    """``source: N problem(s):``, then ``  - problem`` per problem, its further lines indented beneath it (a YAML
+    error carries its snippet and caret over several lines): the one shape of an invalid spec's or policy's errors."""
+    lines = [f"{source}: {len(problems)} problem(s):"]
+    for problem in problems:
+        first, *rest = str(problem).splitlines() or [""]
+        lines += [f"  - {first}", *(f"    {line}" for line in rest)]
+    return "\n".join(lines)
+
+
 def quiet_on_closed_pipe(main: Callable[_P, int]) -> Callable[_P, int]:
     """Wrap a CLI's ``main`` so that a reader that stops early (``nuro-sbatch --help | head``) ends it quietly with
     the status a command killed by SIGPIPE has (141, as sbatch's own help then exits), not a traceback. click
@@ -95,4 +105,13 @@ def quiet_on_closed_pipe(main: Callable[_P, int]) -> Callable[_P, int]:
     return wrapped
 
 
-__all__ = ["JSON_KEYS", "PIPED_WIDTH", "ExitCode", "fail", "quiet_on_closed_pipe", "say", "stdout_console"]
+__all__ = [
+    "JSON_KEYS",
+    "PIPED_WIDTH",
+    "ExitCode",
+    "fail",
+    "problem_list",
+    "quiet_on_closed_pipe",
+    "say",
+    "stdout_console",
+]

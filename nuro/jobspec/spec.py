@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nuro.console import problem_list
 from nuro.jobspec.fields import FieldError, show
 from nuro.jobspec.options import GROUPS, OPTIONS_BY_NAME, SPEC_OPTIONS, valid_keys_text
 from nuro.protocol.contract import DEFAULT_CKPT_KEEP
@@ -44,7 +45,7 @@ class SpecError(ValueError):
     def __init__(self, problems: list[str], source: str = "job spec") -> None:
         self.problems = problems
         self.source = source
-        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(problem_list(source, problems))
 
 
 @dataclass(frozen=True)

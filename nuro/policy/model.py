@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from nuro import names
+from nuro.console import problem_list
 
 NAME = rf"^{names.TEAM}$"  # Slurm account/QOS names: lower case, no dashes (the QOS prefix adds one)
 USER = rf"^{names.USER}$"  # POSIX user names as useradd accepts them
@@ -48,7 +49,7 @@ class PolicyError(ValueError):
     def __init__(self, source: str, problems: list[str]) -> None:
         self.source = source
         self.problems = problems
-        super().__init__(f"{source}: {len(problems)} problem(s):\n" + "\n".join(f"  - {p}" for p in problems))
+        super().__init__(problem_list(source, problems))
 
 
 class _Strict(BaseModel):
