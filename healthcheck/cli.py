@@ -52,7 +52,8 @@ log = logging.getLogger("nuro.healthcheck")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="nuro-healthcheck", description=__doc__.split("\n\n")[0])
+    what = "Slurm's HealthCheckProgram for a GPU node, also run from the prolog and epilog (--mode prolog|epilog)."
+    p = argparse.ArgumentParser(prog="nuro-healthcheck", description=what)
     p.add_argument("--node", help="node name (default: $SLURMD_NODENAME)")
     p.add_argument("--mode", choices=("periodic", "prolog", "epilog"), default="periodic")
     p.add_argument("--probe", choices=("auto", "nvml", "none"), help="GPU probe (default $NURO_HEALTH_PROBE or auto)")

@@ -66,7 +66,8 @@ def build(uri: str | None = None) -> Bridge:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="nuro-mlflow-bridge", description=__doc__.splitlines()[0])
+    what = "The shared service that mirrors nuro's runs into MLflow: an experiment per team, a run per job."
+    p = argparse.ArgumentParser(prog="nuro-mlflow-bridge", description=what)
     p.add_argument("--tracking-uri", help="the MLflow server (default: $MLFLOW_TRACKING_URI)")
     p.add_argument("--interval-s", type=float, default=5.0, help="seconds between passes")
     p.add_argument("--once", action="store_true", help="one pass, then exit")
