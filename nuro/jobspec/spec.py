@@ -23,6 +23,7 @@ only for HEAD) are checked after. Example spec::
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from collections.abc import Mapping
@@ -145,7 +146,9 @@ def load_spec_file(path: str | Path) -> dict[str, Any]:
     if len(raw) > MAX_SPEC_BYTES:
         raise SpecError([f"the spec file is {len(raw)} bytes, at most {MAX_SPEC_BYTES} allowed"], source)
     try:
-        data = yaml.safe_load(raw.decode("utf-8"))
+        stream = io.StringIO(raw.decode("utf-8"))
+        stream.name = source  # a YAML error then says '"spec.yaml", line 3', not '"<unicode string>"'
+        data = yaml.safe_load(stream)
     except (UnicodeDecodeError, yaml.YAMLError) as exc:
         raise SpecError([f"not valid UTF-8 YAML: {exc}"], source) from exc
     return flatten(data, source)

@@ -287,9 +287,12 @@ def load_policy(path: str | Path) -> Policy:
     """Read and validate a teams.yaml."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text())
+        with open(path) as fh:  # a named stream: a YAML error says '"teams.yaml", line 3', not '"<unicode string>"'
+            raw = yaml.safe_load(fh)
     except FileNotFoundError:
         raise PolicyError(str(path), ["file not found"]) from None
+    except OSError as exc:  # unreadable, a directory, ...: said, never a traceback
+        raise PolicyError(str(path), [f"cannot read the file: {exc.strerror}"]) from None
     except yaml.YAMLError as exc:
         raise PolicyError(str(path), [f"not valid YAML: {exc}"]) from None
     return parse_policy(raw, str(path))

@@ -135,6 +135,9 @@ def test_spec_file_problems(tmp_path: Path) -> None:
             load_spec_file(path)
     with pytest.raises(SpecError, match="cannot read the spec file"):
         load_spec_file(tmp_path / "missing.yaml")
+    with pytest.raises(SpecError) as err:  # the YAML error names the file, not pyyaml's "<unicode string>"
+        load_spec_file(bad)
+    assert f'in "{bad}", line 2' in str(err.value) and "unicode string" not in str(err.value)
 
 
 def test_code_flag_takes_repo_at_commit_and_relative_paths(tmp_path: Path) -> None:

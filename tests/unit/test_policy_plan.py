@@ -19,7 +19,7 @@ import yaml
 from click.testing import CliRunner
 
 from nuro.admin.admin_cli import main
-from nuro.policy.model import Policy, load_policy, parse_policy
+from nuro.policy.model import Policy, PolicyError, load_policy, parse_policy
 from nuro.policy.plan import Op, PlanConflict, build_plan, desired_state
 from nuro.policy.sacctmgr import lua_table_path, write_atomic
 from nuro.policy.slurm_state import SlurmState, parse_state, policy_in_force, slurm_duration
@@ -266,6 +266,13 @@ def test_invalid_policy_exits_3_and_lists_every_problem(tmp_path: Path) -> None:
     bad.write_text("teams:\n  a: {quota_gpus: 8}\n")  # a missing key is named, not shown with its whole mapping
     result = CliRunner().invoke(main, ["policy", "apply", str(bad)])
     assert "cluster_gpus: required, and missing" in result.output and "got" not in result.output, result.output
+    bad.write_text("teams: [\n")  # a YAML error names the file and line, its lines kept under the problem's dash
+    result = CliRunner().invoke(main, ["policy", "apply", str(bad)])
+    assert result.exit_code == 3 and f'      in "{bad}", line 2' in result.output, result.output
+    result = CliRunner().invoke(main, ["policy", "apply", str(tmp_path)])  # click refuses a directory itself
+    assert result.exit_code == 2 and "is a directory" in result.output
+    with pytest.raises(PolicyError, match="cannot read the file: Is a directory"):  # the library says it too
+        load_policy(tmp_path)
 
 
 def test_usage_error_exits_2() -> None:
