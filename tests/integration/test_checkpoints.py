@@ -39,6 +39,7 @@ from nuro.objectstore import ObjectStore
 from nuro.protocol import jobrecord
 from nuro.runs.report import RunRef, checkpoint_status, gather_artifacts
 from nuro.wrappers.sdk.checkpointer import Checkpointer
+from tests.integration.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PORT_BASE = int(os.environ.get("NURO_TEST_CKPT_PORT_BASE", "8800"))
@@ -400,9 +401,8 @@ def test_two_process_gloo_group_commits_one_manifest_of_two_parts(store: ObjectS
     run = _run()
     script = tmp_path / "gloo_worker.py"
     script.write_text(_GLOO_WORKER)
-    port = 29000 + os.getpid() % 500
     res = subprocess.run(
-        [sys.executable, str(script), run, str(tmp_path), str(port), str(PORT_BASE)],
+        [sys.executable, str(script), run, str(tmp_path), str(free_port()), str(PORT_BASE)],
         cwd=REPO, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(REPO)},
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-4000:]
@@ -706,11 +706,10 @@ def test_deepspeed_zero2_engine_checkpoints_through_the_pipeline(store: ObjectSt
     run = _run()
     script = tmp_path / "ds_worker.py"
     script.write_text(_DS_WORKER)
-    port = 29500 + os.getpid() % 400
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCH_EXTENSIONS_DIR": str(tmp_path / "no-jit")}
     for world in (2, 1):
         res = subprocess.run(
-            [sys.executable, str(script), str(world), run, str(tmp_path), str(port + world), str(PORT_BASE)],
+            [sys.executable, str(script), str(world), run, str(tmp_path), str(free_port()), str(PORT_BASE)],
             cwd=REPO, capture_output=True, text=True, timeout=240, env=env,
         )  # fmt: skip
         assert res.returncode == 0, res.stderr[-4000:]
