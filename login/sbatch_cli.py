@@ -54,6 +54,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nuro import names
 from nuro.console import ExitCode, quiet_on_closed_pipe, say
 from nuro.jobspec.codepin import CodePin, CodePinError, pin_code
 from nuro.jobspec.fields import AbsPath, FieldError, Flag, RelPath
@@ -240,7 +241,7 @@ def spare_args(spares: int, words: Sequence[Word]) -> list[str]:
     if not spares:
         return []
     given = next((w.value for w in reversed(words) if w.name == "nodes"), None)
-    if given is not None and not (given.strip().isascii() and given.strip().isdigit()):
+    if given is not None and not names.is_decimal(given.strip()):
         raise UsageError(f"--spare-nodes needs a fixed node count, got --nodes={given}: give -N <count> (the nodes "
                          "that train; the spares come on top)")  # fmt: skip
     nodes = int(given) if given is not None else 1

@@ -31,6 +31,9 @@ NODE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 DATASET = r"[a-z0-9][a-z0-9._-]{0,62}"
 #: A content digest: sha256 in lower-case hex.
 DIGEST = r"sha256:[0-9a-f]{64}"
+#: A whole number as Slurm, a user or a job writes it (a job id, a count, a rank): ASCII digits only. Not
+#: ``str.isdigit``: it passes "²" and other digits ``int()`` then refuses with a ValueError.
+DECIMAL = r"[0-9]+"
 
 _TEAM = re.compile(TEAM, re.ASCII)
 _USER = re.compile(USER, re.ASCII)
@@ -40,6 +43,7 @@ _JOB_ID = re.compile(JOB_ID, re.ASCII)
 _NODE = re.compile(NODE, re.ASCII)
 _DATASET = re.compile(DATASET, re.ASCII)
 _DIGEST = re.compile(DIGEST, re.ASCII)
+_DECIMAL = re.compile(DECIMAL, re.ASCII)
 
 
 class InvalidName(ValueError):
@@ -61,6 +65,7 @@ is_job_id = _matcher(_JOB_ID)
 is_node = _matcher(_NODE)
 is_dataset = _matcher(_DATASET)
 is_digest = _matcher(_DIGEST)
+is_decimal = _matcher(_DECIMAL)
 
 
 def validate_team(team: object) -> str:
@@ -98,7 +103,7 @@ def validate_node(node: object) -> str:
 
 
 __all__ = [
-    "DATASET", "DIGEST", "JOB_ID", "NODE", "RUN", "TAG", "TEAM", "USER", "InvalidName", "is_dataset", "is_digest",
-    "is_job_id", "is_node", "is_run", "is_tag", "is_team", "is_user", "validate_job_id", "validate_node",
-    "validate_run", "validate_tag", "validate_team",
+    "DATASET", "DECIMAL", "DIGEST", "JOB_ID", "NODE", "RUN", "TAG", "TEAM", "USER", "InvalidName", "is_dataset",
+    "is_decimal", "is_digest", "is_job_id", "is_node", "is_run", "is_tag", "is_team", "is_user", "validate_job_id",
+    "validate_node", "validate_run", "validate_tag", "validate_team",
 ]  # fmt: skip

@@ -48,6 +48,7 @@ from botocore.exceptions import (
     ReadTimeoutError as BotoReadTimeout,
 )
 
+from nuro import names
 from nuro.protocol.envnames import NURO_S3_BUCKET, NURO_S3_CREDENTIALS, NURO_S3_ENDPOINT, NURO_S3_REGION, NURO_TEAM
 from nuro.safeio import credfile
 
@@ -212,7 +213,7 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return default
-    if not (raw.isascii() and raw.isdigit() and 0 < int(raw) <= 64):
+    if not (names.is_decimal(raw) and 0 < int(raw) <= 64):
         raise ValueError(f"{name}={raw!r}: give a whole number from 1 to 64 (default {default})")
     return int(raw)
 

@@ -24,6 +24,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from nuro import names
+
 TRAIN = "train"
 GPU = "gpu"
 SELF = "nuro_metrics"
@@ -89,4 +91,4 @@ class Row:
         """Tag ``key`` as a non-negative index (a rank, a GPU), ``default`` when absent or not ASCII digits. The
         job wrote it: ``"²"`` passes ``str.isdigit`` and then fails ``int``, so a plain isdigit check is not enough."""
         tag = str(self.tags.get(key, ""))
-        return int(tag) if tag.isascii() and tag.isdigit() else default
+        return int(tag) if names.is_decimal(tag) else default

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from nuro import names
 from nuro.names import InvalidName, validate_job_id, validate_run, validate_team
 from nuro.protocol import jobcomment
 from nuro.safeio import safefs
@@ -73,10 +74,10 @@ class JobRecord:
             obj = json.loads(data)
         except ValueError as exc:
             raise JobRecordError(f"job record is not JSON: {exc}") from None
-        names = {f.name for f in fields(cls)}
-        if not isinstance(obj, dict) or set(obj) != names:
+        keys = {f.name for f in fields(cls)}
+        if not isinstance(obj, dict) or set(obj) != keys:
             got = sorted(obj) if isinstance(obj, dict) else type(obj).__name__
-            raise JobRecordError(f"job record must have exactly the keys {sorted(names)}, got {got}")
+            raise JobRecordError(f"job record must have exactly the keys {sorted(keys)}, got {got}")
         return cls(**obj)
 
 
@@ -128,18 +129,18 @@ def from_prolog_env(environ: Mapping[str, str]) -> JobRecord:
     uid = _env_int(environ, "SLURM_JOB_UID")
     gid_raw = environ.get("SLURM_JOB_GID", "")
     user = environ.get("SLURM_JOB_USER", "")
-    if not (gid_raw.isascii() and gid_raw.isdigit()) or not user:
+    if not names.is_decimal(gid_raw) or not user:
         try:
             pw = pwd.getpwuid(uid)
         except KeyError:
             raise JobRecordError(f"SLURM_JOB_UID={uid} has no passwd entry and slurmd gave no GID/user") from None
-        gid = int(gid_raw) if gid_raw.isascii() and gid_raw.isdigit() else pw.pw_gid
+        gid = int(gid_raw) if names.is_decimal(gid_raw) else pw.pw_gid
         user = user or pw.pw_name
     else:
         gid = int(gid_raw)
     account = environ.get("SLURM_JOB_ACCOUNT", "")
     restart_raw = environ.get("SLURM_JOB_RESTART_COUNT") or environ.get("SLURM_RESTART_COUNT") or "0"
-    restart = int(restart_raw) if restart_raw.isascii() and restart_raw.isdigit() else 0
+    restart = int(restart_raw) if names.is_decimal(restart_raw) else 0
     node = environ.get("SLURMD_NODENAME", "")
     team: str | None
     try:

@@ -16,7 +16,7 @@ import logging
 import os
 from pathlib import Path
 
-from nuro.names import is_node
+from nuro.names import is_decimal, is_node
 from nuro.protocol.envnames import NURO_LAUNCH_STOP_DIR
 from nuro.safeio.atomic import write_atomic
 
@@ -54,7 +54,7 @@ def mark_move(node: str) -> None:
 def stopped_ranks(stop_dir: Path | None) -> frozenset[int]:
     """The ranks whose guard left its ``rank-<N>`` marker in ``stop_dir`` (decided to exit 75)."""
     names = (p.name.removeprefix(_RANK_PREFIX) for p in (stop_dir.glob(f"{_RANK_PREFIX}*") if stop_dir else ()))
-    return frozenset(int(n) for n in names if n.isascii() and n.isdigit())
+    return frozenset(int(n) for n in names if is_decimal(n))
 
 
 def move_request(stop_dir: Path) -> str | None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TypeVar
 
+from nuro import names
 from nuro.slurm.errors import (
     InvalidJobId,
     SlurmCommandNotFound,
@@ -36,7 +37,7 @@ CALL_TIMEOUT_MIN_S = 0.1
 def plain_job_id(job_id: int | str) -> int:
     """A plain job id as an int; anything else (a name, "123_4", "1;rm") is refused before Slurm sees it."""
     text = str(job_id).strip()
-    if not (text.isascii() and text.isdigit()):
+    if not names.is_decimal(text):
         raise InvalidJobId(f"not a plain Slurm job id: {str(job_id)[:40]!r}", argv=())
     return int(text)
 

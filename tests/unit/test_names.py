@@ -59,3 +59,9 @@ def test_node_settings_have_one_error_policy(caplog: pytest.LogCaptureFixture) -
     assert handoff.timeout_s({"NURO_HANDOFF_TIMEOUT_S": "0"}) == handoff.DEFAULT_TIMEOUT_S
     assert promote.promote_timeout_s({"NURO_SNAPSHOT_PROMOTE_TIMEOUT_S": "x"}) == promote.DEFAULT_PROMOTE_TIMEOUT_S
     assert cache_runs({"NURO_STAGING_CACHE_RUNS": "two"}) == cache_runs({}), "the epilog no longer stops on it"
+
+
+def test_a_decimal_is_ascii_digits_only() -> None:
+    """``str.isdigit`` passes "²" and Arabic-Indic digits; ``int()`` then refuses "²" with a ValueError."""
+    assert names.is_decimal("0") and names.is_decimal("1234")
+    assert not any(names.is_decimal(v) for v in ("", "²", "١٢", "-1", "1 ", "1.0", 12))
