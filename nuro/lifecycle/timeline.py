@@ -15,12 +15,13 @@ absorbed (``spare_swap`` run event) is a recovery too, ``via`` "spare": no reque
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from nuro.lifecycle.run_events import RunEvent, node_names, skipped_steps
+from nuro.names import is_decimal
 from nuro.slurm import JobInfo
 
 _END_KIND = {
@@ -188,7 +189,7 @@ def _controller_entries(
         if not isinstance(ts, int | float):
             continue
         jobs = ev.get("jobs") or ()
-        mine = job_id in {int(j) for j in jobs if str(j).isdigit()}
+        mine = _names_job(ev, job_id)
         attempt = _attempt_at(attempts, float(ts), [node] if node else ())
         if not mine and (kind not in NODE_EVENTS or attempt is None):
             continue
@@ -309,6 +310,11 @@ def _recoveries(
     return out
 
 
+def _names_job(ev: Mapping[str, Any], job_id: int) -> bool:
+    """Whether a controller event's ``jobs`` list names ``job_id``."""
+    return any(is_decimal(str(j)) and int(j) == job_id for j in ev.get("jobs") or ())
+
+
 def _requeue_time(
     job_id: int, lost: dict[str, Any] | None, events: Iterable[dict[str, Any]], accounted: float | None
 ) -> float | None:
@@ -325,7 +331,7 @@ def _requeue_time(
             and ev.get("node") == lost.get("node")
             and isinstance(ts, int | float)
             and ts >= lost["ts"]
-            and job_id in {int(j) for j in ev.get("jobs") or () if str(j).isdigit()}
+            and _names_job(ev, job_id)
         ):
             return float(ts)
     return accounted
