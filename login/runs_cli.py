@@ -451,16 +451,17 @@ def open_cmd(job_id: int, browser: bool, as_json: bool) -> None:
     The run is found in its team's experiment (``nuro/<team>``, the job's Slurm account) by the tag
     ``nuro.job_id``; nuro-mlflow-bridge creates it within one pass of the job appearing in the queue.
     """
-    from nuro.tracking.mlflow import MlflowError, run_url  # lazy: only this command talks to MLflow
+    from nuro.tracking import mirror  # lazy: only the commands that talk to MLflow import it
+    from nuro.tracking.mlflow import MlflowError, run_url
 
     job = _find(_backend(), job_id)
+    if mirror.mirrored_team(jobcomment.parse(job.comment).record, job.account) is None:  # the bridge's own rule
+        fail(ExitCode.NOT_FOUND, f"job {job_id} has no MLflow run: it carries no run record of its team, and "
+             "nuro-mlflow-bridge mirrors runs only (nuro-train submit, nuro-sbatch --dataset/--code)")  # fmt: skip
     try:
         client, exp, run = _mlflow_run(job)
     except MlflowError as exc:
         fail(ExitCode.FAILED, str(exc))
-    if run is None and jobcomment.parse(job.comment).record.get("team") != job.account:
-        fail(ExitCode.NOT_FOUND, f"job {job_id} has no MLflow run: it carries no run record of its team, and "
-             "nuro-mlflow-bridge mirrors runs only (nuro-train submit, nuro-sbatch --dataset/--code)")  # fmt: skip
     if run is None:
         fail(ExitCode.NOT_FOUND, f"job {job_id} has no MLflow run yet (nuro-mlflow-bridge mirrors a run within a "
              "pass of its appearing in the queue; is it running?)")  # fmt: skip

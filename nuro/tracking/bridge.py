@@ -173,8 +173,8 @@ class Bridge:
         """Mirror one job (``comment``: its comment parsed, when the caller has it)."""
         comment = comment if comment is not None else jobcomment.parse(job.comment)
         meta = comment.record
-        team = str(meta.get("team") or "")
-        if not team or team != job.account:  # the record names the job's own account, or it is not mirrored
+        team = mirror.mirrored_team(meta, job.account)
+        if team is None:
             return None
         view = job_view(job)
         st = self.runs.get(job.job_id) or self._find_or_create(job, view, meta, team)

@@ -42,6 +42,13 @@ PENDING_TAGS = (TAG_REASON, TAG_WAIT, TAG_QUEUE)
 _NOT_METRICS = frozenset({"step"})
 
 
+def mirrored_team(record: Mapping[str, Any], account: str) -> str | None:
+    """The team whose experiment mirrors a job: its run record's team when that is the job's own Slurm account, else
+    None (a plain sbatch job, or a record naming another team's experiment: never mirrored)."""
+    team = str(record.get("team") or "")
+    return team if team and team == account else None
+
+
 def experiment_name(team: str) -> str:
     return f"{EXPERIMENT_PREFIX}{team}"
 

@@ -124,3 +124,10 @@ def test_the_wait_tag_reads_back_what_pending_tags_wrote() -> None:
     assert mirror.wait_of_tag(tag) == view["controller"]
     for bad in (None, "", "no code", "reason ()", " (code)", "reason (a b)"):
         assert mirror.wait_of_tag(bad) is None, bad
+
+
+def test_only_a_record_of_the_jobs_own_account_is_mirrored() -> None:
+    """The bridge's rule, and ``nuro-train open``'s: a plain job, or a record naming another team, has no run."""
+    assert mirror.mirrored_team({"team": "vision"}, "vision") == "vision"
+    assert mirror.mirrored_team({"team": "vision"}, "perception") is None
+    assert mirror.mirrored_team({}, "vision") is None
