@@ -111,18 +111,20 @@ class Backend(abc.ABC):
 
     def job_state(self, job_id: int | str) -> str:
         """One job's state ("RUNNING", ...); backends override with a cheaper single-job read."""
-        job = self.find_job(int(job_id))
-        if job is None:
-            raise InvalidJobId(f"no job {job_id}", argv=())
-        return job.state
+        return self._known_job(job_id).state
 
     def job_restarts(self, job_id: int | str) -> tuple[int, str]:
         """(restart count, state) of one job: the detector's "has Slurm requeued it yet?"; backends override with a
         cheaper single-job read. Raises ``InvalidJobId`` when no one knows the job."""
+        job = self._known_job(job_id)
+        return job.restart_count, job.state
+
+    def _known_job(self, job_id: int | str) -> JobInfo:
+        """``find_job``, or ``InvalidJobId`` when neither slurmctld nor accounting knows the job."""
         job = self.find_job(int(job_id))
         if job is None:
             raise InvalidJobId(f"no job {job_id}", argv=())
-        return job.restart_count, job.state
+        return job
 
     def cred_expire_s(self) -> int:
         """slurm.conf's AuthInfo ``cred_expire``: how long a job's launch credential, and slurmd's memory of the job
@@ -240,10 +242,5 @@ class Backend(abc.ABC):
 
 
 class CliBackend(CliReads, CliWrites, Backend):
-    """The default backend: Slurm's own client commands (``CliReads`` + ``CliWrites`` over ``CliRunner``).
-
-    Args:
-        env: variables added to ``os.environ`` for every command (e.g. {"SLURM_CONF": ...}); never logged.
-        timeout_s: wall-clock limit per command, in seconds; a hung command raises ``SlurmTimeout``.
-        bin_dir: directory holding squeue/sinfo/...; None means look them up on PATH.
-    """
+    """The default backend: Slurm's own client commands (``CliReads`` + ``CliWrites`` over ``CliRunner``, whose
+    arguments it takes: ``env``, ``timeout_s``, ``bin_dir``)."""
