@@ -144,8 +144,10 @@ class Guard:
                 problems.append(f"root-owned config {path} changed content")  # etc/ changes only by `up`
         problems.extend(dead_daemons(self.cluster, self.killed_ok))
         out = nodes_out(self.cluster) - self.out_before - self.out_ok - self.killed_ok
-        if out:
-            problems.append(f"nodes drained or set down by the attack: {sorted(out)}")  # the attacker loses, not a node
+        if out:  # the attacker loses, not a node; state and reason say who set it out
+            nodes = [n for n in self.cluster.backend.nodes() if n.name in out]
+            why = {n.name: f"{n.state} ({n.reason or 'no reason'})" for n in nodes}
+            problems.append(f"nodes drained or set down by the attack: {dict(sorted(why.items()))}")
         assert not problems, "the attack left marks:\n  " + "\n  ".join(problems)
 
 
