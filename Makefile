@@ -53,19 +53,20 @@ unit: venv
 # Named by a hash of the checkout path, not the path itself: short and unique however deep the clone is.
 BASETEMP := /tmp/nuro-pytest-$(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-12)
 # The unit tests first, on both cores (pytest-xdist: pure code, no cluster yet). Then the integration and e2e tests in
-# two shards side by side, each in one process with its own cluster (port base, state dir, temp base): the suite
-# waits on Slurm far more than it computes (one core busy on average), so two shards finish in ~60 % of the time.
-# Shard B is the listed files (the controller, detector and isolation tests); everything else (new files too) is
-# shard A. Balanced by measured time (2026-12-02: A 952 s, B 1,139 s before the policy-apply and bridge files moved
-# to A; 2026-12-05: A 1,301 s, B 1,043 s, so the straggler e2e test, ~100 s, moved to B). Fixed port bases used by
-# single modules (checkpoints/staging 8800, lifecycle 24800-25100) stay in shard A; shard B's cluster is at 26800.
-# All three always run; make fails if any failed; each shard's output is printed whole when it ends.
+# four shards side by side, each one pytest process with its own cluster (port base, state dir, temp base): the suite
+# waits on Slurm far more than it computes (process accounting over a three-shard run, 2026-12-06: 65 % of the two
+# cores busy). Shards A and B run on the host's Slurm 22.05: B is the listed files (controller, detector, isolation,
+# submit, prolog, ...), A everything else (new files too). Shards C24 and C26 (below) run the every_slurm tests on
+# 24.11 and 26.05, then the NEWER_EXTRA files of their version. Balanced by measured time (2026-12-06, three shards:
+# A 1,140 s, B 1,090 s, C 914 s; the DeepSpeed, MLflow and in-memory snapshot files added since 2026-12-04 had grown A
+# and B by ~50 %). Fixed port bases used by single modules (checkpoints/staging 8800, lifecycle 24800-25100, MLflow
+# 9460/9465) stay in one shard each. All shards always run; make fails if any failed; each shard's output is printed
+# whole when it ends.
 UNIT_WORKERS ?= 2
-SHARD_B := tests/integration/test_controller.py tests/integration/test_sharing_thrash.py \
+SHARD_B := tests/integration/test_controller.py \
 	tests/integration/test_failure_detector.py tests/integration/isolation tests/integration/test_submit.py \
 	tests/integration/test_prolog.py tests/integration/test_healthcheck.py tests/integration/test_nodeagent.py \
-	tests/integration/test_adapter_live.py tests/integration/test_cluster.py tests/e2e/test_snapshots.py \
-	tests/e2e/test_stragglers.py
+	tests/integration/test_adapter_live.py tests/integration/test_cluster.py tests/e2e/test_stragglers.py
 SHARD_B_ENV := NURO_TEST_PORT_BASE=26800 NURO_TEST_CLUSTER_DIR=$(CURDIR)/.devcluster-test-b
 # The dev cluster's Debian packages (lua5.1 among them) before the unit tests too: the job_submit.lua vectors run
 # through lua5.1 there, and on a fresh machine the cluster (which would install it) only comes up afterwards.
@@ -73,18 +74,29 @@ packages: venv
 	$(PY) -c 'from nuro.devcluster.install import ensure_packages; ensure_packages()'
 
 # Slurm 24.11 and 26.05 (issue 14): the Slurm-facing tests (marker every_slurm: adapter, bridge vectors, policy apply,
-# controller, detector, prolog/epilog, the e2e crash/resume) run again on each newer version, one after the other,
-# as shard C beside A and B, on a cluster at port base 28800 whose Slurm runs from a cached Debian root filesystem
-# (built on first use, ~1 min each; `nuro-admin devcluster rootfs` shows build time and size).
-# `make test SLURM=26.05` runs the unit tests and only the every_slurm tests, on that version (TOPOLOGY=block for
-# topology/block). Shard C runs 24.11 on topology/tree (topology.conf) and 26.05 on topology/block (topology.yaml),
-# so the placement test proves both plugins.
+# controller, detector, prolog/epilog, the e2e crash/resume) run again on each newer version, side by side as shards
+# C24 (port base 28800) and C26 (30800) beside A and B, each on a cluster whose Slurm runs from a cached Debian root
+# filesystem (built on first use, ~40 s each; `nuro-admin devcluster rootfs` shows build time and size). 24.11 runs
+# on topology/tree (topology.conf) and 26.05 on topology/block (topology.yaml), so the placement test proves both
+# plugins. After its every_slurm tests each runs NEWER_EXTRA_<version>: heavy files whose subject is not Slurm's
+# version (DeepSpeed; MLflow tracking and in-memory snapshots), run there instead of on 22.05 in A or B, in a second
+# pytest session (the cluster comes up again, ~20 s). `make test SLURM=26.05` runs the unit tests and only the
+# every_slurm tests, on that version (TOPOLOGY=block for topology/block).
 SLURM ?=
 TOPOLOGY ?= tree
-NEWER_SLURM := 24.11/tree 26.05/block
+NEWER_EXTRA_24.11 := tests/e2e/test_deepspeed.py
+NEWER_EXTRA_26.05 := tests/integration/test_tracking.py tests/integration/test_tracking_auth.py \
+	tests/e2e/test_snapshots.py
 SHARD_C_ENV := NURO_TEST_PORT_BASE=28800 NURO_TEST_CLUSTER_DIR=$(CURDIR)/.devcluster-test-c
 UNIT_TESTS := $(PY) -m pytest tests/unit -q -n $(UNIT_WORKERS) --durations=10 --basetemp=$(BASETEMP)
 EVERY_SLURM := $(PY) -m pytest tests --ignore=tests/unit -m every_slurm -q --durations=15
+# $(call newer_shard,VERSION,TOPOLOGY,PORT_BASE): that shard's two sessions, its output in $(BASETEMP)-c<VERSION>.log
+newer_env = NURO_TEST_SLURM=$(1) NURO_TEST_TOPOLOGY=$(2) NURO_TEST_PORT_BASE=$(3) \
+	NURO_TEST_CLUSTER_DIR=$(CURDIR)/.devcluster-test-$(3)
+newer_shard = ( crc=0; echo "== every_slurm"; \
+	$(call newer_env,$(1),$(2),$(3)) $(EVERY_SLURM) --basetemp=$(BASETEMP)-c$(1) || crc=1; \
+	echo "== $(NEWER_EXTRA_$(1))"; $(call newer_env,$(1),$(2),$(3)) $(PY) -m pytest $(NEWER_EXTRA_$(1)) -q \
+	  --durations=15 --basetemp=$(BASETEMP)-c$(1)x || crc=1; exit $$crc ) > $(BASETEMP)-c$(1).log 2>&1
 
 ifneq ($(SLURM),)
 test: venv lint packages
@@ -98,17 +110,18 @@ else
 test: venv lint packages
 	rc=0; \
 	$(UNIT_TESTS) || rc=1; \
-	$(PY) -m pytest tests --ignore=tests/unit $(addprefix --ignore=,$(SHARD_B)) -q --durations=25 \
+	$(PY) -m pytest tests --ignore=tests/unit $(addprefix --ignore=,$(SHARD_B) $(NEWER_EXTRA_24.11) \
+	  $(NEWER_EXTRA_26.05)) -q --durations=25 \
 	  --basetemp=$(BASETEMP)-a > $(BASETEMP)-a.log 2>&1 & a=$$!; \
 	$(SHARD_B_ENV) $(PY) -m pytest $(SHARD_B) -q --durations=25 --basetemp=$(BASETEMP)-b > $(BASETEMP)-b.log 2>&1 & \
 	b=$$!; \
-	( crc=0; for run in $(NEWER_SLURM); do v=$${run%/*}; echo "== Slurm $$v, topology/$${run#*/}"; \
-	    NURO_TEST_SLURM=$$v NURO_TEST_TOPOLOGY=$${run#*/} $(SHARD_C_ENV) $(EVERY_SLURM) --basetemp=$(BASETEMP)-c$$v \
-	    || crc=1; done; \
-	  $(VENV)/bin/nuro-admin devcluster rootfs; exit $$crc ) > $(BASETEMP)-c.log 2>&1 & c=$$!; \
+	$(call newer_shard,24.11,tree,28800) & c24=$$!; \
+	$(call newer_shard,26.05,block,30800) & c26=$$!; \
 	wait $$a || rc=1; echo "== integration shard A"; cat $(BASETEMP)-a.log; \
 	wait $$b || rc=1; echo "== integration shard B (NURO_TEST_PORT_BASE=26800)"; cat $(BASETEMP)-b.log; \
-	wait $$c || rc=1; echo "== shard C: every_slurm tests on $(NEWER_SLURM)"; cat $(BASETEMP)-c.log; \
+	wait $$c24 || rc=1; echo "== shard C24: Slurm 24.11, topology/tree (28800)"; cat $(BASETEMP)-c24.11.log; \
+	wait $$c26 || rc=1; echo "== shard C26: Slurm 26.05, topology/block (30800)"; cat $(BASETEMP)-c26.05.log; \
+	$(VENV)/bin/nuro-admin devcluster rootfs; \
 	exit $$rc
 endif
 
