@@ -14,6 +14,7 @@ Key: ``runs/<team>/<run>/events/<job_id>/<ms since epoch:013d>-r<restart>-<kind>
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -168,6 +169,53 @@ def node_names(value: object) -> list[str]:
     return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
 
 
+#: How long a process's exit waits for the events ``record_later`` is still sending: long enough for a store that
+#: answers, short against a preempted job's KillWait when it does not.
+EXIT_WAIT_S = 5.0
+_sending: set[threading.Thread] = set()
+_sending_lock = threading.Lock()
+_exit_wait_registered = False
+
+
+def _forget_sending() -> None:
+    global _sending_lock
+    _sending_lock = threading.Lock()  # a fork (DataLoader worker) may happen while another thread holds it
+    _sending.clear()  # the parent's threads are not the child's to wait for
+
+
+os.register_at_fork(after_in_child=_forget_sending)
+
+
 def record_later(kind: str, **fields: Any) -> None:
-    """``record`` on a daemon thread: for calls inside the training loop, where a slow store must not stall a step."""
-    threading.Thread(target=record, args=(kind,), kwargs=fields, name=f"nuro-run-event-{kind}", daemon=True).start()
+    """``record`` on a daemon thread: for calls inside the training loop, where a slow store must not stall a step.
+
+    The process's normal exit waits up to ``EXIT_WAIT_S`` for such events (``atexit``): a daemon thread dies with the
+    interpreter, and an event recorded just before a short run ends (its ``snapshots`` or ``progress``) was lost
+    whenever sending it took longer than the rest of the process."""
+    global _exit_wait_registered
+
+    def send() -> None:
+        try:
+            record(kind, **fields)
+        finally:
+            with _sending_lock:
+                _sending.discard(threading.current_thread())
+
+    thread = threading.Thread(target=send, name=f"nuro-run-event-{kind}", daemon=True)
+    with _sending_lock:
+        if not _exit_wait_registered:
+            atexit.register(wait_sent, EXIT_WAIT_S)
+            _exit_wait_registered = True
+        _sending.add(thread)
+    thread.start()
+
+
+def wait_sent(timeout_s: float) -> int:
+    """Wait up to ``timeout_s`` in all for the events ``record_later`` is still sending; returns how many are left."""
+    deadline = time.monotonic() + timeout_s
+    with _sending_lock:
+        threads = list(_sending)
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    with _sending_lock:
+        return len(_sending)

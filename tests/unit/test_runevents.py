@@ -39,3 +39,45 @@ def test_only_rank_zero_of_a_nuro_job_records() -> None:
     assert run_events.record("started", env={"RANK": "0", "SLURM_JOB_ID": "42"}) is False
     with pytest.raises(ValueError, match="unknown run event kind"):
         run_events.record("exploded", env=job)
+
+
+def test_an_event_recorded_later_is_sent_before_the_process_exits(tmp_path) -> None:  # noqa: ANN001
+    """record_later sends on a daemon thread, which dies with the interpreter: a run that ends right after recording
+    (its last progress, its snapshots event) lost the event whenever the store was slower than the rest of the
+    process. The exit now waits for it (up to EXIT_WAIT_S)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    sent = tmp_path / "sent"
+    child = textwrap.dedent(f"""
+        import time
+        from nuro.lifecycle import run_events
+
+        class SlowStore:
+            def put_if_absent(self, key, body):
+                time.sleep(0.5)
+                open({str(sent)!r}, "w").write(key)
+
+        env = {{"NURO_TEAM": "perception", "NURO_RUN_NAME": "bev-1", "SLURM_JOB_ID": "42"}}
+        run_events.record_later("progress", store=SlowStore(), env=env, step=7)
+    """)
+    res = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert sent.read_text().startswith("runs/perception/bev-1/events/42/"), "the event died with the process"
+
+
+def test_the_exit_wait_is_bounded() -> None:
+    import threading
+
+    gate = threading.Event()
+
+    class StuckStore:
+        def put_if_absent(self, key: str, body: bytes) -> None:
+            gate.wait(10)
+
+    env = {"NURO_TEAM": "perception", "NURO_RUN_NAME": "bev-1", "SLURM_JOB_ID": "42"}
+    run_events.record_later("progress", store=StuckStore(), env=env, step=7)
+    assert run_events.wait_sent(0.2) == 1  # still sending: the exit goes on after the bound
+    gate.set()
+    assert run_events.wait_sent(5) == 0
