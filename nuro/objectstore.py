@@ -299,7 +299,7 @@ def _new_client(**kwargs: Any) -> Any:
     and each store keeps its own (its own connection pool: forked workers never share a connection).
     """
     global _SESSION
-    import boto3  # lazy: see ObjectStore.__init__
+    import boto3  # lazy: see ObjectStore.client
 
     with _SESSION_LOCK:
         if _SESSION is None:
@@ -311,13 +311,36 @@ class ObjectStore:
     """boto3 client for one bucket. Thread-safe (boto3 clients are); methods raise the typed errors above."""
 
     def __init__(self, config: StoreConfig) -> None:
-        # Imported here, not at the top: boto3 costs ~0.7 s of CPU to import, and the root hooks (prolog, epilog)
-        # import this module on every job but build a store only for jobs with checkpoints to stage or flush.
-        from botocore.config import Config
-
         self.config = config
         self.bucket = config.bucket
         self.upload_limit = rate_limit(config.max_upload_bytes_per_s)
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+
+    @property
+    def client(self) -> Any:
+        """The boto3 S3 client, built on first use.
+
+        Why not in ``__init__``: boto3 costs ~0.7 s of CPU to import and a client ~0.1 s more, and many stores are
+        never used: the epilog builds one for every job to flush its uploads, while most jobs have none (``make
+        test``: the epilog took 0.44 s of CPU per job, half of it a client it never used; eight jobs ending on a
+        2-core box wait on each other's). A store first used on a daemon thread at exit builds its client then:
+        ``run_events.record_later`` waits for its events at exit for that reason.
+        """
+        if self._client is None:
+            with self._client_lock:
+                if self._client is None:
+                    self._client = self._new_client()
+        return self._client
+
+    @client.setter
+    def client(self, value: Any) -> None:  # a test's fake S3
+        self._client = value
+
+    def _new_client(self) -> Any:
+        from botocore.config import Config  # lazy: boto3 and botocore are imported only by a store that is used
+
+        config = self.config
         boto_cfg = Config(
             connect_timeout=config.connect_timeout_s,
             read_timeout=config.read_timeout_s,
@@ -325,7 +348,7 @@ class ObjectStore:
             s3={"addressing_style": "path"},  # SeaweedFS and MinIO serve buckets as paths, not subdomains
             max_pool_connections=max(10, 2 * config.max_concurrency),
         )
-        self.client = _new_client(
+        return _new_client(
             endpoint_url=config.endpoint_url,
             aws_access_key_id=config.access_key,
             aws_secret_access_key=config.secret_key,

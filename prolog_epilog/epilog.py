@@ -101,7 +101,7 @@ class SlurmLostNodes:
 def flush_and_clean(job: str, timeout_s: float | None = None) -> None:
     timeout_s = flush_timeout_s(os.environ) if timeout_s is None else timeout_s
     result, cached = finish_job(
-        ObjectStore.from_env, staging_root(), job, flush_timeout_s=timeout_s, cache_runs=cache_runs(os.environ),
+        ObjectStore.from_env(), staging_root(), job, flush_timeout_s=timeout_s, cache_runs=cache_runs(os.environ),
         cache_keep_free_bytes=cache_keep_free_bytes(os.environ), lost_nodes=SlurmLostNodes(),
     )  # fmt: skip
     if result is None:

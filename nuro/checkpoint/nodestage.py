@@ -387,7 +387,7 @@ def _evict(
 
 
 def finish_job(
-    store: ObjectStore | Callable[[], ObjectStore],
+    store: ObjectStore,
     root: Path,
     job_id: str,
     *,
@@ -401,17 +401,14 @@ def finish_job(
     The cache uses the job's record (``nuro.protocol.jobrecord``; the epilog removes the record after this returns).
     ``lost_nodes`` answers which of the named nodes Slurm reports gone (``UploadWorker.flush``): no wait for a step
     whose missing part only a lost node could upload. Returns (flush result, cached "team/run@step" or None). Never
-    raises for a store outage. ``store`` may be a function that makes one, called only for a job with a staging dir:
-    the epilog runs for every job and most have nothing to flush, while a store's S3 client costs ~0.2 s of CPU
-    (``make test``: 475 epilogs at 0.44 s of CPU each, half of it a client never used).
+    raises for a store outage.
     """
     name = L.validate_job_id(job_id)
     with open_root(root) as r:
         st = safefs.lstat_at(r.fd, name)
     if st is None or not stat.S_ISDIR(st.st_mode):
         return None, None
-    s3 = store() if callable(store) else store
-    result = UploadWorker(s3, root).flush(job_id, flush_timeout_s, lost_nodes=lost_nodes)
+    result = UploadWorker(store, root).flush(job_id, flush_timeout_s, lost_nodes=lost_nodes)
     cached = None
     try:
         rec = jobrecord.read(root, name)
