@@ -20,6 +20,20 @@ from nuro.slurm.parse import parse_sbatch_parsable
 log = logging.getLogger(__name__)
 
 
+def _target(action: Action, new_job: int | None) -> str:
+    """What an action acted on, for its log line: ``job_id=`` the job it names or a Submit's new one, ``node=``,
+    ``qos=``, ``job_ids=``; the log said ``job_id=None`` for every action but a Submit (a requeue of job 43 too)."""
+    ids = getattr(action, "job_ids", None)
+    if ids:  # a burst moves hundreds in one call: the first ten and the count
+        more = f",... ({len(ids)})" if len(ids) > 10 else ""
+        return "job_ids=" + ",".join(map(str, ids[:10])) + more
+    for attr in ("job_id", "node", "qos"):
+        value = getattr(action, attr, None)
+        if value is not None:
+            return f"{attr}={value}"
+    return f"job_id={new_job}" if isinstance(action, Submit) else "target=-"
+
+
 class CliWrites(CliRunner):
     """``apply`` (a platform action) and ``submit_command`` (a user's sbatch line) over ``CliRunner.run``."""
 
@@ -40,8 +54,9 @@ class CliWrites(CliRunner):
             # info, not warning: the caller owns the failure (it gets it in the result and says it in its own terms);
             # at warning every CLI printed Slurm's refusal twice, once as this log line and once as its error
             log.info(
-                "slurm action failed action=%s error=%s message=%s",
+                "slurm action failed action=%s %s error=%s message=%s",
                 kind,
+                _target(action, None),
                 type(exc).__name__,
                 exc.slurm_message or exc.message,
             )
@@ -61,7 +76,7 @@ class CliWrites(CliRunner):
             except SlurmError as exc:  # submitted, but the id is unreadable: report it, do not resubmit
                 log.error("sbatch succeeded but its job id is unreadable error=%s", exc)
         message = "\n".join(s for s in (proc.stdout.strip(), proc.stderr.strip()) if s)
-        log.info("slurm action applied action=%s job_id=%s duration_s=%.3f", kind, job_id, duration_s)
+        log.info("slurm action applied action=%s %s duration_s=%.3f", kind, _target(action, job_id), duration_s)
         return ActionResult(
             action,
             ok=True,

@@ -370,3 +370,16 @@ def test_the_bulk_job_read_asks_24_11_and_later_for_plain_numbers(tmp_path: Path
 def test_22_05_keeps_plain_json(fake: FakeSlurm) -> None:
     fake.backend().jobs()
     assert ["squeue", "--json", "-t", "all"] in fake.argvs() and ["squeue", "--json=list"] not in fake.argvs()
+
+
+def test_an_applied_action_is_logged_with_what_it_acted_on() -> None:
+    """The controller's log said ``job_id=None`` for a requeue of job 43: only a Submit's new job was logged."""
+    from nuro.slurm.actions import DrainNode, Requeue, Submit, UpdateJobs, UpdateQosMinGpus
+    from nuro.slurm.cli_writes import _target
+
+    assert _target(Requeue(job_id=43), None) == "job_id=43"
+    assert _target(DrainNode(node="gpu003", reason="nuro: test"), None) == "node=gpu003"
+    assert _target(UpdateQosMinGpus(qos="g-perception", gpus=None), None) == "qos=g-perception"
+    assert _target(Submit(script="#!/bin/bash\n"), 77) == "job_id=77"
+    assert _target(UpdateJobs(job_ids=(1, 2), qos="b-perception"), None) == "job_ids=1,2"
+    assert _target(UpdateJobs(job_ids=tuple(range(500)), qos="b-perception"), None).endswith("8,9,... (500)")
