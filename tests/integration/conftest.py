@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -77,14 +76,6 @@ class LiveCluster:
             self.run(["scancel", str(job_id)], check=False)
             text = output.read_text(errors="replace")[-4000:] if output.exists() else "(no output file)"
             raise AssertionError(f"{exc}\n--- {output.name} ---\n{text}") from None
-
-
-def free_port() -> int:
-    """A TCP port no one listens on now, chosen by the kernel (bind to port 0): a port derived from the pid collided
-    with another shard's processes (EADDRINUSE on 29807 for the DeepSpeed pipeline test in make test)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(predicate: Callable[[], object], timeout_s: float, what: str, interval_s: float = 0.25):

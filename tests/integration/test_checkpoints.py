@@ -39,7 +39,7 @@ from nuro.objectstore import ObjectStore
 from nuro.protocol import jobrecord
 from nuro.runs.report import RunRef, checkpoint_status, gather_artifacts
 from nuro.wrappers.sdk.checkpointer import Checkpointer
-from tests.integration.conftest import free_port
+from tests.gloo import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PORT_BASE = int(os.environ.get("NURO_TEST_CKPT_PORT_BASE", "8800"))
