@@ -174,7 +174,6 @@ def node_names(value: object) -> list[str]:
 EXIT_WAIT_S = 5.0
 _sending: set[threading.Thread] = set()
 _sending_lock = threading.Lock()
-_exit_wait_registered = False
 
 
 def _forget_sending() -> None:
@@ -192,7 +191,6 @@ def record_later(kind: str, **fields: Any) -> None:
     The process's normal exit waits up to ``EXIT_WAIT_S`` for such events (``atexit``): a daemon thread dies with the
     interpreter, and an event recorded just before a short run ends (its ``snapshots`` or ``progress``) was lost
     whenever sending it took longer than the rest of the process."""
-    global _exit_wait_registered
 
     def send() -> None:
         try:
@@ -203,9 +201,6 @@ def record_later(kind: str, **fields: Any) -> None:
 
     thread = threading.Thread(target=send, name=f"nuro-run-event-{kind}", daemon=True)
     with _sending_lock:
-        if not _exit_wait_registered:
-            atexit.register(wait_sent, EXIT_WAIT_S)
-            _exit_wait_registered = True
         _sending.add(thread)
     thread.start()
 
@@ -219,3 +214,6 @@ def wait_sent(timeout_s: float) -> int:
         thread.join(max(0.0, deadline - time.monotonic()))
     with _sending_lock:
         return len(_sending)
+
+
+atexit.register(wait_sent, EXIT_WAIT_S)  # returns at once when nothing is being sent
