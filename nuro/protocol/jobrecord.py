@@ -29,8 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from nuro import names
-from nuro.names import InvalidName, validate_job_id, validate_run, validate_team
+from nuro.names import InvalidName, is_decimal, validate_job_id, validate_run, validate_team
 from nuro.protocol import jobcomment
 from nuro.safeio import safefs
 
@@ -129,18 +128,18 @@ def from_prolog_env(environ: Mapping[str, str]) -> JobRecord:
     uid = _env_int(environ, "SLURM_JOB_UID")
     gid_raw = environ.get("SLURM_JOB_GID", "")
     user = environ.get("SLURM_JOB_USER", "")
-    if not names.is_decimal(gid_raw) or not user:
+    if not is_decimal(gid_raw) or not user:
         try:
             pw = pwd.getpwuid(uid)
         except KeyError:
             raise JobRecordError(f"SLURM_JOB_UID={uid} has no passwd entry and slurmd gave no GID/user") from None
-        gid = int(gid_raw) if names.is_decimal(gid_raw) else pw.pw_gid
+        gid = int(gid_raw) if is_decimal(gid_raw) else pw.pw_gid
         user = user or pw.pw_name
     else:
         gid = int(gid_raw)
     account = environ.get("SLURM_JOB_ACCOUNT", "")
     restart_raw = environ.get("SLURM_JOB_RESTART_COUNT") or environ.get("SLURM_RESTART_COUNT") or "0"
-    restart = int(restart_raw) if names.is_decimal(restart_raw) else 0
+    restart = int(restart_raw) if is_decimal(restart_raw) else 0
     node = environ.get("SLURMD_NODENAME", "")
     team: str | None
     try:
