@@ -230,6 +230,10 @@ def lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
 #: Directory depth ``remove_at`` descends with open fds; deeper subtrees are moved up to the top first, so a
 #: hostile 100 000-level tree costs neither recursion nor one fd per level.
 _REMOVE_DEPTH = 32
+#: How often ``remove_at`` looks again into a directory that gained entries while it was emptied (rmdir's ENOTEMPTY):
+#: the node agent's upload worker may still write a marker into a job's step dir while the epilog removes it. Bounded,
+#: so a writer that never stops fails the removal instead of holding it.
+_REMOVE_REFILLS = 3
 
 
 def remove_at(dir_fd: int, name: str) -> None:
@@ -254,6 +258,7 @@ def remove_at(dir_fd: int, name: str) -> None:
     # frames: (fd of the parent, our name in it, our fd, names still to look at)
     stack: list[tuple[int, str, int, Iterator[str]]] = [(dir_fd, name, top, iter(os.listdir(top)))]
     moved = 0
+    refills: dict[int, int] = {}  # fd of a directory → times it was emptied again
     try:
         while stack:
             parent, here, fd, names = stack[-1]
@@ -287,10 +292,19 @@ def remove_at(dir_fd: int, name: str) -> None:
             if len(stack) == 1 and moved and os.listdir(fd):  # subtrees moved up meanwhile: another pass
                 stack[0] = (parent, here, fd, iter(os.listdir(fd)))
                 continue
+            try:
+                os.rmdir(here, dir_fd=parent)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:  # written into meanwhile: empty it again (the fd is still open), a few times
+                if exc.errno != errno.ENOTEMPTY or refills.get(fd, 0) >= _REMOVE_REFILLS:
+                    raise
+                refills[fd] = refills.get(fd, 0) + 1
+                stack[-1] = (parent, here, fd, iter(os.listdir(fd)))
+                continue
             stack.pop()
             os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.rmdir(here, dir_fd=parent)
+            refills.pop(fd, None)  # the number may come back for another directory
     finally:
         for _, _, fd, _ in stack:
             os.close(fd)

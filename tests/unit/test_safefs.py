@@ -188,3 +188,48 @@ def test_remove_at_a_very_deep_tree_needs_neither_recursion_nor_an_fd_per_level(
     with safefs.opened(safefs.open_dir(tmp_path)) as root:
         safefs.remove_at(root, "deep")
     assert not top.exists()
+
+
+def _writer_during_rmdir(monkeypatch: pytest.MonkeyPatch, target: str, times: int) -> None:
+    """os.rmdir of ``target`` first finds a file written into it meanwhile, ``times`` times (as the node agent's
+    upload worker may write a marker into a step dir while the epilog removes the job's dir)."""
+    real = os.rmdir
+    left = [times]
+
+    def rmdir(path, *, dir_fd=None):  # noqa: ANN001, ANN202
+        if path == target and left[0] > 0:
+            left[0] -= 1
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY, dir_fd=dir_fd)
+            try:
+                os.close(os.open(f"marker-{left[0]}", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+            finally:
+                os.close(fd)
+        return real(path, dir_fd=dir_fd)
+
+    monkeypatch.setattr(safefs.os, "rmdir", rmdir)
+
+
+def test_remove_at_empties_again_a_directory_written_into_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI-like run of make test: the epilog's removal failed with 'Directory not empty' and left a job's dir."""
+    (tmp_path / "job" / "step-1").mkdir(parents=True)
+    (tmp_path / "job" / "step-1" / "a.distcp").write_bytes(b"x")
+    _writer_during_rmdir(monkeypatch, "step-1", 2)
+    fd = safefs.open_dir(tmp_path)
+    try:
+        safefs.remove_at(fd, "job")
+    finally:
+        os.close(fd)
+    assert not (tmp_path / "job").exists()
+
+
+def test_remove_at_gives_up_on_a_writer_that_never_stops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "job" / "step-1").mkdir(parents=True)
+    _writer_during_rmdir(monkeypatch, "step-1", 100)
+    fd = safefs.open_dir(tmp_path)
+    try:
+        with pytest.raises(OSError, match="not empty"):
+            safefs.remove_at(fd, "job")
+    finally:
+        os.close(fd)
