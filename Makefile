@@ -79,12 +79,12 @@ packages: venv
 # filesystem (built on first use, ~40 s each; `nuro-admin devcluster rootfs` shows build time and size). 24.11 runs
 # on topology/tree (topology.conf) and 26.05 on topology/block (topology.yaml), so the placement test proves both
 # plugins. After its every_slurm tests each runs NEWER_EXTRA_<version>: files whose subject is not Slurm's version
-# (DeepSpeed, metrics, S3 read caps, straggler drain; MLflow tracking, in-memory snapshots), run there instead of on
+# (metrics, S3 read caps, straggler drain; MLflow tracking, in-memory snapshots), run there instead of on
 # 22.05 in A or B, in a second pytest session (the cluster comes up again, ~20 s). `make test SLURM=26.05` runs the
 # unit tests and only the every_slurm tests, on that version (TOPOLOGY=block for topology/block).
 SLURM ?=
 TOPOLOGY ?= tree
-NEWER_EXTRA_24.11 := tests/e2e/test_deepspeed.py tests/integration/test_metrics_run.py \
+NEWER_EXTRA_24.11 := tests/integration/test_metrics_run.py \
 	tests/integration/test_s3_read_caps.py tests/integration/test_straggler_drain.py
 NEWER_EXTRA_26.05 := tests/integration/test_tracking.py tests/integration/test_tracking_auth.py \
 	tests/e2e/test_snapshots.py
